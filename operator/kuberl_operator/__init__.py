@@ -1,0 +1,1 @@
+"""KubeRL operator: kopf handlers over pure child builders and status aggregation."""

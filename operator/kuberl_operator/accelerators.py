@@ -1,0 +1,54 @@
+"""What each accelerator kind means for a pod: extended resource, default image, env, labels."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from kuberl.api import EXTENDED_RESOURCE, Accelerator
+
+
+@dataclass(frozen=True)
+class AcceleratorProfile:
+    kind: Accelerator
+    resource: str | None  # extended resource name, None for cpu
+    image: str
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. what the Ascend stack expects
+    shm_size: str = "1Gi"
+    dist_backend: str = "gloo"
+
+
+def default_image(kind: Accelerator) -> str:
+    """Workload image for an accelerator; override with KUBERL_IMAGE_<KIND> in the operator."""
+    fallback = {
+        Accelerator.NVIDIA: "ghcr.io/kuberl/workload-cuda:0.1.0",
+        Accelerator.ASCEND: "ghcr.io/kuberl/workload-ascend:0.1.0",
+        Accelerator.CPU: "ghcr.io/kuberl/workload-cpu:0.1.0",
+    }[kind]
+    return os.environ.get(f"KUBERL_IMAGE_{kind.value.upper()}", fallback)
+
+
+def profile(kind: Accelerator | str) -> AcceleratorProfile:
+    kind = Accelerator(kind)
+    if kind == Accelerator.NVIDIA:
+        return AcceleratorProfile(
+            kind, EXTENDED_RESOURCE[kind], default_image(kind),
+            env={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
+            shm_size="16Gi", dist_backend="nccl",
+        )
+    if kind == Accelerator.ASCEND:
+        return AcceleratorProfile(
+            kind, EXTENDED_RESOURCE[kind], default_image(kind),
+            env={
+                "HCCL_CONNECT_TIMEOUT": "1200",
+                "HCCL_EXEC_TIMEOUT": "1200",
+                "ASCEND_GLOBAL_LOG_LEVEL": "3",
+                "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+            },
+            # The Ascend device plugin and Volcano's ascend plugin select pods by this label to
+            # build the HCCL rank table.
+            labels={"ring-controller.atlas": "ascend-910b"},
+            shm_size="16Gi", dist_backend="hccl",
+        )
+    return AcceleratorProfile(kind, None, default_image(kind), env={"OMP_NUM_THREADS": "1"})

@@ -1,0 +1,143 @@
+"""Pieces every child manifest shares: metadata, owner references, secure pod scaffolding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.api.spec import PodPlacement, SchedulingSpec
+
+from ..accelerators import AcceleratorProfile
+from ..names import CONFIG_MOUNT, MANAGED_BY, PODINFO_MOUNT
+
+Manifest = dict[str, Any]
+
+RUN_AS_USER = 1000
+
+
+def owner_reference(parent: Manifest) -> Manifest:
+    """A controller owner reference to ``parent`` (needs its uid), for garbage collection."""
+    meta = parent["metadata"]
+    return {
+        "apiVersion": parent["apiVersion"],
+        "kind": parent["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_metadata(parent: Manifest, name: str, labels: dict[str, str]) -> Manifest:
+    """Metadata of a child: same namespace, owner reference, our labels (not the parent's)."""
+    meta: Manifest = {"name": name, "labels": {**MANAGED_BY, **labels}}
+    if parent["metadata"].get("uid"):  # absent only in an offline render
+        meta["ownerReferences"] = [owner_reference(parent)]
+    if parent["metadata"].get("namespace"):
+        meta["namespace"] = parent["metadata"]["namespace"]
+    return meta
+
+
+def headless_service(parent: Manifest, name: str, selector: dict[str, str], ports: dict[str, int]) -> Manifest:
+    """Headless Service giving each pod a stable DNS name ``<hostname>.<name>``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(parent, name, selector),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{"name": k, "port": v, "targetPort": v} for k, v in ports.items()],
+        },
+    }
+
+
+def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devices: int) -> Manifest:
+    """User requests/limits plus the accelerator's extended resource (requests = limits)."""
+    res = placement.resources
+    requests = dict(res.requests or {}) if res else {}
+    limits = dict(res.limits or {}) if res else {}
+    if accel.resource:
+        requests[accel.resource] = limits[accel.resource] = str(devices)
+    out: Manifest = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def env_list(env: dict[str, str]) -> list[Manifest]:
+    fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
+    out = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in fields.items()]
+    return out + [{"name": k, "value": v} for k, v in env.items()]
+
+
+def pod_manifest(
+    parent: Manifest,
+    *,
+    name: str,
+    subdomain: str,
+    labels: dict[str, str],
+    placement: PodPlacement,
+    scheduling: SchedulingSpec,
+    accel: AcceleratorProfile,
+    container: Manifest,
+    config_map: str | None,
+    restart_policy: str,
+    extra_annotations: dict[str, str] | None = None,
+) -> Manifest:
+    """A non-root, no-privilege pod with config, pod-info (downward API) and shm volumes."""
+    mounts = [{"name": "podinfo", "mountPath": PODINFO_MOUNT, "readOnly": True},
+              {"name": "shm", "mountPath": "/dev/shm"},
+              {"name": "scratch", "mountPath": "/tmp"}]
+    volumes: list[Manifest] = [
+        {"name": "podinfo", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+        ]}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": accel.shm_size}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    if config_map:
+        mounts.append({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
+        volumes.append({"name": "config", "configMap": {"name": config_map}})
+    full_container = {
+        **container,
+        "image": placement.image or accel.image,
+        "imagePullPolicy": "IfNotPresent",
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+    spec: Manifest = {
+        "hostname": name,
+        "subdomain": subdomain,
+        "restartPolicy": restart_policy,
+        "automountServiceAccountToken": False,  # workload pods never talk to the API
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [full_container],
+        "volumes": volumes,
+    }
+    if placement.node_selector:
+        spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        spec["tolerations"] = [t.to_wire() for t in placement.tolerations]
+    if scheduling.priority_class_name:
+        spec["priorityClassName"] = scheduling.priority_class_name
+    meta = child_metadata(parent, name, {**accel.labels, **labels})
+    if scheduling.queue:
+        meta["labels"]["kueue.x-k8s.io/queue-name"] = scheduling.queue
+    if extra_annotations:
+        meta["annotations"] = dict(extra_annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

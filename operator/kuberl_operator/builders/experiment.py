@@ -1,0 +1,94 @@
+"""RLExperiment → InferencePool + TrainerJob + ConfigMap (the rendered run config)."""
+
+from __future__ import annotations
+
+import yaml
+
+from kuberl.api import (
+    GROUP_VERSION,
+    FieldIssue,
+    InferencePool,
+    InferencePoolSpec,
+    RLExperiment,
+    TrainerJob,
+    TrainerJobSpec,
+    resolve,
+)
+from kuberl.api.spec import Parallelism
+
+from ..names import (
+    CONFIG_FILE,
+    LABEL_EXPERIMENT,
+    config_map_name,
+    inference_pool_name,
+    trainer_job_name,
+)
+from .common import Manifest, child_metadata
+
+
+class InvalidSpec(ValueError):
+    """The experiment's spec breaks a cross-field rule; ``issues`` names each field."""
+
+    def __init__(self, issues: list[FieldIssue]):
+        super().__init__("; ".join(str(i) for i in issues))
+        self.issues = issues
+
+
+def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manifest]:
+    """ConfigMap, InferencePool and TrainerJob for ``exp``; raises ``InvalidSpec``."""
+    inference, trainer, issues = resolve(exp.spec)
+    if issues or inference is None or trainer is None:
+        raise InvalidSpec(issues)
+    name, spec = exp.metadata.name, exp.spec
+    labels = {LABEL_EXPERIMENT: name}
+    pool_name, job_name, cm_name = inference_pool_name(name), trainer_job_name(name), config_map_name(name)
+    placement_keys = {"accelerator", "image", "resources", "node_selector", "tolerations"}
+    pool_spec = InferencePoolSpec(
+        **spec.inference.model_dump(include=placement_keys),
+        experiment=name,
+        config_map=cm_name,
+        engine=inference.engine,
+        replicas=inference.replicas,
+        tensor_parallel=inference.tensor_parallel,
+        pipeline_parallel=inference.pipeline_parallel,
+        hosts_per_replica=inference.hosts_per_replica,
+        accelerators_per_host=inference.devices_per_host,
+        port=spec.inference.port,
+        scheduling=spec.scheduling,
+        suspend=spec.suspend,
+    )
+    job_spec = TrainerJobSpec(
+        **spec.trainer.model_dump(include=placement_keys),
+        experiment=name,
+        config_map=cm_name,
+        backend=trainer.backend,
+        runtime=spec.trainer.runtime,
+        nodes=trainer.nodes,
+        procs_per_node=trainer.procs_per_node,
+        parallelism=Parallelism(
+            data=trainer.data, tensor=trainer.tensor, pipeline=trainer.pipeline,
+            context=trainer.context, expert=trainer.expert, expert_tensor=trainer.expert_tensor,
+        ),
+        backoff_limit=spec.trainer.backoff_limit,
+        inference_service=pool_name,
+        scheduling=spec.scheduling,
+        suspend=spec.suspend,
+    )
+    run_config = {
+        "experiment": name,
+        "namespace": exp.metadata.namespace,
+        "spec": spec.to_wire(),
+        "inferencePool": pool_name,
+        "trainerJob": job_name,
+    }
+    config_map: Manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(parent, cm_name, labels),
+        "data": {CONFIG_FILE: yaml.safe_dump(run_config, sort_keys=False)},
+    }
+    pool = {"apiVersion": GROUP_VERSION, "kind": InferencePool.KIND,
+            "metadata": child_metadata(parent, pool_name, labels), "spec": pool_spec.to_wire()}
+    job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
+           "metadata": child_metadata(parent, job_name, labels), "spec": job_spec.to_wire()}
+    return [config_map, pool, job]

@@ -1,0 +1,86 @@
+"""InferencePool → one pod per (replica, host) + a headless Service (+ a PodGroup if gang)."""
+
+from __future__ import annotations
+
+from kuberl.api import InferencePool
+
+from ..accelerators import profile
+from ..names import (
+    LABEL_ACCELERATOR,
+    LABEL_EXPERIMENT,
+    LABEL_HOST,
+    LABEL_POOL,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    ROLE_INFERENCE,
+    inference_pod_name,
+)
+from .common import Manifest, container_resources, env_list, headless_service, pod_manifest
+from .gang import join_gang, pod_group
+
+
+def pool_selector(pool: InferencePool) -> dict[str, str]:
+    return {LABEL_POOL: pool.metadata.name, LABEL_ROLE: ROLE_INFERENCE}
+
+
+def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, host: int) -> Manifest:
+    spec, name = pool.spec, pool.metadata.name
+    accel = profile(spec.accelerator)
+    pod_name = inference_pod_name(name, replica, host)
+    leader = f"{inference_pod_name(name, replica, 0)}.{name}"
+    env = {
+        **accel.env,
+        "KUBERL_ROLE": ROLE_INFERENCE,
+        "KUBERL_ENGINE": str(spec.engine),
+        "KUBERL_REPLICA": str(replica),
+        "KUBERL_HOST_RANK": str(host),
+        "KUBERL_HOSTS_PER_REPLICA": str(spec.hosts_per_replica),
+        "KUBERL_REPLICA_LEADER": leader,
+        "KUBERL_TENSOR_PARALLEL": str(spec.tensor_parallel),
+        "KUBERL_PIPELINE_PARALLEL": str(spec.pipeline_parallel),
+        "KUBERL_PORT": str(spec.port),
+    }
+    container: Manifest = {
+        "name": "inference",
+        "command": ["python", "-m", "kuberl.inference"],
+        "args": ["--config", "/etc/kuberl/config/experiment.yaml", "--port", str(spec.port)],
+        "env": env_list(env),
+        "ports": [{"name": "http", "containerPort": spec.port}],
+        "resources": container_resources(spec, accel, spec.accelerators_per_host),
+    }
+    if host == 0:
+        probe = {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": 10}
+        container["readinessProbe"] = {**probe, "failureThreshold": 3}
+        container["startupProbe"] = {**probe, "failureThreshold": 180}
+    labels = {
+        LABEL_EXPERIMENT: spec.experiment or name,
+        LABEL_ROLE: ROLE_INFERENCE,
+        LABEL_POOL: name,
+        LABEL_REPLICA: str(replica),
+        LABEL_HOST: str(host),
+        LABEL_ACCELERATOR: str(spec.accelerator),
+    }
+    pod = pod_manifest(
+        parent, name=pod_name, subdomain=name, labels=labels, placement=spec,
+        scheduling=spec.scheduling, accel=accel, container=container,
+        config_map=spec.config_map, restart_policy="Always",
+    )
+    return join_gang(pod, name, spec.scheduling)
+
+
+def build_inference_pods(pool: InferencePool, parent: Manifest) -> list[Manifest]:
+    return [
+        build_inference_pod(pool, parent, r, h)
+        for r in range(pool.spec.replicas)
+        for h in range(pool.spec.hosts_per_replica)
+    ]
+
+
+def build_inference_children(pool: InferencePool, parent: Manifest) -> list[Manifest]:
+    """Service, optional PodGroup, then the pods; ``parent`` is the pool as stored (with uid)."""
+    out = [headless_service(parent, pool.metadata.name, pool_selector(pool), {"http": pool.spec.port})]
+    spec = pool.spec
+    group = pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica, spec.scheduling)
+    if group:
+        out.append(group)
+    return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent))

@@ -1,0 +1,136 @@
+"""`kuberl` command line: validate, render, crds, operator (and later run).
+
+Every user error ends in a one-line message and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kuberl.api import FieldIssue, Resource, validate_document
+
+
+def _describe(doc: Any, index: int) -> str:
+    if isinstance(doc, dict):
+        kind = doc.get("kind") or "<no kind>"
+        name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+        return f"{kind}/{name or '<no name>'}"
+    return f"document {index + 1}"
+
+
+def load_documents(path: Path) -> Iterator[tuple[str, Any]]:
+    """(label, decoded document) for every non-empty YAML document; raises ValueError on bad YAML."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"cannot read: {err.strerror}") from err
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ValueError(f"invalid YAML{where}: {problem}") from err
+    for i, doc in enumerate(docs):
+        yield _describe(doc, i), doc
+
+
+def check_file(path: Path) -> tuple[list[Resource], list[str]]:
+    """Valid objects in ``path`` and one error line per problem (file, object, field, message)."""
+    objects: list[Resource] = []
+    errors: list[str] = []
+    try:
+        documents = list(load_documents(path))
+    except ValueError as err:
+        return [], [f"{path}: {err}"]
+    if not documents:
+        return [], [f"{path}: no YAML documents found"]
+    for label, doc in documents:
+        obj, issues = validate_document(doc)
+        errors += [_line(path, label, issue) for issue in issues]
+        if obj is not None:
+            objects.append(obj)
+    return objects, errors
+
+
+def _line(path: Path, label: str, issue: FieldIssue) -> str:
+    return f"{path}: {label}: {issue.path}: {issue.message}"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        objects, errors = check_file(Path(path))
+        for line in errors:
+            print(line, file=sys.stderr)
+        failed |= bool(errors)
+        for obj in objects:
+            print(f"{path}: {obj.kind}/{obj.metadata.name}: valid")
+    return 1 if failed else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from kuberl_operator.render import render_resource
+
+    objects, errors = check_file(Path(args.file))
+    if errors:
+        for line in errors:
+            print(line, file=sys.stderr)
+        return 1
+    manifests = []
+    for obj in objects:
+        if args.namespace and not obj.metadata.namespace:
+            obj.metadata.namespace = args.namespace
+        manifests += render_resource(obj)
+    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+    return 0
+
+
+def cmd_crds(args: argparse.Namespace) -> int:
+    from kuberl.api.crd import main as crd_main
+
+    return crd_main([args.out])
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from kuberl_operator.main import run_operator
+
+    return run_operator(namespace=args.namespace, verbose=args.verbose)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check manifests offline (multi-document YAML)")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("render", help="print every object the operator would create")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("-n", "--namespace", default=None, help="namespace for objects without one")
+    p.set_defaults(func=cmd_render)
+    p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
+    p.add_argument("out", nargs="?", default="crds")
+    p.set_defaults(func=cmd_crds)
+    p = sub.add_parser("operator", help="run the operator against the current kube context")
+    p.add_argument("-n", "--namespace", action="append", help="watch only these namespaces")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_operator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The checked-in CRDs are generated from the models, structural, and carry the printer columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from kuberl.api.crd import render_crds
+
+from .conftest import ROOT
+
+
+def test_checked_in_crds_are_fresh():
+    for name, text in render_crds().items():
+        path = ROOT / "crds" / name
+        assert path.exists(), f"{path} missing: run `kuberl crds`"
+        assert path.read_text() == text, f"{path} is stale: run `kuberl crds` and commit"
+
+
+def _walk(node: Any, path: str = "") -> list[str]:
+    """Structural-schema violations (apiextensions.k8s.io rules we can check offline)."""
+    problems: list[str] = []
+    if not isinstance(node, dict):
+        return problems
+    if "$ref" in node or "anyOf" in node or "allOf" in node:
+        problems.append(f"{path}: $ref/anyOf/allOf are not allowed")
+    if "properties" in node and "additionalProperties" in node:
+        problems.append(f"{path}: properties and additionalProperties together")
+    if "type" not in node and not node.get("x-kubernetes-int-or-string"):
+        problems.append(f"{path}: no type")
+    for key, child in node.get("properties", {}).items():
+        problems += _walk(child, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            problems += _walk(node[key], f"{path}[{key}]")
+    return problems
+
+
+def test_schemas_are_structural():
+    for text in render_crds().values():
+        crd = yaml.safe_load(text)
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert _walk(schema) == []
+
+
+def test_names_columns_and_defaults():
+    crds = {yaml.safe_load(t)["spec"]["names"]["kind"]: yaml.safe_load(t) for t in render_crds().values()}
+    assert {k: c["spec"]["names"]["shortNames"] for k, c in crds.items()} == {
+        "RLExperiment": ["rlx"], "InferencePool": ["rlpool"], "TrainerJob": ["rltrain"],
+    }
+    rlx = crds["RLExperiment"]["spec"]["versions"][0]
+    assert [c["name"] for c in rlx["additionalPrinterColumns"]] == [
+        "Phase", "Step", "Version", "Reward", "Staleness", "Age",
+    ]
+    assert rlx["subresources"] == {"status": {}}
+    spec = rlx["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    algorithm = spec["properties"]["algorithm"]
+    assert algorithm["default"] == {}
+    assert algorithm["properties"]["groupSize"]["default"] == 8
+    assert algorithm["x-kubernetes-validations"][0]["rule"] == "self.batchSize % self.groupSize == 0"
+    assert "default" not in spec["properties"]["inference"]["properties"]["replicas"]
+    assert spec["properties"]["inference"]["properties"]["accelerator"]["enum"] == ["nvidia", "ascend", "cpu"]

@@ -1,0 +1,137 @@
+"""Offline validation: `kuberl validate` exit codes and messages that name the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kuberl.api import resolve, validate_document
+from kuberl_operator.cli import main
+
+from .conftest import EXAMPLES, MINIMAL
+
+
+def write(tmp_path: Path, *docs, name: str = "x.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(list(docs)))
+    return path
+
+
+def with_spec(**changes):
+    doc = copy.deepcopy(MINIMAL)
+    for dotted, value in changes.items():
+        node = doc["spec"]
+        keys = dotted.split("__")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    return doc
+
+
+def test_examples_are_valid(capsys):
+    assert main(["validate", *map(str, sorted(EXAMPLES.glob("*.yaml")))]) == 0
+    assert capsys.readouterr().out.count(": valid") == 3
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "fragment"),
+    [
+        ({"inference__replicas": -1}, "spec.inference.replicas", "greater than or equal to 1"),
+        ({"inference__accelerator": "tpu"}, "spec.inference.accelerator", "allowed: 'nvidia', 'ascend' or 'cpu'"),
+        ({"allocation": "vllm:d4q2+fsdp:d8"}, "spec.allocation", "degree 'q' is not allowed; use d, p, t"),
+        ({"algorithm__name": "ppo2"}, "spec.algorithm.name", "allowed:"),
+        ({"inference__replicass": 2}, "spec.inference.replicass", "unknown field"),
+        ({"algorithm__batchSize": 12}, "spec.algorithm", "multiple of groupSize"),
+        ({"algorithm__clip": {"low": 0.3, "high": 0.2}}, "spec.algorithm.clip", "clip.high"),
+        ({"reward__function": "not a path"}, "spec.reward.function", "pattern"),
+        ({"checkpoint__uri": "gs://b/p"}, "spec.checkpoint.uri", "pattern"),
+    ],
+)
+def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
+    path = write(tmp_path, with_spec(**changes))
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"{path}: RLExperiment/demo: {field}: "), err[0]
+    assert fragment in err[0]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "fragment"),
+    [
+        ({"allocation": "vllm:d2t2+fsdp:d8", "inference__replicas": 3}, "spec.inference.replicas", "implies 2"),
+        ({"allocation": "vllm:d2t2+fsdp:d8", "trainer__nodes": 2}, "spec.trainer.nodes", "implies 1"),
+        ({"allocation": "vllm:d2+megatron:d8", "trainer__backend": "fsdp"}, "spec.trainer.backend", "implies megatron"),
+        ({"inference__accelerator": "cpu", "inference__engine": "vllm"}, "spec.inference.engine", "use engine torch"),
+        ({"trainer__accelerator": "cpu", "trainer__backend": "megatron"}, "spec.trainer.backend", "use backend fsdp"),
+        ({"trainer__nodes": 2, "trainer__parallelism": {"data": 3}}, "spec.trainer.parallelism",
+         "must equal nodes×acceleratorsPerNode"),
+        ({"trainer__parallelism": {"tensor": 2}}, "spec.trainer.parallelism", "backend fsdp shards over data"),
+        ({"inference__tensorParallel": 12}, "spec.inference.tensorParallel", "multiple of it"),
+        ({"inference__resources": {"limits": {"nvidia.com/gpu": 2}}, "inference__tensorParallel": 4},
+         "spec.inference.resources.limits.nvidia.com/gpu", "needs 4 devices"),
+        ({"allocation": "vllm:d1+megatron:(attn:d2p2t2|ffn:d1p2e4)", "trainer__acceleratorsPerNode": 8,
+          "trainer__parallelism": {"expert": 2}}, "spec.trainer.parallelism.expert", "implies 4"),
+    ],
+)
+def test_cross_field_rules(changes, field, fragment):
+    obj, issues = validate_document(with_spec(**changes))
+    assert obj is None
+    assert [i.path for i in issues] == [field], issues
+    assert fragment in issues[0].message
+
+
+def test_allocation_implies_sizes():
+    obj, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
+                                              trainer__acceleratorsPerNode=16))
+    assert issues == []
+    inference, trainer, _ = resolve(obj.spec)
+    assert (inference.replicas, inference.tensor_parallel, inference.devices_per_host) == (4, 4, 4)
+    assert (trainer.nodes, trainer.procs_per_node, trainer.world_size) == (2, 16, 32)
+    assert (trainer.data, trainer.tensor, trainer.pipeline, trainer.expert) == (2, 4, 4, 8)
+
+
+def test_multi_host_replicas():
+    obj, _ = validate_document(with_spec(inference__tensorParallel=16, inference__acceleratorsPerNode=8))
+    inference, _, _ = resolve(obj.spec)
+    assert (inference.hosts_per_replica, inference.devices_per_host) == (2, 8)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("spec: [unclosed", "invalid YAML at line 1"),
+        ("kind: Deployment\napiVersion: apps/v1\nmetadata: {name: x}\n",
+         "kind: got 'Deployment'; allowed: RLExperiment, InferencePool, TrainerJob"),
+        ("kind: RLExperiment\napiVersion: kuberl.io/v1\nmetadata: {name: x}\n",
+         "apiVersion: got 'kuberl.io/v1'; allowed: kuberl.io/v1alpha1"),
+        ("- just\n- a list\n", "expected a mapping"),
+        ("", "no YAML documents"),
+    ],
+)
+def test_broken_files_get_one_clear_line(tmp_path, capsys, content, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_missing_file(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_multi_document_reports_each_object(tmp_path, capsys):
+    good = copy.deepcopy(MINIMAL)
+    bad = with_spec(inference__replicas=0)
+    bad["metadata"]["name"] = "broken"
+    path = write(tmp_path, good, bad)
+    assert main(["validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "RLExperiment/demo: valid" in captured.out
+    assert "RLExperiment/broken: spec.inference.replicas" in captured.err

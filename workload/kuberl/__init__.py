@@ -1,0 +1,1 @@
+"""KubeRL workload: API models, rollout, inference, trainer, weights, checkpoints."""

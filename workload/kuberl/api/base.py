@@ -1,0 +1,33 @@
+"""Shared pydantic base: camelCase on the wire, unknown fields rejected, CEL rules attached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "kuberl.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: fields are snake_case in Python, camelCase in YAML."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict as it is stored in Kubernetes (no nulls)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """JSON-schema extra holding CEL rules as (expression, message) pairs for the CRD."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}

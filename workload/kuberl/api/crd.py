@@ -1,0 +1,169 @@
+"""Generate CustomResourceDefinitions from the pydantic models (the controller-gen pattern).
+
+``python -m kuberl.api.crd crds/`` rewrites ``crds/*.yaml``; a test fails when they are stale.
+The JSON schema pydantic produces is made *structural* for Kubernetes: ``$ref`` inlined,
+``anyOf[X, null]`` collapsed to ``X``, titles dropped, maps as ``additionalProperties``, and
+CEL rules (``x-kubernetes-validations``) kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .base import API_GROUP, API_VERSION
+from .resources import KINDS, Resource
+
+_DROP = {"title", "discriminator"}
+
+PRINTER_COLUMNS: dict[str, list[dict[str, str]]] = {
+    "RLExperiment": [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+        {"name": "Version", "type": "integer", "jsonPath": ".status.progress.version"},
+        {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
+        {"name": "Staleness", "type": "integer", "jsonPath": ".status.progress.maxStaleness"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+    "InferencePool": [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Engine", "type": "string", "jsonPath": ".spec.engine"},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Accelerator", "type": "string", "jsonPath": ".spec.accelerator"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+    "TrainerJob": [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Backend", "type": "string", "jsonPath": ".spec.backend"},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ],
+}
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    """Rewrite a pydantic JSON-schema node into a Kubernetes structural-schema node."""
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if len(options) == 1:
+            return _structural({**options[0], **rest}, defs)
+        raise ValueError(f"cannot express anyOf with several types in a CRD: {node}")
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP or (key == "default" and value is None):
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "additionalProperties" and value is False:
+            continue  # structural schemas forbid it beside properties; pruning does the job
+        elif key == "properties":
+            required = set(node.get("required", []))
+            out[key] = {
+                k: _with_empty_default(v, k in required, _structural(v, defs))
+                for k, v in value.items()
+            }
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs)
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _with_empty_default(raw: dict[str, Any], required: bool, node: dict[str, Any]) -> dict[str, Any]:
+    """A non-optional nested object defaults to ``{}`` so the API server fills its defaults."""
+    if not required and "$ref" in raw and node.get("type") == "object" and "default" not in node:
+        return {**node, "default": {}}
+    return node
+
+
+def openapi_schema(model: type[Resource], part: str) -> dict[str, Any]:
+    """Structural schema of ``spec`` or ``status`` of one kind."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    defs = schema.get("$defs", {})
+    node = _structural(schema["properties"][part], defs)
+    if part == "status":
+        # kopf and other controllers may keep bookkeeping next to ours.
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    return node
+
+
+def build_crd(model: type[Resource]) -> dict[str, Any]:
+    spec_schema = openapi_schema(model, "spec")
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{model.PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": model.KIND,
+                "listKind": f"{model.KIND}List",
+                "plural": model.PLURAL,
+                "singular": model.KIND.lower(),
+                "shortNames": [model.SHORT_NAME],
+                "categories": ["kuberl"],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS[model.KIND],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": openapi_schema(model, "status"),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_crds() -> dict[str, str]:
+    """File name → YAML text for every kind."""
+    header = "# Generated by `python -m kuberl.api.crd crds/` from kuberl.api; do not edit.\n"
+    return {
+        f"{API_GROUP}_{model.PLURAL}.yaml": header + yaml.safe_dump(build_crd(model), sort_keys=False)
+        for model in KINDS.values()
+    }
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "crds")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render_crds().items():
+        (out / name).write_text(text)
+        print(f"wrote {out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

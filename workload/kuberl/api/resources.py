@@ -1,0 +1,160 @@
+"""The three custom resources: RLExperiment, InferencePool and TrainerJob (kuberl.io/v1alpha1).
+
+Status follows the KubeRay / metav1 convention: ``phase`` + ``conditions`` + ``observedGeneration``.
+InferencePool and TrainerJob specs hold *resolved* sizes (no allocation string): the operator
+writes them from an RLExperiment, but a user may also create them directly.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from .base import GROUP_VERSION, ApiModel
+from .spec import (
+    Backend,
+    Engine,
+    Parallelism,
+    PodPlacement,
+    RLExperimentSpec,
+    SchedulingSpec,
+    TrainerRuntime,
+)
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    INITIALIZING = "Initializing"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(ApiModel):
+    """metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class Progress(ApiModel):
+    step: int | None = None
+    version: int | None = None
+    reward: float | None = None
+    max_staleness: int | None = None
+    last_checkpoint: str | None = None
+
+
+class BaseStatus(ApiModel):
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+    phase: Phase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+
+
+class RLExperimentStatus(BaseStatus):
+    progress: Progress | None = None
+    inference_pool: str | None = None
+    trainer_job: str | None = None
+
+
+class InferencePoolStatus(BaseStatus):
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    pods: int | None = None
+    ready_pods: int | None = None
+
+
+class TrainerJobStatus(BaseStatus):
+    nodes: int | None = None
+    ready_nodes: int | None = None
+    restarts: int | None = None
+
+
+class InferencePoolSpec(PodPlacement):
+    experiment: str | None = Field(None, description="owning RLExperiment, if any")
+    config_map: str | None = Field(None, description="ConfigMap with the rendered run config")
+    engine: Engine = Engine.VLLM
+    replicas: int = Field(1, ge=1)
+    tensor_parallel: int = Field(1, ge=1)
+    pipeline_parallel: int = Field(1, ge=1)
+    hosts_per_replica: int = Field(1, ge=1)
+    accelerators_per_host: int = Field(1, ge=1, description="devices per pod")
+    port: int = Field(8000, ge=1024, le=65535)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    suspend: bool = False
+
+
+class TrainerJobSpec(PodPlacement):
+    experiment: str | None = None
+    config_map: str | None = None
+    backend: Backend = Backend.FSDP
+    runtime: TrainerRuntime = TrainerRuntime.NATIVE
+    nodes: int = Field(1, ge=1)
+    procs_per_node: int = Field(1, ge=1, description="ranks (and devices) per pod")
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    backoff_limit: int = Field(3, ge=0)
+    inference_service: str | None = Field(None, description="headless Service of the pool")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    suspend: bool = False
+
+
+class ObjectMeta(ApiModel):
+    model_config = ApiModel.model_config | {"extra": "allow"}
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=40)
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class Resource(ApiModel):
+    """Common envelope; subclasses fix kind, plural and short name."""
+
+    KIND: ClassVar[str]
+    PLURAL: ClassVar[str]
+    SHORT_NAME: ClassVar[str]
+
+    api_version: Literal["kuberl.io/v1alpha1"] = GROUP_VERSION
+    kind: str
+    metadata: ObjectMeta
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> Resource:
+        return cls.model_validate(body)
+
+
+class RLExperiment(Resource):
+    KIND = "RLExperiment"
+    PLURAL = "rlexperiments"
+    SHORT_NAME = "rlx"
+    kind: Literal["RLExperiment"] = "RLExperiment"
+    spec: RLExperimentSpec
+    status: RLExperimentStatus | None = None
+
+
+class InferencePool(Resource):
+    KIND = "InferencePool"
+    PLURAL = "inferencepools"
+    SHORT_NAME = "rlpool"
+    kind: Literal["InferencePool"] = "InferencePool"
+    spec: InferencePoolSpec
+    status: InferencePoolStatus | None = None
+
+
+class TrainerJob(Resource):
+    KIND = "TrainerJob"
+    PLURAL = "trainerjobs"
+    SHORT_NAME = "rltrain"
+    kind: Literal["TrainerJob"] = "TrainerJob"
+    spec: TrainerJobSpec
+    status: TrainerJobStatus | None = None
+
+
+KINDS: dict[str, type[Resource]] = {k.KIND: k for k in (RLExperiment, InferencePool, TrainerJob)}

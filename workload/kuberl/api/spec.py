@@ -1,0 +1,236 @@
+"""The user-facing spec of an RLExperiment and the pod-pool sections shared with its children.
+
+Defaults declared here become the CRD schema's defaults (the API server applies them), so the
+operator never has to write ``spec``. Sizes that an ``allocation`` string can imply are left
+without a default (``None``); ``kuberl.api.resolve`` computes their effective values.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
+
+from .base import ApiModel, cel
+
+
+class Accelerator(StrEnum):
+    NVIDIA = "nvidia"
+    ASCEND = "ascend"
+    CPU = "cpu"
+
+
+class Engine(StrEnum):
+    VLLM = "vllm"
+    TORCH = "torch"
+
+
+class Backend(StrEnum):
+    FSDP = "fsdp"
+    MEGATRON = "megatron"
+
+
+class AlgorithmName(StrEnum):
+    GRPO = "grpo"
+    DRGRPO = "drgrpo"
+    DAPO = "dapo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_pp"
+    PPO = "ppo"
+
+
+class WeightSyncMode(StrEnum):
+    P2P = "p2p"
+    BROADCAST = "broadcast"
+    DISK = "disk"
+
+
+class GangScheduler(StrEnum):
+    NONE = "none"
+    VOLCANO = "volcano"
+    COSCHEDULING = "coscheduling"
+
+
+class TrainerRuntime(StrEnum):
+    NATIVE = "native"
+    KUBEFLOW = "kubeflow"
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|m)?$")
+
+
+def _quantity(value: object) -> str:
+    """A Kubernetes quantity such as 2, "500m" or "16Gi", kept as a string."""
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _QUANTITY.match(text):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 16Gi)")
+    return text
+
+
+Quantity = Annotated[
+    str, BeforeValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
+]
+Positive = Annotated[int, Field(ge=1)]
+
+
+class ModelSource(ApiModel):
+    path: str = Field(min_length=1, description="s3://, file:// or a Hugging Face-style path")
+    tokenizer: str | None = Field(None, description="tokenizer path; defaults to the model path")
+
+
+class DatasetSource(ApiModel):
+    path: str = Field(min_length=1, description="a URI (s3://, file://) or builtin:NAME")
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+
+
+class RewardSpec(ApiModel):
+    function: str = Field(
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="import path of the reward function, 'package.module:function'",
+    )
+
+
+class ClipSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(("self.high >= self.low", "clip.high must be >= clip.low"))
+    }
+    low: float = Field(0.2, ge=0, le=1, description="ε: ratio clipped below at 1 − low")
+    high: float = Field(0.28, ge=0, description="ε_high: ratio clipped above at 1 + high")
+    dual: float | None = Field(None, gt=1, description="dual-clip constant c (> 1); off if unset")
+
+    @model_validator(mode="after")
+    def _high_not_below_low(self) -> ClipSpec:
+        if self.high < self.low:
+            raise ValueError(f"clip.high ({self.high}) must be >= clip.low ({self.low})")
+        return self
+
+
+class AlgorithmSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize")
+        )
+    }
+    name: AlgorithmName = AlgorithmName.GRPO
+    group_size: Positive = Field(8, description="samples per prompt")
+    batch_size: Positive = Field(256, description="trajectories per training step")
+    learning_rate: float = Field(1.0e-6, gt=0)
+    clip: ClipSpec = Field(default_factory=ClipSpec)
+    kl_coef: float = Field(0.0, ge=0)
+    max_steps: Positive = 1000
+    behavior_imp_cap: float | None = Field(
+        5.0, gt=0, description="cap on π_prox/π_behav; tokens above it are masked"
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> AlgorithmSpec:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batchSize ({self.batch_size}) must be a multiple of groupSize ({self.group_size})"
+            )
+        return self
+
+
+class RolloutSpec(ApiModel):
+    max_staleness: int = Field(4, ge=0, description="η: 0 is synchronous RL")
+    max_concurrent: Positive = 512
+    max_new_tokens: Positive = 1024
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class ResourceRequirements(ApiModel):
+    requests: dict[str, Quantity] | None = None
+    limits: dict[str, Quantity] | None = None
+
+
+class Toleration(ApiModel):
+    key: str | None = None
+    operator: Annotated[str, Field(pattern="^(Exists|Equal)$")] | None = None
+    value: str | None = None
+    effect: Annotated[str, Field(pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = None
+    toleration_seconds: int | None = None
+
+
+class PodPlacement(ApiModel):
+    """Where and how a pool's pods run; shared by the inference and trainer sections."""
+
+    accelerator: Accelerator = Accelerator.NVIDIA
+    image: str | None = Field(None, description="defaults to the operator's image for the accelerator")
+    resources: ResourceRequirements | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+
+
+class InferenceSpec(PodPlacement):
+    engine: Engine | None = Field(None, description="vllm on accelerators, torch on cpu by default")
+    replicas: int | None = Field(None, ge=1, description="number of server replicas")
+    tensor_parallel: int | None = Field(None, ge=1)
+    pipeline_parallel: int | None = Field(None, ge=1)
+    accelerators_per_node: Positive = Field(
+        8, description="devices per host; a replica larger than this spans several hosts"
+    )
+    port: int = Field(8000, ge=1024, le=65535)
+
+
+class Parallelism(ApiModel):
+    data: int | None = Field(None, ge=1, description="derived from the device count if unset")
+    tensor: int | None = Field(None, ge=1)
+    pipeline: int | None = Field(None, ge=1)
+    context: int | None = Field(None, ge=1)
+    expert: int | None = Field(None, ge=1)
+    expert_tensor: int | None = Field(None, ge=1)
+
+
+class TrainerSpec(PodPlacement):
+    backend: Backend | None = Field(None, description="fsdp unless the allocation says otherwise")
+    runtime: TrainerRuntime = TrainerRuntime.NATIVE
+    nodes: int | None = Field(None, ge=1, description="pods; derived from the allocation if unset")
+    accelerators_per_node: Positive = Field(
+        8, description="devices per pod; for accelerator cpu, trainer processes per pod"
+    )
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    backoff_limit: int = Field(3, ge=0, description="gang restarts before the job fails")
+
+
+class WeightSyncSpec(ApiModel):
+    mode: WeightSyncMode = WeightSyncMode.P2P
+
+
+class CheckpointSpec(ApiModel):
+    uri: str | None = Field(
+        None, pattern=r"^(s3|file)://.+", description="s3://bucket/prefix/ or file:///path"
+    )
+    every_steps: Positive = 50
+    keep: Positive = 3
+    credentials_secret: str | None = Field(
+        None, description="name of a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+    )
+
+
+class SchedulingSpec(ApiModel):
+    queue: str | None = Field(None, description="Kueue LocalQueue name")
+    gang: GangScheduler = GangScheduler.NONE
+    priority_class_name: str | None = None
+
+
+class RLExperimentSpec(ApiModel):
+    model: ModelSource
+    dataset: DatasetSource
+    reward: RewardSpec
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    allocation: str | None = Field(
+        None,
+        description="AReaL-style shorthand, e.g. 'vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)'",
+    )
+    inference: InferenceSpec = Field(default_factory=InferenceSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    suspend: bool = False
+    seed: int = 0

@@ -1,0 +1,62 @@
+"""Validate one manifest document: schema (pydantic) first, then cross-field rules (resolve).
+
+``validate_document`` never raises on bad input; it returns ``FieldIssue``s whose paths use the
+YAML (camelCase) names and whose messages name what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from .base import GROUP_VERSION
+from .resolve import FieldIssue, resolve
+from .resources import KINDS, Resource, RLExperiment
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _explain(err: dict[str, Any], model_fields: dict[str, Any] | None = None) -> str:
+    kind = err["type"]
+    given = err.get("input")
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "is required"
+    if kind in ("enum", "literal_error"):
+        expected = err.get("ctx", {}).get("expected", "")
+        return f"got {given!r}; allowed: {expected}"
+    msg = err["msg"]
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    if isinstance(given, str | int | float | bool) and kind != "value_error":
+        return f"got {given!r}: {msg}"
+    return msg
+
+
+def schema_issues(err: ValidationError) -> list[FieldIssue]:
+    return [FieldIssue(_path(e["loc"]) or "<document>", _explain(e)) for e in err.errors()]
+
+
+def validate_document(doc: Any) -> tuple[Resource | None, list[FieldIssue]]:
+    """Parse and check one decoded YAML document; the object is None when it is invalid."""
+    if not isinstance(doc, dict):
+        return None, [FieldIssue("<document>", f"expected a mapping, got {type(doc).__name__}")]
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if kind not in KINDS:
+        allowed = ", ".join(KINDS)
+        return None, [FieldIssue("kind", f"got {kind!r}; allowed: {allowed}")]
+    if api_version != GROUP_VERSION:
+        return None, [FieldIssue("apiVersion", f"got {api_version!r}; allowed: {GROUP_VERSION}")]
+    try:
+        obj = KINDS[kind].model_validate(doc)
+    except ValidationError as err:
+        return None, schema_issues(err)
+    if isinstance(obj, RLExperiment):
+        _, _, issues = resolve(obj.spec)
+        if issues:
+            return None, issues
+    return obj, []
