@@ -1,0 +1,178 @@
+"""Level-triggered reconciliation: read the object, converge its children, write its status.
+
+Each ``sync_*`` function is idempotent and safe to run any number of times, from any event, in
+any order, and after an operator restart: children have deterministic names and are created
+only when absent, so nothing is ever duplicated. ``spec`` of the reconciled object is never
+written; only its children and its ``status``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from kubernetes.client import ApiException
+from pydantic import ValidationError
+
+from kuberl.api import GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
+from kuberl.api.spec import TrainerRuntime
+from kuberl.api.validation import schema_issues
+
+from .builders import build_experiment_children, build_inference_children, build_trainer_children
+from .builders.experiment import InvalidSpec
+from .builders.inference import pool_selector
+from .builders.trainer import job_selector
+from .kube import Kube, Manifest
+from .names import LABEL_POOL
+from .status import (
+    experiment_status,
+    invalid_spec_status,
+    job_status,
+    merge_conditions,
+    pool_status,
+    without_times,
+)
+from .topology import missing_topology, topology_labels
+
+log = logging.getLogger("kuberl.operator")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ensure(kube: Kube, obj: Manifest) -> Manifest:
+    """Create ``obj`` if absent; bring an existing custom resource's spec or ConfigMap data in line."""
+    meta = obj["metadata"]
+    key = (obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+    existing = kube.get(*key)
+    if existing is None:
+        try:
+            created = kube.create(obj)
+            log.info("created %s/%s", obj["kind"], meta["name"])
+            return created
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            existing = kube.get(*key)
+            if existing is None:
+                raise
+    for field in ("spec", "data"):
+        if obj["apiVersion"].startswith("kuberl.io/") or obj["kind"] == "ConfigMap":
+            if field in obj and existing.get(field) != obj[field]:
+                existing = kube.patch(*key, {field: obj[field]})
+                log.info("updated %s/%s %s", obj["kind"], meta["name"], field)
+    return existing
+
+
+def prune_pods(kube: Kube, namespace: str | None, selector: dict[str, str], keep: set[str]) -> None:
+    """Delete the pods matching ``selector`` whose names are not in ``keep`` (suspend, scale-down)."""
+    for pod in kube.list("v1", "Pod", namespace, selector):
+        name = pod["metadata"]["name"]
+        if name not in keep and not pod["metadata"].get("deletionTimestamp"):
+            kube.delete("v1", "Pod", namespace, name)
+            log.info("deleted Pod/%s", name)
+
+
+def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
+    """Patch ``status`` only when it changed (a no-op write would wake every watcher)."""
+    old = obj.get("status") or {}
+    status = {**status, "conditions": merge_conditions(old.get("conditions") or [], status["conditions"], now())}
+    if without_times({**old, **status}) == without_times(old):
+        return False
+    meta = obj["metadata"]
+    kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], {"status": status}, "status")
+    return True
+
+
+def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str]) -> list[Manifest]:
+    for child in children:
+        ensure(kube, child)
+    desired_pods = {c["metadata"]["name"] for c in children if c["kind"] == "Pod"}
+    prune_pods(kube, parent["metadata"].get("namespace"), selector, desired_pods)
+    return kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
+
+
+def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
+    body = kube.get(GROUP_VERSION, InferencePool.KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    pool = InferencePool.model_validate(body)
+    pods = _converge(kube, body, build_inference_children(pool, body), pool_selector(pool))
+    write_status(kube, body, pool_status(body["spec"], body["metadata"].get("generation"), pods))
+    return body
+
+
+def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
+    body = kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    job = TrainerJob.model_validate(body)
+    children = build_trainer_children(job, body)
+    if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
+        for child in children:
+            ensure(kube, child)
+        return body  # the Kubeflow training operator owns the pods and the PyTorchJob's status
+    pods = _converge(kube, body, children, job_selector(job))
+    restarts = (body.get("status") or {}).get("restarts", 0)
+    write_status(kube, body, job_status(body["spec"], body["metadata"].get("generation"), pods, restarts))
+    return body
+
+
+def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
+    """Validate, converge the ConfigMap, InferencePool and TrainerJob, then roll their status up."""
+    body = kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    generation = body["metadata"].get("generation")
+    try:
+        exp = RLExperiment.model_validate(body)
+        children = build_experiment_children(exp, body)
+    except ValidationError as err:
+        message = "; ".join(str(i) for i in schema_issues(err))
+        write_status(kube, body, invalid_spec_status(generation, message))
+        log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, message)
+        return body
+    except InvalidSpec as err:
+        write_status(kube, body, invalid_spec_status(generation, str(err)))
+        log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, err)
+        return body
+    stored = {c["kind"]: ensure(kube, c) for c in children}
+    pool, job = stored[InferencePool.KIND], stored[TrainerJob.KIND]
+    status = experiment_status(
+        generation, exp.spec.suspend,
+        (pool["metadata"]["name"], pool.get("status")),
+        (job["metadata"]["name"], job.get("status")),
+    )
+    write_status(kube, body, {**(body.get("status") or {}), **status})
+    return body
+
+
+def owner_name(obj: Manifest, kind: str) -> str | None:
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == kind and ref.get("apiVersion", "").startswith("kuberl.io/"):
+            return ref.get("name")
+    return None
+
+
+def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:
+    """Copy the node's zone / fabric onto a freshly scheduled pod; returns the labels written."""
+    node_name = missing_topology(pod)
+    if node_name is None:
+        return None
+    node = kube.get("v1", "Node", None, node_name)
+    labels = topology_labels(node_name, ((node or {}).get("metadata") or {}).get("labels") or {})
+    meta = pod["metadata"]
+    kube.patch("v1", "Pod", meta.get("namespace"), meta["name"], {"metadata": {"labels": labels}})
+    return labels
+
+
+def sync_pod_owner(kube: Kube, pod: Manifest) -> None:
+    """A pod changed: re-sync the pool or job that owns it."""
+    namespace = pod["metadata"].get("namespace")
+    labels = pod["metadata"].get("labels") or {}
+    if LABEL_POOL in labels:
+        sync_pool(kube, namespace, labels[LABEL_POOL])
+    elif (job := owner_name(pod, TrainerJob.KIND)) is not None:
+        sync_job(kube, namespace, job)

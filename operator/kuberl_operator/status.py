@@ -1,0 +1,220 @@
+"""Pure status aggregation: pods → InferencePool / TrainerJob status → RLExperiment status.
+
+Phases (DESIGN.md §1): Pending, Initializing, Running, Suspended, Succeeded, Failed.
+Conditions are metav1.Condition dicts. A child's problem (ImagePullBackOff, CrashLoopBackOff, a
+Failed pod, Unschedulable) surfaces as ``Degraded=True`` with the pod's reason and message, and
+climbs to the RLExperiment. Deterministic errors (bad image, bad config) fail fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kuberl.api import Phase
+
+Manifest = dict[str, Any]
+
+# Waiting reasons that mean "this will not fix itself": fail fast.
+DETERMINISTIC = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+# Waiting reasons that degrade a pool but may recover (or be replaced).
+TRANSIENT = {"CrashLoopBackOff", "CreateContainerError", "RunContainerError"}
+
+
+@dataclass(frozen=True)
+class PodHealth:
+    name: str
+    phase: str
+    ready: bool
+    scheduled: bool
+    problem: tuple[str, str] | None = None  # (reason, message)
+
+    @property
+    def deterministic_failure(self) -> bool:
+        return self.problem is not None and self.problem[0] in DETERMINISTIC
+
+
+def _condition(pod: Manifest, kind: str) -> Manifest:
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return cond
+    return {}
+
+
+def pod_health(pod: Manifest) -> PodHealth:
+    """Summarise one pod: ready, scheduled, and its most telling problem if any."""
+    status = pod.get("status") or {}
+    name = pod["metadata"]["name"]
+    phase = status.get("phase", "Pending")
+    ready = _condition(pod, "Ready").get("status") == "True"
+    scheduled_cond = _condition(pod, "PodScheduled")
+    scheduled = bool(pod.get("spec", {}).get("nodeName")) or scheduled_cond.get("status") == "True"
+    problem: tuple[str, str] | None = None
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in DETERMINISTIC | TRANSIENT:
+            problem = (waiting["reason"], waiting.get("message") or f"container {cs.get('name')} is waiting")
+            break
+    if phase == "Failed" and problem is None:
+        terminated = next(
+            ((cs.get("state") or {}).get("terminated") for cs in status.get("containerStatuses") or []
+             if (cs.get("state") or {}).get("terminated")), None,
+        ) or {}
+        reason = terminated.get("reason") or status.get("reason") or "PodFailed"
+        code = terminated.get("exitCode")
+        detail = terminated.get("message") or status.get("message") or ""
+        problem = ("PodFailed", f"{reason}" + (f" (exit code {code})" if code is not None else "")
+                   + (f": {detail}" if detail else ""))
+    if problem is None and scheduled_cond.get("reason") == "Unschedulable":
+        problem = ("Unschedulable", scheduled_cond.get("message") or "no node fits the pod")
+    return PodHealth(name, phase, ready, scheduled, problem)
+
+
+def condition(kind: str, ok: bool, reason: str, message: str = "", generation: int | None = None) -> Manifest:
+    cond: Manifest = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def merge_conditions(old: list[Manifest], new: list[Manifest], now: str) -> list[Manifest]:
+    """New conditions, keeping ``lastTransitionTime`` where a condition's status did not change."""
+    previous = {c.get("type"): c for c in old or []}
+    out = []
+    for cond in new:
+        before = previous.get(cond["type"])
+        keep = before is not None and before.get("status") == cond["status"] and before.get("lastTransitionTime")
+        out.append({**cond, "lastTransitionTime": before["lastTransitionTime"] if keep else now})
+    return out
+
+
+def _pods_phase(expected: int, healths: list[PodHealth]) -> Phase:
+    ready = sum(h.ready for h in healths)
+    if expected and ready >= expected:
+        return Phase.RUNNING
+    if any(h.scheduled for h in healths):
+        return Phase.INITIALIZING
+    return Phase.PENDING
+
+
+def _problem_condition(healths: list[PodHealth], generation: int | None) -> Manifest:
+    for h in sorted(healths, key=lambda h: (not h.deterministic_failure, h.name)):
+        if h.problem:
+            return condition("Degraded", True, h.problem[0], f"pod {h.name}: {h.problem[1]}", generation)
+    return condition("Degraded", False, "AsExpected", "", generation)
+
+
+def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) -> Manifest:
+    """InferencePool status. A failed replica degrades the pool; a bad image fails it."""
+    hosts = spec.get("hostsPerReplica", 1)
+    expected = spec.get("replicas", 1) * hosts
+    healths = [pod_health(p) for p in pods]
+    ready_pods = sum(h.ready for h in healths)
+    ready_replicas = 0
+    by_name = {h.name: h for h in healths}
+    for r in range(spec.get("replicas", 1)):
+        members = [h for n, h in by_name.items() if f"-r{r}-h" in n]
+        ready_replicas += len(members) == hosts and all(m.ready for m in members)
+    degraded = _problem_condition(healths, generation)
+    if spec.get("suspend"):
+        phase = Phase.SUSPENDED
+    elif any(h.deterministic_failure for h in healths):
+        phase = Phase.FAILED
+    else:
+        phase = _pods_phase(expected, healths)
+    ready = condition("Ready", phase == Phase.RUNNING, "AllReplicasReady" if phase == Phase.RUNNING else phase.value,
+                      f"{ready_replicas}/{spec.get('replicas', 1)} replicas ready", generation)
+    return {
+        "phase": phase.value, "observedGeneration": generation, "replicas": spec.get("replicas", 1),
+        "readyReplicas": ready_replicas, "pods": len(pods), "readyPods": ready_pods,
+        "conditions": [ready, degraded],
+    }
+
+
+def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], restarts: int = 0) -> Manifest:
+    """TrainerJob status: the gang succeeds when every rank succeeded, fails when any rank failed."""
+    nodes = spec.get("nodes", 1)
+    healths = [pod_health(p) for p in pods]
+    degraded = _problem_condition(healths, generation)
+    succeeded = sum(h.phase == "Succeeded" for h in healths)
+    if spec.get("suspend"):
+        phase = Phase.SUSPENDED
+    elif succeeded >= nodes:
+        phase = Phase.SUCCEEDED
+    elif any(h.phase == "Failed" or h.deterministic_failure for h in healths):
+        phase = Phase.FAILED
+    else:
+        phase = _pods_phase(nodes, healths)
+    ready = condition("Ready", phase == Phase.RUNNING, "AllRanksReady" if phase == Phase.RUNNING else phase.value,
+                      f"{sum(h.ready for h in healths)}/{nodes} nodes ready", generation)
+    return {
+        "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
+        "readyNodes": sum(h.ready for h in healths), "restarts": restarts,
+        "conditions": [ready, degraded],
+    }
+
+
+def _child_degraded(kind: str, name: str, status: Manifest | None) -> Manifest | None:
+    for cond in (status or {}).get("conditions") or []:
+        if cond.get("type") == "Degraded" and cond.get("status") == "True":
+            return {**cond, "message": f"{kind} {name}: {cond.get('message', '')}"}
+    return None
+
+
+def experiment_status(
+    generation: int | None,
+    suspend: bool,
+    pool: tuple[str, Manifest | None],
+    job: tuple[str, Manifest | None],
+) -> Manifest:
+    """RLExperiment status from its children's (name, status) pairs; the trainer decides the end."""
+    pool_name, pool_st = pool
+    job_name, job_st = job
+    pool_phase = (pool_st or {}).get("phase")
+    job_phase = (job_st or {}).get("phase")
+    if suspend:
+        phase = Phase.SUSPENDED
+    elif job_phase == Phase.SUCCEEDED:
+        phase = Phase.SUCCEEDED
+    elif Phase.FAILED in (job_phase, pool_phase):
+        phase = Phase.FAILED
+    elif job_phase == Phase.RUNNING and pool_phase == Phase.RUNNING:
+        phase = Phase.RUNNING
+    elif Phase.INITIALIZING in (job_phase, pool_phase) or Phase.RUNNING in (job_phase, pool_phase):
+        phase = Phase.INITIALIZING
+    else:
+        phase = Phase.PENDING
+    degraded = (_child_degraded("TrainerJob", job_name, job_st)
+                or _child_degraded("InferencePool", pool_name, pool_st)
+                or condition("Degraded", False, "AsExpected"))
+    degraded = {**degraded, "observedGeneration": generation}
+    return {
+        "phase": phase.value,
+        "observedGeneration": generation,
+        "inferencePool": pool_name,
+        "trainerJob": job_name,
+        "conditions": [
+            condition("SpecValid", True, "Valid", "", generation),
+            condition("Ready", phase == Phase.RUNNING, "Running" if phase == Phase.RUNNING else phase.value,
+                      f"inference {pool_phase or 'Pending'}, trainer {job_phase or 'Pending'}", generation),
+            degraded,
+        ],
+    }
+
+
+def invalid_spec_status(generation: int | None, message: str) -> Manifest:
+    """Status of an experiment whose spec breaks a rule: no children, the field named."""
+    return {
+        "phase": Phase.FAILED.value,
+        "observedGeneration": generation,
+        "conditions": [
+            condition("SpecValid", False, "InvalidSpec", message, generation),
+            condition("Ready", False, "InvalidSpec", "no children were created", generation),
+        ],
+    }
+
+
+def without_times(status: Manifest) -> Manifest:
+    """Status minus transition times, to tell whether a write would change anything."""
+    conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+    return {**status, "conditions": conds}

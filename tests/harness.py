@@ -1,0 +1,106 @@
+"""Run the real operator (kopf, our handlers) against the emulated API server, in-process.
+
+Tests play the scheduler and the kubelet by patching pods (``bind``, ``set_pod``), exactly as a
+real kubelet would report: ``spec.nodeName`` on the object, phase and container states in status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kmock
+
+from .kube_emulator import KubeEmulator, kubeconfig
+
+ROOT = Path(__file__).resolve().parent.parent
+GROUP = "kuberl.io"
+
+
+@dataclass
+class Cluster:
+    api: KubeEmulator
+    url: str
+    kubeconfig: Path
+
+
+@contextlib.asynccontextmanager
+async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with KubeEmulator() as api, kmock.Server(api) as server:
+        api.register_crds(ROOT / "crds")
+        url = str(server.url).rstrip("/")
+        config = tmp_path / "kubeconfig"
+        config.write_text(kubeconfig(url))
+        for ns in ("default", "team-a"):
+            await api.create("", "namespaces", None, {"metadata": {"name": ns}})
+        yield Cluster(api, url, config)
+
+
+@contextlib.asynccontextmanager
+async def running_operator(cluster: Cluster) -> AsyncIterator[None]:
+    """Start the operator (as `kuberl operator` would) and stop it cleanly afterwards."""
+    import kopf
+
+    from kuberl_operator import handlers  # noqa: F401  (registers the handlers)
+
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(kopf.operator(clusterwide=True, standalone=True, ready_flag=ready, stop_flag=stop))
+    await asyncio.wait_for(ready.wait(), timeout=20)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=20)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns a truthy value (or stops raising AssertionError)."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (AssertionError, KeyError) as err:
+            last = err
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {last!r}")
+
+
+def pods(api: KubeEmulator, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    return api.list("", "pods", namespace, selector)
+
+
+async def bind(api: KubeEmulator, pod: dict[str, Any], node: str) -> None:
+    """The scheduler's part: put the pod on ``node``."""
+    meta = pod["metadata"]
+    await api.patch("", "pods", meta["namespace"], meta["name"], {"spec": {"nodeName": node}})
+    await api.patch("", "pods", meta["namespace"], meta["name"], {"status": {"conditions": [
+        {"type": "PodScheduled", "status": "True"}]}}, subresource="status")
+
+
+async def set_pod(api: KubeEmulator, pod: dict[str, Any], phase: str, ready: bool = False,
+                  waiting: tuple[str, str] | None = None, exit_code: int | None = None) -> None:
+    """The kubelet's part: report phase, readiness and container state."""
+    container = pod["spec"]["containers"][0]["name"]
+    state: dict[str, Any] = {"running": {}}
+    if waiting:
+        state = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+    elif exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}
+    status = {
+        "phase": phase,
+        "conditions": [{"type": "PodScheduled", "status": "True"},
+                       {"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": container, "ready": ready, "state": state}],
+    }
+    meta = pod["metadata"]
+    await api.patch("", "pods", meta["namespace"], meta["name"], {"status": status}, subresource="status")

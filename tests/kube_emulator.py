@@ -1,0 +1,451 @@
+"""A Kubernetes API server good enough for kopf and kubectl: kmock plus a fidelity layer.
+
+kmock (PyPI, by kopf's author) gives us the HTTP server, API discovery (/api, /apis, resource
+lists with kinds, short names, categories, subresources) and Kubernetes-style error bodies. As
+shipped it cannot run kopf correctly, so this module supplies the semantics of a real API server
+for every registered resource, and nothing else in the tests emulates the API:
+
+* metadata: uid, resourceVersion (one cluster-wide counter), generation (bumped only when
+  something outside metadata/status changes), creationTimestamp, generateName; create → 201,
+  an existing name → 409 AlreadyExists;
+* writes: GET, LIST (with ``kind``/``apiVersion``), POST, PUT (optimistic concurrency on
+  resourceVersion), PATCH as JSON merge patch, strategic merge patch (treated as a merge patch)
+  or JSON patch, DELETE; a write that changes nothing emits no event and keeps the version;
+* the ``status`` subresource: the main endpoint ignores status, ``/status`` changes only status;
+* watches resume from ``resourceVersion`` (no replay, so handlers do not re-fire), honour
+  ``timeoutSeconds`` and label/field selectors, and stream ``application/json;stream=watch``;
+* label selectors (``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``) and the
+  field selectors ``metadata.name`` / ``metadata.namespace``;
+* finalizers (deletionTimestamp until they are gone) and owner-reference garbage collection
+  (immediate, cascading);
+* ``kubectl get`` tables (``as=Table``) rendered from the CRDs' additionalPrinterColumns;
+* bounded request history: kmock keeps every request and re-filters that list on every new one
+  (quadratic); here only the last few are kept.
+
+What it does not do (a real cluster's job, see README "What the emulator cannot check"): OpenAPI
+schema validation, defaulting, pruning and CEL rules of the CRDs (kubectl needs
+``--validate=false``), admission, RBAC, server-side apply, scheduling and kubelets (tests play the
+scheduler and the kubelet by patching pods), and 410 Gone for expired resource versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime
+import json
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import jsonpatch
+import kmock
+import yaml
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (group, plural)
+
+CORE: dict[str, tuple[str, bool]] = {  # plural -> (kind, namespaced)
+    "pods": ("Pod", True),
+    "services": ("Service", True),
+    "configmaps": ("ConfigMap", True),
+    "secrets": ("Secret", True),
+    "events": ("Event", True),
+    "serviceaccounts": ("ServiceAccount", True),
+    "nodes": ("Node", False),
+    "namespaces": ("Namespace", False),
+}
+EXTRA: list[tuple[str, str, str, str, bool]] = [  # group, version, plural, kind, namespaced
+    ("events.k8s.io", "v1", "events", "Event", True),
+    ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", True),
+    ("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
+    ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True),
+]
+AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
+WITH_STATUS = {"pods", "services", "nodes", "namespaces", "pytorchjobs", "podgroups"}
+
+
+class ApiError(kmock.KubernetesError):
+    """An error rendered by kmock as a metav1.Status body."""
+
+
+def conflict(message: str) -> ApiError:
+    return ApiError(status=409, reason="Conflict", message=message)
+
+
+@dataclass
+class Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    has_status: bool
+    columns: list[Obj] = field(default_factory=list)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: dicts merge recursively, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+_SET_RE = re.compile(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$")
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [p for p in [*parts, cur.strip()] if p]
+
+
+def matches_labels(labels: dict[str, str], selector: str | None) -> bool:
+    """Kubernetes label-selector semantics for the string forms kubectl and clients send."""
+    for term in _split_selector(selector or ""):
+        if m := _SET_RE.match(term):
+            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
+            if (op == "in") != (labels.get(key) in values):
+                return False
+        elif "!=" in term:
+            key, value = (s.strip() for s in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def matches_fields(obj: Obj, selector: str | None) -> bool:
+    for term in _split_selector(selector or ""):
+        key, _, value = term.replace("==", "=").partition("=")
+        negate = key.endswith("!")
+        key = key.rstrip("!")
+        actual = {"metadata.name": obj["metadata"].get("name"),
+                  "metadata.namespace": obj["metadata"].get("namespace")}.get(key)
+        if (actual == value) == negate:
+            return False
+    return True
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(timestamp: str | None) -> str:
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    seconds = int((datetime.datetime.now(datetime.UTC) - then).total_seconds())
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
+
+
+def _json_path(obj: Obj, path: str) -> Any:
+    node: Any = obj
+    for part in path.strip(".").split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+class KubeEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the fidelity layer described in the module docstring."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._requests: collections.deque[Any] = collections.deque(maxlen=32)
+        self.kinds: dict[Key, Kind] = {}
+        self.store: dict[Key, dict[tuple[str | None, str], Obj]] = collections.defaultdict(dict)
+        self.log: list[tuple[int, Key, str, Obj]] = []
+        self.revision = 0
+        self.changed = asyncio.Condition()
+        for plural, (kind, namespaced) in CORE.items():
+            self.register(Kind("", "v1", plural, kind, namespaced, plural in WITH_STATUS))
+        for group, version, plural, kind, namespaced in EXTRA:
+            self.register(Kind(group, version, plural, kind, namespaced, plural in WITH_STATUS))
+
+    # -- registration -------------------------------------------------------------------------
+    def register(self, kind: Kind, short_names: Iterable[str] = (), categories: Iterable[str] = ()) -> None:
+        self.kinds[(kind.group, kind.plural)] = kind
+        self.resources[f"{kind.api_version}/{kind.plural}"] = kmock.ResourceInfo(
+            kind=kind.kind, singular=kind.kind.lower(), namespaced=kind.namespaced, verbs=VERBS,
+            shortnames=set(short_names), categories=set(categories),
+            subresources={"status"} if kind.has_status else set(),
+        )
+
+    def register_crds(self, directory: Path) -> None:
+        for path in sorted(directory.glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            spec, version = crd["spec"], crd["spec"]["versions"][0]
+            self.register(
+                Kind(spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
+                     spec["scope"] == "Namespaced", "status" in version.get("subresources", {}),
+                     version.get("additionalPrinterColumns", [])),
+                spec["names"].get("shortNames", []), spec["names"].get("categories", []),
+            )
+
+    # -- the object API (also used directly by tests, e.g. to play kubelet) ---------------------
+    def kind_of(self, group: str, plural: str) -> Kind:
+        try:
+            return self.kinds[(group, plural)]
+        except KeyError:
+            raise ApiError(status=404, reason="NotFound", message=f"the server could not find {plural}") from None
+
+    async def _emit(self, key: Key, kind: str, obj: Obj) -> None:
+        self.log.append((int(obj["metadata"]["resourceVersion"]), key, kind, copy.deepcopy(obj)))
+        async with self.changed:
+            self.changed.notify_all()
+
+    def _bump(self, obj: Obj) -> None:
+        self.revision += 1
+        obj["metadata"]["resourceVersion"] = str(self.revision)
+
+    def get(self, group: str, plural: str, namespace: str | None, name: str) -> Obj:
+        kind = self.kind_of(group, plural)
+        obj = self.store[(group, plural)].get((namespace if kind.namespaced else None, name))
+        if obj is None:
+            raise ApiError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
+        return copy.deepcopy(obj)
+
+    def list(self, group: str, plural: str, namespace: str | None = None, labels: str | None = None,
+             fields: str | None = None) -> list[Obj]:
+        return [
+            copy.deepcopy(o) for (ns, _), o in sorted(self.store[(group, plural)].items(), key=lambda kv: str(kv[0]))
+            if (namespace is None or ns == namespace)
+            and matches_labels(o["metadata"].get("labels") or {}, labels) and matches_fields(o, fields)
+        ]
+
+    async def create(self, group: str, plural: str, namespace: str | None, body: Obj) -> Obj:
+        kind = self.kind_of(group, plural)
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if not meta.get("name"):
+            raise ApiError(status=422, reason="Invalid", message="metadata.name: Required value")
+        ns = (namespace or meta.get("namespace") or "default") if kind.namespaced else None
+        store = self.store[(group, plural)]
+        if (ns, meta["name"]) in store:
+            raise ApiError(status=409, reason="AlreadyExists",
+                           message=f'{plural}.{group or "core"} "{meta["name"]}" already exists')
+        if ns:
+            meta["namespace"] = ns
+        meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
+        obj.update(apiVersion=kind.api_version, kind=kind.kind)
+        if kind.has_status:
+            obj["status"] = {"phase": "Pending"} if plural == "pods" else {}
+        self._bump(obj)
+        store[(ns, meta["name"])] = obj
+        await self._emit((group, plural), "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    async def update(self, group: str, plural: str, namespace: str | None, name: str, new: Obj,
+                     subresource: str | None = None) -> Obj:
+        """Replace an object (PUT semantics); patches are computed by the caller into ``new``."""
+        kind = self.kind_of(group, plural)
+        key = (namespace if kind.namespaced else None, name)
+        old = self.store[(group, plural)].get(key)
+        if old is None:
+            raise ApiError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
+        expected = (new.get("metadata") or {}).get("resourceVersion")
+        if expected and expected != old["metadata"]["resourceVersion"]:
+            raise conflict(f'the object "{name}" has been modified; please apply your changes to the latest version')
+        obj = copy.deepcopy(old)
+        if subresource == "status":
+            obj["status"] = copy.deepcopy(new.get("status"))
+        else:
+            for k, v in new.items():
+                if k not in ("metadata", "status", "apiVersion", "kind"):
+                    obj[k] = copy.deepcopy(v)
+            for k in [k for k in obj if k not in new and k not in ("metadata", "status", "apiVersion", "kind")]:
+                del obj[k]
+            if not kind.has_status:
+                obj["status"] = copy.deepcopy(new.get("status"))
+            meta = new.get("metadata") or {}
+            for k in ("labels", "annotations", "finalizers", "ownerReferences"):
+                if meta.get(k) is not None:
+                    obj["metadata"][k] = copy.deepcopy(meta[k])
+                else:
+                    obj["metadata"].pop(k, None)
+        if obj.get("status") is None:
+            obj.pop("status", None)
+        if obj == old:
+            return copy.deepcopy(old)
+        if {k: v for k, v in obj.items() if k not in ("metadata", "status")} != \
+           {k: v for k, v in old.items() if k not in ("metadata", "status")}:
+            obj["metadata"]["generation"] = old["metadata"]["generation"] + 1
+        self._bump(obj)
+        if obj["metadata"].get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
+            return await self._remove(group, plural, key, obj)
+        self.store[(group, plural)][key] = obj
+        await self._emit((group, plural), "MODIFIED", obj)
+        return copy.deepcopy(obj)
+
+    async def patch(self, group: str, plural: str, namespace: str | None, name: str, patch: Any,
+                    subresource: str | None = None, content_type: str = "application/merge-patch+json") -> Obj:
+        current = self.get(group, plural, namespace, name)
+        if "json-patch" in content_type:
+            try:
+                new = jsonpatch.apply_patch(current, patch)
+            except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as err:
+                raise ApiError(status=422, reason="Invalid", message=f"the JSON patch did not apply: {err}") from err
+        else:
+            new = merge_patch(current, patch)
+        new["metadata"].pop("resourceVersion", None)
+        return await self.update(group, plural, namespace, name, new, subresource)
+
+    async def delete(self, group: str, plural: str, namespace: str | None, name: str) -> Obj:
+        kind = self.kind_of(group, plural)
+        key = (namespace if kind.namespaced else None, name)
+        obj = self.store[(group, plural)].get(key)
+        if obj is None:
+            raise ApiError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
+        if obj["metadata"].get("finalizers"):
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj["metadata"]["deletionTimestamp"] = _now()
+                self._bump(obj)
+                await self._emit((group, plural), "MODIFIED", obj)
+            return copy.deepcopy(obj)
+        return await self._remove(group, plural, key, copy.deepcopy(obj))
+
+    async def _remove(self, group: str, plural: str, key: tuple[str | None, str], obj: Obj) -> Obj:
+        self.store[(group, plural)].pop(key, None)
+        self._bump(obj)
+        await self._emit((group, plural), "DELETED", obj)
+        uid = obj["metadata"]["uid"]
+        for (g, p), objects in list(self.store.items()):  # garbage collection of dependents
+            for (ns, name), child in list(objects.items()):
+                if any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences") or []):
+                    await self.delete(g, p, ns, name)
+        return obj
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None or res.plural is None or (res.group, res.plural) not in self.kinds:
+            return await super()._handle(request)  # discovery, version, errors: kmock as is
+        g, p, ns, name, sub = res.group, res.plural, request.namespace, request.name, request.subresource
+        params, method = request.params, request.method.value.upper()
+        if method == "GET" and params.get("watch") in ("true", "1"):
+            return await self._watch(request)
+        if method == "GET" and name is None:
+            return self._list_response(request, self.list(g, p, ns, params.get("labelSelector"),
+                                                          params.get("fieldSelector")))
+        if method == "GET":
+            return aiohttp.web.json_response(self.get(g, p, ns, name))
+        if method == "POST" and name is None:
+            return aiohttp.web.json_response(await self.create(g, p, ns, request.data), status=201)
+        if method == "PUT" and name:
+            return aiohttp.web.json_response(await self.update(g, p, ns, name, request.data, sub))
+        if method == "PATCH" and name:
+            content_type = request.headers.get("Content-Type", "application/merge-patch+json")
+            data = request.data if request.data is not None else json.loads(request.text or "{}")
+            return aiohttp.web.json_response(await self.patch(g, p, ns, name, data, sub, content_type))
+        if method == "DELETE" and name:
+            return aiohttp.web.json_response(await self.delete(g, p, ns, name))
+        raise ApiError(status=405, reason="MethodNotAllowed", message=f"{method} is not supported here")
+
+    def _list_response(self, request: kmock.Request, items: list[Obj]) -> aiohttp.web.Response:
+        kind = self.kinds[(request.resource.group, request.resource.plural)]
+        meta = {"resourceVersion": str(self.revision)}
+        if "as=Table" in request.headers.get("Accept", ""):
+            return aiohttp.web.json_response(self._table(kind, items, meta))
+        return aiohttp.web.json_response(
+            {"apiVersion": kind.api_version, "kind": f"{kind.kind}List", "metadata": meta, "items": items})
+
+    def _table(self, kind: Kind, items: list[Obj], meta: Obj) -> Obj:
+        printer = kind.columns or [AGE_COLUMN]
+        columns = [{"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}]
+        columns += [{"name": c["name"], "type": c["type"], "format": "", "description": "", "priority": 0}
+                    for c in printer]
+        rows = []
+        for obj in items:
+            cells: list[Any] = [obj["metadata"]["name"]]
+            for c in printer:
+                value = _json_path(obj, c["jsonPath"])
+                cells.append(_age(value) if c["type"] == "date" else value)
+            partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+            rows.append({"cells": cells, "object": partial})
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+                "columnDefinitions": columns, "rows": rows}
+
+    async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        g, p, ns = request.resource.group, request.resource.plural, request.namespace
+        params = request.params
+        labels, fields = params.get("labelSelector"), params.get("fieldSelector")
+        if request.name:
+            fields = ",".join(filter(None, [fields, f"metadata.name={request.name}"]))
+        since = int(params.get("resourceVersion") or 0)
+        deadline = asyncio.get_running_loop().time() + float(params.get("timeoutSeconds") or 3600)
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json;stream=watch"})
+        await response.prepare(request._raw_request)
+
+        def wanted(obj: Obj) -> bool:
+            return ((ns is None or obj["metadata"].get("namespace") == ns)
+                    and matches_labels(obj["metadata"].get("labels") or {}, labels) and matches_fields(obj, fields))
+
+        async def send(kind: str, obj: Obj) -> None:
+            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        if since == 0:  # no version: the current state as ADDED, then changes
+            since = self.revision
+            for obj in self.list(g, p, ns, labels, fields):
+                await send("ADDED", obj)
+        cursor = next((i for i, (rv, *_) in enumerate(self.log) if rv > since), len(self.log))
+        try:
+            while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
+                while cursor < len(self.log):
+                    _, key, kind, obj = self.log[cursor]
+                    cursor += 1
+                    if key == (g, p) and wanted(obj):
+                        await send(kind, obj)
+                async with self.changed:
+                    if cursor >= len(self.log):
+                        try:
+                            await asyncio.wait_for(self.changed.wait(), timeout=remaining)
+                        except TimeoutError:
+                            break
+        except (ConnectionResetError, asyncio.CancelledError):
+            return response
+        await response.write_eof()
+        return response
+
+
+def kubeconfig(url: str) -> str:
+    """A kubeconfig (YAML text) pointing at the emulator, without credentials."""
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "emulator"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
+                                                      "namespace": "default"}}],
+    })

@@ -1,0 +1,248 @@
+"""The real operator against the emulated API server: children, status, suspend, delete, restart."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from .conftest import load_example
+from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
+
+pytestmark = pytest.mark.integration
+
+
+def experiment(name: str = "cpu-tiny", namespace: str = "team-a") -> dict:
+    doc = load_example(f"{name}.yaml")
+    doc["metadata"]["namespace"] = namespace
+    return doc
+
+
+def get_rlx(api, name, ns="team-a"):
+    return api.get(GROUP, "rlexperiments", ns, name)
+
+
+def condition(obj, kind):
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+async def test_cpu_experiment_creates_children_down_to_pods(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        exp = await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        all_pods = await eventually(lambda: len(pods(api, "team-a")) == 2 and pods(api, "team-a"), what="2 pods")
+        pool = api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference")
+        job = api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")
+        config = api.get("", "configmaps", "team-a", "cpu-tiny-config")
+        for child in (pool, job, config):
+            assert child["metadata"]["ownerReferences"][0]["uid"] == exp["metadata"]["uid"]
+        assert pool["spec"]["engine"] == "torch" and pool["spec"]["replicas"] == 1
+        assert {s["metadata"]["name"] for s in api.list("", "services", "team-a")} == {
+            "cpu-tiny-inference", "cpu-tiny-trainer"}
+        roles = sorted(p["metadata"]["labels"]["kuberl.io/role"] for p in all_pods)
+        assert roles == ["inference", "trainer"]
+        for pod in all_pods:
+            assert pod["metadata"]["labels"]["kuberl.io/experiment"] == "cpu-tiny"
+            assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+            limits = pod["spec"]["containers"][0]["resources"].get("limits", {})
+            assert not any(k.endswith("/gpu") or "Ascend" in k for k in limits)
+        trainer = next(p for p in all_pods if p["metadata"]["labels"]["kuberl.io/role"] == "trainer")
+        env = {e["name"]: e.get("value") for e in trainer["spec"]["containers"][0]["env"]}
+        assert env["MASTER_ADDR"] == "cpu-tiny-trainer-n0.cpu-tiny-trainer.team-a.svc"
+        assert (env["WORLD_SIZE"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("1", "0", "1")
+        await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("phase") == "Pending",
+                         what="phase Pending")
+
+
+@pytest.mark.parametrize(
+    ("example", "resource", "inference", "trainer"),
+    [
+        ("ascend-qwen3-30b-a3b", "huawei.com/Ascend910", (4, "4"), (2, "16")),
+        ("gpu-gsm8k-grpo", "nvidia.com/gpu", (2, "1"), (1, "8")),
+    ],
+)
+async def test_accelerator_examples_get_the_pods_their_allocation_implies(tmp_path, example, resource,
+                                                                           inference, trainer):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        doc = experiment(example)
+        await api.create(GROUP, "rlexperiments", "team-a", doc)
+        total = inference[0] + trainer[0]
+        await eventually(lambda: len(pods(api, "team-a")) == total, what=f"{total} pods")
+        for role, (count, devices) in (("inference", inference), ("trainer", trainer)):
+            members = pods(api, "team-a", f"kuberl.io/role={role}")
+            assert len(members) == count
+            for pod in members:
+                res = pod["spec"]["containers"][0]["resources"]
+                assert res["limits"][resource] == devices and res["requests"][resource] == devices
+                assert pod["spec"]["schedulerName"] == "volcano"
+        if example.startswith("ascend"):
+            pod = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+            assert pod["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
+            assert "HCCL_CONNECT_TIMEOUT" in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+        groups = api.list("scheduling.volcano.sh", "podgroups", "team-a")
+        assert sorted(g["spec"]["minMember"] for g in groups) == sorted([inference[0], trainer[0]])
+
+
+async def test_status_goes_running_then_succeeded(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        for pod in pods(api, "team-a"):
+            await bind(api, pod, "node-a")
+            await set_pod(api, pod, "Running", ready=True)
+        exp = await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("phase") == "Running"
+                               and get_rlx(api, "cpu-tiny"), what="Running")
+        assert condition(exp, "Ready")["status"] == "True"
+        assert exp["status"]["observedGeneration"] == exp["metadata"]["generation"]
+        trainer = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+        await set_pod(api, trainer, "Succeeded", exit_code=0)
+        await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Succeeded", what="Succeeded")
+
+
+@pytest.mark.parametrize(
+    ("role", "waiting", "phase"),
+    [
+        ("trainer", ("ImagePullBackOff", 'Back-off pulling image "nope:1"'), "Failed"),
+        ("inference", ("CrashLoopBackOff", "back-off 5m0s restarting failed container"), "Initializing"),
+    ],
+)
+async def test_child_failures_surface_on_the_experiment(tmp_path, role, waiting, phase):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        pod = pods(api, "team-a", f"kuberl.io/role={role}")[0]
+        await bind(api, pod, "node-a")
+        await set_pod(api, pod, "Pending", waiting=waiting)
+
+        def degraded():
+            exp = get_rlx(api, "cpu-tiny")
+            cond = condition(exp, "Degraded")
+            assert cond and cond["status"] == "True", exp.get("status")
+            return exp
+
+        exp = await eventually(degraded, what="Degraded condition")
+        cond = condition(exp, "Degraded")
+        assert cond["reason"] == waiting[0]
+        assert pod["metadata"]["name"] in cond["message"] and waiting[1] in cond["message"]
+        assert exp["status"]["phase"] == phase
+
+
+async def test_failed_trainer_pod_fails_the_experiment_with_exit_code(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        pod = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+        await bind(api, pod, "node-a")
+        await set_pod(api, pod, "Failed", exit_code=137)
+        exp = await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Failed"
+                               and get_rlx(api, "cpu-tiny"), what="Failed")
+        cond = condition(exp, "Degraded")
+        assert cond["reason"] == "PodFailed" and "exit code 137" in cond["message"]
+
+
+async def test_suspend_deletes_pods_and_resume_recreates_them(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"suspend": True}})
+        await eventually(lambda: pods(api, "team-a") == [], what="pods deleted")
+        await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Suspended", what="Suspended")
+        assert api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference")["spec"]["suspend"] is True
+        assert len(api.list("", "services", "team-a")) == 2  # resources are kept
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"suspend": False}})
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods recreated")
+        await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Pending", what="Pending")
+
+
+async def test_scaling_replicas_adds_and_removes_pods(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=inference")) == 1, what="1 replica")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"inference": {"replicas": 3}}})
+        await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=inference")) == 3, what="3 replicas")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"inference": {"replicas": 2}}})
+        await eventually(lambda: sorted(p["metadata"]["name"] for p in pods(api, "team-a", "kuberl.io/role=inference"))
+                         == ["cpu-tiny-inference-r0-h0", "cpu-tiny-inference-r1-h0"], what="2 replicas")
+
+
+async def test_deleting_the_experiment_removes_everything(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        await api.delete(GROUP, "rlexperiments", "team-a", "cpu-tiny")
+        await eventually(lambda: not pods(api, "team-a") and not api.list("", "services", "team-a")
+                         and not api.list(GROUP, "inferencepools", "team-a"), what="garbage collection")
+        assert api.list("", "configmaps", "team-a") == []
+
+
+async def test_invalid_spec_creates_nothing_and_names_the_field(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        doc = experiment()
+        doc["spec"]["allocation"] = "torch:d2+fsdp:d1"
+        doc["spec"]["inference"]["replicas"] = 3
+        await api.create(GROUP, "rlexperiments", "team-a", doc)
+        exp = await eventually(lambda: condition(get_rlx(api, "cpu-tiny"), "SpecValid") and get_rlx(api, "cpu-tiny"),
+                               what="SpecValid condition")
+        cond = condition(exp, "SpecValid")
+        assert cond["status"] == "False" and cond["reason"] == "InvalidSpec"
+        assert "spec.inference.replicas" in cond["message"]
+        assert exp["status"]["phase"] == "Failed"
+        assert api.list(GROUP, "inferencepools", "team-a") == [] and pods(api, "team-a") == []
+
+
+async def test_operator_restart_creates_no_duplicates(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster:
+        api = cluster.api
+        async with running_operator(cluster):
+            await api.create(GROUP, "rlexperiments", "team-a", experiment())
+            await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(api, "team-a")}
+        pool_uid = api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference")["metadata"]["uid"]
+        # A pod disappears while the operator is down: the restarted operator replaces only that one.
+        await api.delete("", "pods", "team-a", "cpu-tiny-inference-r0-h0")
+        async with running_operator(cluster):
+            after = await eventually(lambda: len(pods(api, "team-a")) == 2
+                                     and {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(api, "team-a")},
+                                     what="pod replaced")
+        assert set(after) == set(before)
+        assert after["cpu-tiny-trainer-n0"] == before["cpu-tiny-trainer-n0"]
+        assert api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference")["metadata"]["uid"] == pool_uid
+        assert len(api.list(GROUP, "inferencepools", "team-a")) == 1
+        assert len(api.list("", "services", "team-a")) == 2
+
+
+async def test_scheduled_pods_get_node_topology_labels(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create("", "nodes", None, {"metadata": {"name": "gpu-node-7", "labels": {
+            "topology.kubernetes.io/zone": "eu-west-1a", "nvidia.com/gpu.clique": "cluster-1.3"}}})
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        pod = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+        await bind(api, pod, "gpu-node-7")
+        name = pod["metadata"]["name"]
+
+        def labelled():
+            labels = api.get("", "pods", "team-a", name)["metadata"]["labels"]
+            return labels.get("kuberl.io/node") and labels
+
+        labels = await eventually(labelled, what="topology labels")
+        assert labels["kuberl.io/node"] == "gpu-node-7"
+        assert labels["kuberl.io/zone"] == "eu-west-1a"
+        assert labels["kuberl.io/fabric"] == "cluster-1.3"
+        assert labels["kuberl.io/rank"] == "0"
+
+
+def test_example_fixture_is_not_mutated():
+    a = experiment()
+    b = copy.deepcopy(a)
+    a["spec"]["suspend"] = True
+    assert "suspend" not in b["spec"]
