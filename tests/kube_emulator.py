@@ -18,7 +18,8 @@ for every registered resource, and nothing else in the tests emulates the API:
   field selectors ``metadata.name`` / ``metadata.namespace``;
 * finalizers (deletionTimestamp until they are gone) and owner-reference garbage collection
   (immediate, cascading);
-* ``kubectl get`` tables (``as=Table``) rendered from the CRDs' additionalPrinterColumns;
+* ``kubectl get`` tables (``as=Table``) rendered from the CRDs' additionalPrinterColumns, and
+  discovery without categories on subresources (or ``kubectl get kuberl`` breaks);
 * bounded request history: kmock keeps every request and re-filters that list on every new one
   (quadratic); here only the last few are kept.
 
@@ -212,6 +213,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
                      version.get("additionalPrinterColumns", [])),
                 spec["names"].get("shortNames", []), spec["names"].get("categories", []),
             )
+
+    async def _serve_version(self, request: kmock.Request) -> Obj:
+        """kmock's resource list, minus the categories/short names it copies onto subresources."""
+        listing = await super()._serve_version(request)
+        for entry in listing.get("resources", []):
+            if "/" in entry["name"]:
+                entry.update(categories=[], shortNames=[], verbs=["get", "patch", "update"])
+        return listing
 
     # -- the object API (also used directly by tests, e.g. to play kubelet) ---------------------
     def kind_of(self, group: str, plural: str) -> Kind:

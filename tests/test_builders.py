@@ -1,0 +1,211 @@
+"""Pure builders: spec in, manifests out, for every accelerator; no API server involved."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from kuberl.api import InferencePool, RLExperiment, TrainerJob
+from kuberl_operator.builders.experiment import InvalidSpec
+from kuberl_operator.cli import main
+from kuberl_operator.render import render_resource
+from kuberl_operator.topology import label_value, topology_labels
+
+from .conftest import EXAMPLES, MINIMAL, load_example
+
+
+def stored(doc: dict, uid: str = "uid-1") -> dict:
+    """The object as the API server would hand it to the operator."""
+    out = copy.deepcopy(doc)
+    out["metadata"].setdefault("namespace", "team-a")
+    out["metadata"]["uid"] = uid
+    return out
+
+
+def render(doc: dict) -> list[dict]:
+    return render_resource(RLExperiment.model_validate(stored(doc)))
+
+
+def by_kind(manifests: list[dict], kind: str) -> list[dict]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def container(pod: dict) -> dict:
+    return pod["spec"]["containers"][0]
+
+
+def env(pod: dict) -> dict:
+    return {e["name"]: e.get("value") for e in container(pod)["env"]}
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "resource", "image", "label"),
+    [
+        ("nvidia", "nvidia.com/gpu", "workload-cuda", None),
+        ("ascend", "huawei.com/Ascend910", "workload-ascend", "ring-controller.atlas"),
+        ("cpu", None, "workload-cpu", None),
+    ],
+)
+def test_accelerator_mapping(accelerator, resource, image, label):
+    doc = copy.deepcopy(MINIMAL)
+    engine = "torch" if accelerator == "cpu" else "vllm"
+    doc["spec"]["inference"] = {"accelerator": accelerator, "engine": engine, "replicas": 2}
+    doc["spec"]["trainer"] = {"accelerator": accelerator, "nodes": 2, "acceleratorsPerNode": 4,
+                              "nodeSelector": {"pool": "train"},
+                              "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]}
+    manifests = render(doc)
+    pods = by_kind(manifests, "Pod")
+    assert len(pods) == 4
+    for pod in pods:
+        limits = container(pod)["resources"].get("limits", {})
+        if resource:
+            expected = "1" if pod["metadata"]["labels"]["kuberl.io/role"] == "inference" else "4"
+            assert limits[resource] == expected
+        else:
+            assert not any("gpu" in k or "Ascend" in k for k in limits)
+        assert image in container(pod)["image"]
+        assert (label in pod["metadata"]["labels"]) if label else True
+    trainer = [p for p in pods if p["metadata"]["labels"]["kuberl.io/role"] == "trainer"]
+    assert [p["spec"]["nodeSelector"] for p in trainer] == [{"pool": "train"}] * 2
+    assert trainer[0]["spec"]["tolerations"][0]["key"] == "dedicated"
+    expected_backend = {"nvidia": "nccl", "ascend": "hccl", "cpu": "gloo"}[accelerator]
+    assert env(trainer[1])["KUBERL_DIST_BACKEND"] == expected_backend
+
+
+def test_trainer_pods_carry_torch_distributed_env():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["trainer"] = {"nodes": 3, "acceleratorsPerNode": 8}
+    trainers = [p for p in by_kind(render(doc), "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer"]
+    assert [p["metadata"]["name"] for p in trainers] == ["demo-trainer-n0", "demo-trainer-n1", "demo-trainer-n2"]
+    for rank, pod in enumerate(trainers):
+        e = env(pod)
+        assert e["MASTER_ADDR"] == "demo-trainer-n0.demo-trainer.team-a.svc"
+        assert (e["MASTER_PORT"], e["WORLD_SIZE"], e["NNODES"], e["NODE_RANK"], e["NPROC_PER_NODE"]) == (
+            "29500", "24", "3", str(rank), "8")
+        assert pod["metadata"]["labels"]["kuberl.io/rank"] == str(rank)
+        assert pod["spec"]["hostname"] == pod["metadata"]["name"] and pod["spec"]["subdomain"] == "demo-trainer"
+        assert pod["spec"]["restartPolicy"] == "Never"
+        assert "torchrun" in container(pod)["args"][0]
+
+
+def test_pods_are_locked_down():
+    for pod in by_kind(render(copy.deepcopy(MINIMAL)), "Pod"):
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["automountServiceAccountToken"] is False
+        sc = container(pod)["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert not any("hostPath" in v for v in spec["volumes"])
+
+
+def test_multi_host_inference_replicas():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["inference"] = {"replicas": 2, "tensorParallel": 16, "acceleratorsPerNode": 8}
+    inference = [p for p in by_kind(render(doc), "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "inference"]
+    assert [p["metadata"]["name"] for p in inference] == [
+        "demo-inference-r0-h0", "demo-inference-r0-h1", "demo-inference-r1-h0", "demo-inference-r1-h1"]
+    assert {container(p)["resources"]["limits"]["nvidia.com/gpu"] for p in inference} == {"8"}
+    assert env(inference[1])["KUBERL_REPLICA_LEADER"] == "demo-inference-r0-h0.demo-inference"
+    assert "readinessProbe" in container(inference[0]) and "readinessProbe" not in container(inference[1])
+
+
+def test_children_own_references_and_no_instance_label():
+    doc = copy.deepcopy(MINIMAL)
+    doc["metadata"]["labels"] = {"app.kubernetes.io/instance": "argo-app"}
+    for m in render(doc):
+        assert "app.kubernetes.io/instance" not in m["metadata"]["labels"]
+    children = render_resource(RLExperiment.model_validate(stored(doc)))
+    config, pool, job = children[0], children[1], by_kind(children, "TrainerJob")[0]
+    for child in (config, pool, job):
+        ref = child["metadata"]["ownerReferences"][0]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("RLExperiment", "demo", "uid-1", True)
+    run_config = yaml.safe_load(config["data"]["experiment.yaml"])
+    assert run_config["spec"]["reward"]["function"] == "kuberl.rewards:exact_match"
+    assert run_config["inferencePool"] == "demo-inference"
+
+
+def test_suspend_keeps_services_and_drops_pods():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["suspend"] = True
+    manifests = render(doc)
+    assert by_kind(manifests, "Pod") == []
+    assert len(by_kind(manifests, "Service")) == 2
+
+
+@pytest.mark.parametrize(("gang", "api"), [("volcano", "scheduling.volcano.sh/v1beta1"),
+                                           ("coscheduling", "scheduling.x-k8s.io/v1alpha1")])
+def test_gang_scheduling_pod_groups(gang, api):
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["scheduling"] = {"gang": gang, "queue": "research", "priorityClassName": "high"}
+    doc["spec"]["trainer"] = {"nodes": 2}
+    manifests = render(doc)
+    groups = by_kind(manifests, "PodGroup")
+    assert [g["apiVersion"] for g in groups] == [api, api]
+    assert sorted(g["spec"]["minMember"] for g in groups) == [1, 2]
+    for pod in by_kind(manifests, "Pod"):
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+        assert pod["spec"]["priorityClassName"] == "high"
+        if gang == "volcano":
+            assert pod["spec"]["schedulerName"] == "volcano"
+            assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"].startswith("demo-")
+        else:
+            assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"].startswith("demo-")
+
+
+def test_kubeflow_runtime_emits_one_pytorchjob_from_the_same_templates():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["trainer"] = {"nodes": 3, "runtime": "kubeflow"}
+    manifests = render(doc)
+    jobs = by_kind(manifests, "PyTorchJob")
+    assert len(jobs) == 1
+    specs = jobs[0]["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
+    assert specs["Master"]["template"]["spec"]["containers"][0]["name"] == "trainer"
+    assert not [p for p in by_kind(manifests, "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer"]
+
+
+def test_invalid_spec_builds_nothing():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["allocation"] = "vllm:d2+fsdp:d8"
+    doc["spec"]["inference"] = {"replicas": 3}
+    with pytest.raises(InvalidSpec) as err:
+        render(doc)
+    assert err.value.issues[0].path == "spec.inference.replicas"
+
+
+def test_standalone_pool_and_job_render():
+    pool = InferencePool.model_validate(stored({"apiVersion": "kuberl.io/v1alpha1", "kind": "InferencePool",
+                                                "metadata": {"name": "p"}, "spec": {"replicas": 2}}))
+    job = TrainerJob.model_validate(stored({"apiVersion": "kuberl.io/v1alpha1", "kind": "TrainerJob",
+                                            "metadata": {"name": "t"}, "spec": {"nodes": 2}}))
+    assert len(by_kind(render_resource(pool), "Pod")) == 2
+    assert len(by_kind(render_resource(job), "Pod")) == 2
+
+
+def test_topology_labels():
+    labels = topology_labels("node-1", {"topology.kubernetes.io/zone": "z1", "nvidia.com/gpu.clique": "abc.7"})
+    assert labels == {"kuberl.io/node": "node-1", "kuberl.io/zone": "z1", "kuberl.io/fabric": "abc.7"}
+    assert topology_labels("n", {}) == {"kuberl.io/node": "n"}
+    assert label_value("a/b:" + "x" * 80) == ("a-b-" + "x" * 80)[:63]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_render_cli_on_every_example(capsys, example):
+    assert main(["render", "-n", "team-a", str(EXAMPLES / example)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = [d["kind"] for d in docs]
+    assert kinds[:2] == ["ConfigMap", "InferencePool"] and "TrainerJob" in kinds and "Pod" in kinds
+    assert all(d["metadata"].get("namespace") == "team-a" for d in docs)
+    assert load_example(example)["metadata"]["name"] == docs[1]["metadata"]["labels"]["kuberl.io/experiment"]
+
+
+def test_render_cli_rejects_invalid(tmp_path, capsys):
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["inference"] = {"accelerator": "tpu"}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["render", str(path)]) == 1
+    assert "spec.inference.accelerator" in capsys.readouterr().err

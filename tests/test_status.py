@@ -1,0 +1,79 @@
+"""Pure status aggregation: pod health, pool/job/experiment phases, condition bookkeeping."""
+
+from __future__ import annotations
+
+from kuberl_operator.status import experiment_status, job_status, merge_conditions, pod_health, pool_status
+
+
+def pod(name, phase="Running", ready=False, waiting=None, node="n1", terminated=None, unschedulable=False):
+    state = {"waiting": {"reason": waiting, "message": "m"}} if waiting else (
+        {"terminated": terminated} if terminated else {"running": {}})
+    conds = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conds.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                      "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."})
+    return {"metadata": {"name": name}, "spec": {"nodeName": None if unschedulable else node},
+            "status": {"phase": phase, "conditions": conds, "containerStatuses": [{"name": "c", "state": state}]}}
+
+
+def test_pod_health_reasons():
+    assert pod_health(pod("a", ready=True)).ready
+    assert pod_health(pod("a", waiting="ImagePullBackOff")).deterministic_failure
+    assert not pod_health(pod("a", waiting="CrashLoopBackOff")).deterministic_failure
+    failed = pod_health(pod("a", phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled"}))
+    assert failed.problem == ("PodFailed", "OOMKilled (exit code 137)")
+    unsched = pod_health(pod("a", phase="Pending", unschedulable=True))
+    assert unsched.problem[0] == "Unschedulable" and "Insufficient" in unsched.problem[1]
+
+
+def test_pool_phases_and_ready_replicas():
+    spec = {"replicas": 2, "hostsPerReplica": 2}
+    pods = [pod(f"p-r{r}-h{h}", ready=(r == 0)) for r in range(2) for h in range(2)]
+    st = pool_status(spec, 3, pods)
+    assert (st["phase"], st["readyReplicas"], st["readyPods"], st["observedGeneration"]) == ("Initializing", 1, 2, 3)
+    st = pool_status(spec, 3, [pod(f"p-r{r}-h{h}", ready=True) for r in range(2) for h in range(2)])
+    assert st["phase"] == "Running" and st["readyReplicas"] == 2
+    assert pool_status({**spec, "suspend": True}, 3, [])["phase"] == "Suspended"
+    assert pool_status(spec, 1, [pod("p-r0-h0", waiting="InvalidImageName")])["phase"] == "Failed"
+    assert pool_status(spec, 1, [])["phase"] == "Pending"
+
+
+def test_job_phases():
+    spec = {"nodes": 2}
+    assert job_status(spec, 1, [pod("t-n0", ready=True), pod("t-n1", ready=True)])["phase"] == "Running"
+    done = [pod(f"t-n{i}", phase="Succeeded", terminated={"exitCode": 0}) for i in range(2)]
+    assert job_status(spec, 1, done)["phase"] == "Succeeded"
+    one_failed = [pod("t-n0", ready=True), pod("t-n1", phase="Failed", terminated={"exitCode": 1})]
+    st = job_status(spec, 1, one_failed, restarts=2)
+    assert st["phase"] == "Failed" and st["restarts"] == 2
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and "t-n1" in degraded["message"]
+
+
+def test_experiment_phase_follows_children():
+    def exp(pool_phase, job_phase, suspend=False):
+        return experiment_status(1, suspend, ("p", {"phase": pool_phase}), ("j", {"phase": job_phase}))["phase"]
+
+    assert exp("Running", "Running") == "Running"
+    assert exp("Initializing", "Running") == "Initializing"
+    assert exp(None, None) == "Pending"
+    assert exp("Running", "Succeeded") == "Succeeded"
+    assert exp("Failed", "Running") == "Failed"
+    assert exp("Running", "Running", suspend=True) == "Suspended"
+
+
+def test_child_degraded_condition_climbs_with_its_reason():
+    job = {"phase": "Failed", "conditions": [{"type": "Degraded", "status": "True", "reason": "ImagePullBackOff",
+                                              "message": "pod t-n0: Back-off pulling image"}]}
+    st = experiment_status(4, False, ("p", {"phase": "Running"}), ("j", job))
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ImagePullBackOff"
+    assert degraded["message"] == "TrainerJob j: pod t-n0: Back-off pulling image"
+    assert degraded["observedGeneration"] == 4
+
+
+def test_transition_time_kept_while_status_unchanged():
+    old = [{"type": "Ready", "status": "False", "reason": "Pending", "lastTransitionTime": "T0"}]
+    same = merge_conditions(old, [{"type": "Ready", "status": "False", "reason": "Initializing"}], "T1")
+    flipped = merge_conditions(old, [{"type": "Ready", "status": "True", "reason": "Running"}], "T1")
+    assert same[0]["lastTransitionTime"] == "T0" and flipped[0]["lastTransitionTime"] == "T1"
