@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kuberl.api import AllocationError, Dims, parse_allocation
+from kuberl.api.spec import ALLOCATION_PATTERN
 
 
 def test_areal_moe_form():
@@ -54,3 +57,17 @@ def test_roundtrip_of_generated_strings(d, t, p, td):
     alloc = parse_allocation(f"vllm:d{d}t{t}p{p}+fsdp:d{td}")
     assert alloc.inference.devices == d * t * p
     assert alloc.trainer.devices == td
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)", "torch:d1+d2", "vllm:d2t1+fsdp:d8", "vllm:d1+megatron:d2p2t2"],
+)
+def test_crd_pattern_accepts_what_the_parser_accepts(text):
+    parse_allocation(text)
+    assert re.match(ALLOCATION_PATTERN, text)
+
+
+@pytest.mark.parametrize("text", ["vllm:d4t4", "sglang:d1+d1", "vllm:d1+megatron:(attn:d2)", "vllm:d1+fsdp:"])
+def test_crd_pattern_rejects_garbage(text):
+    assert not re.match(ALLOCATION_PATTERN, text)

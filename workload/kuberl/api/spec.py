@@ -75,6 +75,12 @@ Quantity = Annotated[
 Positive = Annotated[int, Field(ge=1)]
 
 
+ALLOCATION_PATTERN = (
+    r"^(vllm|torch):([dtp][0-9]+)+\+((fsdp|megatron):)?"
+    r"(([dtpce][0-9]+)+|\(attn:([dtpc][0-9]+)+\|ffn:([dtpe][0-9]+)+\))$"
+)
+
+
 class ModelSource(ApiModel):
     path: str = Field(min_length=1, description="s3://, file:// or a Hugging Face-style path")
     tokenizer: str | None = Field(None, description="tokenizer path; defaults to the model path")
@@ -226,6 +232,9 @@ class RLExperimentSpec(ApiModel):
     allocation: str | None = Field(
         None,
         description="AReaL-style shorthand, e.g. 'vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)'",
+        # Only in the CRD (the API server rejects garbage early); offline validation parses the
+        # string itself and names the exact problem.
+        json_schema_extra={"pattern": ALLOCATION_PATTERN},
     )
     inference: InferenceSpec = Field(default_factory=InferenceSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
