@@ -1,0 +1,105 @@
+"""The decoupled PPO loss and the advantage estimators, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kuberl.trainer.algorithms import AlgorithmConfig, advantages, keep_group
+from kuberl.trainer.loss import ppo_loss
+
+
+def cfg(name="grpo", **kw):
+    return AlgorithmConfig(name=name, group_size=kw.pop("group_size", 2), **kw)
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_on_policy_loss_is_minus_mean_advantage():
+    logp = t([-1.0, -2.0], [-0.5, -0.5])
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    out = ppo_loss(logp, logp, logp, adv, torch.ones(2, 2), cfg())
+    # r = 1, w = 1: loss = Σ −A over 4 tokens / 4 = (−1 −1 +0.5 +0.5)/4
+    assert out.loss.item() == pytest.approx(-0.25)
+
+
+def test_clip_higher_and_behaviour_weight_by_hand():
+    config = cfg(clip_low=0.2, clip_high=0.28, behavior_imp_cap=None)
+    prox = t([0.0, 0.0, 0.0])
+    logp = torch.log(t([1.5, 0.5, 1.1]))       # r = 1.5, 0.5, 1.1
+    behav = torch.log(t([0.5, 1.0, 1.0]))      # w = 2, 1, 1
+    adv = torch.tensor([2.0], dtype=torch.float64)
+    out = ppo_loss(logp, prox, behav, adv, torch.ones(1, 3), config)
+    # A > 0: ℓ = max(−A r, −A clip(r)) = −A·min(r, 1.28) for r > 1; for r = 0.5 → max(−1, −1.6) = −1
+    expected = (2 * -2 * 1.28 + 1 * -1.0 + 1 * -2 * 1.1) / 3
+    assert out.loss.item() == pytest.approx(expected)
+    assert out.stats["ppo_actor/clip_ratio"] == pytest.approx(2 / 3)
+
+
+def test_negative_advantage_and_dual_clip():
+    prox = t([0.0])
+    logp = torch.log(t([5.0]))  # r = 5 with A = −1 → ℓ = max(5, 1.28) = 5; dual clip c = 3 → 3
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    assert ppo_loss(logp, prox, prox, adv, torch.ones(1, 1), cfg(behavior_imp_cap=None)).loss.item() == pytest.approx(5)
+    dual = ppo_loss(logp, prox, prox, adv, torch.ones(1, 1), cfg(dual_clip=3.0, behavior_imp_cap=None))
+    assert dual.loss.item() == pytest.approx(3.0)
+
+
+def test_behaviour_cap_masks_too_off_policy_tokens():
+    prox = t([0.0, 0.0])
+    behav = torch.log(t([0.1, 1.0]))  # w = 10 (masked with cap 5), 1
+    out = ppo_loss(prox, prox, behav, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2), cfg())
+    assert out.loss.item() == pytest.approx(-1.0)  # only the second token, N = 1
+    assert out.stats["ppo_actor/valid_tokens"] == 1
+
+
+def test_mask_and_drgrpo_constant_normaliser():
+    logp = t([-1.0, -1.0, -1.0])
+    mask = t([1.0, 1.0, 0.0])
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    assert ppo_loss(logp, logp, logp, adv, mask, cfg()).loss.item() == pytest.approx(-1.0)
+    out = ppo_loss(logp, logp, logp, adv, mask, cfg("drgrpo", max_new_tokens=8))
+    assert out.loss.item() == pytest.approx(-2 / 8)
+
+
+def test_kl_term_k3():
+    logp = torch.log(t([0.5]))
+    ref = torch.log(t([0.25]))
+    out = ppo_loss(logp, logp, logp, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), cfg(kl_coef=0.1),
+                   ref_logp=ref)
+    k3 = 0.5 - math.log(0.5) - 1
+    assert out.loss.item() == pytest.approx(0.1 * k3)
+
+
+def test_gradient_flows_only_through_current_policy():
+    logp = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    behav = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    ppo_loss(logp, logp.detach(), behav, adv, torch.ones(1, 2), cfg()).loss.backward()
+    assert torch.allclose(logp.grad, torch.full((1, 2), -0.5, dtype=torch.float64))
+    assert behav.grad is None or torch.all(behav.grad == 0)
+
+
+def test_advantage_estimators_by_hand():
+    r = t([1.0, 0.0, 0.0, 1.0])
+    g = cfg("grpo", group_size=4)
+    assert torch.allclose(advantages(r, g), t([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
+    assert torch.allclose(advantages(r, cfg("drgrpo", group_size=4)), t([0.5, -0.5, -0.5, 0.5]))
+    # RLOO: r_i − mean of the other three
+    assert torch.allclose(advantages(r, cfg("rloo", group_size=4)), t([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    batch = t([1.0, 0.0], [1.0, 1.0])
+    rpp = advantages(batch, cfg("reinforce_pp", group_size=2))
+    assert rpp.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert rpp.std(unbiased=False).item() == pytest.approx(1, abs=1e-4)
+
+
+def test_dapo_dynamic_sampling_and_ppo_refusal():
+    assert not keep_group(t([1.0, 1.0]), cfg("dapo"))
+    assert keep_group(t([1.0, 0.0]), cfg("dapo"))
+    assert keep_group(t([1.0, 1.0]), cfg("grpo"))
+    with pytest.raises(NotImplementedError, match="critic"):
+        cfg("ppo")

@@ -1,0 +1,1 @@
+"""Asynchronous rollout: admission control, workflows, rewards, buffer."""

@@ -1,0 +1,1 @@
+"""Trainer: advantages, the decoupled PPO loss, FSDP2 training loop."""

@@ -1,0 +1,78 @@
+"""Algorithms as configuration of one objective: advantages, loss aggregation, sample filtering.
+
+Every algorithm below uses the same decoupled-PPO loss (``loss.py``); they differ only in
+
+* the advantage estimator (per group of G samples of one prompt, rewards r₁…r_G):
+  - ``grpo``, ``dapo``: Aᵢ = (rᵢ − mean(r)) / (std(r) + ε)
+  - ``drgrpo``:        Aᵢ = rᵢ − mean(r)                      (no std scaling)
+  - ``rloo``:          Aᵢ = rᵢ − mean_{j≠i} rⱼ = G/(G−1) · (rᵢ − mean(r))
+  - ``reinforce_pp``:  Aᵢ = rᵢ − mean(r), then whitened over the whole batch
+* the loss aggregation: ``token_mean`` (Σ over tokens / valid tokens in the batch) or, for
+  Dr.GRPO, ``seq_sum_const`` (Σ over tokens / (batch size · max new tokens));
+* DAPO's dynamic sampling: groups whose rewards are all equal (zero advantage) are dropped.
+
+``ppo`` (with a learned critic and GAE) is not implemented yet; asking for it fails with a clear
+message rather than silently running something else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ADVANTAGE = {"grpo": "group_norm", "dapo": "group_norm", "drgrpo": "group_center", "rloo": "rloo",
+             "reinforce_pp": "batch_whiten"}
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str
+    group_size: int
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    behavior_imp_cap: float | None = 5.0
+    max_new_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.name == "ppo":
+            raise NotImplementedError(
+                "algorithm.name ppo needs a learned critic (GAE), which KubeRL does not implement yet; "
+                "use grpo, drgrpo, dapo, rloo or reinforce_pp"
+            )
+        if self.name not in ADVANTAGE:
+            raise ValueError(f"algorithm.name {self.name!r}; allowed: {', '.join(ADVANTAGE)}")
+
+    @property
+    def loss_agg(self) -> str:
+        return "seq_sum_const" if self.name == "drgrpo" else "token_mean"
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        return self.name == "dapo"
+
+
+def advantages(rewards: torch.Tensor, config: AlgorithmConfig, eps: float = 1e-6) -> torch.Tensor:
+    """Per-sample advantages for ``rewards`` of shape [num_groups, group_size]."""
+    if rewards.dim() != 2 or rewards.shape[1] != config.group_size:
+        raise ValueError(f"rewards must be [groups, {config.group_size}], got {tuple(rewards.shape)}")
+    mean = rewards.mean(dim=1, keepdim=True)
+    kind = ADVANTAGE[config.name]
+    if kind == "group_norm":
+        return (rewards - mean) / (rewards.std(dim=1, unbiased=False, keepdim=True) + eps)
+    if kind == "group_center":
+        return rewards - mean
+    if kind == "rloo":
+        g = config.group_size
+        if g < 2:
+            raise ValueError("rloo needs groupSize ≥ 2")
+        return (rewards - mean) * g / (g - 1)
+    centered = rewards - mean  # batch_whiten
+    return (centered - centered.mean()) / (centered.std(unbiased=False) + eps)
+
+
+def keep_group(rewards: torch.Tensor, config: AlgorithmConfig) -> bool:
+    """DAPO dynamic sampling: a group that cannot teach anything (all rewards equal) is dropped."""
+    return not config.dynamic_sampling or bool(rewards.max() > rewards.min())

@@ -1,0 +1,86 @@
+"""The decoupled PPO objective (AReaL), one function for every algorithm.
+
+For each generated token, with π_θ the policy being trained, π_prox the proximal policy (the
+weights at the start of this step, recomputed by the trainer) and π_behav the behaviour policy
+(the possibly older weights that sampled the token, logged by the inference engine):
+
+    r = π_θ / π_prox                                     (trust-region ratio)
+    w = π_prox / π_behav, detached                       (off-policy correction)
+    ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))     (clip-higher when ε_high > ε_low)
+    ℓ = min(ℓ, −A·c)        for A < 0, when dual clip c is set
+    loss = Σ mask · w · ℓ / N  (+ kl_coef · Σ mask · KL_k3(π_θ ‖ π_ref) / N)
+
+Tokens whose w exceeds ``behavior_imp_cap`` are masked out (too off-policy to correct). N is the
+number of valid tokens (``token_mean``) or batch size × max new tokens (``seq_sum_const``, Dr.GRPO).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .algorithms import AlgorithmConfig
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    stats: dict[str, float]
+
+
+def ppo_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: AlgorithmConfig,
+    ref_logp: torch.Tensor | None = None,
+    normalizer: float | None = None,
+) -> LossOutput:
+    """Decoupled PPO loss over [batch, tokens] tensors; ``advantages`` broadcast per token.
+
+    ``normalizer`` overrides N (used when a batch is split into micro-batches, so the sum of the
+    micro-batch losses equals the full-batch loss).
+    """
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - prox_logp)
+    behav_w = torch.exp(prox_logp - behav_logp).detach()
+    if config.behavior_imp_cap is not None:
+        mask = mask * (behav_w <= config.behavior_imp_cap).to(mask.dtype)
+    adv = advantages if advantages.dim() == logp.dim() else advantages.unsqueeze(-1).expand_as(logp)
+    surrogate = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)
+    per_token = torch.maximum(surrogate, clipped)
+    if config.dual_clip is not None:
+        dual = torch.minimum(per_token, -adv * config.dual_clip)
+        per_token = torch.where(adv < 0, dual, per_token)
+    per_token = per_token * behav_w
+    if normalizer is None:
+        if config.loss_agg == "seq_sum_const":
+            normalizer = float(logp.shape[0] * config.max_new_tokens)
+        else:
+            normalizer = float(mask.sum().clamp(min=1.0))
+    loss = (per_token * mask).sum() / normalizer
+    kl_value = 0.0
+    if config.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs")
+        log_ratio = ref_logp - logp
+        kl = torch.exp(log_ratio) - log_ratio - 1  # k3 estimator, ≥ 0
+        kl_term = (kl * mask).sum() / normalizer
+        loss = loss + config.kl_coef * kl_term
+        kl_value = float(kl_term.detach())
+    with torch.no_grad():
+        valid = mask.sum().clamp(min=1.0)
+        clipped_frac = (((ratio < 1 - config.clip_low) | (ratio > 1 + config.clip_high)).to(mask.dtype) * mask)
+        stats = {
+            "ppo_actor/loss": float(loss.detach()),
+            "ppo_actor/importance_weight": float((ratio * mask).sum() / valid),
+            "ppo_actor/clip_ratio": float(clipped_frac.sum() / valid),
+            "ppo_actor/behave_imp_weight": float((behav_w * mask).sum() / valid),
+            "ppo_actor/valid_tokens": float(mask.sum()),
+            "ppo_actor/kl": kl_value,
+        }
+    return LossOutput(loss, stats)
