@@ -1,0 +1,110 @@
+"""The torch engine and the inference HTTP contract."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+from safetensors.torch import save as save_safetensors
+
+from kuberl.inference.engine import SamplingParams, TorchEngine
+from kuberl.inference.server import build_app
+from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+
+
+@pytest.fixture
+def tok():
+    return char_tokenizer()
+
+
+def make_engine(tok, seed=0):
+    return TorchEngine(tiny_qwen2(len(tok), seed=seed), tok.eos_token_id, tok.pad_token_id)
+
+
+def prompt(tok, text):
+    return [tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids]
+
+
+def recompute_logprobs(model, ids: list[int], n_out: int, temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -n_out - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[-n_out:]).unsqueeze(-1)).squeeze(-1)
+
+
+async def test_generate_logprobs_match_the_model(tok):
+    engine = make_engine(tok)
+    engine.start()
+    try:
+        ps = [prompt(tok, "1+2="), prompt(tok, "12+34=")]  # different lengths share a batch
+        params = SamplingParams(max_new_tokens=6, temperature=0.7)
+        outs = await asyncio.gather(*(engine.generate(p, params) for p in ps))
+    finally:
+        await engine.stop()
+    for p, out in zip(ps, outs, strict=True):
+        assert out.finish_reason in ("stop", "length") and 1 <= len(out.output_ids) <= 6
+        assert out.versions == [0] * len(out.output_ids)
+        expected = recompute_logprobs(engine.model, p + out.output_ids, len(out.output_ids), 0.7)
+        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
+
+
+async def test_greedy_is_deterministic(tok):
+    engine = make_engine(tok)
+    engine.start()
+    try:
+        a = await engine.generate(prompt(tok, "3+4="), SamplingParams(max_new_tokens=5, temperature=0))
+        b = await engine.generate(prompt(tok, "3+4="), SamplingParams(max_new_tokens=5, temperature=0))
+    finally:
+        await engine.stop()
+    assert a.output_ids == b.output_ids
+
+
+async def test_pause_aborts_with_partial_tokens_and_resume_completes(tok):
+    engine = make_engine(tok)
+    engine.eos_id = -1  # never stop early: the request runs until max_new_tokens
+    engine.start()
+    try:
+        p = prompt(tok, "5+5=")
+        task = asyncio.create_task(engine.generate(p, SamplingParams(max_new_tokens=40)))
+        while engine.generated_tokens < 3:
+            await asyncio.sleep(0.001)
+        assert await engine.pause() == 1
+        partial = await task
+        assert partial.finish_reason == "abort" and 3 <= len(partial.output_ids) < 40
+        # While paused, new work waits; the new weights arrive, then the client resumes.
+        new_model = tiny_qwen2(len(tok), seed=7)
+        await engine.load_weights(new_model.state_dict(), version=1)
+        waiting = asyncio.create_task(engine.generate(p + partial.output_ids,
+                                                      SamplingParams(max_new_tokens=40 - len(partial.output_ids))))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        engine.resume()
+        rest = await waiting
+    finally:
+        await engine.stop()
+    assert len(partial.output_ids) + len(rest.output_ids) == 40
+    assert set(partial.versions) == {0} and set(rest.versions) == {1}
+
+
+async def test_http_contract_and_weight_update(tok):
+    engine = make_engine(tok)
+    trainer_model = tiny_qwen2(len(tok), seed=123)
+    async with TestClient(TestServer(build_app(engine, tok))) as client:
+        r = await client.post("/generate", json={"prompt": "2+2=", "max_new_tokens": 4, "n": 3})
+        body = await r.json()
+        assert r.status == 200 and body["version"] == 0 and len(body["outputs"]) == 3
+        buf = io.BytesIO(save_safetensors({k: v.contiguous().clone() for k, v in trainer_model.state_dict().items()}))
+        r = await client.post("/update_weights?version=5", data=buf.getvalue())
+        assert r.status == 200 and (await r.json())["version"] == 5
+        for name, tensor in trainer_model.state_dict().items():
+            assert torch.equal(engine.model.state_dict()[name], tensor), name
+        r = await client.post("/generate", json={"input_ids": prompt(tok, "1+1="), "max_new_tokens": 3})
+        assert set((await r.json())["outputs"][0]["versions"]) == {5}
+        assert (await client.get("/health")).status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert "kuberl_inference_weight_version 5.0" in metrics
+        bad = await client.post("/generate", json={"input_ids": []})
+        assert bad.status == 400 and "input_ids" in await bad.text()
+        assert (await client.post("/update_weights", data=b"")).status == 400

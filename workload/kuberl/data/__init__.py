@@ -1,0 +1,1 @@
+"""Prompt datasets: generated in code (builtin:NAME) or JSONL files."""

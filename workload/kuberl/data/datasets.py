@@ -1,0 +1,84 @@
+"""Prompt/answer datasets: ``builtin:arithmetic`` (generated, seeded) and JSONL files.
+
+A dataset is an endless, deterministic stream of ``Example(prompt, answer)``: the same seed gives
+the same order, and ``position`` lets a resumed run continue where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..api.spec import DatasetSource
+
+
+class DatasetError(ValueError):
+    """spec.dataset cannot be read; the message names the file, line or key."""
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+
+
+def arithmetic(rng: random.Random) -> Example:
+    """Single-digit addition, 'a+b=' → 'a+b' (100 distinct problems)."""
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    return Example(f"{a}+{b}=", str(a + b))
+
+
+def two_digit(rng: random.Random) -> Example:
+    a, b = rng.randint(10, 99), rng.randint(0, 9)
+    return Example(f"{a}+{b}=", str(a + b))
+
+
+BUILTIN = {"arithmetic": arithmetic, "arithmetic-2digit": two_digit}
+
+
+def read_jsonl(path: Path, prompt_key: str, answer_key: str) -> list[Example]:
+    if not path.is_file():
+        raise DatasetError(f"spec.dataset.path {str(path)!r} does not exist")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{path}:{n}: invalid JSON ({err.msg})") from err
+        missing = [k for k in (prompt_key, answer_key) if k not in row]
+        if missing:
+            raise DatasetError(f"{path}:{n}: missing key(s) {missing}; set spec.dataset.promptKey/answerKey")
+        out.append(Example(str(row[prompt_key]), str(row[answer_key])))
+    if not out:
+        raise DatasetError(f"{path}: no examples")
+    return out
+
+
+def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Example]:
+    """Endless deterministic stream starting after ``position`` examples."""
+    rng = random.Random(seed)
+    if source.path.startswith("builtin:"):
+        name = source.path.removeprefix("builtin:")
+        if name not in BUILTIN:
+            raise DatasetError(f"spec.dataset.path {source.path!r}; builtin datasets: {', '.join(BUILTIN)}")
+        make = BUILTIN[name]
+        for i in range(10**12):
+            ex = make(rng)
+            if i >= position:
+                yield ex
+    if source.path.startswith("s3://"):
+        raise DatasetError(f"spec.dataset.path {source.path!r}: s3:// datasets are not implemented yet")
+    rows = read_jsonl(Path(source.path.removeprefix("file://")), source.prompt_key, source.answer_key)
+    i = 0
+    while True:
+        order = list(range(len(rows)))
+        rng.shuffle(order)
+        for j in order:
+            if i >= position:
+                yield rows[j]
+            i += 1

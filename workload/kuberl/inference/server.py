@@ -1,0 +1,124 @@
+"""The inference HTTP contract (every engine serves exactly this):
+
+    POST /generate        {"input_ids": [...]} or {"prompt": "text"}, "max_new_tokens", "temperature",
+                          "top_p", "n"  →  {"version", "outputs": [{"output_ids", "logprobs",
+                          "versions", "finish_reason"}]}   (finish_reason: stop | length | abort)
+    POST /pause           abort in-flight requests (they return partial tokens, finish "abort")
+    POST /resume
+    POST /update_weights  body: safetensors bytes of the full state dict; ?version=N
+    GET  /version         {"version": N}
+    GET  /health          200 when ready
+    GET  /metrics         Prometheus text format
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from safetensors.torch import load as load_safetensors
+
+from .engine import Generation, SamplingParams, TorchEngine
+
+log = logging.getLogger("kuberl.inference")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("kuberl_inference_requests", "generate requests", registry=self.registry)
+        self.tokens = Gauge("kuberl_inference_generated_tokens", "tokens generated", registry=self.registry)
+        self.aborted = Gauge("kuberl_inference_aborted_requests", "requests aborted by pause", registry=self.registry)
+        self.version = Gauge("kuberl_inference_weight_version", "current weight version", registry=self.registry)
+        self.in_flight = Gauge("kuberl_inference_in_flight", "queued + running requests", registry=self.registry)
+        self.weight_updates = Counter("kuberl_inference_weight_updates", "weight updates", registry=self.registry)
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=message)
+
+
+def _as_json(gen: Generation) -> dict[str, Any]:
+    return {"output_ids": gen.output_ids, "logprobs": gen.logprobs, "versions": gen.versions,
+            "finish_reason": gen.finish_reason}
+
+
+def build_app(engine: TorchEngine, tokenizer: Any | None = None) -> web.Application:
+    metrics = Metrics()
+    app = web.Application(client_max_size=2**34)
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        if "input_ids" in body:
+            ids = body["input_ids"]
+        elif "prompt" in body and tokenizer is not None:
+            ids = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + tokenizer(
+                body["prompt"], add_special_tokens=False).input_ids
+        else:
+            raise _bad_request("give input_ids (list of token ids) or prompt (text)")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+            raise _bad_request("input_ids must be a non-empty list of integers")
+        params = SamplingParams(
+            max_new_tokens=int(body.get("max_new_tokens", 64)), temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+        )
+        n = int(body.get("n", 1))
+        if n < 1 or params.max_new_tokens < 1 or not 0 < params.top_p <= 1 or params.temperature < 0:
+            raise _bad_request("need n ≥ 1, max_new_tokens ≥ 1, 0 < top_p ≤ 1, temperature ≥ 0")
+        metrics.requests.inc()
+        outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
+        return web.json_response({"version": engine.version, "outputs": [_as_json(o) for o in outs]})
+
+    async def pause(request: web.Request) -> web.Response:
+        return web.json_response({"aborted": await engine.pause(), "version": engine.version})
+
+    async def resume(request: web.Request) -> web.Response:
+        engine.resume()
+        return web.json_response({"version": engine.version})
+
+    async def update_weights(request: web.Request) -> web.Response:
+        try:
+            version = int(request.query["version"])
+        except (KeyError, ValueError) as err:
+            raise _bad_request("query parameter version=N is required") from err
+        state = load_safetensors(await request.read())
+        try:
+            await engine.load_weights(state, version)
+        except ValueError as err:
+            raise _bad_request(str(err)) from err
+        metrics.weight_updates.inc()
+        log.info("loaded weights version %d (%d tensors)", version, len(state))
+        return web.json_response({"version": engine.version})
+
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"version": engine.version, "paused": engine.paused})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": engine.version})
+
+    async def prometheus(request: web.Request) -> web.Response:
+        metrics.tokens.set(engine.generated_tokens)
+        metrics.aborted.set(engine.aborted)
+        metrics.version.set(engine.version)
+        metrics.in_flight.set(engine.in_flight)
+        return web.Response(body=generate_latest(metrics.registry), content_type="text/plain")
+
+    async def on_startup(app: web.Application) -> None:
+        engine.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await engine.stop()
+
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/pause", pause)
+    app.router.add_post("/resume", resume)
+    app.router.add_post("/update_weights", update_weights)
+    app.router.add_get("/version", version)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", prometheus)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
