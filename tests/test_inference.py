@@ -108,3 +108,21 @@ async def test_http_contract_and_weight_update(tok):
         bad = await client.post("/generate", json={"input_ids": []})
         assert bad.status == 400 and "input_ids" in await bad.text()
         assert (await client.post("/update_weights", data=b"")).status == 400
+
+
+async def test_pause_racing_the_engine_loop_never_loses_requests(tok):
+    """Regression: a pause between activation and the step used to crash the engine loop silently."""
+    engine = make_engine(tok)
+    engine.start()
+    try:
+        for _ in range(30):
+            tasks = [asyncio.create_task(engine.generate(prompt(tok, "1+1="), SamplingParams(max_new_tokens=3)))
+                     for _ in range(4)]
+            await asyncio.sleep(0)  # let the loop activate them
+            await engine.pause()
+            engine.resume()
+            outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+            assert all(o.finish_reason in ("stop", "length", "abort") for o in outs)
+        assert engine.healthy
+    finally:
+        await engine.stop()

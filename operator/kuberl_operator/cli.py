@@ -1,4 +1,4 @@
-"""`kuberl` command line: validate, render, crds, operator (and later run).
+"""`kuberl` command line: run, validate, render, crds, operator.
 
 Every user error ends in a one-line message and exit code 1, never a traceback.
 """
@@ -6,6 +6,7 @@ Every user error ends in a one-line message and exit code 1, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +105,19 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return run_operator(namespace=args.namespace, verbose=args.verbose)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from kuberl.local import RunError, run_local
+
+    try:
+        summary = run_local(Path(args.file), args.set or [], args.max_steps,
+                            Path(args.summary) if args.summary else None, quiet=args.quiet)
+    except RunError as err:
+        print(f"kuberl run: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("-n", "--namespace", default=None, help="namespace for objects without one")
     p.set_defaults(func=cmd_render)
+    p = sub.add_parser("run", help="run an experiment locally on CPU (inference + trainer processes)")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a spec field, e.g. algorithm.maxSteps=20 (repeatable)")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--summary", metavar="PATH", help="also write the JSON summary here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
     p.add_argument("out", nargs="?", default="crds")
     p.set_defaults(func=cmd_crds)

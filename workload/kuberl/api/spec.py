@@ -81,9 +81,18 @@ ALLOCATION_PATTERN = (
 )
 
 
+class SftWarmup(ApiModel):
+    """A short supervised warm start on the task's prompt → answer pairs before RL begins."""
+
+    steps: int = Field(0, ge=0, description="0 disables the warm start")
+    learning_rate: float = Field(1.0e-3, gt=0)
+    batch_size: Positive = 64
+
+
 class ModelSource(ApiModel):
-    path: str = Field(min_length=1, description="s3://, file:// or a Hugging Face-style path")
+    path: str = Field(min_length=1, description="builtin:tiny-qwen2, file:///dir (from_pretrained) or s3://prefix/")
     tokenizer: str | None = Field(None, description="tokenizer path; defaults to the model path")
+    sft_warmup: SftWarmup = Field(default_factory=SftWarmup)
 
 
 class DatasetSource(ApiModel):
@@ -224,6 +233,8 @@ class SchedulingSpec(ApiModel):
 
 
 class RLExperimentSpec(ApiModel):
+    """What to train, on what, how, and where; see README "The manifest"."""
+
     model: ModelSource
     dataset: DatasetSource
     reward: RewardSpec

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger("kuberl.inference")
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
 
@@ -84,6 +87,24 @@ class TorchEngine:
     # -- public API ----------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="torch-engine")
+        self._task.add_done_callback(self._on_loop_exit)
+
+    @property
+    def healthy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _on_loop_exit(self, task: asyncio.Task[None]) -> None:
+        """A crashed engine fails every waiting request loudly instead of leaving it hanging."""
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is None:
+            return
+        log.error("engine loop crashed: %r", err)
+        for req in self._queue + self._active:
+            if not req.future.done():
+                req.future.set_exception(RuntimeError(f"inference engine crashed: {err!r}"))
+        self._queue, self._active = [], []
 
     async def stop(self) -> None:
         if self._task:
@@ -146,7 +167,10 @@ class TorchEngine:
             self._active += self._queue[:room]
             del self._queue[:room]
             async with self._step_lock:
+                # pause() may have taken the lock first and aborted what we just activated.
                 batch = list(self._active)
+                if self._paused or not batch:
+                    continue
                 version = self.version
                 tokens, logps = await asyncio.to_thread(self._forward, batch)
                 for req, tok, lp in zip(batch, tokens.tolist(), logps.tolist(), strict=True):

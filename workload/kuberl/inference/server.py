@@ -97,6 +97,8 @@ def build_app(engine: TorchEngine, tokenizer: Any | None = None) -> web.Applicat
         return web.json_response({"version": engine.version, "paused": engine.paused})
 
     async def health(request: web.Request) -> web.Response:
+        if not engine.healthy:
+            return web.json_response({"status": "engine stopped", "version": engine.version}, status=503)
         return web.json_response({"status": "ok", "version": engine.version})
 
     async def prometheus(request: web.Request) -> web.Response:

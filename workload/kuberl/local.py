@@ -1,0 +1,181 @@
+"""Local mode: run an RLExperiment's roles as processes on this machine (``kuberl run``).
+
+The same entry points as in the pods (``python -m kuberl.inference`` per replica, ``python -m
+kuberl.trainer`` per rank with torchrun's environment); only the placement differs. Replicas and
+trainer ranks are pinned to separate CPU cores when there are enough, as disaggregated pools are.
+Ctrl-C (or any failure) terminates every child: no orphan processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .api import Accelerator, RLExperiment, resolve, validate_document
+from .runconfig import write_run_config
+
+
+class RunError(RuntimeError):
+    """A user-facing failure of `kuberl run`; the message says what to change."""
+
+
+def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``--set algorithm.maxSteps=10`` style edits of ``spec`` (values parsed as YAML scalars)."""
+    doc = copy.deepcopy(doc)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise RunError(f"--set {item!r}: expected dotted.key=value, e.g. algorithm.maxSteps=20")
+        node = doc.setdefault("spec", {})
+        parts = key.removeprefix("spec.").split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RunError(f"--set {item!r}: {part!r} is not a mapping")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return doc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Children:
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def spawn(self, args: list[str], env: dict[str, str], cores: list[int] | None,
+              log: Path) -> subprocess.Popen[bytes]:
+        def pin() -> None:
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        out = open(log, "wb")
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def terminate(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _progress(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=1) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _bar(p: dict[str, Any], started: float) -> str:
+    done, total = p.get("step", 0), max(p.get("max_steps", 1), 1)
+    filled = int(30 * done / total)
+    reward = p.get("reward")
+    return (f"\r[{'#' * filled}{'.' * (30 - filled)}] step {done}/{total}  reward "
+            f"{'-' if reward is None else f'{reward:.3f}'}  staleness≤{p.get('max_staleness', 0)}  "
+            f"{p.get('tokens_per_second', 0):.0f} tok/s  {time.monotonic() - started:.0f}s ")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
+              workdir: Path | None = None, quiet: bool = False) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    exps = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RLExperiment"]
+    if len(exps) != 1:
+        raise RunError(f"{path}: kuberl run needs exactly one RLExperiment, found {len(exps)}")
+    doc = apply_overrides(exps[0], overrides)
+    obj, issues = validate_document(doc)
+    if obj is None:
+        raise RunError("; ".join(f"{path}: {i}" for i in issues))
+    assert isinstance(obj, RLExperiment)
+    spec = obj.spec
+    for section in ("inference", "trainer"):
+        if getattr(spec, section).accelerator != Accelerator.CPU:
+            raise RunError(f"spec.{section}.accelerator is {getattr(spec, section).accelerator}; kuberl run runs "
+                           f"on this machine's CPU: use --set {section}.accelerator=cpu")
+    inference, trainer, _ = resolve(spec)
+    assert inference is not None and trainer is not None
+    work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    config = write_run_config(work / "experiment.yaml", obj.metadata.name, spec)
+    world = trainer.world_size
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = len(cores) >= inference.replicas + world
+    base_env = {**os.environ, "KUBERL_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    ports = [free_port() for _ in range(inference.replicas)]
+    progress_port, master_port = free_port(), free_port()
+    summary_file = work / "summary.json"
+    children = Children()
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        for r, port in enumerate(ports):
+            children.spawn([sys.executable, "-m", "kuberl.inference", "--config", str(config), "--port", str(port),
+                            "--host", "127.0.0.1"],
+                           {**base_env, "KUBERL_REPLICA": str(r)}, [cores[r]] if pinned else None,
+                           work / f"inference-{r}.log")
+        ranks = []
+        for rank in range(world):
+            env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
+                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                   "KUBERL_INFERENCE_URLS": ",".join(f"http://127.0.0.1:{p}" for p in ports),
+                   "KUBERL_PROGRESS_PORT": str(progress_port), "KUBERL_SUMMARY_PATH": str(summary_file)}
+            if max_steps is not None:
+                env["KUBERL_MAX_STEPS"] = str(max_steps)
+            core = [cores[inference.replicas + rank]] if pinned else None
+            ranks.append(children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(config)], env,
+                                        core, work / f"trainer-{rank}.log"))
+        if not quiet:
+            print(f"kuberl run: {obj.metadata.name}: {inference.replicas} inference replica(s), {world} trainer "
+                  f"rank(s){' pinned to separate cores' if pinned else ''}; logs in {work}", file=sys.stderr)
+        while any(p.poll() is None for p in ranks):
+            failed = [p for p in children.procs if p.poll() not in (None, 0)]
+            if failed:
+                log = work / (f"trainer-{ranks.index(failed[0])}.log" if failed[0] in ranks
+                              else f"inference-{children.procs.index(failed[0])}.log")
+                raise RunError(f"a process exited with code {failed[0].returncode}; last lines of {log}:\n{_tail(log)}")
+            p = _progress(progress_port)
+            if p and not quiet:
+                print(_bar(p, started), end="", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+        if any(p.returncode != 0 for p in ranks):
+            log = work / "trainer-0.log"
+            raise RunError(f"the trainer failed; last lines of {log}:\n{_tail(log)}")
+        if not quiet:
+            print(file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        children.terminate()
+    summary = json.loads(summary_file.read_text())
+    summary["workdir"] = str(work)
+    if summary_path:
+        summary_path.write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,130 @@
+"""Asynchronous rollout on its own event loop (a background thread of trainer rank 0).
+
+The loop keeps as many episodes running as admission allows (``StalenessManager``, counted in
+groups), puts finished groups in the ``RolloutBuffer`` and hands batches to the trainer thread.
+Generation never waits for training unless staleness would exceed η; with η = 0 it is
+synchronous RL. Weight updates pause the pool, push the new weights, bump the version, resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+from ..data.datasets import Example
+from .buffer import RolloutBuffer
+from .client import InferenceClient
+from .staleness import StalenessManager
+from .types import Group
+from .workflow import RolloutWorkflow
+
+log = logging.getLogger("kuberl.rollout")
+R = TypeVar("R")
+
+
+class RolloutController:
+    def __init__(self, client: InferenceClient, workflow: RolloutWorkflow, data: Iterator[Example],
+                 manager: StalenessManager):
+        self.client, self.workflow, self.data, self.manager = client, workflow, data, manager
+        self.buffer: RolloutBuffer[Group] = RolloutBuffer(manager)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="rollout", daemon=True)
+        self._changed: asyncio.Condition | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._error: BaseException | None = None
+        self.episodes = 0
+        self.generated_tokens = 0
+        self.max_staleness_seen = 0
+
+    # -- called from the trainer thread ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self.call(self._started())
+
+    def call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def take(self, groups: int, version: int) -> list[Group]:
+        """Block until ``groups`` groups fresh enough for ``version`` are ready."""
+        return self.call(self._take(groups, version))
+
+    def update_weights(self, blob: bytes, version: int) -> float:
+        """Pause the pool, push ``blob`` as ``version``, resume; returns seconds spent."""
+        return self.call(self._update_weights(blob, version))
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.call(self._stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=30)
+
+    # -- on the rollout loop -----------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def _started(self) -> None:
+        self._changed = asyncio.Condition()
+        await self.client.__aenter__()
+        await self.client.wait_ready()  # episodes start after the first weight push
+
+    def _fill(self) -> None:
+        """Start episodes while admission allows."""
+        while not self._stopping and self.manager.try_start():
+            task = self.loop.create_task(self._episode(next(self.data), self.episodes))
+            self.episodes += 1
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _episode(self, example: Example, group_id: int) -> None:
+        try:
+            group = await self.workflow.run_episode(self.client, example, group_id)
+        except Exception as err:  # surfaces in the trainer thread on the next take()
+            log.exception("episode failed")
+            self.manager.finish(accepted=False)
+            self._error = err
+            group = None
+        else:
+            self.manager.finish(accepted=group is not None)
+        assert self._changed is not None
+        async with self._changed:
+            if group is not None:
+                self.buffer.put(group)
+                self.generated_tokens += sum(len(t.output_ids) for t in group.trajectories)
+            self._changed.notify_all()
+        self._fill()
+
+    async def _take(self, groups: int, version: int) -> list[Group]:
+        assert self._changed is not None
+        async with self._changed:
+            while True:
+                if self._error is not None:
+                    raise RuntimeError(f"rollout failed: {self._error}") from self._error
+                batch = self.buffer.take_batch(groups, version)
+                if batch is not None:
+                    self.max_staleness_seen = max([self.max_staleness_seen,
+                                                   *(version - g.oldest_version for g in batch)])
+                    return batch
+                self._fill()  # dropped stale groups reopen slots
+                await self._changed.wait()
+
+    async def _update_weights(self, blob: bytes, version: int) -> float:
+        start = time.perf_counter()
+        await self.client.pause_all()
+        await self.client.push_weights(blob, version)
+        self.manager.set_version(version)
+        await self.client.resume_all()
+        self._fill()
+        return time.perf_counter() - start
+
+    async def _stop(self) -> None:
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.__aexit__(None, None, None)

@@ -1,0 +1,204 @@
+"""``python -m kuberl.trainer --config experiment.yaml`` (under torchrun, or alone as one rank).
+
+Rank 0 also runs the asynchronous rollout (its own thread and event loop) and the progress
+endpoint. Every step: take a fresh batch → advantages → decoupled PPO step on FSDP2 → gather the
+new weights → push them to every inference replica (``broadcast``) → version + 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..data.datasets import examples
+from ..models.loading import load_model
+from ..rewards import load_reward
+from ..rollout.client import InferenceClient
+from ..rollout.controller import RolloutController
+from ..rollout.staleness import StalenessManager
+from ..rollout.types import Group, Trajectory
+from ..rollout.workflow import RLVRWorkflow
+from ..runconfig import RunConfig, load_run_config
+from ..weights import make_weight_sync
+from .actor import Actor
+from .algorithms import AlgorithmConfig, advantages, keep_group
+from .batch import collate
+from .progress import Progress, ProgressServer
+from .sft import encode, sft_warmup
+
+log = logging.getLogger("kuberl.trainer")
+
+
+def init_distributed() -> tuple[int, int]:
+    """torchrun's env if present, else a world of one; gloo on CPU, NCCL / HCCL where present."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    backend = os.environ.get("KUBERL_DIST_BACKEND", "gloo")
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def inference_urls(run: RunConfig) -> list[str]:
+    """Replica URLs: $KUBERL_INFERENCE_URLS (local mode), else the pool's headless-Service DNS names."""
+    if os.environ.get("KUBERL_INFERENCE_URLS"):
+        return os.environ["KUBERL_INFERENCE_URLS"].split(",")
+    from ..api import resolve
+
+    plan, _, issues = resolve(run.spec)
+    if plan is None:
+        raise SystemExit(f"invalid spec: {'; '.join(map(str, issues))}")
+    pool = os.environ.get("KUBERL_INFERENCE_SERVICE", f"{run.experiment}-inference")
+    port = run.spec.inference.port
+    return [f"http://{pool}-r{r}-h0.{pool}:{port}" for r in range(plan.replicas)]
+
+
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def build_batch(groups: list[Group], config: AlgorithmConfig) -> tuple[list[Trajectory], list[float], int]:
+    """Flatten groups into trajectories with advantages; DAPO drops groups that teach nothing."""
+    trajs: list[Trajectory] = []
+    advs: list[float] = []
+    dropped = 0
+    for g in groups:
+        rewards = torch.tensor([[t.reward for t in g.trajectories]])
+        if not keep_group(rewards[0], config):
+            dropped += 1
+            continue
+        trajs += g.trajectories
+        advs += advantages(rewards, config)[0].tolist()
+    return trajs, advs, dropped
+
+
+def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
+    spec = run.spec
+    algo = spec.algorithm
+    max_steps = int(os.environ.get("KUBERL_MAX_STEPS", algo.max_steps))
+    torch.manual_seed(spec.seed)
+    model, tokenizer = load_model(spec.model, spec.seed)
+    config = AlgorithmConfig(
+        name=str(algo.name), group_size=algo.group_size, clip_low=algo.clip.low, clip_high=algo.clip.high,
+        dual_clip=algo.clip.dual, kl_coef=algo.kl_coef, behavior_imp_cap=algo.behavior_imp_cap,
+        max_new_tokens=spec.rollout.max_new_tokens,
+    )
+    if config.kl_coef > 0:
+        raise SystemExit("spec.algorithm.klCoef > 0 needs a reference model, which is not implemented yet; use 0")
+    actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature)
+    warm = spec.model.sft_warmup
+    sft_losses = sft_warmup(actor.model, tokenizer, examples(spec.dataset, spec.seed + 7), warm.steps,
+                            warm.batch_size, warm.learning_rate, rank, world)
+    groups_per_step = algo.batch_size // algo.group_size
+    state = actor.full_state_dict()  # every rank takes part in the gather
+
+    controller = server = None
+    if rank == 0:
+        reward_fn = load_reward(spec.reward.function)
+        workflow = RLVRWorkflow(
+            encode=lambda p: encode(tokenizer, p), decode=lambda ids: tokenizer.decode(ids),
+            eos_id=tokenizer.eos_token_id, reward=reward_fn, group_size=algo.group_size,
+            max_new_tokens=spec.rollout.max_new_tokens, temperature=spec.rollout.temperature,
+            top_p=spec.rollout.top_p,
+        )
+        manager = StalenessManager(groups_per_step, spec.rollout.max_staleness,
+                                   max(1, spec.rollout.max_concurrent // algo.group_size))
+        controller = RolloutController(InferenceClient(inference_urls(run)), workflow,
+                                       examples(spec.dataset, spec.seed), manager)
+        controller.start()
+        server = ProgressServer(Progress(max_steps=max_steps, phase="running"))
+        server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
+    sync = make_weight_sync(str(spec.weight_sync.mode), controller)
+    sync.push(state, 0)
+    if rank == 0:
+        log.info("initial weights (version 0) pushed; SFT warm-up losses %s",
+                 [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
+
+    start = time.perf_counter()
+    rewards: list[float] = []
+    trained_tokens = 0
+    sync_seconds: list[float] = []
+    dropped_groups = 0
+    for step in range(max_steps):
+        payload: list[object] = [None]
+        if rank == 0:
+            assert controller is not None
+            wait_start = time.perf_counter()
+            groups = controller.take(groups_per_step, step)
+            trajs, advs, dropped = build_batch(groups, config)
+            dropped_groups += dropped
+            payload = [(trajs, advs, time.perf_counter() - wait_start)]
+        dist.broadcast_object_list(payload, src=0)
+        trajs, advs, wait_s = payload[0]  # type: ignore[misc]
+        if not trajs:
+            log.warning("step %d: every group was filtered out (no reward variance); skipping", step)
+        else:
+            local = list(range(rank, len(trajs), world))
+            batch = collate([trajs[i] for i in local], [advs[i] for i in local], tokenizer.pad_token_id)
+            stats = actor.train_step(batch, len(trajs))
+            trained_tokens += sum(len(t.output_ids) for t in trajs)
+        sync_seconds.append(sync.push(actor.full_state_dict(), step + 1))
+        if rank == 0:
+            assert controller is not None and server is not None
+            reward = mean([t.reward for t in trajs]) or 0.0
+            rewards.append(reward)
+            elapsed = time.perf_counter() - start
+            server.update(step=step + 1, version=step + 1, reward=reward,
+                          max_staleness=controller.max_staleness_seen,
+                          tokens_per_second=trained_tokens / elapsed)
+            if trajs:
+                log.info("step %d/%d reward %.3f staleness≤%d loss %.4f wait %.2fs sync %.3fs", step + 1, max_steps,
+                         reward, controller.max_staleness_seen, stats["ppo_actor/loss"], wait_s, sync_seconds[-1])
+    wall = time.perf_counter() - start
+    if rank != 0:
+        return None
+    assert controller is not None and server is not None
+    summary = {
+        "steps": max_steps,
+        "reward_first10_mean": mean(rewards[:10]),
+        "reward_last10_mean": mean(rewards[-10:]),
+        "max_staleness_observed": controller.max_staleness_seen,
+        "final_version": max_steps,
+        "wall_seconds": round(wall, 3),
+        "trained_tokens_per_second": round(trained_tokens / wall, 1),
+        "generated_tokens_per_second": round(controller.generated_tokens / wall, 1),
+        "weight_sync_seconds_mean": round(mean(sync_seconds) or 0.0, 4),
+        "stale_groups_dropped": controller.buffer.dropped,
+        "filtered_groups": dropped_groups,
+        "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
+        "max_staleness": spec.rollout.max_staleness,
+        "world_size": world,
+        "replicas": len(controller.client.replicas),
+        "rewards": [round(r, 4) for r in rewards],
+    }
+    server.update(phase="succeeded")
+    controller.stop()
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kuberl.trainer")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+    torch.set_num_threads(int(os.environ.get("KUBERL_THREADS", "1")))
+    run = load_run_config(args.config)
+    rank, world = init_distributed()
+    try:
+        summary = train(run, rank, world)
+        if summary is not None and os.environ.get("KUBERL_SUMMARY_PATH"):
+            Path(os.environ["KUBERL_SUMMARY_PATH"]).write_text(json.dumps(summary, indent=2))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Collate trajectories into padded tensors, and split them into micro-batches by token budget.
+
+Layout (right padding, L = longest prompt+output): ``input_ids`` [B, L]; everything per generated
+token lives at the position that *predicts* it, in [B, L−1] coordinates: ``targets`` = input_ids
+shifted left, ``loss_mask`` = 1 on output tokens, ``behav_logp`` the engine's log-probs there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..rollout.types import Trajectory
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor     # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    targets: torch.Tensor       # [B, L-1]
+    loss_mask: torch.Tensor     # [B, L-1]
+    behav_logp: torch.Tensor    # [B, L-1]
+    advantages: torch.Tensor    # [B]
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: slice | list[int]) -> Batch:
+        return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.targets, self.loss_mask,
+                                         self.behav_logp, self.advantages)))
+
+
+def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> Batch:
+    if not trajs:
+        raise ValueError("cannot collate an empty batch")
+    seqs = [t.prompt_ids + t.output_ids for t in trajs]
+    width = max(map(len, seqs))
+    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(trajs), width), dtype=torch.long)
+    mask = torch.zeros((len(trajs), width - 1))
+    behav = torch.zeros((len(trajs), width - 1))
+    for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
+        ids[i, :len(s)] = torch.tensor(s)
+        attn[i, :len(s)] = 1
+        start, end = len(t.prompt_ids) - 1, len(s) - 1
+        mask[i, start:end] = 1
+        behav[i, start:end] = torch.tensor(t.behav_logprobs)
+    return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32))
+
+
+def micro_batches(batch: Batch, token_budget: int) -> list[Batch]:
+    """Consecutive slices whose padded size (rows × L) stays within ``token_budget`` (≥ 1 row each)."""
+    rows_per = max(1, token_budget // batch.input_ids.shape[1])
+    return [batch.select(slice(i, i + rows_per)) for i in range(0, batch.size, rows_per)]

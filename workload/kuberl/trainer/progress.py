@@ -1,0 +1,64 @@
+"""Trainer rank 0's progress endpoint (``GET /progress``, ``GET /metrics``), polled by the operator
+and by ``kuberl run``; the workload never needs write access to the Kubernetes API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import asdict, dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    max_steps: int = 0
+    version: int = 0
+    reward: float | None = None
+    max_staleness: int = 0
+    tokens_per_second: float = 0.0
+    phase: str = "starting"
+    last_checkpoint: str | None = None
+    rewards: list[float] = field(default_factory=list)
+
+
+class ProgressServer:
+    """Serves a ``Progress`` that the trainer thread updates under a lock."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.lock = threading.Lock()
+        self.registry = CollectorRegistry()
+        self._gauges = {name: Gauge(f"kuberl_trainer_{name}", name, registry=self.registry)
+                        for name in ("step", "version", "reward", "max_staleness", "tokens_per_second")}
+
+    def update(self, **changes: object) -> None:
+        with self.lock:
+            for key, value in changes.items():
+                setattr(self.progress, key, value)
+
+    async def start(self, port: int) -> web.AppRunner:
+        async def progress(request: web.Request) -> web.Response:
+            with self.lock:
+                body = {k: v for k, v in asdict(self.progress).items() if k != "rewards"}
+            return web.json_response(body)
+
+        async def metrics(request: web.Request) -> web.Response:
+            with self.lock:
+                for name, gauge in self._gauges.items():
+                    value = getattr(self.progress, name)
+                    gauge.set(value if value is not None else float("nan"))
+            return web.Response(body=generate_latest(self.registry), content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/progress", progress)
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "0.0.0.0", port).start()
+        return runner
+
+    def start_in(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
+        asyncio.run_coroutine_threadsafe(self.start(port), loop).result(30)

@@ -1,0 +1,47 @@
+"""Supervised warm start (``spec.model.sftWarmup``): a few steps of next-token training on the
+task's own prompt → answer pairs, so RL starts from a policy that sometimes succeeds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from ..data.datasets import Example
+
+
+def encode(tokenizer, prompt: str) -> list[int]:
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    return bos + tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+def sft_warmup(model: torch.nn.Module, tokenizer, data: Iterator[Example], steps: int, batch_size: int,
+               lr: float, rank: int = 0, world: int = 1) -> list[float]:
+    """Train on ``steps`` batches of prompt+answer+eos (loss on the answer only); returns the losses."""
+    if steps <= 0:
+        return []
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        examples = [next(data) for _ in range(batch_size)][rank::world]
+        rows = []
+        for ex in examples:
+            p = encode(tokenizer, ex.prompt)
+            a = [*tokenizer(ex.answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+            rows.append((p, a))
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (p, a) in enumerate(rows):
+            ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[i, len(p):len(p) + len(a)] = torch.tensor(a)
+            attn[i, :len(p) + len(a)] = 1
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses

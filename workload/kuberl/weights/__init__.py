@@ -1,0 +1,49 @@
+"""Weight exchange from trainer to inference replicas (``spec.weightSync.mode``).
+
+Contract: every trainer rank calls ``push(state, version)`` after each step with what
+``Actor.full_state_dict()`` returned (the full state on rank 0, empty elsewhere); when it returns,
+every replica serves ``version``. ``broadcast`` is the naive baseline: rank 0 sends the whole state
+to each replica over the inference HTTP contract. ``p2p`` (topology-aware, shard-level) and
+``disk`` will implement the same protocol; until they do, they run as broadcast with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+log = logging.getLogger("kuberl.weights")
+
+
+def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
+    """The wire format of a whole-state update (tied tensors are written once per name)."""
+    return save_safetensors({k: v.detach().contiguous().clone() for k, v in state.items()})
+
+
+class Publisher(Protocol):
+    def update_weights(self, blob: bytes, version: int) -> float: ...
+
+
+class WeightSync(Protocol):
+    def push(self, state: dict[str, torch.Tensor], version: int) -> float: ...
+
+
+class BroadcastSync:
+    """Rank 0 serialises the full state and pushes it to every replica (pause → load → resume)."""
+
+    def __init__(self, publisher: Publisher | None):
+        self.publisher = publisher
+
+    def push(self, state: dict[str, torch.Tensor], version: int) -> float:
+        if self.publisher is None:  # not rank 0: nothing to send
+            return 0.0
+        return self.publisher.update_weights(to_safetensors(state), version)
+
+
+def make_weight_sync(mode: str, publisher: Publisher | None) -> WeightSync:
+    if mode != "broadcast":
+        log.warning("weightSync.mode %s is not implemented yet; using broadcast", mode)
+    return BroadcastSync(publisher)
