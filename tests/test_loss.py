@@ -103,3 +103,18 @@ def test_dapo_dynamic_sampling_and_ppo_refusal():
     assert keep_group(t([1.0, 1.0]), cfg("grpo"))
     with pytest.raises(NotImplementedError, match="critic"):
         cfg("ppo")
+
+
+def test_batch_advantages_whiten_over_the_whole_batch_and_dapo_filters():
+    from kuberl.rollout.types import Group, Trajectory
+    from kuberl.trainer.algorithms import build_batch
+
+    def group(*rewards):
+        return Group([Trajectory([1], [2], [0.0], [0], r) for r in rewards])
+
+    trajs, advs, dropped = build_batch([group(1, 0), group(1, 1), group(0, 0)], cfg("reinforce_pp"))
+    # centred per group: [.5, -.5, 0, 0, 0, 0]; batch std = sqrt(.5/6) → ±√3, not ±1 per group
+    assert advs == pytest.approx([math.sqrt(3), -math.sqrt(3), 0, 0, 0, 0], rel=1e-4)
+    assert len(trajs) == 6 and dropped == 0
+    trajs, advs, dropped = build_batch([group(1, 0), group(1, 1)], cfg("dapo"))
+    assert len(trajs) == 2 and dropped == 1 and advs == pytest.approx([1, -1], rel=1e-4)

@@ -110,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         summary = run_local(Path(args.file), args.set or [], args.max_steps,
-                            Path(args.summary) if args.summary else None, quiet=args.quiet)
+                            Path(args.summary) if args.summary else None,
+                            Path(args.workdir) if args.workdir else None, quiet=args.quiet)
     except RunError as err:
         print(f"kuberl run: {err}", file=sys.stderr)
         return 1
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a spec field, e.g. algorithm.maxSteps=20 (repeatable)")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--summary", metavar="PATH", help="also write the JSON summary here")
+    p.add_argument("--workdir", metavar="DIR", help="logs and run files (default: a new /tmp/kuberl-NAME-* directory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")

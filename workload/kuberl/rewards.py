@@ -21,6 +21,17 @@ def exact_match(prompt: str, completion: str, answer: str) -> float:
     return float(completion.strip() == answer.strip())
 
 
+def digit_match(prompt: str, completion: str, answer: str) -> float:
+    """Partial credit for the toy arithmetic tasks: the fraction of the answer's characters that the
+    completion gets right, aligned from the right (units digit first); a longer completion than
+    the answer is penalised by the same fraction. 1 exactly when the completion equals the answer."""
+    got, want = completion.strip(), answer.strip()
+    if not want:
+        return float(not got)
+    right = sum(a == b for a, b in zip(reversed(got), reversed(want), strict=False))
+    return right / max(len(want), len(got))
+
+
 def _final_number(text: str) -> float | None:
     boxed = _BOXED.findall(text)
     candidates = _NUMBER.findall(boxed[-1] if boxed else text.split("####")[-1])

@@ -136,6 +136,9 @@ class AlgorithmSpec(ApiModel):
     clip: ClipSpec = Field(default_factory=ClipSpec)
     kl_coef: float = Field(0.0, ge=0)
     max_steps: Positive = 1000
+    mini_batches: Positive = Field(
+        1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"
+    )
     behavior_imp_cap: float | None = Field(
         5.0, gt=0, description="cap on π_prox/π_behav; tokens above it are masked"
     )

@@ -32,11 +32,18 @@ def arithmetic(rng: random.Random) -> Example:
 
 
 def two_digit(rng: random.Random) -> Example:
+    """'ab+c=' → the sum (two-digit plus one-digit)."""
     a, b = rng.randint(10, 99), rng.randint(0, 9)
     return Example(f"{a}+{b}=", str(a + b))
 
 
-BUILTIN = {"arithmetic": arithmetic, "arithmetic-2digit": two_digit}
+def three_digit(rng: random.Random) -> Example:
+    """'abc+de=' → the sum (three-digit plus two-digit): longer answers than the others."""
+    a, b = rng.randint(100, 999), rng.randint(10, 99)
+    return Example(f"{a}+{b}=", str(a + b))
+
+
+BUILTIN = {"arithmetic": arithmetic, "arithmetic-2digit": two_digit, "arithmetic-3digit": three_digit}
 
 
 def read_jsonl(path: Path, prompt_key: str, answer_key: str) -> list[Example]:

@@ -8,8 +8,9 @@ distribution the token was sampled from) and the weight version that produced it
 ``pause()`` aborts in-flight requests: they complete with ``finish_reason="abort"`` and the
 tokens generated so far, so the client can resume them (prompt + partial output) under the next
 weights. New requests wait while paused. ``load_weights()`` swaps the parameters and bumps the
-version atomically between steps. No KV cache: each step recomputes the whole (short) sequences,
-which is simple and exact for the small models this engine is for.
+version atomically between steps, without interrupting anything. No KV cache: each step
+recomputes the whole (short) sequences, which is simple and exact for the small models this
+engine is for.
 """
 
 from __future__ import annotations
@@ -144,17 +145,17 @@ class TorchEngine:
         self._wake.set()
 
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Replace the parameters and set the version, between steps (pausing if needed)."""
-        was_paused = self._paused
-        if not was_paused:
-            await self.pause()
+        """Replace the parameters and set the version atomically, between two engine steps.
+
+        In-flight requests are not interrupted: their next token is sampled by the new weights and
+        records the new version. (This engine keeps no KV cache, so continuing is exact; an engine
+        with a cache of old-weight keys/values pauses with abort first and lets the client resume.)
+        """
         async with self._step_lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             if missing or unexpected:
                 raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
             self.version = version
-        if not was_paused:
-            self.resume()
 
     # -- the loop ------------------------------------------------------------------------------
     async def _loop(self) -> None:

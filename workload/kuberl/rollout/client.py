@@ -122,6 +122,6 @@ class InferenceClient:
         await asyncio.gather(*(self._post(r, "/resume", control=True) for r in self.replicas))
 
     async def push_weights(self, blob: bytes, version: int) -> None:
-        """Naive broadcast: the full state to every replica (between pause_all and resume_all)."""
+        """Naive broadcast: the full state to every replica; each swaps it in between two engine steps."""
         await asyncio.gather(*(self._post(r, f"/update_weights?version={version}", control=True, data=blob)
                                for r in self.replicas))

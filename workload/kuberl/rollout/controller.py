@@ -3,7 +3,8 @@
 The loop keeps as many episodes running as admission allows (``StalenessManager``, counted in
 groups), puts finished groups in the ``RolloutBuffer`` and hands batches to the trainer thread.
 Generation never waits for training unless staleness would exceed η; with η = 0 it is
-synchronous RL. Weight updates pause the pool, push the new weights, bump the version, resume.
+synchronous RL. Weight updates are pushed to every replica while generation goes on; then the
+version bumps and admission reopens.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ..data.datasets import Example
@@ -53,9 +55,9 @@ class RolloutController:
         """Block until ``groups`` groups fresh enough for ``version`` are ready."""
         return self.call(self._take(groups, version))
 
-    def update_weights(self, blob: bytes, version: int) -> float:
-        """Pause the pool, push ``blob`` as ``version``, resume; returns seconds spent."""
-        return self.call(self._update_weights(blob, version))
+    def update_weights(self, blob: bytes, version: int) -> Future[float]:
+        """Start: pause the pool, push ``blob`` as ``version``, resume; the future holds the seconds spent."""
+        return asyncio.run_coroutine_threadsafe(self._update_weights(blob, version), self.loop)
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -114,11 +116,11 @@ class RolloutController:
                 await self._changed.wait()
 
     async def _update_weights(self, blob: bytes, version: int) -> float:
+        """Every replica swaps weights between its engine steps; requests in flight go on (their
+        tokens carry the version that wrote them), so generation never stops for an update."""
         start = time.perf_counter()
-        await self.client.pause_all()
         await self.client.push_weights(blob, version)
         self.manager.set_version(version)
-        await self.client.resume_all()
         self._fill()
         return time.perf_counter() - start
 

@@ -17,18 +17,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..api import resolve
 from ..data.datasets import examples
 from ..models.loading import load_model
 from ..rewards import load_reward
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
 from ..rollout.staleness import StalenessManager
-from ..rollout.types import Group, Trajectory
 from ..rollout.workflow import RLVRWorkflow
 from ..runconfig import RunConfig, load_run_config
 from ..weights import make_weight_sync
 from .actor import Actor
-from .algorithms import AlgorithmConfig, advantages, keep_group
+from .algorithms import AlgorithmConfig, build_batch
 from .batch import collate
 from .progress import Progress, ProgressServer
 from .sft import encode, sft_warmup
@@ -51,8 +51,6 @@ def inference_urls(run: RunConfig) -> list[str]:
     """Replica URLs: $KUBERL_INFERENCE_URLS (local mode), else the pool's headless-Service DNS names."""
     if os.environ.get("KUBERL_INFERENCE_URLS"):
         return os.environ["KUBERL_INFERENCE_URLS"].split(",")
-    from ..api import resolve
-
     plan, _, issues = resolve(run.spec)
     if plan is None:
         raise SystemExit(f"invalid spec: {'; '.join(map(str, issues))}")
@@ -63,21 +61,6 @@ def inference_urls(run: RunConfig) -> list[str]:
 
 def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
-
-
-def build_batch(groups: list[Group], config: AlgorithmConfig) -> tuple[list[Trajectory], list[float], int]:
-    """Flatten groups into trajectories with advantages; DAPO drops groups that teach nothing."""
-    trajs: list[Trajectory] = []
-    advs: list[float] = []
-    dropped = 0
-    for g in groups:
-        rewards = torch.tensor([[t.reward for t in g.trajectories]])
-        if not keep_group(rewards[0], config):
-            dropped += 1
-            continue
-        trajs += g.trajectories
-        advs += advantages(rewards, config)[0].tolist()
-    return trajs, advs, dropped
 
 
 def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
@@ -91,9 +74,13 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         dual_clip=algo.clip.dual, kl_coef=algo.kl_coef, behavior_imp_cap=algo.behavior_imp_cap,
         max_new_tokens=spec.rollout.max_new_tokens,
     )
+    _, plan, _ = resolve(spec)
+    if plan is not None and str(plan.backend) != "fsdp":
+        raise SystemExit(f"spec.trainer.backend is {plan.backend}: only fsdp is implemented in this build "
+                         "(the Megatron-core backend needs CUDA/NPU devices to verify); use backend: fsdp")
     if config.kl_coef > 0:
         raise SystemExit("spec.algorithm.klCoef > 0 needs a reference model, which is not implemented yet; use 0")
-    actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature)
+    actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches)
     warm = spec.model.sft_warmup
     sft_losses = sft_warmup(actor.model, tokenizer, examples(spec.dataset, spec.seed + 7), warm.steps,
                             warm.batch_size, warm.learning_rate, rank, world)
@@ -118,6 +105,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
     sync = make_weight_sync(str(spec.weight_sync.mode), controller)
     sync.push(state, 0)
+    sync.wait()
     if rank == 0:
         log.info("initial weights (version 0) pushed; SFT warm-up losses %s",
                  [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
@@ -125,9 +113,12 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     start = time.perf_counter()
     rewards: list[float] = []
     trained_tokens = 0
-    sync_seconds: list[float] = []
+    timeperf: dict[str, list[float]] = {"wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [],
+                                         "step": []}
+    token_staleness = 0
     dropped_groups = 0
     for step in range(max_steps):
+        step_start = time.perf_counter()
         payload: list[object] = [None]
         if rank == 0:
             assert controller is not None
@@ -136,16 +127,28 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
             trajs, advs, dropped = build_batch(groups, config)
             dropped_groups += dropped
             payload = [(trajs, advs, time.perf_counter() - wait_start)]
-        dist.broadcast_object_list(payload, src=0)
+        if world > 1:
+            dist.broadcast_object_list(payload, src=0)
         trajs, advs, wait_s = payload[0]  # type: ignore[misc]
+        timeperf["wait_rollout"].append(wait_s)
+        token_staleness = max([token_staleness, *(step - v for t in trajs for v in t.versions)])
         if not trajs:
             log.warning("step %d: every group was filtered out (no reward variance); skipping", step)
         else:
-            local = list(range(rank, len(trajs), world))
+            local = list(range(rank, len(trajs), world)) or [0]  # a rank without rows trains on a masked filler
             batch = collate([trajs[i] for i in local], [advs[i] for i in local], tokenizer.pad_token_id)
+            if rank >= len(trajs):
+                batch = batch.masked()
             stats = actor.train_step(batch, len(trajs))
+            timeperf["train_step"].append(stats["timeperf/train_step"])
             trained_tokens += sum(len(t.output_ids) for t in trajs)
-        sync_seconds.append(sync.push(actor.full_state_dict(), step + 1))
+        push_start = time.perf_counter()
+        previous = sync.wait()  # the previous exchange, which overlapped this step
+        if step:
+            timeperf["weight_sync"].append(previous)
+        sync.push(actor.full_state_dict(), step + 1)
+        timeperf["weight_push"].append(time.perf_counter() - push_start)
+        timeperf["step"].append(time.perf_counter() - step_start)
         if rank == 0:
             assert controller is not None and server is not None
             reward = mean([t.reward for t in trajs]) or 0.0
@@ -156,21 +159,26 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
                           tokens_per_second=trained_tokens / elapsed)
             if trajs:
                 log.info("step %d/%d reward %.3f staleness≤%d loss %.4f wait %.2fs sync %.3fs", step + 1, max_steps,
-                         reward, controller.max_staleness_seen, stats["ppo_actor/loss"], wait_s, sync_seconds[-1])
+                         reward, controller.max_staleness_seen, stats["ppo_actor/loss"], wait_s,
+                         previous)
+    timeperf["weight_sync"].append(sync.wait())
     wall = time.perf_counter() - start
     if rank != 0:
         return None
     assert controller is not None and server is not None
     summary = {
         "steps": max_steps,
+        "batch_size": algo.batch_size,
         "reward_first10_mean": mean(rewards[:10]),
         "reward_last10_mean": mean(rewards[-10:]),
         "max_staleness_observed": controller.max_staleness_seen,
+        "max_token_staleness_trained": token_staleness,
         "final_version": max_steps,
         "wall_seconds": round(wall, 3),
         "trained_tokens_per_second": round(trained_tokens / wall, 1),
         "generated_tokens_per_second": round(controller.generated_tokens / wall, 1),
-        "weight_sync_seconds_mean": round(mean(sync_seconds) or 0.0, 4),
+        "weight_sync_seconds_mean": round(mean(timeperf["weight_sync"]) or 0.0, 4),
+        **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in timeperf.items()},
         "stale_groups_dropped": controller.buffer.dropped,
         "filtered_groups": dropped_groups,
         "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,

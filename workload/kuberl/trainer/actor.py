@@ -2,10 +2,15 @@
 
 A step, for a batch of trajectories already split across data-parallel ranks:
 
-1. proximal log-probs: log π_prox(token) with the current weights, no grad;
-2. for each micro-batch: log π_θ with grad, the decoupled PPO loss normalised by the *global*
-   token count ÷ world size (FSDP averages gradients over ranks, so the sum is the global mean);
+1. proximal log-probs: log π_prox(token) with the weights at the start of the step, no grad;
+2. the batch is split into ``mini_batches`` equal parts, one optimizer update each; within a part,
+   micro-batches by token budget accumulate gradients of the decoupled PPO loss normalised by the
+   part's *global* token count ÷ world size (FSDP averages gradients over ranks, so the sum is the
+   global mean);
 3. gradient clipping, AdamW step.
+
+With one update per batch (``mini_batches = 1``, the default) the weights cannot change between
+step 1 and the loss, so π_prox = sg(π_θ) exactly and the extra forward pass of step 1 is skipped.
 
 ``full_state_dict()`` gathers the unsharded weights on rank 0 (CPU) for the weight exchange.
 """
@@ -21,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import fully_shard
 
 from .algorithms import AlgorithmConfig
-from .batch import Batch, micro_batches
+from .batch import Batch, micro_batch_count, split
 from .loss import ppo_loss
 
 
@@ -47,46 +52,67 @@ class Actor:
     optimizer: torch.optim.Optimizer
     config: AlgorithmConfig
     temperature: float
+    mini_batches: int = 1
     token_budget: int = 16384
     max_grad_norm: float = 1.0
 
     @classmethod
-    def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float) -> Actor:
+    def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
+               mini_batches: int = 1) -> Actor:
         model = shard(model)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        return cls(model, optimizer, config, temperature)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+        return cls(model, optimizer, config, temperature, mini_batches)
 
-    def _global_sum(self, value: float) -> float:
+    def _all_reduce(self, value: float, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         if dist.is_initialized():
-            dist.all_reduce(t)
+            dist.all_reduce(t, op=op)
         return float(t.item())
 
+    def _micro_batches(self, part: Batch) -> list[Batch]:
+        """Split by token budget into the same number of micro-batches on every rank."""
+        count = int(self._all_reduce(micro_batch_count(part, self.token_budget), dist.ReduceOp.MAX))
+        return split(part, count)
+
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
+        """One batch: ``mini_batches`` optimizer updates; stats are averaged over the updates."""
         start = time.perf_counter()
+        parts = split(batch, self.mini_batches)
+        chunks = [self._micro_batches(part) for part in parts]
+        prox: list[list[torch.Tensor] | None] = [None] * len(parts)
+        if self.mini_batches > 1:
+            with torch.no_grad():
+                prox = [[token_logprobs(self.model, c, self.temperature) for c in part] for part in chunks]
+        stats: dict[str, float] = {}
+        for part_chunks, part_prox in zip(chunks, prox, strict=True):
+            for k, v in self._update(part_chunks, part_prox, global_rows / len(parts)).items():
+                stats[k] = stats.get(k, 0.0) + v / len(parts)
+        stats["timeperf/train_step"] = time.perf_counter() - start
+        return stats
+
+    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float) -> dict[str, float]:
+        """Accumulate the loss gradient over ``chunks`` (π_prox = sg(π_θ) when ``prox`` is None), then step."""
         world = dist.get_world_size() if dist.is_initialized() else 1
-        chunks = micro_batches(batch, self.token_budget)
-        with torch.no_grad():
-            prox = [token_logprobs(self.model, c, self.temperature) for c in chunks]
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / world
         else:
-            normalizer = max(self._global_sum(float(batch.loss_mask.sum())), 1.0) / world
+            normalizer = max(self._all_reduce(sum(float(c.loss_mask.sum()) for c in chunks)), 1.0) / world
+        rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
-        for chunk, prox_logp in zip(chunks, prox, strict=True):
+        for i, chunk in enumerate(chunks):
             logp = token_logprobs(self.model, chunk, self.temperature)
+            prox_logp = logp.detach() if prox is None else prox[i]
             out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
                            normalizer=normalizer)
             out.loss.backward()
             for k, v in out.stats.items():
-                stats[k] = stats.get(k, 0.0) + v * chunk.size / batch.size
+                stats[k] = stats.get(k, 0.0) + v * chunk.size / rows
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
                                              else grad_norm)
-        stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..rollout.types import Group, Trajectory
+
 ADVANTAGE = {"grpo": "group_norm", "dapo": "group_norm", "drgrpo": "group_center", "rloo": "rloo",
              "reinforce_pp": "batch_whiten"}
 
@@ -76,3 +78,14 @@ def advantages(rewards: torch.Tensor, config: AlgorithmConfig, eps: float = 1e-6
 def keep_group(rewards: torch.Tensor, config: AlgorithmConfig) -> bool:
     """DAPO dynamic sampling: a group that cannot teach anything (all rewards equal) is dropped."""
     return not config.dynamic_sampling or bool(rewards.max() > rewards.min())
+
+
+def build_batch(groups: list[Group], config: AlgorithmConfig) -> tuple[list[Trajectory], list[float], int]:
+    """Flatten groups into trajectories with advantages (computed over the whole batch at once, as
+    REINFORCE++'s batch whitening requires); DAPO drops groups that teach nothing."""
+    rewards = torch.tensor([[t.reward for t in g.trajectories] for g in groups], dtype=torch.float32)
+    kept = [i for i in range(len(groups)) if keep_group(rewards[i], config)]
+    if not kept:
+        return [], [], len(groups)
+    trajs = [t for i in kept for t in groups[i].trajectories]
+    return trajs, advantages(rewards[kept], config).flatten().tolist(), len(groups) - len(kept)

@@ -7,6 +7,7 @@ shifted left, ``loss_mask`` = 1 on output tokens, ``behav_logp`` the engine's lo
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,11 @@ class Batch:
         return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.targets, self.loss_mask,
                                          self.behav_logp, self.advantages)))
 
+    def masked(self) -> Batch:
+        """A copy with nothing to learn (zero loss mask and advantages): filler that keeps collectives in step."""
+        return Batch(self.input_ids, self.attention_mask, self.targets, torch.zeros_like(self.loss_mask),
+                     self.behav_logp, torch.zeros_like(self.advantages))
+
 
 def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> Batch:
     if not trajs:
@@ -50,7 +56,16 @@ def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> Ba
     return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32))
 
 
-def micro_batches(batch: Batch, token_budget: int) -> list[Batch]:
-    """Consecutive slices whose padded size (rows × L) stays within ``token_budget`` (≥ 1 row each)."""
+def micro_batch_count(batch: Batch, token_budget: int) -> int:
+    """How many slices keep the padded size (rows × L) of each within ``token_budget`` (≥ 1 row each)."""
     rows_per = max(1, token_budget // batch.input_ids.shape[1])
-    return [batch.select(slice(i, i + rows_per)) for i in range(0, batch.size, rows_per)]
+    return max(1, -(-batch.size // rows_per))
+
+
+def split(batch: Batch, parts: int) -> list[Batch]:
+    """Exactly ``parts`` consecutive slices of near-equal size. Every data-parallel rank must run the
+    same number of forward/backward passes (FSDP's collectives pair up by call), so a slice that
+    would be empty is a masked copy of row 0 instead: it costs a pass and contributes nothing."""
+    bounds = [batch.size * i // parts for i in range(parts + 1)]
+    return [batch.select(slice(lo, hi)) if hi > lo else batch.select([0]).masked()
+            for lo, hi in itertools.pairwise(bounds)]

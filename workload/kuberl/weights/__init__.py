@@ -1,15 +1,20 @@
 """Weight exchange from trainer to inference replicas (``spec.weightSync.mode``).
 
 Contract: every trainer rank calls ``push(state, version)`` after each step with what
-``Actor.full_state_dict()`` returned (the full state on rank 0, empty elsewhere); when it returns,
-every replica serves ``version``. ``broadcast`` is the naive baseline: rank 0 sends the whole state
-to each replica over the inference HTTP contract. ``p2p`` (topology-aware, shard-level) and
+``Actor.full_state_dict()`` returned (the full state on rank 0, empty elsewhere). ``push`` takes its
+own copy of the weights and may return before the replicas have them, so the next training step
+overlaps the transfer; ``wait()`` returns the seconds the last exchange took once every replica
+serves its version. Exchanges complete in order (a push first waits for the previous one).
+Generation meanwhile continues on the old version, which the staleness bound accounts for.
+``broadcast`` is the naive baseline: rank 0 sends the whole state to each replica over the
+inference HTTP contract. ``p2p`` (topology-aware, shard-level) and
 ``disk`` will implement the same protocol; until they do, they run as broadcast with a warning.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Protocol
 
 import torch
@@ -24,11 +29,15 @@ def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
 
 
 class Publisher(Protocol):
-    def update_weights(self, blob: bytes, version: int) -> float: ...
+    def update_weights(self, blob: bytes, version: int) -> Future[float]:
+        """Start pause → load ``blob`` as ``version`` → resume on every replica; the future holds the seconds."""
+        ...
 
 
 class WeightSync(Protocol):
-    def push(self, state: dict[str, torch.Tensor], version: int) -> float: ...
+    def push(self, state: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def wait(self) -> float: ...
 
 
 class BroadcastSync:
@@ -36,11 +45,18 @@ class BroadcastSync:
 
     def __init__(self, publisher: Publisher | None):
         self.publisher = publisher
+        self._pending: Future[float] | None = None
 
-    def push(self, state: dict[str, torch.Tensor], version: int) -> float:
+    def push(self, state: dict[str, torch.Tensor], version: int) -> None:
         if self.publisher is None:  # not rank 0: nothing to send
-            return 0.0
-        return self.publisher.update_weights(to_safetensors(state), version)
+            return
+        blob = to_safetensors(state)  # a copy: the next optimizer step may run during the transfer
+        self.wait()
+        self._pending = self.publisher.update_weights(blob, version)
+
+    def wait(self) -> float:
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else 0.0
 
 
 def make_weight_sync(mode: str, publisher: Publisher | None) -> WeightSync:

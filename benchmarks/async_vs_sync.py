@@ -1,0 +1,100 @@
+"""Asynchronous vs synchronous RL on this machine: the same experiment with η = 0 and η ≥ 2.
+
+One inference replica and one trainer rank, each pinned to its own CPU core (as disaggregated pools
+are), the same number of trained samples (steps × batch size). Synchronous RL alternates: the
+replica generates the batch for version v while the trainer waits, then the trainer trains while
+the replica waits. Asynchronous RL overlaps them, so a step costs max(generate, train) instead of
+their sum; the synchronous run's two phases (generate G, train T per step) are reported too.
+
+The default task is 3-digit addition with partial credit (``digit_match``): its answers are long
+enough that generating a batch costs about as much as training on it, the regime where overlap
+pays most. Final reward = mean over the last 20 % of steps; "not worse" allows two standard errors.
+
+    python benchmarks/async_vs_sync.py [--steps 150] [--staleness 2] [--out benchmarks/results/async_vs_sync.json]
+
+Progress goes to stderr; the last stdout line is the JSON result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
+
+from kuberl.local import run_local  # noqa: E402
+
+SETTINGS = {
+    "dataset.path": "builtin:arithmetic-3digit",
+    "reward.function": "kuberl.rewards:digit_match",
+    "rollout.maxNewTokens": 5,  # the longest answer (4 digits) + end of sequence
+    "inference.replicas": 1,
+    "trainer.nodes": 1,
+    "trainer.acceleratorsPerNode": 1,
+}
+
+
+def tail_stats(rewards: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the last 20 % of per-step rewards."""
+    tail = rewards[-max(2, len(rewards) // 5):]
+    return statistics.fmean(tail), statistics.stdev(tail) / math.sqrt(len(tail))
+
+
+def run(manifest: Path, staleness: int, steps: int) -> dict:
+    overrides = [f"{k}={v}" for k, v in {**SETTINGS, "rollout.maxStaleness": staleness}.items()]
+    print(f"==> η = {staleness}: {steps} steps", file=sys.stderr, flush=True)
+    summary = run_local(manifest, overrides, steps, None, quiet=True)
+    print(f"    {summary['wall_seconds']:.1f} s, step {summary['timeperf/step_mean'] * 1000:.0f} ms "
+          f"(wait for rollout {summary['timeperf/wait_rollout_mean'] * 1000:.0f} ms, "
+          f"train {summary['timeperf/train_step_mean'] * 1000:.0f} ms)", file=sys.stderr, flush=True)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--manifest", type=Path, default=ROOT / "examples/cpu-tiny.yaml")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--staleness", type=int, default=2, help="η of the asynchronous run (≥ 1)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/async_vs_sync.json")
+    args = parser.parse_args()
+    if args.staleness < 1:
+        parser.error("--staleness must be ≥ 1 (η = 0 is the synchronous baseline)")
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        print(f"warning: {cores} core(s): replica and trainer cannot be pinned apart; the speedup will be small",
+              file=sys.stderr)
+    sync, asyn = run(args.manifest, 0, args.steps), run(args.manifest, args.staleness, args.steps)
+    reward_sync, se_sync = tail_stats(sync["rewards"])
+    reward_async, se_async = tail_stats(asyn["rewards"])
+    generate = sync["timeperf/wait_rollout_mean"]
+    train = sync["timeperf/step_mean"] - generate
+    result = {
+        "speedup": round(sync["wall_seconds"] / asyn["wall_seconds"], 3),
+        "reward_sync": round(reward_sync, 4),
+        "reward_async": round(reward_async, 4),
+        "reward_not_worse": reward_async >= reward_sync - 2 * math.hypot(se_sync, se_async),
+        "wall_seconds_sync": sync["wall_seconds"],
+        "wall_seconds_async": asyn["wall_seconds"],
+        "step_seconds_sync": sync["timeperf/step_mean"],
+        "step_seconds_async": asyn["timeperf/step_mean"],
+        "sync_generate_seconds_per_step": round(generate, 4),
+        "sync_train_seconds_per_step": round(train, 4),
+        "max_token_staleness_trained_async": asyn["max_token_staleness_trained"],
+        "settings": {**SETTINGS, "steps": args.steps, "batchSize": sync.get("batch_size"),
+                     "maxStaleness": [0, args.staleness], "cores": cores, "pinned": cores >= 2,
+                     "manifest": str(args.manifest.relative_to(ROOT) if args.manifest.is_relative_to(ROOT)
+                                     else args.manifest)},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
