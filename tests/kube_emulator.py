@@ -17,7 +17,8 @@ for every registered resource, and nothing else in the tests emulates the API:
 * label selectors (``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``) and the
   field selectors ``metadata.name`` / ``metadata.namespace``;
 * finalizers (deletionTimestamp until they are gone) and owner-reference garbage collection
-  (immediate, cascading);
+  (immediate, cascading; an object created for owners that are already gone is collected at once,
+  as the real collector does shortly after);
 * ``kubectl get`` tables (``as=Table``) rendered from the CRDs' additionalPrinterColumns, and
   discovery without categories on subresources (or ``kubectl get kuberl`` breaks);
 * bounded request history: kmock keeps every request and re-filters that list on every new one
@@ -275,7 +276,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._bump(obj)
         store[(ns, meta["name"])] = obj
         await self._emit((group, plural), "ADDED", obj)
-        return copy.deepcopy(obj)
+        created = copy.deepcopy(obj)
+        refs = meta.get("ownerReferences") or []
+        if refs and not any(self._uid_exists(ref.get("uid")) for ref in refs):
+            await self.delete(group, plural, ns, meta["name"])  # an orphan from birth: the GC takes it
+        return created
+
+    def _uid_exists(self, uid: str | None) -> bool:
+        return any(o["metadata"].get("uid") == uid for objects in self.store.values() for o in objects.values())
 
     async def update(self, group: str, plural: str, namespace: str | None, name: str, new: Obj,
                      subresource: str | None = None) -> Obj:
