@@ -47,7 +47,7 @@ async def running_operator(cluster: Cluster) -> AsyncIterator[None]:
     """Start the operator (as `kuberl operator` would) and stop it cleanly afterwards."""
     import kopf
 
-    from kuberl_operator import handlers  # noqa: F401  (registers the handlers)
+    from kuberl_operator import handlers  # registers the handlers
 
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     ready = asyncio.Event()
@@ -62,6 +62,10 @@ async def running_operator(cluster: Cluster) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=20)
+        for background in [t for t in asyncio.all_tasks() if t.get_name() == handlers.PROGRESS_TASK]:
+            background.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await background
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

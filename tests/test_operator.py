@@ -246,3 +246,36 @@ def test_example_fixture_is_not_mutated():
     b = copy.deepcopy(a)
     a["spec"]["suspend"] = True
     assert "suspend" not in b["spec"]
+
+
+async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypatch):
+    """The operator polls rank 0's real progress endpoint and writes status.progress (kubectl's columns)."""
+    import asyncio
+    import socket
+
+    from kuberl.trainer.progress import Progress, ProgressServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ProgressServer(Progress(max_steps=100, phase="running"))
+    runner = await server.start(port)
+    monkeypatch.setenv("KUBERL_PROGRESS_URL", f"http://127.0.0.1:{port}/progress?experiment={{name}}")
+    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "0.2")
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        await asyncio.sleep(0.5)
+        assert "progress" not in get_rlx(api, "cpu-tiny").get("status", {})  # only Running ones are polled
+        for pod in pods(api, "team-a"):
+            await bind(api, pod, "node-a")
+            await set_pod(api, pod, "Running", ready=True)
+        for step, reward in ((3, 0.25), (7, 0.5)):
+            server.update(step=step, version=step, reward=reward, max_staleness=2)
+            await eventually(lambda s=step: get_rlx(api, "cpu-tiny")["status"].get("progress", {}).get("step") == s,
+                             what=f"progress step {step}")
+        assert get_rlx(api, "cpu-tiny")["status"]["progress"] == {
+            "step": 7, "version": 7, "reward": 0.5, "maxStaleness": 2}
+        assert get_rlx(api, "cpu-tiny")["status"]["phase"] == "Running"  # the experiment's sync keeps it
+    await runner.cleanup()

@@ -77,3 +77,13 @@ def test_transition_time_kept_while_status_unchanged():
     same = merge_conditions(old, [{"type": "Ready", "status": "False", "reason": "Initializing"}], "T1")
     flipped = merge_conditions(old, [{"type": "Ready", "status": "True", "reason": "Running"}], "T1")
     assert same[0]["lastTransitionTime"] == "T0" and flipped[0]["lastTransitionTime"] == "T1"
+
+
+def test_progress_url_and_status_mapping():
+    from kuberl_operator.progress import progress_status, progress_url
+
+    assert progress_url("exp", "team-a") == "http://exp-trainer-n0.exp-trainer.team-a.svc:8080/progress"
+    assert progress_url("exp", "ns", "http://127.0.0.1:9/{name}/{namespace}") == "http://127.0.0.1:9/exp/ns"
+    assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "max_staleness": 1,
+                            "last_checkpoint": None, "phase": "running"}) == {
+        "step": 3, "version": 3, "reward": 0.1235, "maxStaleness": 1}

@@ -4,13 +4,16 @@ Every event on an RLExperiment, InferencePool, TrainerJob or one of our pods re-
 object's idempotent sync. The periodic safety net is kopf's watch itself: every
 ``settings.watching.server_timeout`` seconds it reconnects, re-lists every object and fires these
 handlers again. No timers and no on.delete handlers, so kopf adds no finalizers: deleting an
-experiment never waits for the operator, owner references do the cleanup. Handlers are
+experiment never waits for the operator, owner references do the cleanup. A background task
+polls each running experiment's trainer for progress (``progress.py``). Handlers are
 registered with the fully-qualified group (``kuberl.io``), because ``InferencePool`` is also a kind
 of the Gateway API Inference Extension and kopf silently ignores ambiguous selectors.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
@@ -21,18 +24,19 @@ from kubernetes.client import ApiClient
 
 from kuberl.api import API_GROUP, API_VERSION
 
-from . import reconcile
+from . import progress, reconcile
 from .kube import Kube
 from .names import LABEL_ROLE, PREFIX
 
 RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
+PROGRESS_TASK = "kuberl-progress-polling"
 EXPERIMENTS = (API_GROUP, API_VERSION, "rlexperiments")
 POOLS = (API_GROUP, API_VERSION, "inferencepools")
 JOBS = (API_GROUP, API_VERSION, "trainerjobs")
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX)
@@ -45,7 +49,19 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
         # The package reads $KUBECONFIG at import time; read it now.
         kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     memo["kube"] = Kube(ApiClient())
-    logger.info("KubeRL operator ready (full resync every %ds)", RESYNC_SECONDS)
+    interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
+    memo["progress"] = asyncio.get_running_loop().create_task(progress.poll_forever(memo["kube"], interval),
+                                                             name=PROGRESS_TASK)
+    logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
+
+
+@kopf.on.cleanup()
+async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("progress")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @kopf.on.login()

@@ -1,0 +1,86 @@
+"""Training progress into ``RLExperiment.status.progress`` (the STEP / VERSION / REWARD / STALENESS
+columns of ``kubectl get rlx``).
+
+Trainer rank 0 serves ``GET /progress`` (``kuberl.trainer.progress``); the operator polls it for
+every experiment in phase Running and patches the status when it changed, so the workload pods
+need no access to the Kubernetes API. The URL is
+``http://{pod}.{job}.{namespace}.svc:{port}/progress`` (rank 0's stable DNS name under the
+TrainerJob's headless Service); ``KUBERL_PROGRESS_URL`` overrides it with a template using the same
+fields (an operator running outside the cluster, or tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import urllib.request
+from typing import Any
+
+from kuberl.api import API_GROUP, API_VERSION, RLExperiment
+
+from .kube import Kube
+from .names import PROGRESS_PORT, trainer_job_name, trainer_pod_name
+
+log = logging.getLogger("kuberl.operator.progress")
+Manifest = dict[str, Any]
+DEFAULT_URL = "http://{pod}.{job}.{namespace}.svc:{port}/progress"
+
+
+def progress_url(experiment: str, namespace: str, template: str | None = None) -> str:
+    job = trainer_job_name(experiment)
+    return (template or DEFAULT_URL).format(pod=trainer_pod_name(job, 0), job=job, namespace=namespace,
+                                            name=experiment, port=PROGRESS_PORT)
+
+
+def progress_status(payload: Manifest) -> Manifest:
+    """The trainer's /progress JSON → ``status.progress`` (camelCase; absent values left out)."""
+    reward = payload.get("reward")
+    fields = {
+        "step": payload.get("step"),
+        "version": payload.get("version"),
+        "reward": None if reward is None else round(float(reward), 4),
+        "maxStaleness": payload.get("max_staleness"),
+        "lastCheckpoint": payload.get("last_checkpoint"),
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def fetch(url: str, timeout: float = 2.0) -> Manifest | None:
+    """GET the progress JSON; None (with the reason logged) when the trainer is not reachable yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError) as err:
+        log.debug("progress from %s unavailable: %s", url, err)
+        return None
+
+
+def poll_once(kube: Kube, template: str | None = None) -> int:
+    """Update every running experiment whose progress changed; returns how many were patched."""
+    patched = 0
+    for exp in kube.list(f"{API_GROUP}/{API_VERSION}", RLExperiment.KIND, None, {}):
+        status, meta = exp.get("status") or {}, exp["metadata"]
+        if status.get("phase") != "Running":
+            continue
+        payload = fetch(progress_url(meta["name"], meta["namespace"], template))
+        if payload is None:
+            continue
+        progress = progress_status(payload)
+        if progress and progress != status.get("progress"):
+            kube.patch(exp["apiVersion"], exp["kind"], meta["namespace"], meta["name"],
+                       {"status": {"progress": progress}}, "status")
+            patched += 1
+    return patched
+
+
+async def poll_forever(kube: Kube, interval: float) -> None:
+    """``poll_once`` every ``interval`` seconds until cancelled; a failed round is logged and retried."""
+    template = os.environ.get("KUBERL_PROGRESS_URL")
+    while True:
+        try:
+            await asyncio.to_thread(poll_once, kube, template)
+        except Exception:
+            log.exception("progress polling failed; retrying in %.0fs", interval)
+        await asyncio.sleep(interval)
