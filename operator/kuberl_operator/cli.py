@@ -119,6 +119,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_argocd(args: argparse.Namespace) -> int:
+    from .argocd import argocd_cm_snippet
+
+    Path(args.out).write_text(argocd_cm_snippet())
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
     p.add_argument("out", nargs="?", default="crds")
     p.set_defaults(func=cmd_crds)
+    p = sub.add_parser("argocd", help="regenerate the ArgoCD health checks (deploy/argocd/argocd-cm-health.yaml)")
+    p.add_argument("out", nargs="?", default="deploy/argocd/argocd-cm-health.yaml")
+    p.set_defaults(func=cmd_argocd)
     p = sub.add_parser("operator", help="run the operator against the current kube context")
     p.add_argument("-n", "--namespace", action="append", help="watch only these namespaces")
     p.add_argument("-v", "--verbose", action="store_true")
