@@ -1,0 +1,6 @@
+"""Checkpoints in S3 or a directory: ``open_store(uri)`` + ``CheckpointManager`` (manifest last)."""
+
+from .manager import CheckpointManager, Manifest
+from .store import CheckpointError, LocalStore, S3Store, Store, open_store
+
+__all__ = ["CheckpointError", "CheckpointManager", "LocalStore", "Manifest", "S3Store", "Store", "open_store"]

@@ -1,0 +1,133 @@
+"""The checkpoint protocol: files first, manifest last, prune only behind a complete one.
+
+Layout under the checkpoint URI::
+
+    step-00000050/<files…>            model/optimizer shards, trainer state — anything in the staging dir
+    step-00000050/MANIFEST.json       {"step", "files": {name: {"size", "sha256"}}, "meta": {…}}
+
+A checkpoint exists only once its manifest does, and the manifest is written after every file is
+uploaded, so a writer killed mid-upload leaves a directory that ``latest()`` skips (with a warning
+naming it). ``latest()`` also skips manifests that do not parse or whose files are missing or of
+the wrong size; ``restore()`` verifies every SHA-256. ``keep = K`` deletes older checkpoints (and
+abandoned partial ones) only after a newer one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .store import CheckpointError, Store
+
+log = logging.getLogger("kuberl.checkpoint")
+MANIFEST = "MANIFEST.json"
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:08d}/"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    files: dict[str, dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"step": self.step, "files": self.files, "meta": self.meta,
+                           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2)
+
+
+@dataclass
+class CheckpointManager:
+    store: Store
+    keep: int = 3
+
+    def save(self, staging: Path, step: int, meta: dict[str, Any] | None = None) -> str:
+        """Upload every file under ``staging``, then the manifest, then prune. Returns the checkpoint's URI."""
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        if not files:
+            raise CheckpointError(f"checkpoint of step {step}: nothing to save in {staging}")
+        prefix = step_dir(step)
+        started = time.perf_counter()
+        entries: dict[str, dict[str, Any]] = {}
+        for path in files:
+            name = path.relative_to(staging).as_posix()
+            entries[name] = {"size": path.stat().st_size, "sha256": sha256(path)}
+            self.store.upload(path, prefix + name)
+        self.store.write_text(prefix + MANIFEST, Manifest(step, entries, meta or {}).to_json())
+        size = sum(e["size"] for e in entries.values())
+        log.info("checkpoint step %d: %d files, %.1f MiB in %.2fs → %s%s", step, len(entries), size / 2**20,
+                 time.perf_counter() - started, self.store.uri, prefix)
+        self.prune()
+        return self.store.uri + prefix
+
+    def _steps(self) -> dict[int, dict[str, int]]:
+        """Every step directory present, with its objects (name → size)."""
+        out: dict[int, dict[str, int]] = {}
+        for key, size in self.store.list().items():
+            head, _, rest = key.partition("/")
+            if head.startswith("step-") and head[5:].isdigit() and rest:
+                out.setdefault(int(head[5:]), {})[rest] = size
+        return out
+
+    def _complete(self, step: int, objects: dict[str, int]) -> Manifest | None:
+        where = self.store.uri + step_dir(step)
+        if MANIFEST not in objects:
+            log.warning("skipping checkpoint %s: no %s (incomplete upload)", where, MANIFEST)
+            return None
+        try:
+            data = json.loads(self.store.read_text(step_dir(step) + MANIFEST) or "")
+            manifest = Manifest(int(data["step"]), dict(data["files"]), dict(data.get("meta") or {}))
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("skipping checkpoint %s: unreadable %s (%s)", where, MANIFEST, err)
+            return None
+        bad = [n for n, e in manifest.files.items() if objects.get(n) != e.get("size")]
+        if manifest.step != step or bad:
+            log.warning("skipping checkpoint %s: missing or truncated files %s", where, bad[:5])
+            return None
+        return manifest
+
+    def latest(self) -> Manifest | None:
+        """The newest complete checkpoint (incomplete or corrupt newer ones are skipped, with a warning)."""
+        for step, objects in sorted(self._steps().items(), reverse=True):
+            manifest = self._complete(step, objects)
+            if manifest is not None:
+                return manifest
+        return None
+
+    def restore(self, manifest: Manifest, dest: Path) -> Path:
+        """Download the checkpoint's files into ``dest`` and verify their SHA-256."""
+        for name, entry in manifest.files.items():
+            local = dest / name
+            self.store.download(step_dir(manifest.step) + name, local)
+            if sha256(local) != entry["sha256"]:
+                raise CheckpointError(f"{self.store.uri}{step_dir(manifest.step)}{name}: checksum mismatch")
+        return dest
+
+    def prune(self) -> list[int]:
+        """Keep the newest ``keep`` complete checkpoints; drop older ones and partial ones behind them."""
+        steps = self._steps()
+        complete = [s for s in sorted(steps, reverse=True) if self._complete(s, steps[s]) is not None]
+        if not complete:
+            return []
+        kept = set(complete[:self.keep])
+        doomed = [s for s in steps if s not in kept and s < complete[0]]  # a partial one behind is abandoned
+        for step in doomed:
+            self.store.delete_prefix(step_dir(step))
+        if doomed:
+            log.info("pruned checkpoints %s (keep %d)", sorted(doomed), self.keep)
+        return sorted(doomed)
