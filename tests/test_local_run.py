@@ -81,3 +81,16 @@ def test_ctrl_c_stops_every_process(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     assert processes_mentioning(str(work)) == []
+
+
+def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
+    work = tmp_path / "run"
+    settings = ["checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5"]
+    first = run_local(EXAMPLE, settings, 10, None, workdir=work, quiet=True)
+    assert first["resumed_from_step"] == 0
+    complete = sorted(p.parent.name for p in (work / "checkpoints").glob("step-*/MANIFEST.json"))
+    assert complete == ["step-00000004", "step-00000008"]  # keep 2
+    second = run_local(EXAMPLE, settings, 14, None, workdir=work, quiet=True)
+    assert second["resumed_from_step"] == 8 and second["final_version"] == 14
+    assert len(second["rewards"]) == 6  # steps 9..14 only
+    assert "resumed from the checkpoint of step 8" in (work / "trainer-0.log").read_text()

@@ -3,7 +3,9 @@
 The same entry points as in the pods (``python -m kuberl.inference`` per replica, ``python -m
 kuberl.trainer`` per rank with torchrun's environment); only the placement differs. Replicas and
 trainer ranks are pinned to separate CPU cores when there are enough, as disaggregated pools are.
-Ctrl-C (or any failure) terminates every child: no orphan processes.
+Ctrl-C (or any failure) terminates every child: no orphan processes. Checkpoints go to the run's
+work directory (``spec.checkpoint.uri`` is for the cluster), so a fresh run starts fresh and a run
+given an existing ``--workdir`` resumes from its newest complete checkpoint, as a restarted pod would.
 """
 
 from __future__ import annotations
@@ -147,7 +149,9 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
             env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
                    "KUBERL_INFERENCE_URLS": ",".join(f"http://127.0.0.1:{p}" for p in ports),
-                   "KUBERL_PROGRESS_PORT": str(progress_port), "KUBERL_SUMMARY_PATH": str(summary_file)}
+                   "KUBERL_PROGRESS_PORT": str(progress_port), "KUBERL_SUMMARY_PATH": str(summary_file),
+                   "KUBERL_CHECKPOINT_URI": f"file://{work / 'checkpoints'}/",
+                   "KUBERL_STAGING_DIR": str(work / "staging")}
             if max_steps is not None:
                 env["KUBERL_MAX_STEPS"] = str(max_steps)
             core = [cores[inference.replicas + rank]] if pinned else None

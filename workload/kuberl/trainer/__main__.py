@@ -30,6 +30,7 @@ from ..weights import make_weight_sync
 from .actor import Actor
 from .algorithms import AlgorithmConfig, build_batch
 from .batch import collate
+from .checkpointing import Checkpointer
 from .progress import Progress, ProgressServer
 from .sft import encode, sft_warmup
 
@@ -81,9 +82,18 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     if config.kl_coef > 0:
         raise SystemExit("spec.algorithm.klCoef > 0 needs a reference model, which is not implemented yet; use 0")
     actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches)
-    warm = spec.model.sft_warmup
-    sft_losses = sft_warmup(actor.model, tokenizer, examples(spec.dataset, spec.seed + 7), warm.steps,
-                            warm.batch_size, warm.learning_rate, rank, world)
+    checkpointer = Checkpointer(os.environ.get("KUBERL_CHECKPOINT_URI") or spec.checkpoint.uri,
+                                spec.checkpoint.every_steps, spec.checkpoint.keep,
+                                Path(os.environ.get("KUBERL_STAGING_DIR", "/tmp/kuberl-staging")), rank)
+    resumed = checkpointer.resume(actor)
+    first_step = resumed.step if resumed else 0
+    sft_losses: list[float] = []
+    if resumed is None:
+        warm = spec.model.sft_warmup
+        sft_losses = sft_warmup(actor.model, tokenizer, examples(spec.dataset, spec.seed + 7), warm.steps,
+                                warm.batch_size, warm.learning_rate, rank, world)
+    elif rank == 0:
+        log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     groups_per_step = algo.batch_size // algo.group_size
     state = actor.full_state_dict()  # every rank takes part in the gather
 
@@ -98,16 +108,19 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         )
         manager = StalenessManager(groups_per_step, spec.rollout.max_staleness,
                                    max(1, spec.rollout.max_concurrent // algo.group_size))
+        manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
+        position = resumed.data_position if resumed else 0
         controller = RolloutController(InferenceClient(inference_urls(run)), workflow,
-                                       examples(spec.dataset, spec.seed), manager)
+                                       examples(spec.dataset, spec.seed, position), manager)
+        controller.episodes = position
         controller.start()
         server = ProgressServer(Progress(max_steps=max_steps, phase="running"))
         server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
     sync = make_weight_sync(str(spec.weight_sync.mode), controller)
-    sync.push(state, 0)
+    sync.push(state, first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
     if rank == 0:
-        log.info("initial weights (version 0) pushed; SFT warm-up losses %s",
+        log.info("initial weights (version %d) pushed; SFT warm-up losses %s", first_step,
                  [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
 
     start = time.perf_counter()
@@ -117,7 +130,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
                                          "step": []}
     token_staleness = 0
     dropped_groups = 0
-    for step in range(max_steps):
+    for step in range(first_step, max_steps):
         step_start = time.perf_counter()
         payload: list[object] = [None]
         if rank == 0:
@@ -149,6 +162,9 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         sync.push(actor.full_state_dict(), step + 1)
         timeperf["weight_push"].append(time.perf_counter() - push_start)
         timeperf["step"].append(time.perf_counter() - step_start)
+        saved = checkpointer.maybe_save(actor, step + 1, step + 1, controller.episodes if controller else 0)
+        if saved and server is not None:
+            server.update(last_checkpoint=saved)
         if rank == 0:
             assert controller is not None and server is not None
             reward = mean([t.reward for t in trajs]) or 0.0
@@ -168,6 +184,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     assert controller is not None and server is not None
     summary = {
         "steps": max_steps,
+        "resumed_from_step": first_step,
         "batch_size": algo.batch_size,
         "reward_first10_mean": mean(rewards[:10]),
         "reward_last10_mean": mean(rewards[-10:]),

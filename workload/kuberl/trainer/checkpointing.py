@@ -59,3 +59,49 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     state = TrainerState(**json.loads((staging / STATE_FILE).read_text()))
     state.restore_rng()
     return state
+
+
+class Checkpointer:
+    """Every ``every`` steps: all ranks write shards into a staging directory, rank 0 uploads them
+    through the manifest store. ``resume()`` finds the newest complete checkpoint, if any.
+
+    The staging directory must be visible to every rank (one pod, or a shared volume); separate
+    pods per rank would each upload their own shards, which is not built yet.
+    """
+
+    def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int):
+        from ..checkpoint import CheckpointManager, open_store
+
+        self.every, self.staging, self.rank = every, staging, rank
+        self.manager = CheckpointManager(open_store(uri), keep) if uri and rank == 0 else None
+        self.enabled = uri is not None
+
+    def _broadcast(self, value: object) -> object:
+        box = [value]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def resume(self, actor: Actor) -> TrainerState | None:
+        where = None
+        if self.manager is not None:
+            latest = self.manager.latest()
+            if latest is not None:
+                where = str(self.manager.restore(latest, self.staging / f"restore-{latest.step}"))
+        where = self._broadcast(where)
+        return load_trainer(actor, Path(where)) if isinstance(where, str) else None
+
+    def maybe_save(self, actor: Actor, step: int, version: int, data_position: int) -> str | None:
+        """Checkpoint after ``step`` steps when it is due; returns the checkpoint URI on rank 0."""
+        if not self.enabled or step % self.every:
+            return None
+        staging = self.staging / f"save-{step}"
+        save_trainer(actor, TrainerState.capture(step, version, data_position), staging)
+        if dist.is_initialized():
+            dist.barrier()
+        uri = self.manager.save(staging, step, {"version": version}) if self.manager is not None else None
+        if self.rank == 0:
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+        return uri
