@@ -94,3 +94,44 @@ def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
     assert second["resumed_from_step"] == 8 and second["final_version"] == 14
     assert len(second["rewards"]) == 6  # steps 9..14 only
     assert "resumed from the checkpoint of step 8" in (work / "trainer-0.log").read_text()
+
+
+def _log_has(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
+    """Kill the inference replica: it is replaced while training goes on. Kill the trainer after a
+    checkpoint: the gang restarts from it. The run still ends with every step trained."""
+    work, summary = tmp_path / "run", tmp_path / "summary.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
+         "--workdir", str(work), "--summary", str(summary), "--set", "checkpoint.everySteps=5",
+         "--set", "model.sftWarmup.steps=5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+    def kill(role: str) -> None:
+        pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}" in Path(f"/proc/{p}/cmdline")
+                .read_bytes().decode(errors="replace")]
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGKILL)
+
+    def wait_for(path: Path, text: str) -> None:
+        deadline = time.monotonic() + 120
+        while not _log_has(path, text):
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, f"{text!r} not in {path} within 120 s"
+            time.sleep(0.2)
+
+    wait_for(work / "trainer-0.log", "step 3/40")
+    kill("inference")
+    wait_for(work / "trainer-0.log", "checkpoint step 20")
+    kill("trainer")
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(summary.read_text())
+    assert result["restarts"] == {"trainer": 1, "inference": 1}
+    assert result["resumed_from_step"] >= 20 and result["final_version"] == 40
+    assert result["max_token_staleness_trained"] <= 2
+    assert "restarting the gang from the last checkpoint" in stderr.decode()
+    assert processes_mentioning(str(work)) == []

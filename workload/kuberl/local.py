@@ -29,6 +29,8 @@ import yaml
 from .api import Accelerator, RLExperiment, resolve, validate_document
 from .runconfig import write_run_config
 
+REPLICA_RESTARTS = 5  # per replica, before the run fails
+
 
 class RunError(RuntimeError):
     """A user-facing failure of `kuberl run`; the message says what to change."""
@@ -67,7 +69,7 @@ class Children:
             if cores:
                 os.sched_setaffinity(0, cores)
 
-        out = open(log, "wb")
+        out = open(log, "ab")  # a restarted process appends to its predecessor's log
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
                                 start_new_session=True)
         self.procs.append(proc)
@@ -133,17 +135,18 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     pinned = len(cores) >= inference.replicas + world
     base_env = {**os.environ, "KUBERL_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     ports = [free_port() for _ in range(inference.replicas)]
-    progress_port, master_port = free_port(), free_port()
+    progress_port = free_port()
     summary_file = work / "summary.json"
     children = Children()
-    started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        for r, port in enumerate(ports):
-            children.spawn([sys.executable, "-m", "kuberl.inference", "--config", str(config), "--port", str(port),
-                            "--host", "127.0.0.1"],
-                           {**base_env, "KUBERL_REPLICA": str(r)}, [cores[r]] if pinned else None,
-                           work / f"inference-{r}.log")
+    restarts = {"trainer": 0, "inference": 0}
+
+    def spawn_replica(r: int) -> subprocess.Popen[bytes]:
+        return children.spawn([sys.executable, "-m", "kuberl.inference", "--config", str(config), "--port",
+                               str(ports[r]), "--host", "127.0.0.1"], {**base_env, "KUBERL_REPLICA": str(r)},
+                              [cores[r]] if pinned else None, work / f"inference-{r}.log")
+
+    def spawn_gang() -> list[subprocess.Popen[bytes]]:
+        master_port = free_port()
         ranks = []
         for rank in range(world):
             env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
@@ -157,22 +160,48 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
             core = [cores[inference.replicas + rank]] if pinned else None
             ranks.append(children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(config)], env,
                                         core, work / f"trainer-{rank}.log"))
+        return ranks
+
+    def say(message: str) -> None:
+        """Restarts are reported even with --quiet (which only hides the progress bar)."""
+        print(f"{'' if quiet else chr(10)}kuberl run: {message}", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        replicas = [spawn_replica(r) for r in range(inference.replicas)]
+        ranks = spawn_gang()
         if not quiet:
             print(f"kuberl run: {obj.metadata.name}: {inference.replicas} inference replica(s), {world} trainer "
                   f"rank(s){' pinned to separate cores' if pinned else ''}; logs in {work}", file=sys.stderr)
-        while any(p.poll() is None for p in ranks):
-            failed = [p for p in children.procs if p.poll() not in (None, 0)]
-            if failed:
-                log = work / (f"trainer-{ranks.index(failed[0])}.log" if failed[0] in ranks
-                              else f"inference-{children.procs.index(failed[0])}.log")
-                raise RunError(f"a process exited with code {failed[0].returncode}; last lines of {log}:\n{_tail(log)}")
+        while not all(p.poll() == 0 for p in ranks):
+            for r, proc in enumerate(replicas):  # a replica is replaced alone; training goes on
+                if proc.poll() is not None:
+                    log = work / f"inference-{r}.log"
+                    if restarts["inference"] >= REPLICA_RESTARTS * inference.replicas:
+                        raise RunError(f"inference replica {r} keeps failing (exit {proc.returncode}); last lines "
+                                       f"of {log}:\n{_tail(log)}")
+                    restarts["inference"] += 1
+                    say(f"inference replica {r} exited with code {proc.returncode}; restarting it")
+                    replicas[r] = spawn_replica(r)
+            failed = [p for p in ranks if p.poll() not in (None, 0)]
+            if failed:  # any rank failing restarts the whole gang from the last checkpoint
+                for p in ranks:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                log = work / f"trainer-{ranks.index(failed[0])}.log"
+                if restarts["trainer"] >= spec.trainer.backoff_limit:
+                    raise RunError(f"the trainer failed {restarts['trainer'] + 1} time(s) (backoffLimit "
+                                   f"{spec.trainer.backoff_limit}); last lines of {log}:\n{_tail(log)}")
+                restarts["trainer"] += 1
+                say(f"trainer rank {ranks.index(failed[0])} exited with code {failed[0].returncode}; restarting the "
+                    f"gang from the last checkpoint ({restarts['trainer']}/{spec.trainer.backoff_limit})")
+                ranks = spawn_gang()
             p = _progress(progress_port)
             if p and not quiet:
                 print(_bar(p, started), end="", file=sys.stderr, flush=True)
             time.sleep(0.5)
-        if any(p.returncode != 0 for p in ranks):
-            log = work / "trainer-0.log"
-            raise RunError(f"the trainer failed; last lines of {log}:\n{_tail(log)}")
         if not quiet:
             print(file=sys.stderr)
     finally:
@@ -180,6 +209,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
         children.terminate()
     summary = json.loads(summary_file.read_text())
     summary["workdir"] = str(work)
+    summary["restarts"] = restarts
     if summary_path:
         summary_path.write_text(json.dumps(summary, indent=2))
     return summary

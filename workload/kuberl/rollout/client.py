@@ -3,7 +3,11 @@
 A request goes to the replica with the fewest requests in flight. If it comes back aborted (the
 replica paused for a weight update), it is resubmitted to the *same* replica as prompt + the
 tokens generated so far, with the remaining token budget; the pieces are concatenated, so each
-token keeps the version that wrote it. A replica that cannot be reached is skipped for a while.
+token keeps the version that wrote it.
+
+Elastic pool: a replica that cannot be reached (during a request or a weight push) is taken out
+of rotation; once it answers again it first gets the newest weights, then requests. Training
+goes on with the remaining replicas meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Replica:
     url: str
     in_flight: int = 0
     down_until: float = 0.0
+    needs_weights: bool = False  # restarted or missed a push: not used until it has the newest
 
 
 @dataclass
@@ -33,6 +38,8 @@ class InferenceClient:
     replicas: list[Replica] = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
+    _latest: tuple[bytes, int] | None = field(default=None, init=False)
+    _rejoining: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -56,10 +63,34 @@ class InferenceClient:
             raise RuntimeError("use `async with InferenceClient(...)`")
         return self._session
 
-    def _pick(self) -> Replica:
+    def _pick(self) -> Replica | None:
         now = time.monotonic()
-        alive = [r for r in self.replicas if r.down_until <= now] or self.replicas
-        return min(alive, key=lambda r: r.in_flight)
+        alive = [r for r in self.replicas if r.down_until <= now and not r.needs_weights]
+        return min(alive, key=lambda r: r.in_flight) if alive else None
+
+    def _lost(self, replica: Replica, err: BaseException) -> None:
+        if not replica.needs_weights:
+            log.warning("replica %s unreachable (%s); out of rotation until it is back", replica.url, err)
+        replica.needs_weights = True
+        replica.down_until = time.monotonic() + 1.0
+
+    async def _rejoin(self) -> None:
+        """Give replicas that are back the newest weights, then put them back in rotation."""
+        now = time.monotonic()
+        waiting = [r for r in self.replicas if r.needs_weights and r.down_until <= now]
+        if not waiting or self._rejoining.locked():
+            return
+        async with self._rejoining:
+            for replica in waiting:
+                try:
+                    if self._latest is not None:
+                        blob, version = self._latest
+                        await self._post(replica, f"/update_weights?version={version}", control=True, data=blob)
+                    replica.needs_weights = False
+                    log.info("replica %s is back with the newest weights", replica.url)
+                except (OSError, TimeoutError, aiohttp.ClientError) as err:
+                    replica.down_until = time.monotonic() + 1.0
+                    log.debug("replica %s not back yet: %s", replica.url, err)
 
     async def _post(self, replica: Replica, path: str, control: bool = False, **kwargs: Any) -> dict[str, Any]:
         session = self._control if control else self._session
@@ -88,17 +119,23 @@ class InferenceClient:
                        top_p: float) -> list[dict[str, Any]]:
         """``n`` completions of ``input_ids``; aborted ones are resumed until they finish."""
         while True:
+            await self._rejoin()
             replica = self._pick()
+            if replica is None:  # every replica is down: wait for one to come back
+                await asyncio.sleep(0.2)
+                continue
             replica.in_flight += n
             try:
                 body = {"input_ids": input_ids, "n": n, "max_new_tokens": max_new_tokens,
                         "temperature": temperature, "top_p": top_p}
-                outputs = (await self._post(replica, "/generate", json=body))["outputs"]
+                response = await self._post(replica, "/generate", json=body)
+                outputs = response["outputs"]
+                if self._latest is not None and response.get("version", 0) < self._latest[1] - 1:
+                    self._lost(replica, RuntimeError(f"serves version {response.get('version')}, restarted?"))
                 return list(await asyncio.gather(*(
                     self._complete(replica, input_ids, o, max_new_tokens, temperature, top_p) for o in outputs)))
             except (TimeoutError, aiohttp.ClientConnectionError) as err:
-                replica.down_until = time.monotonic() + 2.0
-                log.warning("replica %s unreachable (%s); retrying elsewhere", replica.url, err)
+                self._lost(replica, err)
                 await asyncio.sleep(0.2)
             finally:
                 replica.in_flight -= n
@@ -122,6 +159,14 @@ class InferenceClient:
         await asyncio.gather(*(self._post(r, "/resume", control=True) for r in self.replicas))
 
     async def push_weights(self, blob: bytes, version: int) -> None:
-        """Naive broadcast: the full state to every replica; each swaps it in between two engine steps."""
-        await asyncio.gather(*(self._post(r, f"/update_weights?version={version}", control=True, data=blob)
-                               for r in self.replicas))
+        """Naive broadcast: the full state to every replica in rotation; each swaps it in between two
+        engine steps. A replica that cannot take it leaves rotation and gets it when it is back."""
+        self._latest = (blob, version)
+
+        async def push(replica: Replica) -> None:
+            try:
+                await self._post(replica, f"/update_weights?version={version}", control=True, data=blob)
+            except (TimeoutError, aiohttp.ClientConnectionError) as err:
+                self._lost(replica, err)
+
+        await asyncio.gather(*(push(r) for r in self.replicas if not r.needs_weights))
