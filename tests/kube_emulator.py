@@ -337,7 +337,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 raise ApiError(status=422, reason="Invalid", message=f"the JSON patch did not apply: {err}") from err
         else:
             new = merge_patch(current, patch)
+        # A resourceVersion in the patch itself is a precondition (409 if stale), as on a real server.
+        precondition = patch.get("metadata", {}).get("resourceVersion") if isinstance(patch, dict) else None
         new["metadata"].pop("resourceVersion", None)
+        if precondition:
+            new["metadata"]["resourceVersion"] = precondition
         return await self.update(group, plural, namespace, name, new, subresource)
 
     async def delete(self, group: str, plural: str, namespace: str | None, name: str) -> Obj:

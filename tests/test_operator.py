@@ -130,18 +130,36 @@ async def test_child_failures_surface_on_the_experiment(tmp_path, role, waiting,
         assert exp["status"]["phase"] == phase
 
 
-async def test_failed_trainer_pod_fails_the_experiment_with_exit_code(tmp_path):
+async def test_failed_trainer_restarts_the_gang_then_fails_past_the_backoff_limit(tmp_path):
+    doc = experiment()
+    doc["spec"]["trainer"]["backoffLimit"] = 1
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
-        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await api.create(GROUP, "rlexperiments", "team-a", doc)
         await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
-        pod = pods(api, "team-a", "kuberl.io/role=trainer")[0]
-        await bind(api, pod, "node-a")
-        await set_pod(api, pod, "Failed", exit_code=137)
+        first = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+        inference_uid = pods(api, "team-a", "kuberl.io/role=inference")[0]["metadata"]["uid"]
+        await bind(api, first, "node-a")
+        await set_pod(api, first, "Failed", exit_code=137)
+
+        def restarted():
+            trainers = pods(api, "team-a", "kuberl.io/role=trainer")
+            return len(trainers) == 1 and trainers[0]["metadata"]["uid"] != first["metadata"]["uid"] and trainers[0]
+        second = await eventually(restarted, what="a new trainer pod")
+        job = api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")
+        assert job["status"]["restarts"] == 1
+        cond = condition(job, "GangRestarted")
+        assert cond["status"] == "True" and "exit code 137" in cond["message"] and "1/1" in cond["message"]
+        assert get_rlx(api, "cpu-tiny")["status"]["phase"] != "Failed"
+        assert pods(api, "team-a", "kuberl.io/role=inference")[0]["metadata"]["uid"] == inference_uid  # untouched
+
+        await bind(api, second, "node-a")
+        await set_pod(api, second, "Failed", exit_code=1)
         exp = await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Failed"
-                               and get_rlx(api, "cpu-tiny"), what="Failed")
+                               and get_rlx(api, "cpu-tiny"), what="Failed past the backoff limit")
         cond = condition(exp, "Degraded")
-        assert cond["reason"] == "PodFailed" and "exit code 137" in cond["message"]
+        assert cond["reason"] == "PodFailed" and "exit code 1" in cond["message"]
+        assert api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")["status"]["restarts"] == 1
 
 
 async def test_suspend_deletes_pods_and_resume_recreates_them(tmp_path):

@@ -87,3 +87,19 @@ def test_progress_url_and_status_mapping():
     assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "max_staleness": 1,
                             "last_checkpoint": None, "phase": "running"}) == {
         "step": 3, "version": 3, "reward": 0.1235, "maxStaleness": 1}
+
+
+def test_gang_restart_decision():
+    from kuberl_operator.status import gang_restart_reason
+
+    def pod(name, phase, waiting=None, code=None):
+        state = {"waiting": {"reason": waiting}} if waiting else {"terminated": {"exitCode": code}} if code else {}
+        return {"metadata": {"name": name}, "status": {"phase": phase, "containerStatuses": [{"name": "c",
+                                                                                             "state": state}]}}
+
+    failed = [pod("t-n0", "Running"), pod("t-n1", "Failed", code=137)]
+    reason = gang_restart_reason(failed, 0, 3)
+    assert reason is not None and reason.startswith("pod t-n1:") and "exit code 137" in reason
+    assert gang_restart_reason(failed, 3, 3) is None  # past the limit: job_status fails the job
+    assert gang_restart_reason([pod("t-n0", "Running"), pod("t-n1", "Running")], 0, 3) is None
+    assert gang_restart_reason([pod("t-n0", "Failed", waiting="ImagePullBackOff")], 0, 3) is None

@@ -26,7 +26,9 @@ from .builders.trainer import job_selector
 from .kube import Kube, Manifest
 from .names import LABEL_POOL
 from .status import (
+    condition,
     experiment_status,
+    gang_restart_reason,
     invalid_spec_status,
     job_status,
     merge_conditions,
@@ -76,13 +78,23 @@ def prune_pods(kube: Kube, namespace: str | None, selector: dict[str, str], keep
 
 
 def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
-    """Patch ``status`` only when it changed (a no-op write would wake every watcher)."""
+    """Patch ``status`` only when it changed (a no-op write would wake every watcher), and only if
+    ``obj`` is still current: two syncs of one object can race (its own event and a child's), and
+    the one that read an older version must not overwrite the newer one's status. The loser gets
+    409 Conflict and stops; the winner's write is an event that triggers a fresh sync."""
     old = obj.get("status") or {}
     status = {**status, "conditions": merge_conditions(old.get("conditions") or [], status["conditions"], now())}
     if without_times({**old, **status}) == without_times(old):
         return False
     meta = obj["metadata"]
-    kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], {"status": status}, "status")
+    patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+    try:
+        kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], patch, "status")
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        log.debug("%s/%s changed while syncing; a newer sync follows", obj["kind"], meta["name"])
+        return False
     return True
 
 
@@ -114,9 +126,29 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         for child in children:
             ensure(kube, child)
         return body  # the Kubeflow training operator owns the pods and the PyTorchJob's status
-    pods = _converge(kube, body, children, job_selector(job))
+    generation = body["metadata"].get("generation")
     restarts = (body.get("status") or {}).get("restarts", 0)
-    write_status(kube, body, job_status(body["spec"], body["metadata"].get("generation"), pods, restarts))
+    live = [p for p in kube.list("v1", "Pod", namespace, job_selector(job))
+            if not p["metadata"].get("deletionTimestamp")]
+    reason = gang_restart_reason(live, restarts, job.spec.backoff_limit)
+    if reason is not None:
+        restarts += 1
+        status = job_status(body["spec"], generation, [], restarts)
+        status["conditions"].append(condition(
+            "GangRestarted", True, "RankFailed",
+            f"{reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint", generation))
+        if not write_status(kube, body, status):  # counted first: a lost race must not restart twice
+            return body
+        for pod in live:  # the next sync (on their deletion) recreates them; ranks resume from the checkpoint
+            kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
+        log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
+                    job.spec.backoff_limit)
+        return body
+    pods = _converge(kube, body, children, job_selector(job))
+    status = job_status(body["spec"], generation, pods, restarts)
+    status["conditions"] += [c for c in (body.get("status") or {}).get("conditions") or []
+                             if c.get("type") == "GangRestarted"]  # the last restart stays visible
+    write_status(kube, body, status)
     return body
 
 

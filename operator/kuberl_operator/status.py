@@ -131,6 +131,23 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
     }
 
 
+def gang_restart_reason(pods: list[Manifest], restarts: int, backoff_limit: int) -> str | None:
+    """Why the whole trainer gang must restart now, or None.
+
+    A rank that failed at run time (its pod phase Failed: a crash, an OOM kill, a lost node) stops
+    the collective for every rank, so all ranks restart together and resume from the last
+    checkpoint — at most ``backoff_limit`` times. Deterministic problems (a bad image or config)
+    would fail again, so they never restart; past the limit the job fails (``job_status``).
+    """
+    if restarts >= backoff_limit:
+        return None
+    for health in sorted((pod_health(p) for p in pods), key=lambda h: h.name):
+        if health.phase == "Failed" and not health.deterministic_failure:
+            reason = health.problem[1] if health.problem else "Failed"
+            return f"pod {health.name}: {reason}"
+    return None
+
+
 def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], restarts: int = 0) -> Manifest:
     """TrainerJob status: the gang succeeds when every rank succeeded, fails when any rank failed."""
     nodes = spec.get("nodes", 1)
