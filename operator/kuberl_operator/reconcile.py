@@ -128,8 +128,8 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         return body  # the Kubeflow training operator owns the pods and the PyTorchJob's status
     generation = body["metadata"].get("generation")
     restarts = (body.get("status") or {}).get("restarts", 0)
-    live = [p for p in kube.list("v1", "Pod", namespace, job_selector(job))
-            if not p["metadata"].get("deletionTimestamp")]
+    pods = _converge(kube, body, children, job_selector(job))  # a failed pod keeps its name: not recreated
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     reason = gang_restart_reason(live, restarts, job.spec.backoff_limit)
     if reason is not None:
         restarts += 1
@@ -144,7 +144,6 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
                     job.spec.backoff_limit)
         return body
-    pods = _converge(kube, body, children, job_selector(job))
     status = job_status(body["spec"], generation, pods, restarts)
     status["conditions"] += [c for c in (body.get("status") or {}).get("conditions") or []
                              if c.get("type") == "GangRestarted"]  # the last restart stays visible

@@ -104,6 +104,12 @@ def _problem_condition(healths: list[PodHealth], generation: int | None) -> Mani
     return condition("Degraded", False, "AsExpected", "", generation)
 
 
+def _ready(phase: Phase, running_reason: str, message: str, generation: int | None) -> Manifest:
+    """The Ready condition: True only while Running (reason ``running_reason``), else the phase."""
+    running = phase == Phase.RUNNING
+    return condition("Ready", running, running_reason if running else phase.value, message, generation)
+
+
 def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) -> Manifest:
     """InferencePool status. A failed replica degrades the pool; a bad image fails it."""
     hosts = spec.get("hostsPerReplica", 1)
@@ -122,8 +128,7 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
         phase = Phase.FAILED
     else:
         phase = _pods_phase(expected, healths)
-    ready = condition("Ready", phase == Phase.RUNNING, "AllReplicasReady" if phase == Phase.RUNNING else phase.value,
-                      f"{ready_replicas}/{spec.get('replicas', 1)} replicas ready", generation)
+    ready = _ready(phase, "AllReplicasReady", f"{ready_replicas}/{spec.get('replicas', 1)} replicas ready", generation)
     return {
         "phase": phase.value, "observedGeneration": generation, "replicas": spec.get("replicas", 1),
         "readyReplicas": ready_replicas, "pods": len(pods), "readyPods": ready_pods,
@@ -162,11 +167,11 @@ def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], res
         phase = Phase.FAILED
     else:
         phase = _pods_phase(nodes, healths)
-    ready = condition("Ready", phase == Phase.RUNNING, "AllRanksReady" if phase == Phase.RUNNING else phase.value,
-                      f"{sum(h.ready for h in healths)}/{nodes} nodes ready", generation)
+    ready_nodes = sum(h.ready for h in healths)
+    ready = _ready(phase, "AllRanksReady", f"{ready_nodes}/{nodes} nodes ready", generation)
     return {
         "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
-        "readyNodes": sum(h.ready for h in healths), "restarts": restarts,
+        "readyNodes": ready_nodes, "restarts": restarts,
         "conditions": [ready, degraded],
     }
 

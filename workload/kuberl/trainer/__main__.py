@@ -157,7 +157,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
             trained_tokens += sum(len(t.output_ids) for t in trajs)
         push_start = time.perf_counter()
         previous = sync.wait()  # the previous exchange, which overlapped this step
-        if step:
+        if step > first_step:  # the first push of this process was waited for before the loop
             timeperf["weight_sync"].append(previous)
         sync.push(actor.full_state_dict(), step + 1)
         timeperf["weight_push"].append(time.perf_counter() - push_start)

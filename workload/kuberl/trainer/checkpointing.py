@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from ..checkpoint import CheckpointManager, open_store
 from .actor import Actor
 
 STATE_FILE = "trainer_state.json"
@@ -70,8 +72,6 @@ class Checkpointer:
     """
 
     def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int):
-        from ..checkpoint import CheckpointManager, open_store
-
         self.every, self.staging, self.rank = every, staging, rank
         self.manager = CheckpointManager(open_store(uri), keep) if uri and rank == 0 else None
         self.enabled = uri is not None
@@ -101,7 +101,5 @@ class Checkpointer:
             dist.barrier()
         uri = self.manager.save(staging, step, {"version": version}) if self.manager is not None else None
         if self.rank == 0:
-            import shutil
-
             shutil.rmtree(staging, ignore_errors=True)
         return uri
