@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kuberl.local import free_port
 from kuberl.models.tiny import tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor, token_logprobs
@@ -19,12 +19,6 @@ from kuberl.trainer.algorithms import AlgorithmConfig
 from kuberl.trainer.batch import collate, split
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=4, behavior_imp_cap=None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trajectories(n: int, seed: int = 0) -> tuple[list[Trajectory], list[float]]:

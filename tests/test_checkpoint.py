@@ -4,7 +4,6 @@ checksums, manifest-last (a killed upload is never used), pruning, corruption, S
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 
 import boto3
@@ -13,12 +12,7 @@ from moto.server import ThreadedMotoServer
 
 from kuberl.checkpoint import CheckpointError, CheckpointManager, open_store
 from kuberl.checkpoint.manager import step_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kuberl.local import free_port
 
 
 @pytest.fixture(scope="module")

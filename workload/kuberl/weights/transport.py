@@ -1,0 +1,165 @@
+"""Execute a weight-exchange schedule with torch.distributed point-to-point (gloo here, NCCL/HCCL
+where present).
+
+The exchange group is its own ``ProcessGroupGloo`` over a ``TCPStore`` — trainer ranks and
+inference ranks in one world, independent of the trainer's default process group — so inference
+processes, which never join the training job, can be reached. Each rank runs
+:func:`run_exchange` with its part of the same :class:`~kuberl.weights.plan.Plan`: transfers
+between one (sender, receiver) pair are packed in order into buckets of at most ``bucket_bytes``
+(a transfer larger than that travels alone), every bucket is posted at once (batched
+isend/irecv; tags number a pair's buckets), and a bucket holding a single contiguous region is
+sent from / received into the tensor itself without a staging copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .layouts import ParamMeta
+from .plan import Box, Transfer
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+
+
+@dataclass
+class Bucket:
+    peer: int
+    sending: bool
+    tag: int
+    transfers: list[Transfer] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+
+@dataclass
+class ExchangeStats:
+    seconds: float
+    bytes_sent: int
+    bytes_received: int
+    messages: int
+
+
+def open_group(
+    store_host: str, store_port: int, rank: int, world: int, *, bind_host: str = "", timeout_s: float = 300.0
+) -> dist.ProcessGroup:
+    """Join the exchange world (rank 0 hosts the store); blocks until all ``world`` ranks joined.
+
+    ``bind_host`` is the address this rank's gloo device listens on (the pod IP; default: what
+    the hostname resolves to, or ``GLOO_SOCKET_IFNAME``).
+    """
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(store_host, store_port, world, is_master=rank == 0, timeout=timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [
+        dist.ProcessGroupGloo.create_device(hostname=bind_host)
+        if bind_host
+        else dist.ProcessGroupGloo.create_default_device()
+    ]
+    pg = dist.ProcessGroupGloo(store, rank, world, options)
+    pg.barrier().wait()
+    return pg
+
+
+def buckets_for(transfers: list[Transfer], rank: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+    """This rank's buckets, in the same order and with the same tags on both ends of each pair."""
+    by_pair: dict[tuple[int, bool], list[Transfer]] = defaultdict(list)
+    for t in transfers:  # the plan's order: sorted by (src, dst, param, box)
+        if t.src == rank:
+            by_pair[(t.dst, True)].append(t)
+        if t.dst == rank:
+            by_pair[(t.src, False)].append(t)
+    out = []
+    for (peer, sending), items in sorted(by_pair.items()):
+        current = Bucket(peer, sending, 0)
+        for t in items:
+            if current.transfers and current.nbytes + t.nbytes > bucket_bytes:
+                out.append(current)
+                current = Bucket(peer, sending, current.tag + 1)
+            current.transfers.append(t)
+        out.append(current)
+    return out
+
+
+def _region(tensor: torch.Tensor, box: Box) -> torch.Tensor:
+    if len(box) != tensor.dim() or any(b > n for (_, b), n in zip(box, tensor.shape, strict=True)):
+        raise ValueError(f"region {box} is outside a tensor of shape {tuple(tensor.shape)}")
+    return tensor[tuple(slice(a, b) for a, b in box)]
+
+
+def _as_bytes(view: torch.Tensor) -> torch.Tensor:
+    return view.reshape(-1).view(torch.uint8)
+
+
+def _checked(view: torch.Tensor, t: Transfer) -> torch.Tensor:
+    if view.numel() * view.element_size() != t.nbytes:
+        raise ValueError(
+            f"{t.param}{t.box}: the plan moves {t.nbytes} bytes but the local tensor region is "
+            f"{view.numel()} × {view.dtype} (trainer and inference dtypes must match)"
+        )
+    return view
+
+
+def param_metas(tensors: Mapping[str, torch.Tensor]) -> list[ParamMeta]:
+    """Planner metadata (name, full shape, bytes per element) of unsharded tensors."""
+    return [ParamMeta(name, tuple(t.shape), t.element_size()) for name, t in tensors.items()]
+
+
+def local_tensor(param: torch.Tensor) -> torch.Tensor:
+    """The slice of ``param`` this rank holds: an FSDP2 (DTensor) parameter's local shard, else itself."""
+    to_local = getattr(param, "to_local", None)
+    return (to_local() if to_local is not None else param).detach()
+
+
+def run_exchange(
+    pg: dist.ProcessGroup,
+    transfers: list[Transfer],
+    rank: int,
+    sources: Mapping[str, torch.Tensor],
+    dests: Mapping[str, torch.Tensor],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> ExchangeStats:
+    """Send this rank's pieces from ``sources`` (param name → local tensor holding the planned
+    slice) and receive its pieces into ``dests`` (dest name → local tensor). Returns when both are done.
+
+    ``sources`` must not change until this returns (pass a snapshot when training goes on).
+    """
+    start = time.perf_counter()
+    works, unpack = [], []
+    sent = received = 0
+    for bucket in buckets_for(transfers, rank, bucket_bytes):
+        if bucket.sending:
+            views = [_checked(_region(sources[t.param], t.src_box), t) for t in bucket.transfers]
+            if len(views) == 1 and views[0].is_contiguous():
+                payload = _as_bytes(views[0])
+            else:
+                payload = torch.cat([_as_bytes(v.contiguous()) for v in views])
+            works.append(pg.send([payload], bucket.peer, bucket.tag))
+            sent += payload.numel()
+            continue
+        views = [_checked(_region(dests[t.dest], t.dest_box), t) for t in bucket.transfers]
+        if len(views) == 1 and views[0].is_contiguous():
+            works.append(pg.recv([_as_bytes(views[0])], bucket.peer, bucket.tag))
+        else:
+            staging = torch.empty(bucket.nbytes, dtype=torch.uint8)
+            works.append(pg.recv([staging], bucket.peer, bucket.tag))
+            unpack.append((staging, views))
+        received += bucket.nbytes
+    for work in works:
+        work.wait()
+    for staging, views in unpack:
+        offset = 0
+        for view in views:
+            n = view.numel() * view.element_size()
+            view.copy_(staging[offset : offset + n].view(view.dtype).view(view.shape))
+            offset += n
+    return ExchangeStats(time.perf_counter() - start, sent, received, len(works))
