@@ -68,7 +68,8 @@ def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devi
 
 
 def env_list(env: dict[str, str]) -> list[Manifest]:
-    fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
+    fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP",
+              "NODE_NAME": "spec.nodeName"}
     out = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in fields.items()]
     return out + [{"name": k, "value": v} for k, v in env.items()]
 

@@ -1,0 +1,316 @@
+"""Weight sync: naive ``broadcast`` vs topology-aware ``p2p``, on an emulated cluster, bit-checked.
+
+N trainer nodes run FSDP2 ranks of a Qwen2-style model of a few hundred MB; M inference nodes hold
+an unsharded copy. Each node is a network namespace whose link is shaped with ``tc`` (default
+500 Mbit/s each way), so the bytes really queue on per-node NICs (see ``netem.py``); without root
+or iproute2 it falls back to plain loopback and says so. Each sync first changes every trainer
+shard (w ← w₀ + sync number) and zeroes every receiver, so each sync is checked on fresh bytes.
+
+- ``broadcast``: what the product's broadcast mode does — gather the full state on trainer rank 0
+  (``get_model_state_dict``, an all-gather), then rank 0 sends all of it to every replica.
+- ``p2p``: the planner's schedule; every trainer rank sends its own shard to every replica.
+
+    python benchmarks/weight_sync.py [--trainer-nodes 4 --replica-nodes 4 --link-mbit 500]
+    python benchmarks/weight_sync.py --simulate     # planner + cost model at cluster scale
+
+Progress goes to stderr; the last stdout line is the JSON result (also written to ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT.parent / "workload"), str(ROOT)]
+
+from netem import NetemUnavailable, emulated_cluster  # noqa: E402
+
+from kuberl.weights.layouts import (  # noqa: E402
+    QWEN3_30B_A3B,
+    QWEN3_235B_A22B,
+    MegatronLayout,
+    MoEShape,
+    ParamMeta,
+    fsdp2_holdings,
+    inference_needs,
+    megatron_holdings,
+)
+from kuberl.weights.plan import Bandwidths, Holding, RankTopology, full_box, plan, predicted_seconds  # noqa: E402
+
+TRAIN_PORT, EXCHANGE_PORT = 29510, 29511
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- cluster-scale simulation (planner + cost model only) ----------------------------------
+
+
+def simulate_case(shape: MoEShape, trainer_nodes: int, layout: MegatronLayout, expert_layout: MegatronLayout,
+                  inference_nodes: int, inference_tp: int, per_node: int, nic_gbit: float) -> dict:  # fmt: skip
+    """Megatron trainer (dense + expert layouts on the same ranks) → vLLM replicas, one NIC per accelerator."""
+    params = shape.params()
+    trainers = list(range(trainer_nodes * per_node))
+    dense = [p for p in params if ".experts." not in p.name]
+    experts = [p for p in params if ".experts." in p.name]
+    holdings = megatron_holdings(dense, trainers, layout, shape.layers) + megatron_holdings(
+        experts, trainers, expert_layout, shape.layers, shape.experts
+    )
+    first = len(trainers)
+    inference = list(range(first, first + inference_nodes * per_node))
+    replicas = [inference[i : i + inference_tp] for i in range(0, len(inference), inference_tp)]
+    needs = inference_needs(params, replicas, fuse=True)
+    ranks = {r: RankTopology(node=f"node{r // per_node}", fabric="", zone="zone-a") for r in trainers + inference}
+    nic = nic_gbit * 1e9 / 8
+    bw = Bandwidths(node=4 * nic, fabric=nic, zone=nic, cross=nic / 2)
+    itemsize = {p.name: p.itemsize for p in params}
+    started = time.perf_counter()
+    p2p = plan(holdings, needs, ranks, itemsize, bw)
+    planning = time.perf_counter() - started
+    naive = plan(_full_on(0, params), needs, ranks, itemsize, bw)
+    predicted = predicted_seconds(p2p, bw)
+    model_bytes = sum(p.nbytes for p in params)
+    return {
+        "model_bytes": model_bytes,
+        "trainer": f"{trainer_nodes}x{per_node} megatron dense tp{layout.tp} pp{layout.pp} dp{layout.dp}, "
+        f"experts ep{expert_layout.ep} etp{expert_layout.etp}",
+        "inference": f"{len(replicas)} replicas x tp{inference_tp} on {inference_nodes}x{per_node}",
+        "nic_gbit": nic_gbit,
+        "transfers": len(p2p.transfers),
+        "planning_seconds": round(planning, 1),
+        "predicted_seconds": round(predicted, 4),
+        "lower_bound_seconds": round(p2p.lower_bound_seconds, 4),
+        "predicted_over_lower_bound": round(predicted / p2p.lower_bound_seconds, 4),
+        "broadcast_predicted_seconds": round(predicted_seconds(naive, bw), 3),
+        "single_replica_physical_bound_seconds": round(model_bytes / (per_node * nic), 4),
+    }
+
+
+def _full_on(rank: int, params: list[ParamMeta]) -> list[Holding]:
+    """The naive baseline's layout: one rank holds every parameter whole."""
+    return [Holding(rank, p.name, full_box(p.shape)) for p in params]
+
+
+def simulate(args: argparse.Namespace) -> dict:
+    log("planning Qwen3-30B-A3B: trainer 4 nodes x 8 (dense d2p4t4, experts p4e8), vLLM d4t4 on 2 nodes x 8 ...")
+    small = simulate_case(QWEN3_30B_A3B, 4, MegatronLayout(tp=4, pp=4, dp=2), MegatronLayout(pp=4, dp=8, ep=8),
+                          2, 4, 8, args.nic_gbit)  # fmt: skip
+    log(json.dumps(small))
+    result = {"case": "qwen3-30b-a3b", **small}
+    if not args.skip_235b:
+        log("planning Qwen3-235B-A22B: trainer 16 nodes x 8 (dense d4p8t4, experts p8e16), vLLM d2t16 on 4 nodes x 8 ...")
+        big = simulate_case(QWEN3_235B_A22B, 16, MegatronLayout(tp=4, pp=8, dp=4), MegatronLayout(pp=8, dp=16, ep=16),
+                            4, 16, 8, args.nic_gbit)  # fmt: skip
+        log(json.dumps(big))
+        result["qwen3-235b-a22b"] = big
+    return result
+
+
+# ---- the real run: worker processes ---------------------------------------------------------
+
+
+def build_model(args: argparse.Namespace, seed: int = 0):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                         num_key_value_heads=max(1, args.hidden // 256), tie_word_embeddings=True)  # fmt: skip
+    return Qwen2ForCausalLM(config)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
+
+    spec = json.loads(os.environ["KRL_BENCH"])
+    rank, n_train, world = spec["rank"], spec["trainers"], spec["world"]
+    model = build_model(args)
+    base = {name: p.detach().clone() for name, p in model.named_parameters()}
+    metas = param_metas(base)
+    itemsize = {m.name: m.itemsize for m in metas}
+    topology = {int(r): RankTopology(node=n, zone="bench") for r, n in spec["nodes"].items()}
+    replicas = [[r] for r in range(n_train, world)]
+    needs = inference_needs(metas, replicas)
+    if args.mode == "p2p":
+        schedule = plan(fsdp2_holdings(metas, list(range(n_train))), needs, topology, itemsize)
+    else:
+        schedule = plan(_full_on(0, metas), needs, topology, itemsize)
+    dests: dict[str, torch.Tensor] = {}
+    if rank < n_train:
+        dist.init_process_group("gloo", init_method=f"tcp://{spec['store']}:{TRAIN_PORT}", rank=rank,
+                                world_size=n_train)  # fmt: skip
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        shards = {name: local_tensor(p) for name, p in model.named_parameters()}
+        base_shards = {name: t.clone() for name, t in shards.items()}
+    else:
+        dests = {m.name: torch.zeros(m.shape) for m in metas}
+    pg = open_group(spec["store"], EXCHANGE_PORT, rank, world, bind_host=spec["bind"], timeout_s=600)
+    seconds, identical, stats = [], True, None
+    for sync in range(args.warmup + args.repeats):
+        if rank < n_train:
+            for name, t in shards.items():
+                t.copy_(base_shards[name] + sync)
+        else:
+            for t in dests.values():
+                t.zero_()
+        pg.barrier().wait()
+        start = time.perf_counter()
+        sources = shards if rank < n_train else {}
+        if args.mode == "broadcast" and rank < n_train:
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            sources = full if rank == 0 else {}
+        stats = run_exchange(pg, schedule.for_rank(rank), rank, sources, dests)
+        pg.barrier().wait()
+        elapsed = time.perf_counter() - start
+        if sync >= args.warmup:
+            seconds.append(elapsed)
+        if rank >= n_train:
+            same = all(torch.equal(dests[name], base[name] + sync) for name in base)
+            identical = identical and same
+        if rank == 0:
+            log(f"  {args.mode} sync {sync}{' (warm-up)' if sync < args.warmup else ''}: {elapsed:.2f} s")
+    result = {"rank": rank, "role": "trainer" if rank < n_train else "replica", "seconds": seconds,
+              "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
+              "identical": identical if rank >= n_train else None, "lower_bound_bytes": schedule.lower_bound_seconds}  # fmt: skip
+    Path(spec["out"], f"{rank}.json").write_text(json.dumps(result))
+    if rank < n_train:
+        dist.destroy_process_group()
+
+
+# ---- orchestration --------------------------------------------------------------------------
+
+
+def run_mode(args: argparse.Namespace, mode: str, nodes, out: Path) -> dict:
+    """Start every rank (trainer ranks on trainer nodes, one replica per replica node) for one mode."""
+    n_train = args.trainer_nodes * args.ranks_per_node
+    world = n_train + args.replica_nodes
+    node_of = [i // args.ranks_per_node for i in range(n_train)] + [args.trainer_nodes + r for r in range(args.replica_nodes)]
+    names = {r: (nodes[node_of[r]].name if nodes else f"node{node_of[r]}") for r in range(world)}
+    store = nodes[0].address if nodes else "127.0.0.1"
+    before = [(n.bytes_sent(), n.bytes_received()) for n in nodes] if nodes else []
+    procs = []
+    for rank in range(world):
+        node = nodes[node_of[rank]] if nodes else None
+        spec = {"rank": rank, "world": world, "trainers": n_train, "nodes": names, "store": store,
+                "bind": node.address if node else "127.0.0.1", "out": str(out)}  # fmt: skip
+        env = {**os.environ, "KRL_BENCH": json.dumps(spec), "GLOO_SOCKET_IFNAME": "eth0" if node else "lo",
+               "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # fmt: skip
+        argv = [sys.executable, __file__, "--worker", "--mode", mode, *args.model_argv]
+        procs.append(subprocess.Popen(node.command(argv) if node else argv, env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"{mode}: worker exit codes {codes}")
+    ranks = [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
+    syncs = args.warmup + args.repeats
+    links = {}
+    if nodes:
+        for i, n in enumerate(nodes):
+            sent, recv = n.bytes_sent() - before[i][0], n.bytes_received() - before[i][1]
+            links[n.name] = {"sent_per_sync": sent // syncs, "received_per_sync": recv // syncs}
+    per_process = {r["rank"]: {"sent": r["bytes_sent"], "received": r["bytes_received"]} for r in ranks}
+    return {
+        "seconds": statistics.median(ranks[0]["seconds"]),
+        "all_seconds": [round(s, 3) for s in ranks[0]["seconds"]],
+        "bit_identical": all(r["identical"] for r in ranks if r["role"] == "replica"),
+        "bytes_per_process": per_process,
+        "busiest_process_bytes": max(v["sent"] + v["received"] for v in per_process.values()),
+        "lower_bound_bytes": int(ranks[0]["lower_bound_bytes"]),
+        "link_bytes_per_node": links,
+        "busiest_link_bytes": max((max(v.values()) for v in links.values()), default=None),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainer-nodes", type=int, default=4)
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="trainer ranks per trainer node")
+    parser.add_argument("--replica-nodes", type=int, default=4)
+    parser.add_argument("--link-mbit", type=float, default=500.0, help="each node's link, per direction")
+    parser.add_argument("--loopback", action="store_true", help="no namespaces or shaping (plain loopback)")
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--simulate", action="store_true", help="planner + cost model at cluster scale only")
+    parser.add_argument("--nic-gbit", type=float, default=400.0, help="--simulate: per-accelerator NIC")
+    parser.add_argument("--skip-235b", action="store_true", help="--simulate: only the 30B case")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="p2p", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.model_argv = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--intermediate",
+                       str(args.intermediate), "--vocab", str(args.vocab), "--warmup", str(args.warmup),
+                       "--repeats", str(args.repeats)]  # fmt: skip
+    if args.worker:
+        return worker(args)
+    if args.simulate:
+        result = simulate(args)
+        out = args.out or ROOT / "results" / "weight_sync_simulated.json"
+    else:
+        result = emulate(args)
+        out = args.out or ROOT / "results" / "weight_sync.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+def emulate(args: argparse.Namespace) -> dict:
+    model_bytes = sum(p.numel() * p.element_size() for p in build_model(args).parameters())
+    total_nodes = args.trainer_nodes + args.replica_nodes
+    log(f"model {model_bytes / 1e6:.0f} MB; {args.trainer_nodes} trainer nodes x {args.ranks_per_node} ranks, "
+        f"{args.replica_nodes} replica nodes, links {args.link_mbit:g} Mbit/s")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        nodes, emulation = [], "loopback"
+        try:
+            if args.loopback:
+                raise NetemUnavailable("--loopback was given")
+            nodes, emulation = stack.enter_context(emulated_cluster(total_nodes, args.link_mbit)), "netns+tc"
+        except NetemUnavailable as why:
+            log(f"WARNING: no emulated network ({why}); plain loopback: all ranks share one host, no link shaping")
+        modes = {}
+        for mode in ("broadcast", "p2p"):
+            log(f"{mode}:")
+            workdir = Path(tmp, mode)
+            workdir.mkdir()
+            modes[mode] = run_mode(args, mode, nodes, workdir)
+    p2p, broadcast = modes["p2p"], modes["broadcast"]
+    return {
+        "emulation": emulation,
+        "link_mbit": args.link_mbit if nodes else None,
+        "trainer_nodes": args.trainer_nodes,
+        "trainer_ranks": args.trainer_nodes * args.ranks_per_node,
+        "replica_nodes": args.replica_nodes,
+        "model_bytes": model_bytes,
+        "seconds": {"broadcast": round(broadcast["seconds"], 3), "p2p": round(p2p["seconds"], 3)},
+        "speedup": round(broadcast["seconds"] / p2p["seconds"], 2),
+        "bit_identical": broadcast["bit_identical"] and p2p["bit_identical"],
+        "busiest_process_bytes": {"broadcast": broadcast["busiest_process_bytes"], "p2p": p2p["busiest_process_bytes"]},
+        "lower_bound_bytes": p2p["lower_bound_bytes"],
+        "p2p_busiest_over_lower_bound": round(p2p["busiest_process_bytes"] / p2p["lower_bound_bytes"], 4),
+        "busiest_link_bytes_per_sync": {"broadcast": broadcast["busiest_link_bytes"], "p2p": p2p["busiest_link_bytes"]},
+        "modes": modes,
+    }
+
+
+if __name__ == "__main__":
+    main()
