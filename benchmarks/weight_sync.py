@@ -108,7 +108,7 @@ def simulate(args: argparse.Namespace) -> dict:
     log(json.dumps(small))
     result = {"case": "qwen3-30b-a3b", **small}
     if not args.skip_235b:
-        log("planning Qwen3-235B-A22B: trainer 16 nodes x 8 (dense d4p8t4, experts p8e16), vLLM d2t16 on 4 nodes x 8 ...")
+        log("planning Qwen3-235B-A22B: trainer 16 nodes x 8 (dense d4p8t4, experts p8e16), vLLM d2t16, 4 nodes x 8")
         big = simulate_case(QWEN3_235B_A22B, 16, MegatronLayout(tp=4, pp=8, dp=4), MegatronLayout(pp=8, dp=16, ep=16),
                             4, 16, 8, args.nic_gbit)  # fmt: skip
         log(json.dumps(big))
@@ -189,7 +189,8 @@ def worker(args: argparse.Namespace) -> None:
             log(f"  {args.mode} sync {sync}{' (warm-up)' if sync < args.warmup else ''}: {elapsed:.2f} s")
     result = {"rank": rank, "role": "trainer" if rank < n_train else "replica", "seconds": seconds,
               "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-              "identical": identical if rank >= n_train else None, "lower_bound_bytes": schedule.lower_bound_seconds}  # fmt: skip
+              "identical": identical if rank >= n_train else None,
+              "lower_bound_bytes": schedule.lower_bound_seconds}  # uniform bandwidth 1: seconds = bytes  # fmt: skip
     Path(spec["out"], f"{rank}.json").write_text(json.dumps(result))
     if rank < n_train:
         dist.destroy_process_group()
@@ -202,7 +203,8 @@ def run_mode(args: argparse.Namespace, mode: str, nodes, out: Path) -> dict:
     """Start every rank (trainer ranks on trainer nodes, one replica per replica node) for one mode."""
     n_train = args.trainer_nodes * args.ranks_per_node
     world = n_train + args.replica_nodes
-    node_of = [i // args.ranks_per_node for i in range(n_train)] + [args.trainer_nodes + r for r in range(args.replica_nodes)]
+    node_of = [i // args.ranks_per_node for i in range(n_train)]
+    node_of += [args.trainer_nodes + r for r in range(args.replica_nodes)]
     names = {r: (nodes[node_of[r]].name if nodes else f"node{node_of[r]}") for r in range(world)}
     store = nodes[0].address if nodes else "127.0.0.1"
     before = [(n.bytes_sent(), n.bytes_received()) for n in nodes] if nodes else []

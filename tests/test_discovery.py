@@ -29,5 +29,5 @@ def test_node_name_env_stands_in_until_the_operator_labels_the_pod(tmp_path):
     assert own_topology(path, {"NODE_NAME": "node-a"}) == RankTopology("node-a")
     path.write_text(KUBELET_FILE)
     assert own_topology(path, {"NODE_NAME": "node-a"}).node == "gpu-node-3"
-    with pytest.raises(ValueError, match="kuberl.io/node"):
+    with pytest.raises(ValueError, match=r"kuberl\.io/node"):
         topology_from_labels({})
