@@ -100,14 +100,17 @@ def _log_has(path: Path, text: str) -> bool:
     return path.exists() and text in path.read_text(errors="replace")
 
 
-def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
-    """Kill the inference replica: it is replaced while training goes on. Kill the trainer after a
-    checkpoint: the gang restarts from it. The run still ends with every step trained."""
+@pytest.mark.parametrize("mode", ["p2p", "broadcast"])
+def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
+    """Kill the inference replica: it is replaced while training goes on (p2p falls back to
+    broadcast). Kill the trainer after a checkpoint: the gang restarts from it. The run still ends
+    with every step trained."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
          "--workdir", str(work), "--summary", str(summary), "--set", "checkpoint.everySteps=5",
-         "--set", "model.sftWarmup.steps=5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+         "--set", "model.sftWarmup.steps=5", "--set", f"weightSync.mode={mode}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 
     def kill(role: str) -> None:
@@ -125,6 +128,8 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
 
     wait_for(work / "trainer-0.log", "step 3/40")
     kill("inference")
+    if mode == "p2p":
+        wait_for(work / "trainer-0.log", "p2p weight exchange failed")
     wait_for(work / "trainer-0.log", "checkpoint step 20")
     kill("trainer")
     _, stderr = proc.communicate(timeout=300)
@@ -135,3 +140,16 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     assert result["max_token_staleness_trained"] <= 2
     assert "restarting the gang from the last checkpoint" in stderr.decode()
     assert processes_mentioning(str(work)) == []
+
+
+def test_p2p_weight_exchange_with_two_trainer_ranks_and_two_replicas(tmp_path):
+    """Both FSDP2 ranks send their own shard to both replicas, every step, through the whole run."""
+    work = tmp_path / "run"
+    summary = run_local(EXAMPLE, ["weightSync.mode=p2p", "trainer.acceleratorsPerNode=2", "inference.replicas=2",
+                                  "model.sftWarmup.steps=5"], 12, None, quiet=True, workdir=work)
+    assert summary["final_version"] == 12 and summary["world_size"] == 2 and summary["replicas"] == 2
+    trainer_log = (work / "trainer-0.log").read_text()
+    assert "p2p weight exchange: 2 trainer ranks → 2 replicas" in trainer_log
+    assert "continuing in broadcast mode" not in trainer_log
+    for r in range(2):
+        assert "received weights version 12 over p2p" in (work / f"inference-{r}.log").read_text()

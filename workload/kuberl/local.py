@@ -28,6 +28,7 @@ import yaml
 
 from .api import Accelerator, RLExperiment, resolve, validate_document
 from .runconfig import write_run_config
+from .weights.discovery import format_labels
 
 REPLICA_RESTARTS = 5  # per replica, before the run fails
 
@@ -51,6 +52,15 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise RunError(f"--set {item!r}: {part!r} is not a mapping")
         node[parts[-1]] = yaml.safe_load(raw)
     return doc
+
+
+def pod_labels(work: Path, role: str, index: int) -> str:
+    """The downward-API labels file a pod would have (DESIGN.md §3): every process on this node."""
+    path = work / "podinfo" / f"{role}-{index}.labels"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = {"kuberl.io/node": "localhost", "kuberl.io/role": role, "kuberl.io/rank": str(index)}
+    path.write_text(format_labels(labels))
+    return str(path)
 
 
 def free_port() -> int:
@@ -133,7 +143,8 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     world = trainer.world_size
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) >= inference.replicas + world
-    base_env = {**os.environ, "KUBERL_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    base_env = {**os.environ, "KUBERL_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                "POD_IP": "127.0.0.1"}
     ports = [free_port() for _ in range(inference.replicas)]
     progress_port = free_port()
     summary_file = work / "summary.json"
@@ -142,11 +153,13 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
 
     def spawn_replica(r: int) -> subprocess.Popen[bytes]:
         return children.spawn([sys.executable, "-m", "kuberl.inference", "--config", str(config), "--port",
-                               str(ports[r]), "--host", "127.0.0.1"], {**base_env, "KUBERL_REPLICA": str(r)},
+                               str(ports[r]), "--host", "127.0.0.1"],
+                              {**base_env, "KUBERL_REPLICA": str(r),
+                               "KUBERL_PODINFO_LABELS": pod_labels(work, "inference", r)},
                               [cores[r]] if pinned else None, work / f"inference-{r}.log")
 
     def spawn_gang() -> list[subprocess.Popen[bytes]]:
-        master_port = free_port()
+        master_port, exchange_port = free_port(), free_port()
         ranks = []
         for rank in range(world):
             env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
@@ -154,7 +167,8 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                    "KUBERL_INFERENCE_URLS": ",".join(f"http://127.0.0.1:{p}" for p in ports),
                    "KUBERL_PROGRESS_PORT": str(progress_port), "KUBERL_SUMMARY_PATH": str(summary_file),
                    "KUBERL_CHECKPOINT_URI": f"file://{work / 'checkpoints'}/",
-                   "KUBERL_STAGING_DIR": str(work / "staging")}
+                   "KUBERL_STAGING_DIR": str(work / "staging"), "KUBERL_EXCHANGE_PORT": str(exchange_port),
+                   "KUBERL_PODINFO_LABELS": pod_labels(work, "trainer", rank)}
             if max_steps is not None:
                 env["KUBERL_MAX_STEPS"] = str(max_steps)
             core = [cores[inference.replicas + rank]] if pinned else None

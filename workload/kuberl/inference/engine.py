@@ -157,6 +157,16 @@ class TorchEngine:
                 raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
             self.version = version
 
+    async def copy_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Copy ``tensors`` into the parameters of the same names and set the version, between two
+        engine steps (the p2p path: names are parameter names, tied weights appear once)."""
+        params = dict(self.model.named_parameters())
+        async with self._step_lock:
+            with torch.no_grad():
+                for name, tensor in tensors.items():
+                    params[name].copy_(tensor)
+            self.version = version
+
     # -- the loop ------------------------------------------------------------------------------
     async def _loop(self) -> None:
         while True:

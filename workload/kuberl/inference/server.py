@@ -7,6 +7,9 @@
     POST /resume
     POST /update_weights  body: safetensors bytes of the full state dict; ?version=N
     GET  /version         {"version": N}
+    GET  /topology        {"node", "fabric", "zone"} of this pod (from its labels)
+    POST /weights/p2p/join     this replica's part of the p2p plan (kuberl.weights.p2p)
+    POST /weights/p2p/receive  ?version=N: receive it from the trainer ranks, swap it in
     GET  /health          200 when ready
     GET  /metrics         Prometheus text format
 """
@@ -21,7 +24,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from safetensors.torch import load as load_safetensors
 
+from ..weights.discovery import own_topology, to_json
 from .engine import Generation, SamplingParams, TorchEngine
+from .p2p_receiver import NotJoined, P2PReceiver
 
 log = logging.getLogger("kuberl.inference")
 
@@ -48,6 +53,7 @@ def _as_json(gen: Generation) -> dict[str, Any]:
 
 def build_app(engine: TorchEngine, tokenizer: Any | None = None) -> web.Application:
     metrics = Metrics()
+    receiver = P2PReceiver(engine)
     app = web.Application(client_max_size=2**34)
 
     async def generate(request: web.Request) -> web.Response:
@@ -93,6 +99,29 @@ def build_app(engine: TorchEngine, tokenizer: Any | None = None) -> web.Applicat
         log.info("loaded weights version %d (%d tensors)", version, len(state))
         return web.json_response({"version": engine.version})
 
+    async def topology(request: web.Request) -> web.Response:
+        return web.json_response(to_json(own_topology()))
+
+    async def p2p_join(request: web.Request) -> web.Response:
+        try:
+            receiver.join(await request.json())
+        except (KeyError, ValueError, TypeError) as err:
+            raise _bad_request(f"bad p2p join request: {err}") from err
+        return web.json_response({"status": "joining"})
+
+    async def p2p_receive(request: web.Request) -> web.Response:
+        try:
+            version = int(request.query["version"])
+        except (KeyError, ValueError) as err:
+            raise _bad_request("query parameter version=N is required") from err
+        try:
+            seconds = await receiver.receive(version)
+        except NotJoined as err:
+            raise web.HTTPConflict(text=str(err)) from err
+        metrics.weight_updates.inc()
+        log.info("received weights version %d over p2p in %.3f s", version, seconds)
+        return web.json_response({"version": engine.version, "seconds": seconds})
+
     async def version(request: web.Request) -> web.Response:
         return web.json_response({"version": engine.version, "paused": engine.paused})
 
@@ -119,6 +148,9 @@ def build_app(engine: TorchEngine, tokenizer: Any | None = None) -> web.Applicat
     app.router.add_post("/resume", resume)
     app.router.add_post("/update_weights", update_weights)
     app.router.add_get("/version", version)
+    app.router.add_get("/topology", topology)
+    app.router.add_post("/weights/p2p/join", p2p_join)
+    app.router.add_post("/weights/p2p/receive", p2p_receive)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", prometheus)
     app.on_startup.append(on_startup)

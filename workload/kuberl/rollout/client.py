@@ -101,6 +101,29 @@ class InferenceClient:
                 raise RuntimeError(f"{replica.url}{path}: HTTP {resp.status}: {await resp.text()}")
             return await resp.json()
 
+    async def topologies(self) -> list[dict[str, str]]:
+        """Each replica's place (node / fabric / zone from its pod labels), in replica order."""
+        return list(await asyncio.gather(*(self._get(r, "/topology") for r in self.replicas)))
+
+    async def join_p2p(self, bodies: list[dict[str, Any]]) -> None:
+        """Hand replica i its part of the p2p plan; it joins the exchange group in the background."""
+        await asyncio.gather(*(self._post(r, "/weights/p2p/join", control=True, json=b)
+                               for r, b in zip(self.replicas, bodies, strict=True)))  # fmt: skip
+
+    async def receive_p2p(self, version: int) -> None:
+        """Every replica receives ``version`` from the trainer ranks and swaps it in; any failure raises
+        (the exchange group is then unusable: the trainer falls back to broadcast)."""
+        await asyncio.gather(*(self._post(r, f"/weights/p2p/receive?version={version}", control=True)
+                               for r in self.replicas))  # fmt: skip
+
+    async def _get(self, replica: Replica, path: str) -> dict[str, Any]:
+        if self._control is None:
+            raise RuntimeError("use `async with InferenceClient(...)`")
+        async with self._control.get(replica.url + path) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{replica.url}{path}: HTTP {resp.status}: {await resp.text()}")
+            return await resp.json()
+
     async def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         for replica in self.replicas:

@@ -59,6 +59,16 @@ class RolloutController:
         """Start: pause the pool, push ``blob`` as ``version``, resume; the future holds the seconds spent."""
         return asyncio.run_coroutine_threadsafe(self._update_weights(blob, version), self.loop)
 
+    def replica_topologies(self) -> list[dict[str, str]]:
+        return self.call(self.client.topologies())
+
+    def join_p2p(self, bodies: list[dict[str, Any]]) -> None:
+        self.call(self.client.join_p2p(bodies))
+
+    def receive_p2p(self, version: int) -> Future[float]:
+        """Start: every replica receives ``version`` over the p2p group; the future holds the seconds."""
+        return asyncio.run_coroutine_threadsafe(self._receive_p2p(version), self.loop)
+
     def stop(self) -> None:
         if self._thread.is_alive():
             self.call(self._stop())
@@ -120,9 +130,19 @@ class RolloutController:
         tokens carry the version that wrote them), so generation never stops for an update."""
         start = time.perf_counter()
         await self.client.push_weights(blob, version)
+        self._serving(version)
+        return time.perf_counter() - start
+
+    async def _receive_p2p(self, version: int) -> float:
+        start = time.perf_counter()
+        await self.client.receive_p2p(version)
+        self._serving(version)
+        return time.perf_counter() - start
+
+    def _serving(self, version: int) -> None:
+        """Every replica serves ``version``: admission may move on."""
         self.manager.set_version(version)
         self._fill()
-        return time.perf_counter() - start
 
     async def _stop(self) -> None:
         self._stopping = True

@@ -95,7 +95,6 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     elif rank == 0:
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     groups_per_step = algo.batch_size // algo.group_size
-    state = actor.full_state_dict()  # every rank takes part in the gather
 
     controller = server = None
     if rank == 0:
@@ -116,8 +115,8 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         controller.start()
         server = ProgressServer(Progress(max_steps=max_steps, phase="running"))
         server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
-    sync = make_weight_sync(str(spec.weight_sync.mode), controller)
-    sync.push(state, first_step)  # the pool gets the (resumed) weights before rollout starts
+    sync = make_weight_sync(str(spec.weight_sync.mode), controller, rank, world)
+    sync.push(actor, first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
     if rank == 0:
         log.info("initial weights (version %d) pushed; SFT warm-up losses %s", first_step,
@@ -159,7 +158,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         previous = sync.wait()  # the previous exchange, which overlapped this step
         if step > first_step:  # the first push of this process was waited for before the loop
             timeperf["weight_sync"].append(previous)
-        sync.push(actor.full_state_dict(), step + 1)
+        sync.push(actor, step + 1)
         timeperf["weight_push"].append(time.perf_counter() - push_start)
         timeperf["step"].append(time.perf_counter() - step_start)
         saved = checkpointer.maybe_save(actor, step + 1, step + 1, controller.episodes if controller else 0)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
 from .loss import ppo_loss
@@ -118,3 +119,11 @@ class Actor:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter by name (FSDP2 DTensors: full shape, this rank's shard inside)."""
+        return dict(self.model.named_parameters())
+
+    def local_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's FSDP2 shard of every parameter (rows ``torch.chunk`` gives it on dim 0)."""
+        return {name: local_tensor(p) for name, p in self.model.named_parameters()}

@@ -1,24 +1,30 @@
 """Weight exchange from trainer to inference replicas (``spec.weightSync.mode``).
 
-Contract: every trainer rank calls ``push(state, version)`` after each step with what
-``Actor.full_state_dict()`` returned (the full state on rank 0, empty elsewhere). ``push`` takes its
-own copy of the weights and may return before the replicas have them, so the next training step
-overlaps the transfer; ``wait()`` returns the seconds the last exchange took once every replica
-serves its version. Exchanges complete in order (a push first waits for the previous one).
-Generation meanwhile continues on the old version, which the staleness bound accounts for.
-``broadcast`` is the naive baseline: rank 0 sends the whole state to each replica over the
-inference HTTP contract. ``p2p`` (topology-aware, shard-level) and
-``disk`` will implement the same protocol; until they do, they run as broadcast with a warning.
+Contract: after each step every trainer rank calls ``push(source, version)`` with its
+:class:`~kuberl.weights.p2p.WeightSource` (the actor: full state dict on demand, local shards).
+``push`` takes its own copy of the weights and may return before the replicas have them, so the
+next training step overlaps the transfer; ``wait()`` returns the seconds the last exchange took
+once every replica serves its version. Exchanges complete in order (a push first waits for the
+previous one). Generation meanwhile continues on the old version, which the staleness bound
+accounts for.
+
+- ``p2p`` (default, :mod:`.p2p`): every trainer rank sends its own FSDP2 shard straight to the
+  replicas, planned by :mod:`.plan` from the pods' topology labels.
+- ``broadcast``: the naive baseline: the full state is gathered on rank 0, which sends it to
+  each replica over the inference HTTP contract.
+- ``disk``: not implemented yet; runs as broadcast with a warning.
 """
 
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import save as save_safetensors
+
+from .p2p import P2PSync, WeightSource
 
 log = logging.getLogger("kuberl.weights")
 
@@ -35,7 +41,7 @@ class Publisher(Protocol):
 
 
 class WeightSync(Protocol):
-    def push(self, state: dict[str, torch.Tensor], version: int) -> None: ...
+    def push(self, source: WeightSource, version: int) -> None: ...
 
     def wait(self) -> float: ...
 
@@ -47,7 +53,8 @@ class BroadcastSync:
         self.publisher = publisher
         self._pending: Future[float] | None = None
 
-    def push(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def push(self, source: WeightSource, version: int) -> None:
+        state = source.full_state_dict()  # a collective: every rank takes part, rank 0 gets it
         if self.publisher is None:  # not rank 0: nothing to send
             return
         blob = to_safetensors(state)  # a copy: the next optimizer step may run during the transfer
@@ -59,7 +66,11 @@ class BroadcastSync:
         return pending.result() if pending is not None else 0.0
 
 
-def make_weight_sync(mode: str, publisher: Publisher | None) -> WeightSync:
+def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1) -> WeightSync:
+    """``controller`` is rank 0's rollout controller (None on the other ranks)."""
+    broadcast = BroadcastSync(controller)
+    if mode == "p2p":
+        return P2PSync(controller, rank, world, fallback=broadcast)
     if mode != "broadcast":
         log.warning("weightSync.mode %s is not implemented yet; using broadcast", mode)
-    return BroadcastSync(publisher)
+    return broadcast

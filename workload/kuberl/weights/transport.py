@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,21 @@ class ExchangeStats:
     bytes_sent: int
     bytes_received: int
     messages: int
+
+
+def transfer_to_json(t: Transfer) -> list[object]:
+    """A transfer as JSON (how rank 0 hands a replica its part of the plan)."""
+    return [t.src, t.dst, t.param, t.box, t.src_box, t.dest, t.dest_box, t.nbytes]
+
+
+def transfer_from_json(row: list[Any]) -> Transfer:
+    src, dst, param, box, src_box, dest, dest_box, nbytes = row
+
+    def as_box(b: list[list[int]]) -> Box:
+        return tuple((int(lo), int(hi)) for lo, hi in b)
+
+    return Transfer(int(src), int(dst), str(param), as_box(box), as_box(src_box), str(dest), as_box(dest_box),
+                    int(nbytes))  # fmt: skip
 
 
 def open_group(
