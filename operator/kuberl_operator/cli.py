@@ -96,13 +96,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_crds(args: argparse.Namespace) -> int:
     from kuberl.api.crd import main as crd_main
 
-    return crd_main([args.out])
+    return crd_main([args.out] if args.out else [])
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
     from kuberl_operator.main import run_operator
 
-    return run_operator(namespace=args.namespace, verbose=args.verbose)
+    return run_operator(namespace=args.namespace, verbose=args.verbose, liveness=args.liveness)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
-    p.add_argument("out", nargs="?", default="crds")
+    p.add_argument("out", nargs="?", default=None, help="default: crds/ and charts/kuberl/crds/")
     p.set_defaults(func=cmd_crds)
     p = sub.add_parser("argocd", help="regenerate the ArgoCD health checks (deploy/argocd/argocd-cm-health.yaml)")
     p.add_argument("out", nargs="?", default="deploy/argocd/argocd-cm-health.yaml")
@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("operator", help="run the operator against the current kube context")
     p.add_argument("-n", "--namespace", action="append", help="watch only these namespaces")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--liveness", default=None, metavar="URL",
+                   help="serve a health endpoint for probes, e.g. http://0.0.0.0:8080/healthz")
     p.set_defaults(func=cmd_operator)
     return parser
 

@@ -8,8 +8,11 @@ import logging
 import kopf
 
 
-def run_operator(namespace: list[str] | None = None, verbose: bool = False) -> int:
-    """Run kopf with our handlers until interrupted; watch ``namespace`` or the whole cluster."""
+def run_operator(namespace: list[str] | None = None, verbose: bool = False, liveness: str | None = None) -> int:
+    """Run kopf with our handlers until interrupted; watch ``namespace`` or the whole cluster.
+
+    ``liveness``: e.g. ``http://0.0.0.0:8080/healthz``, kopf's health endpoint for the pod's probes.
+    """
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
@@ -18,5 +21,6 @@ def run_operator(namespace: list[str] | None = None, verbose: bool = False) -> i
         clusterwide=not namespace,
         namespaces=namespace or [],
         standalone=True,
+        liveness_endpoint=liveness,
     ))
     return 0

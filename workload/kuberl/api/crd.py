@@ -2,8 +2,10 @@
 
 ``python -m kuberl.api.crd crds/`` rewrites ``crds/*.yaml``; a test fails when they are stale.
 The JSON schema pydantic produces is made *structural* for Kubernetes: ``$ref`` inlined,
-``anyOf[X, null]`` collapsed to ``X``, titles dropped, maps as ``additionalProperties``, and
-CEL rules (``x-kubernetes-validations``) kept.
+``anyOf[X, null]`` collapsed to ``X``, titles dropped, maps as ``additionalProperties``,
+numeric ``exclusiveMinimum``/``Maximum`` turned into OpenAPI v3.0's boolean form, and CEL rules
+(``x-kubernetes-validations``) kept. ``tests/test_chart.py`` validates the result against the
+Kubernetes API schemas (kubernetes-validate).
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             continue
         if key == "const":
             out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema's numeric form → OpenAPI v3.0's (what the API server accepts):
+            # exclusiveMinimum: x  ⇒  minimum: x, exclusiveMinimum: true
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         elif key == "additionalProperties" and value is False:
             continue  # structural schemas forbid it beside properties; pruning does the job
         elif key == "properties":
@@ -156,12 +163,17 @@ def render_crds() -> dict[str, str]:
     }
 
 
+CHART_CRDS = Path("charts/kuberl/crds")  # Helm installs these before the chart's templates
+
+
 def main(argv: list[str]) -> int:
-    out = Path(argv[0] if argv else "crds")
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in render_crds().items():
-        (out / name).write_text(text)
-        print(f"wrote {out / name}")
+    """Write the CRDs to ``argv[0]`` (default ``crds/``, and then also the chart's copy)."""
+    outs = [Path(argv[0])] if argv else [Path("crds"), CHART_CRDS]
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in render_crds().items():
+            (out / name).write_text(text)
+            print(f"wrote {out / name}")
     return 0
 
 

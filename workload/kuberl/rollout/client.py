@@ -63,6 +63,11 @@ class InferenceClient:
             raise RuntimeError("use `async with InferenceClient(...)`")
         return self._session
 
+    def starved(self) -> bool:
+        """Every replica lost its weights and there is no whole state here to give them (p2p mode):
+        generation cannot go on until the trainer re-sends the weights (``WeightSync.recover``)."""
+        return self._latest is None and all(r.needs_weights for r in self.replicas)
+
     def _pick(self) -> Replica | None:
         now = time.monotonic()
         alive = [r for r in self.replicas if r.down_until <= now and not r.needs_weights]
@@ -82,10 +87,12 @@ class InferenceClient:
             return
         async with self._rejoining:
             for replica in waiting:
+                if self._latest is None:  # p2p mode: only the trainer ranks can bring it up to date
+                    replica.down_until = time.monotonic() + 1.0
+                    continue
                 try:
-                    if self._latest is not None:
-                        blob, version = self._latest
-                        await self._post(replica, f"/update_weights?version={version}", control=True, data=blob)
+                    blob, version = self._latest
+                    await self._post(replica, f"/update_weights?version={version}", control=True, data=blob)
                     replica.needs_weights = False
                     log.info("replica %s is back with the newest weights", replica.url)
                 except (OSError, TimeoutError, aiohttp.ClientError) as err:

@@ -10,6 +10,7 @@ version bumps and admission reopens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -51,8 +52,9 @@ class RolloutController:
     def call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def take(self, groups: int, version: int) -> list[Group]:
-        """Block until ``groups`` groups fresh enough for ``version`` are ready."""
+    def take(self, groups: int, version: int) -> list[Group] | None:
+        """Block until ``groups`` groups fresh enough for ``version`` are ready; None when the pool is
+        starved (every replica needs weights only the trainer can send)."""
         return self.call(self._take(groups, version))
 
     def update_weights(self, blob: bytes, version: int) -> Future[float]:
@@ -111,10 +113,12 @@ class RolloutController:
             self._changed.notify_all()
         self._fill()
 
-    async def _take(self, groups: int, version: int) -> list[Group]:
+    async def _take(self, groups: int, version: int) -> list[Group] | None:
         assert self._changed is not None
         async with self._changed:
             while True:
+                if self.client.starved():
+                    return None
                 if self._error is not None:
                     raise RuntimeError(f"rollout failed: {self._error}") from self._error
                 batch = self.buffer.take_batch(groups, version)
@@ -123,7 +127,8 @@ class RolloutController:
                                                    *(version - g.oldest_version for g in batch)])
                     return batch
                 self._fill()  # dropped stale groups reopen slots
-                await self._changed.wait()
+                with contextlib.suppress(TimeoutError):  # wake up now and then to notice a starved pool
+                    await asyncio.wait_for(self._changed.wait(), 1.0)
 
     async def _update_weights(self, blob: bytes, version: int) -> float:
         """Every replica swaps weights between its engine steps; requests in flight go on (their

@@ -131,16 +131,22 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     dropped_groups = 0
     for step in range(first_step, max_steps):
         step_start = time.perf_counter()
-        payload: list[object] = [None]
-        if rank == 0:
-            assert controller is not None
-            wait_start = time.perf_counter()
-            groups = controller.take(groups_per_step, step)
-            trajs, advs, dropped = build_batch(groups, config)
-            dropped_groups += dropped
-            payload = [(trajs, advs, time.perf_counter() - wait_start)]
-        if world > 1:
-            dist.broadcast_object_list(payload, src=0)
+        while True:  # rank 0 takes a batch and shares it; if the pool is starved, all ranks re-send weights
+            payload: list[object] = [None]
+            if rank == 0:
+                assert controller is not None
+                wait_start = time.perf_counter()
+                groups = controller.take(groups_per_step, step)
+                if groups is not None:
+                    trajs, advs, dropped = build_batch(groups, config)
+                    dropped_groups += dropped
+                    payload = [(trajs, advs, time.perf_counter() - wait_start)]
+            if world > 1:
+                dist.broadcast_object_list(payload, src=0)
+            if payload[0] is not None:
+                break
+            log.warning("step %d: every replica needs weights; re-sending version %d", step, step)
+            sync.recover(actor, step)
         trajs, advs, wait_s = payload[0]  # type: ignore[misc]
         timeperf["wait_rollout"].append(wait_s)
         token_staleness = max([token_staleness, *(step - v for t in trajs for v in t.versions)])
@@ -171,7 +177,8 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
             elapsed = time.perf_counter() - start
             server.update(step=step + 1, version=step + 1, reward=reward,
                           max_staleness=controller.max_staleness_seen,
-                          tokens_per_second=trained_tokens / elapsed)
+                          tokens_per_second=trained_tokens / elapsed, step_seconds=timeperf["step"][-1],
+                          weight_sync_seconds=previous)
             if trajs:
                 log.info("step %d/%d reward %.3f staleness≤%d loss %.4f wait %.2fs sync %.3fs", step + 1, max_steps,
                          reward, controller.max_staleness_seen, stats["ppo_actor/loss"], wait_s,

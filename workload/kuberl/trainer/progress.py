@@ -19,6 +19,8 @@ class Progress:
     reward: float | None = None
     max_staleness: int = 0
     tokens_per_second: float = 0.0
+    step_seconds: float = 0.0
+    weight_sync_seconds: float = 0.0  # the last exchange (it overlaps the next step)
     phase: str = "starting"
     last_checkpoint: str | None = None
     rewards: list[float] = field(default_factory=list)
@@ -32,7 +34,8 @@ class ProgressServer:
         self.lock = threading.Lock()
         self.registry = CollectorRegistry()
         self._gauges = {name: Gauge(f"kuberl_trainer_{name}", name, registry=self.registry)
-                        for name in ("step", "version", "reward", "max_staleness", "tokens_per_second")}
+                        for name in ("step", "version", "reward", "max_staleness", "tokens_per_second",
+                                     "step_seconds", "weight_sync_seconds")}
 
     def update(self, **changes: object) -> None:
         with self.lock:

@@ -45,6 +45,11 @@ class WeightSync(Protocol):
 
     def wait(self) -> float: ...
 
+    def recover(self, source: WeightSource, version: int) -> None:
+        """Every rank: the pool lost its weights (all replicas restarted); send ``version`` again in a
+        way any replica can take."""
+        ...
+
 
 class BroadcastSync:
     """Rank 0 serialises the full state and pushes it to every replica (pause → load → resume)."""
@@ -64,6 +69,11 @@ class BroadcastSync:
     def wait(self) -> float:
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else 0.0
+
+    def recover(self, source: WeightSource, version: int) -> None:
+        self.wait()
+        self.push(source, version)
+        self.wait()
 
 
 def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1) -> WeightSync:

@@ -16,7 +16,9 @@ then swaps it in between two engine steps and reports), and every rank sends its
 If an exchange fails (a replica died or restarted: the group cannot be reused), the trainer ranks
 agree on it (an all-reduce), log a warning, and run the rest of the experiment in ``broadcast``
 mode, starting by re-sending the failed version; replicas that come back then catch up through
-the pool's elastic path. Re-forming the p2p group with a replaced replica is future work.
+the pool's elastic path. When every replica restarted before an exchange could fail, rollout
+starves; the trainer then calls ``recover`` (same fall-back). Re-forming the p2p group with a
+replaced replica is future work.
 """
 
 from __future__ import annotations
@@ -141,11 +143,23 @@ class P2PSync:
             dist.all_reduce(failed, op=dist.ReduceOp.MAX)
         if not failed.item():
             return seconds
-        self.failed = True
-        log.warning("p2p weight exchange failed (%s); continuing in broadcast mode",
-                    error or "on another trainer rank")  # fmt: skip
-        self._pg = None  # a group with a dead member cannot be reused
+        log.warning("p2p weight exchange failed (%s)", error or "on another trainer rank")
         assert self._last is not None
         source, version = self._last
-        self.fallback.push(source, version)
+        self._fall_back(source, version)
         return self.fallback.wait()
+
+    def recover(self, source: WeightSource, version: int) -> None:
+        """The pool lost its weights (every replica restarted and left the group): broadcast from now on."""
+        self.wait()
+        if not self.failed:
+            self._fall_back(source, version)
+        else:
+            self.fallback.recover(source, version)
+        self.fallback.wait()
+
+    def _fall_back(self, source: WeightSource, version: int) -> None:
+        log.warning("continuing in broadcast mode from version %d", version)
+        self.failed = True
+        self._pg = None  # a group with a dead member cannot be reused
+        self.fallback.push(source, version)

@@ -1,0 +1,75 @@
+{{- define "kuberl.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kuberl.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kuberl.labels" -}}
+app.kubernetes.io/name: {{ include "kuberl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "kuberl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kuberl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "kuberl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kuberl.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kuberl.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespaced rules the operator needs, in a Role (per namespace) or the ClusterRole. */}}
+{{- define "kuberl.rules" -}}
+- apiGroups: [kuberl.io]
+  resources: [rlexperiments, inferencepools, trainerjobs]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [kuberl.io]
+  resources: [rlexperiments/status, inferencepools/status, trainerjobs/status]
+  verbs: [get, update, patch]
+- apiGroups: [""]
+  resources: [pods, services, configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- if .Values.integrations.kubeflowTraining }}
+- apiGroups: [kubeflow.org]
+  resources: [pytorchjobs]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end }}
+{{- if .Values.integrations.volcano }}
+- apiGroups: [scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end }}
+{{- if .Values.integrations.coscheduling }}
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end }}
+{{- end -}}
