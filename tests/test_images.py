@@ -1,0 +1,79 @@
+"""The Dockerfiles cannot be built here (no container engine); they are parsed and held to the rules
+a reviewer would check: pinned bases, non-root, pinned installs, sources that exist, and the chart
+and operator defaults naming exactly these images."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kuberl.api import Accelerator
+from kuberl_operator.accelerators import default_image
+
+from .conftest import ROOT
+
+IMAGES = ROOT / "images"
+DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction: comments dropped, continuation lines joined."""
+    out, pending = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pending = f"{pending} {line[:-1].strip()}" if line.endswith("\\") else f"{pending} {line}"
+        if not line.endswith("\\"):
+            keyword, _, rest = pending.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+            pending = ""
+    assert not pending, f"{path}: dangling line continuation"
+    return out
+
+
+def test_there_is_an_image_per_component():
+    assert {p.parent.name for p in DOCKERFILES} == {"operator", "workload-cpu", "workload-cuda", "workload-ascend"}
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_dockerfile_follows_the_rules(path):
+    steps = instructions(path)
+    known = {"FROM", "RUN", "COPY", "ENV", "WORKDIR", "USER", "LABEL", "ENTRYPOINT", "CMD", "EXPOSE", "ARG"}
+    assert {k for k, _ in steps} <= known, f"unknown instruction in {path}"
+    for keyword, args in steps:
+        if keyword == "FROM":
+            image = args.split()[0]
+            assert re.fullmatch(r"[\w./-]+:[\w.-]+(@sha256:[a-f0-9]{64})?", image), f"unpinned base {image}"
+            assert not image.endswith(":latest"), image
+        if keyword == "COPY" and "--from=" not in args:
+            for source in args.split()[:-1]:
+                assert (ROOT / source).exists(), f"{path}: COPY {source} does not exist in the repository"
+        if keyword == "RUN":
+            for spec in re.findall(r"pip install ([^&]+)", args):
+                pinned = "-c " in spec or "-r " in spec or re.search(r"==|@[\w.]+$|@[\w.]+\"", spec)
+                assert pinned, f"{path}: unpinned pip install {spec!r}"
+        assert keyword != "ADD", "use COPY (ADD fetches URLs and unpacks archives implicitly)"
+    users = [args for k, args in steps if k == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root"), f"{path} must end as a non-root user"
+    last_user = max(i for i, (k, _) in enumerate(steps) if k == "USER")
+    assert all(k not in ("RUN", "COPY") for k, _ in steps[last_user:]), "nothing may run as root after USER"
+    assert steps[-1][0] in ("CMD", "ENTRYPOINT")
+
+
+def test_defaults_name_these_images():
+    values = yaml.safe_load((ROOT / "charts/kuberl/values.yaml").read_text())
+    built = {p.parent.name for p in DOCKERFILES}
+    assert values["image"]["repository"].rsplit("/", 1)[-1] in built
+    for kind, image in values["workloadImages"].items():
+        name = image.rsplit("/", 1)[-1].split(":")[0]
+        assert name in built, f"workloadImages.{kind} = {image} has no Dockerfile under images/"
+        assert image == default_image(Accelerator(kind)), f"chart and operator disagree on the {kind} image"
+
+
+def test_operator_image_runs_the_operator_command():
+    steps = dict(instructions(IMAGES / "operator/Dockerfile"))
+    assert steps["ENTRYPOINT"] == '["kuberl"]' and "operator" in steps["CMD"]
