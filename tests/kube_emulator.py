@@ -20,7 +20,8 @@ for every registered resource, and nothing else in the tests emulates the API:
   (immediate, cascading; an object created for owners that are already gone is collected at once,
   as the real collector does shortly after);
 * ``kubectl get`` tables (``as=Table``) rendered from the CRDs' additionalPrinterColumns, and
-  discovery without categories on subresources (or ``kubectl get kuberl`` breaks);
+  discovery without categories on subresources (or ``kubectl get kuberl`` breaks) and with the
+  core group's version named ``v1`` (kmock says ``/v1``; kubectl then finds no ``pods``);
 * bounded request history: kmock keeps every request and re-filters that list on every new one
   (quadratic); here only the last few are kept.
 
@@ -218,6 +219,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve_version(self, request: kmock.Request) -> Obj:
         """kmock's resource list, minus the categories/short names it copies onto subresources."""
         listing = await super()._serve_version(request)
+        listing["groupVersion"] = listing.get("groupVersion", "").lstrip("/")  # core is "v1", not "/v1"
         for entry in listing.get("resources", []):
             if "/" in entry["name"]:
                 entry.update(categories=[], shortNames=[], verbs=["get", "patch", "update"])

@@ -18,6 +18,8 @@ import os
 import urllib.request
 from typing import Any
 
+from kubernetes.client import ApiException
+
 from kuberl.api import API_GROUP, API_VERSION, RLExperiment
 
 from .kube import Kube
@@ -36,11 +38,16 @@ def progress_url(experiment: str, namespace: str, template: str | None = None) -
 
 def progress_status(payload: Manifest) -> Manifest:
     """The trainer's /progress JSON → ``status.progress`` (camelCase; absent values left out)."""
-    reward = payload.get("reward")
+    def rounded(key: str) -> float | None:
+        value = payload.get(key)
+        return None if value is None else round(float(value), 4)
+
     fields = {
         "step": payload.get("step"),
         "version": payload.get("version"),
-        "reward": None if reward is None else round(float(reward), 4),
+        "reward": rounded("reward"),
+        "rewardFirst10": rounded("reward_first10"),
+        "rewardLast10": rounded("reward_last10"),
         "maxStaleness": payload.get("max_staleness"),
         "lastCheckpoint": payload.get("last_checkpoint"),
     }
@@ -57,6 +64,26 @@ def fetch(url: str, timeout: float = 2.0) -> Manifest | None:
         return None
 
 
+def termination_progress(pod: Manifest | None) -> Manifest | None:
+    """The final progress trainer rank 0 left as its container's termination message, if any."""
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
+        if message:
+            try:
+                payload = json.loads(message)
+            except ValueError:
+                return None
+            return payload if isinstance(payload, dict) else None
+    return None
+
+
+def final_progress(kube: Kube, namespace: str, experiment: str) -> Manifest | None:
+    """``status.progress`` from trainer rank 0's termination message (it has exited: nothing to poll)."""
+    pod = kube.get("v1", "Pod", namespace, trainer_pod_name(trainer_job_name(experiment), 0))
+    payload = termination_progress(pod)
+    return progress_status(payload) if payload else None
+
+
 def poll_once(kube: Kube, template: str | None = None) -> int:
     """Update every running experiment whose progress changed; returns how many were patched."""
     patched = 0
@@ -69,8 +96,13 @@ def poll_once(kube: Kube, template: str | None = None) -> int:
             continue
         progress = progress_status(payload)
         if progress and progress != status.get("progress"):
-            kube.patch(exp["apiVersion"], exp["kind"], meta["namespace"], meta["name"],
-                       {"status": {"progress": progress}}, "status")
+            try:
+                kube.patch(exp["apiVersion"], exp["kind"], meta["namespace"], meta["name"],
+                           {"status": {"progress": progress}}, "status")
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                continue  # deleted since the list: nothing to report on
             patched += 1
     return patched
 

@@ -25,6 +25,7 @@ from .builders.inference import pool_selector
 from .builders.trainer import job_selector
 from .kube import Kube, Manifest
 from .names import LABEL_POOL
+from .progress import final_progress
 from .status import (
     condition,
     experiment_status,
@@ -176,6 +177,12 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
         (pool["metadata"]["name"], pool.get("status")),
         (job["metadata"]["name"], job.get("status")),
     )
+    if status["phase"] == "Succeeded" and (body.get("status") or {}).get("phase") != "Succeeded":
+        # The trainer has exited, so there is no endpoint left to poll: the final step and reward
+        # come from rank 0's termination message, in the same write that says Succeeded.
+        final = final_progress(kube, namespace, name)
+        if final:
+            status["progress"] = final
     write_status(kube, body, {**(body.get("status") or {}), **status})
     return body
 

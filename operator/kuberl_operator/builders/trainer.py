@@ -74,6 +74,10 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
         "command": ["/bin/sh", "-c"],
         "args": [f"exec {TORCHRUN} -m kuberl.trainer --config /etc/kuberl/config/experiment.yaml"],
         "env": env_list(env),
+        # Rank 0 leaves its final progress here; on a crash the log tail takes its place, so the
+        # error reaches the TrainerJob / RLExperiment conditions (status.pod_health).
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [
             {"name": "dist", "containerPort": MASTER_PORT},
             {"name": "progress", "containerPort": PROGRESS_PORT},

@@ -48,6 +48,8 @@ class Progress(ApiModel):
     step: int | None = None
     version: int | None = None
     reward: float | None = None
+    reward_first10: float | None = Field(None, description="mean reward of the first 10 steps")
+    reward_last10: float | None = Field(None, description="mean reward of the last 10 steps (compare: learning?)")
     max_staleness: int | None = None
     last_checkpoint: str | None = None
 

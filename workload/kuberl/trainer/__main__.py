@@ -175,7 +175,8 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
             reward = mean([t.reward for t in trajs]) or 0.0
             rewards.append(reward)
             elapsed = time.perf_counter() - start
-            server.update(step=step + 1, version=step + 1, reward=reward,
+            server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(rewards[:10]),
+                          reward_last10=mean(rewards[-10:]),
                           max_staleness=controller.max_staleness_seen,
                           tokens_per_second=trained_tokens / elapsed, step_seconds=timeperf["step"][-1],
                           weight_sync_seconds=previous)
@@ -211,6 +212,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         "rewards": [round(r, 4) for r in rewards],
     }
     server.update(phase="succeeded")
+    server.write_termination_message(Path(os.environ.get("KUBERL_TERMINATION_LOG", "/dev/termination-log")))
     controller.stop()
     return summary
 

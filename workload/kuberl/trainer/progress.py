@@ -4,11 +4,16 @@ and by ``kuberl run``; the workload never needs write access to the Kubernetes A
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+log = logging.getLogger("kuberl.trainer")
 
 
 @dataclass
@@ -17,6 +22,8 @@ class Progress:
     max_steps: int = 0
     version: int = 0
     reward: float | None = None
+    reward_first10: float | None = None
+    reward_last10: float | None = None
     max_staleness: int = 0
     tokens_per_second: float = 0.0
     step_seconds: float = 0.0
@@ -42,11 +49,22 @@ class ProgressServer:
             for key, value in changes.items():
                 setattr(self.progress, key, value)
 
+    def snapshot(self) -> dict[str, object]:
+        """The ``/progress`` body (everything but the per-step reward list)."""
+        with self.lock:
+            return {k: v for k, v in asdict(self.progress).items() if k != "rewards"}
+
+    def write_termination_message(self, path: Path) -> None:
+        """Leave the final progress where the kubelet reads a container's termination message
+        (``/dev/termination-log``): the operator records it after this process is gone."""
+        try:
+            path.write_text(json.dumps(self.snapshot())[:4096])
+        except OSError as err:  # not in a pod (local mode, tests): nothing reads it anyway
+            log.debug("no termination message written to %s: %s", path, err)
+
     async def start(self, port: int) -> web.AppRunner:
         async def progress(request: web.Request) -> web.Response:
-            with self.lock:
-                body = {k: v for k, v in asdict(self.progress).items() if k != "rewards"}
-            return web.json_response(body)
+            return web.json_response(self.snapshot())
 
         async def metrics(request: web.Request) -> web.Response:
             with self.lock:

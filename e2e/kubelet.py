@@ -1,0 +1,305 @@
+"""A kubelet stand-in for the end-to-end test: Pods become local processes.
+
+``python -m e2e.kubelet --kubeconfig K --node NAME --workdir DIR`` registers a Node (with
+topology labels), binds every unscheduled Pod to it (the scheduler's part), and runs each bound
+Pod's first container as a process, the way a kubelet would:
+
+- command/args with ``$(VAR)`` expanded from the container env; env values and ``fieldRef``s
+  (metadata.name/namespace/labels, status.podIP, spec.nodeName) resolved;
+- every Pod gets its own loopback IP (127.0.100.N) as ``status.podIP``, and a private mount
+  namespace (``unshare``) in which its volumes sit at their mount paths — ConfigMaps and
+  downward-API files (refreshed when labels change) and emptyDirs — and ``/etc/hosts`` holds the
+  cluster's DNS names (``<hostname>.<subdomain>[.<ns>.svc.cluster.local]``) for every Pod;
+- phase, container state (with the termination message: the file at ``terminationMessagePath``,
+  or the log tail for ``FallbackToLogsOnError``), restart count and the Ready condition (from
+  httpGet startup and readiness probes) are reported on the Pod's status; ``restartPolicy`` is
+  honoured;
+- a Pod that is deleted has its process group terminated (SIGTERM, then SIGKILL after 10 s).
+
+What it does not do: images (every container runs this repository's venv), resource limits,
+``securityContext`` users (processes run as the runner's user), liveness kills, exec probes.
+Needs root (mount namespaces); the test skips with that reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+Manifest = dict[str, Any]
+GRACE_SECONDS = 10
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: known variables are replaced, unknown ones stay as written."""
+    return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text)
+
+
+def field_value(pod: Manifest, path: str, ip: str) -> str:
+    if path == "status.podIP":
+        return ip
+    if path == "metadata.labels":
+        return "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted((pod["metadata"].get("labels") or {}).items()))
+    if path == "metadata.annotations":
+        annotations = pod["metadata"].get("annotations") or {}
+        return "".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(annotations.items()))
+    node: Any = pod
+    for part in path.split("."):
+        node = (node or {}).get(part)
+    return "" if node is None else str(node)
+
+
+def container_policy(pod: Manifest) -> str:
+    return pod["spec"]["containers"][0].get("terminationMessagePolicy") or "File"
+
+
+def dns_names(pod: Manifest) -> list[str]:
+    spec, ns = pod["spec"], pod["metadata"]["namespace"]
+    if not (spec.get("hostname") and spec.get("subdomain")):
+        return []
+    base = f"{spec['hostname']}.{spec['subdomain']}"
+    return [base, f"{base}.{ns}", f"{base}.{ns}.svc", f"{base}.{ns}.svc.cluster.local"]
+
+
+@dataclass
+class Running:
+    pod: Manifest
+    ip: str
+    root: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started: bool = False  # startup probe passed
+    ready: bool = False
+    reported: str = ""
+    terminal: str | None = None  # Succeeded / Failed once the container will not run again
+    exit_code: int | None = None
+    files: dict[Path, str] = field(default_factory=dict)
+
+
+class Kubelet:
+    def __init__(self, kube: Any, node: str, workdir: Path, venv_bin: Path):
+        self.kube, self.node, self.workdir, self.venv_bin = kube, node, workdir, venv_bin
+        self.pods: dict[tuple[str, str], Running] = {}
+        self.hosts = workdir / "hosts"
+        self.next_ip = 1
+
+    # -- API -------------------------------------------------------------------------------------
+    def register_node(self) -> None:
+        if self.kube.get("v1", "Node", None, self.node) is None:
+            self.kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "labels": {
+                "kubernetes.io/hostname": self.node, "topology.kubernetes.io/zone": "e2e-zone-a",
+                "topology.kubernetes.io/rack": "e2e-rack-1"}}, "status": {"allocatable": {"cpu": "2"}}})  # fmt: skip
+
+    def report(self, run: Running) -> None:
+        meta = run.pod["metadata"]
+        name = run.pod["spec"]["containers"][0]["name"]
+        if run.terminal:
+            state: Manifest = {"terminated": {"exitCode": run.exit_code, "finishedAt": now(),
+                                              "reason": "Completed" if run.exit_code == 0 else "Error"}}  # fmt: skip
+            message = (run.root / "termination-log").read_text()[:4096]
+            if not message and run.exit_code and container_policy(run.pod) == "FallbackToLogsOnError":
+                message = "\n".join((run.root / "container.log").read_text(errors="replace").splitlines()[-80:])[-2048:]
+            if message:
+                state["terminated"]["message"] = message
+            phase = run.terminal
+        else:
+            state, phase = {"running": {"startedAt": now()}}, "Running"
+        ready = "True" if run.ready and not run.terminal else "False"
+        status = {"phase": phase, "podIP": run.ip, "podIPs": [{"ip": run.ip}], "hostIP": "127.0.0.1",
+                  "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": ready},
+                                 {"type": "ContainersReady", "status": ready}],
+                  "containerStatuses": [{"name": name, "ready": ready == "True", "restartCount": run.restarts,
+                                         "image": run.pod["spec"]["containers"][0].get("image", ""),
+                                         "state": state}]}  # fmt: skip
+        key = json.dumps([phase, ready, run.restarts, run.exit_code])
+        if key != run.reported:
+            self.kube.patch("v1", "Pod", meta["namespace"], meta["name"], {"status": status}, "status")
+            run.reported = key
+
+    # -- one pod ---------------------------------------------------------------------------------
+    def _volumes(self, run: Running) -> list[tuple[Path, str]]:
+        """Write every volume's files under the pod's dir; (local dir, mount path) pairs."""
+        pod, mounts = run.pod, []
+        container = pod["spec"]["containers"][0]
+        by_name = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        for mount in container.get("volumeMounts") or []:
+            volume = by_name[mount["name"]]
+            local = run.root / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                cm = self.kube.get("v1", "ConfigMap", pod["metadata"]["namespace"], volume["configMap"]["name"])
+                for key, value in ((cm or {}).get("data") or {}).items():
+                    self._write(run, local / key, value)
+            elif "downwardAPI" in volume:
+                for item in volume["downwardAPI"]["items"]:
+                    self._write(run, local / item["path"], field_value(pod, item["fieldRef"]["fieldPath"], run.ip))
+            mounts.append((local, mount["mountPath"]))
+        return mounts
+
+    def _write(self, run: Running, path: Path, text: str) -> None:
+        if run.files.get(path) != text:  # in place: a bind-mounted file keeps its inode
+            path.write_text(text)
+            run.files[path] = text
+
+    def start(self, run: Running) -> None:
+        pod = run.pod
+        container = pod["spec"]["containers"][0]
+        env = {"PATH": f"{self.venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONUNBUFFERED": "1",
+               "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"]}  # fmt: skip
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = expand(item["value"], env)
+            elif "fieldRef" in (item.get("valueFrom") or {}):
+                env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"], run.ip)
+        argv = [expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
+        termination = run.root / "termination-log"
+        termination.write_text("")
+        target = container.get("terminationMessagePath") or "/dev/termination-log"
+        binds = [*self._volumes(run), (self.hosts, "/etc/hosts"), (termination, target)]
+        # A mount that covers another mount's source (e.g. an emptyDir on /tmp over a workdir in /tmp)
+        # must come last, or that source is hidden before it is bound.
+        sources = [str(src) for src, _ in binds]
+        binds.sort(key=lambda b: any(src.startswith(b[1].rstrip("/") + "/") for src in sources))
+        script = " && ".join([f"mkdir -p {shlex.quote(t)} && mount --bind {shlex.quote(str(s))} {shlex.quote(t)}"
+                              if s.is_dir() else f"touch {shlex.quote(t)} && mount --bind {shlex.quote(str(s))} "
+                              f"{shlex.quote(t)}"
+                              for s, t in binds] + ['exec "$@"'])  # fmt: skip
+        log = open(run.root / "container.log", "ab")  # the child process keeps it open
+        run.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
+                                     "sh", *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=container.get("workingDir") or "/")  # fmt: skip
+        run.started = run.ready = False
+
+    def probe(self, run: Running) -> None:
+        container = run.pod["spec"]["containers"][0]
+        probe = container.get("readinessProbe") or container.get("startupProbe")
+        if probe is None or "httpGet" not in probe:
+            run.ready = True  # no probe: ready once running
+            return
+        get = probe["httpGet"]
+        port = get["port"]
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in container.get("ports") or [] if p.get("name") == port)
+        try:
+            with urllib.request.urlopen(f"http://{run.ip}:{port}{get.get('path', '/')}", timeout=2) as resp:
+                run.ready = 200 <= resp.status < 400
+        except OSError:
+            run.ready = False
+
+    def stop(self, run: Running) -> None:
+        if run.proc is None or run.proc.poll() is not None:
+            return
+        os.killpg(run.proc.pid, signal.SIGTERM)
+        try:
+            run.proc.wait(GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def sync_once(self) -> None:
+        pods = self.kube.list("v1", "Pod", None, {})
+        for pod in pods:
+            if not pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
+                meta = pod["metadata"]
+                self.kube.patch("v1", "Pod", meta["namespace"], meta["name"], {"spec": {"nodeName": self.node}})
+                pod["spec"]["nodeName"] = self.node
+        mine = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods
+                if p["spec"].get("nodeName") == self.node}  # fmt: skip
+        for key in [k for k in self.pods if k not in mine or mine[k]["metadata"].get("deletionTimestamp")]:
+            self.stop(self.pods.pop(key))
+        for key, pod in mine.items():
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            run = self.pods.get(key)
+            if run is None or run.pod["metadata"].get("uid") != pod["metadata"].get("uid"):
+                root = self.workdir / "pods" / f"{key[0]}_{key[1]}_{pod['metadata'].get('uid', '')[:8]}"
+                root.mkdir(parents=True, exist_ok=True)
+                run = self.pods[key] = Running(pod, f"127.0.100.{self.next_ip}", root)
+                self.next_ip += 1
+                self._write_hosts()
+                self.start(run)
+            run.pod = pod
+            self._volumes(run)  # refresh downward-API files (labels arrive after scheduling)
+            self._advance(run)
+            self.report(run)
+
+    def _advance(self, run: Running) -> None:
+        if run.terminal or run.proc is None:
+            return
+        code = run.proc.poll()
+        if code is None:
+            self.probe(run)
+            return
+        policy = run.pod["spec"].get("restartPolicy", "Always")
+        run.exit_code = code
+        if policy == "Always" or (policy == "OnFailure" and code != 0):
+            run.restarts += 1
+            self.start(run)
+        else:
+            run.terminal = "Succeeded" if code == 0 else "Failed"
+
+    def _write_hosts(self) -> None:
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{run.ip} {' '.join(dns_names(run.pod))}" for run in self.pods.values() if dns_names(run.pod)]
+        text = "\n".join(lines) + "\n"
+        if not self.hosts.exists() or self.hosts.read_text() != text:
+            self.hosts.write_text(text)
+
+    def run_forever(self, interval: float = 0.5) -> None:
+        stopping = False
+
+        def stop(*_: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.register_node()
+        self._write_hosts()
+        try:
+            while not stopping:
+                try:
+                    self.sync_once()
+                except Exception as err:  # the API server restarting must not kill the node
+                    print(f"kubelet: sync failed: {err}", file=sys.stderr, flush=True)
+                time.sleep(interval)
+        finally:
+            for run in self.pods.values():
+                self.stop(run)
+
+
+def main() -> None:
+    from kubernetes import config
+
+    from kuberl_operator.kube import Kube
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--node", default="e2e-node")
+    parser.add_argument("--workdir", type=Path, required=True)
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    kube = Kube(config.new_client_from_config(config_file=args.kubeconfig))
+    Kubelet(kube, args.node, args.workdir, Path(sys.executable).parent).run_forever()
+
+
+if __name__ == "__main__":
+    main()

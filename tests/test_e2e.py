@@ -1,0 +1,92 @@
+"""The whole path on one machine: real kubectl → API (emulator) → real operator → Pods run as
+processes by the kubelet stand-in (e2e/kubelet.py) → workload → status → kubectl get; then
+kubectl delete and nothing left behind. The scenario itself is e2e/scenario.py, which also runs
+against a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e import scenario
+
+from .harness import ROOT, emulated_cluster, running_operator
+from .test_kubectl import kubectl_binary
+
+STEPS = 150  # enough for the first-10 vs last-10 reward to separate reliably
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                       reason="the kubelet stand-in gives each pod a mount namespace: needs root and unshare"),
+]  # fmt: skip
+
+
+def processes_under(path: Path) -> list[int]:
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(path) in (proc / "cmdline").read_bytes().decode(errors="replace") + os.readlink(proc / "cwd"):
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
+    monkeypatch.setenv("KUBERL_PROGRESS_URL", "http://127.0.0.1:{port}/progress")  # no cluster DNS in this process
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        node_dir = tmp_path / "node"
+        kubelet = subprocess.Popen([sys.executable, "-m", "e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
+                                    "--workdir", str(node_dir)], cwd=ROOT,
+                                   stdout=open(tmp_path / "kubelet.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            def kubectl(*args: str) -> str:
+                done = subprocess.run([kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig), "-n", "default",
+                                       "--request-timeout=10s", *args],
+                                      capture_output=True, text=True, timeout=60)  # fmt: skip
+                assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+                return done.stdout
+
+            path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)
+            lines: list[str] = []
+            outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 480, lines.append)
+        finally:
+            kubelet.send_signal(signal.SIGTERM)
+            kubelet.wait(timeout=60)
+        report = "\n".join(lines)
+        logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(node_dir.glob("pods/*/container.log")))
+        assert scenario.problems(outcome, STEPS) == [], f"{report}\n--- container logs ---\n{logs}"
+        assert "Succeeded" in outcome.tables[-1] and "STEP" in outcome.tables[0].upper()
+        assert "rewardLast10" in outcome.yaml and "observedGeneration" in outcome.yaml
+        assert processes_under(node_dir) == [], "pod processes outlived kubectl delete"
+        print(f"e2e: {outcome.seconds:.1f} s from apply to Succeeded; progress {outcome.progress}")
+
+
+def test_kubelet_stand_in_expands_like_a_kubelet():
+    from e2e.kubelet import dns_names, expand, field_value
+
+    assert expand("--rank=$(NODE_RANK) --x=$(UNSET)", {"NODE_RANK": "3"}) == "--rank=3 --x=$(UNSET)"
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"b": "2", "a": 'say "hi"'}},
+           "spec": {"hostname": "h", "subdomain": "svc", "nodeName": "n1"}}  # fmt: skip
+    assert field_value(pod, "metadata.labels", "127.0.100.1") == 'a="say \\"hi\\""\nb="2"\n'
+    assert field_value(pod, "spec.nodeName", "ip") == "n1" and field_value(pod, "status.podIP", "ip") == "ip"
+    assert dns_names(pod) == ["h.svc", "h.svc.ns", "h.svc.ns.svc", "h.svc.ns.svc.cluster.local"]
+
+
+def test_final_progress_comes_from_the_termination_message():
+    from kuberl_operator.progress import progress_status, termination_progress
+
+    message = '{"step": 150, "version": 150, "reward": 0.5, "reward_first10": 0.3}'
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 0, "message": message}}}]}}
+    assert progress_status(termination_progress(pod) or {}) == {"step": 150, "version": 150, "reward": 0.5,
+                                                                "rewardFirst10": 0.3}  # fmt: skip
+    crashed = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": "Traceback..."}}}]}}
+    assert termination_progress(crashed) is None and termination_progress(None) is None
