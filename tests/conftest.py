@@ -1,4 +1,5 @@
-"""Shared fixtures: the example manifests and a minimal valid RLExperiment document."""
+"""Shared fixtures: the example manifests, a minimal valid RLExperiment document, and a checkpoint
+URI on a directory or on a real HTTP S3 (moto's server, through boto3)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import yaml
+from moto.server import ThreadedMotoServer
+
+from kuberl.local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -32,3 +37,30 @@ MINIMAL: dict[str, Any] = {
 @pytest.fixture
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch, s3_endpoint):
+    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                       "AWS_DEFAULT_REGION": "us-east-1", "KUBERL_S3_ENDPOINT": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    return s3_endpoint
+
+
+@pytest.fixture(params=["file", "s3"])
+def uri(request, tmp_path):
+    if request.param == "file":
+        return f"file://{tmp_path}/ckpt/"
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = f"b{request.node.name.lower().replace('[', '-').replace(']', '').replace('_', '-')}"[:60]
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/runs/exp1/"

@@ -115,9 +115,9 @@ def test_data_parallel_matches_single_process(tmp_path):
         torch.testing.assert_close(sharded[name], single[name], rtol=1e-4, atol=1e-5)
 
 
-def test_checkpoint_resume_is_exact(world_of_one, tmp_path):
-    """2K steps straight == K steps, checkpoint (through the manifest store), fresh actor, resume, K
-    more: identical weights, optimizer moments and counters."""
+def test_checkpoint_resume_is_exact(world_of_one, tmp_path, uri):
+    """2K steps straight == K steps, checkpoint (through the manifest store, on a directory and on
+    S3), fresh actor, resume, K more: identical weights, optimizer moments and counters."""
     from kuberl.checkpoint import CheckpointManager, open_store
     from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
@@ -132,7 +132,7 @@ def test_checkpoint_resume_is_exact(world_of_one, tmp_path):
 
     first = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
     run(first, range(3))
-    manager = CheckpointManager(open_store(f"file://{tmp_path}/ckpt/"), keep=2)
+    manager = CheckpointManager(open_store(uri), keep=2)
     manager.save(save_trainer(first, TrainerState.capture(3, 3, 24), tmp_path / "stage"), 3)
     rng_after_save = torch.rand(3)
 

@@ -6,40 +6,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from kuberl.checkpoint import CheckpointError, CheckpointManager, open_store
 from kuberl.checkpoint.manager import step_dir
 from kuberl.local import free_port
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def aws_env(monkeypatch, s3_endpoint):
-    for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1", "KUBERL_S3_ENDPOINT": s3_endpoint}.items():
-        monkeypatch.setenv(key, value)
-    return s3_endpoint
-
-
-@pytest.fixture(params=["file", "s3"])
-def uri(request, tmp_path):
-    if request.param == "file":
-        return f"file://{tmp_path}/ckpt/"
-    endpoint = request.getfixturevalue("aws_env")
-    bucket = f"b{request.node.name.lower().replace('[', '-').replace(']', '').replace('_', '-')}"[:60]
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    return f"s3://{bucket}/runs/exp1/"
 
 
 def staging(tmp_path: Path, step: int, big: bool = False) -> Path:
