@@ -158,3 +158,13 @@ def test_p2p_weight_exchange_with_two_trainer_ranks_and_two_replicas(tmp_path):
     assert "continuing in broadcast mode" not in trainer_log
     for r in range(2):
         assert "received weights version 12 over p2p" in (work / f"inference-{r}.log").read_text()
+
+
+def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
+    work = tmp_path / "run"
+    summary = run_local(EXAMPLE, ["weightSync.mode=disk", "model.sftWarmup.steps=5"], 8, None, quiet=True,
+                        workdir=work)  # fmt: skip
+    assert summary["final_version"] == 8
+    files = sorted(p.name for p in (work / "weights").iterdir())
+    assert files == ["weights-v00000007.safetensors", "weights-v00000008.safetensors"]  # the two newest
+    assert "loaded weights version 8" in (work / "inference-0.log").read_text()

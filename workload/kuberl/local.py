@@ -168,6 +168,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                    "KUBERL_PROGRESS_PORT": str(progress_port), "KUBERL_SUMMARY_PATH": str(summary_file),
                    "KUBERL_CHECKPOINT_URI": f"file://{work / 'checkpoints'}/",
                    "KUBERL_STAGING_DIR": str(work / "staging"), "KUBERL_EXCHANGE_PORT": str(exchange_port),
+                   "KUBERL_WEIGHTS_DIR": str(work / "weights"),
                    "KUBERL_PODINFO_LABELS": pod_labels(work, "trainer", rank)}
             if max_steps is not None:
                 env["KUBERL_MAX_STEPS"] = str(max_steps)

@@ -6,6 +6,7 @@
     POST /pause           abort in-flight requests (they return partial tokens, finish "abort")
     POST /resume
     POST /update_weights  body: safetensors bytes of the full state dict; ?version=N
+                          (or ?version=N&path=FILE: read them from a shared volume, disk mode)
     GET  /version         {"version": N}
     GET  /topology        {"node", "fabric", "zone"} of this pod (from its labels)
     POST /weights/p2p/join     this replica's part of the p2p plan (kuberl.weights.p2p)
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from safetensors.torch import load as load_safetensors
+from safetensors.torch import load_file
 
 from ..weights.discovery import own_topology, to_json
 from .engine import Generation, SamplingParams, TorchEngine
@@ -90,7 +93,10 @@ def build_app(engine: TorchEngine, tokenizer: Any | None = None) -> web.Applicat
             version = int(request.query["version"])
         except (KeyError, ValueError) as err:
             raise _bad_request("query parameter version=N is required") from err
-        state = load_safetensors(await request.read())
+        path = request.query.get("path")
+        if path is not None and not Path(path).is_file():
+            raise _bad_request(f"path={path!r}: no such file here (disk mode needs a volume shared with the trainer)")
+        state = load_file(path) if path is not None else load_safetensors(await request.read())
         try:
             await engine.load_weights(state, version)
         except ValueError as err:

@@ -17,10 +17,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
 log = logging.getLogger("kuberl.rollout")
+WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
 
 
 @dataclass
@@ -38,7 +40,7 @@ class InferenceClient:
     replicas: list[Replica] = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
-    _latest: tuple[bytes, int] | None = field(default=None, init=False)
+    _latest: tuple[WeightPayload, int] | None = field(default=None, init=False)
     _rejoining: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
 
     def __post_init__(self) -> None:
@@ -91,8 +93,7 @@ class InferenceClient:
                     replica.down_until = time.monotonic() + 1.0
                     continue
                 try:
-                    blob, version = self._latest
-                    await self._post(replica, f"/update_weights?version={version}", control=True, data=blob)
+                    await self._send_weights(replica, *self._latest)
                     replica.needs_weights = False
                     log.info("replica %s is back with the newest weights", replica.url)
                 except (OSError, TimeoutError, aiohttp.ClientError) as err:
@@ -188,14 +189,21 @@ class InferenceClient:
     async def resume_all(self) -> None:
         await asyncio.gather(*(self._post(r, "/resume", control=True) for r in self.replicas))
 
-    async def push_weights(self, blob: bytes, version: int) -> None:
+    async def _send_weights(self, replica: Replica, payload: WeightPayload, version: int) -> None:
+        """The whole state: safetensors bytes in the body, or (disk mode) a file path the replica reads."""
+        if isinstance(payload, bytes):
+            await self._post(replica, f"/update_weights?version={version}", control=True, data=payload)
+        else:
+            await self._post(replica, f"/update_weights?version={version}&path={quote(payload)}", control=True)
+
+    async def push_weights(self, payload: WeightPayload, version: int) -> None:
         """Naive broadcast: the full state to every replica in rotation; each swaps it in between two
         engine steps. A replica that cannot take it leaves rotation and gets it when it is back."""
-        self._latest = (blob, version)
+        self._latest = (payload, version)
 
         async def push(replica: Replica) -> None:
             try:
-                await self._post(replica, f"/update_weights?version={version}", control=True, data=blob)
+                await self._send_weights(replica, payload, version)
             except (TimeoutError, aiohttp.ClientConnectionError) as err:
                 self._lost(replica, err)
 

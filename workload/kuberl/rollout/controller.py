@@ -57,9 +57,10 @@ class RolloutController:
         starved (every replica needs weights only the trainer can send)."""
         return self.call(self._take(groups, version))
 
-    def update_weights(self, blob: bytes, version: int) -> Future[float]:
-        """Start: pause the pool, push ``blob`` as ``version``, resume; the future holds the seconds spent."""
-        return asyncio.run_coroutine_threadsafe(self._update_weights(blob, version), self.loop)
+    def update_weights(self, payload: bytes | str, version: int) -> Future[float]:
+        """Start: every replica loads ``payload`` (bytes or a file path) as ``version``; the future
+        holds the seconds spent."""
+        return asyncio.run_coroutine_threadsafe(self._update_weights(payload, version), self.loop)
 
     def replica_topologies(self) -> list[dict[str, str]]:
         return self.call(self.client.topologies())
@@ -130,11 +131,11 @@ class RolloutController:
                 with contextlib.suppress(TimeoutError):  # wake up now and then to notice a starved pool
                     await asyncio.wait_for(self._changed.wait(), 1.0)
 
-    async def _update_weights(self, blob: bytes, version: int) -> float:
+    async def _update_weights(self, payload: bytes | str, version: int) -> float:
         """Every replica swaps weights between its engine steps; requests in flight go on (their
         tokens carry the version that wrote them), so generation never stops for an update."""
         start = time.perf_counter()
-        await self.client.push_weights(blob, version)
+        await self.client.push_weights(payload, version)
         self._serving(version)
         return time.perf_counter() - start
 

@@ -12,13 +12,17 @@ accounts for.
   replicas, planned by :mod:`.plan` from the pods' topology labels.
 - ``broadcast``: the naive baseline: the full state is gathered on rank 0, which sends it to
   each replica over the inference HTTP contract.
-- ``disk``: not implemented yet; runs as broadcast with a warning.
+- ``disk``: rank 0 writes the full state as a safetensors file into ``KUBERL_WEIGHTS_DIR`` (a volume
+  the trainer and the inference pods share; local mode uses its work dir) and each replica reads
+  it from there: for debugging, LoRA-style cases, or when HTTP bodies of the model's size hurt.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -35,8 +39,9 @@ def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
 
 
 class Publisher(Protocol):
-    def update_weights(self, blob: bytes, version: int) -> Future[float]:
-        """Start pause → load ``blob`` as ``version`` → resume on every replica; the future holds the seconds."""
+    def update_weights(self, payload: bytes | str, version: int) -> Future[float]:
+        """Start: every replica loads ``payload`` (safetensors bytes, or a file path) as ``version``;
+        the future holds the seconds."""
         ...
 
 
@@ -62,9 +67,11 @@ class BroadcastSync:
         state = source.full_state_dict()  # a collective: every rank takes part, rank 0 gets it
         if self.publisher is None:  # not rank 0: nothing to send
             return
-        blob = to_safetensors(state)  # a copy: the next optimizer step may run during the transfer
         self.wait()
-        self._pending = self.publisher.update_weights(blob, version)
+        self._pending = self.publisher.update_weights(self.payload(state, version), version)
+
+    def payload(self, state: dict[str, torch.Tensor], version: int) -> bytes | str:
+        return to_safetensors(state)  # a copy: the next optimizer step may run during the transfer
 
     def wait(self) -> float:
         pending, self._pending = self._pending, None
@@ -76,11 +83,32 @@ class BroadcastSync:
         self.wait()
 
 
+class DiskSync(BroadcastSync):
+    """Broadcast through a shared directory: ``weights-v<version>.safetensors``, written then renamed
+    (a replica never reads half a file); the two newest are kept (one may still be being read)."""
+
+    def __init__(self, publisher: Publisher | None, directory: Path):
+        super().__init__(publisher)
+        self.directory = directory
+
+    def payload(self, state: dict[str, torch.Tensor], version: int) -> bytes | str:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"weights-v{version:08d}.safetensors"
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(to_safetensors(state))
+        partial.rename(path)
+        for old in sorted(self.directory.glob("weights-v*.safetensors"))[:-2]:
+            old.unlink(missing_ok=True)
+        return str(path)
+
+
 def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1) -> WeightSync:
     """``controller`` is rank 0's rollout controller (None on the other ranks)."""
     broadcast = BroadcastSync(controller)
     if mode == "p2p":
         return P2PSync(controller, rank, world, fallback=broadcast)
+    if mode == "disk":
+        return DiskSync(controller, Path(os.environ.get("KUBERL_WEIGHTS_DIR", "/tmp/kuberl-weights")))
     if mode != "broadcast":
-        log.warning("weightSync.mode %s is not implemented yet; using broadcast", mode)
+        raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
     return broadcast
