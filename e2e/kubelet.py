@@ -66,6 +66,29 @@ def field_value(pod: Manifest, path: str, ip: str) -> str:
     return "" if node is None else str(node)
 
 
+def mount_commands(binds: list[tuple[Path, str]], keep_visible: list[str]) -> list[str]:
+    """Shell commands that bind every (source, mount path) pair inside the pod's mount namespace.
+
+    A mount that covers another mount's source (an emptyDir on /tmp over a work dir in /tmp) comes
+    last, or that source would be hidden first; and the paths in ``keep_visible`` (the "image": the
+    repository and its venv, which may well live under /tmp) are bound into such a mount's source
+    first, so they show through it (hence ``--rbind``).
+    """
+    q = shlex.quote
+    sources = [str(src) for src, _ in binds]
+    ordered = sorted(binds, key=lambda b: any(src.startswith(b[1].rstrip("/") + "/") for src in sources))
+    out = []
+    for src, target in ordered:
+        prefix = target.rstrip("/") + "/"
+        for path in keep_visible:
+            if path.startswith(prefix) and src.is_dir():
+                inner = f"{src}/{path[len(prefix):]}"
+                out += [f"mkdir -p {q(inner)}", f"mount --bind {q(path)} {q(inner)}"]
+        out.append(f"mkdir -p {q(target)}" if src.is_dir() else f"touch {q(target)}")
+        out.append(f"mount --rbind {q(str(src))} {q(target)}")
+    return out
+
+
 def container_policy(pod: Manifest) -> str:
     return pod["spec"]["containers"][0].get("terminationMessagePolicy") or "File"
 
@@ -96,6 +119,7 @@ class Running:
 class Kubelet:
     def __init__(self, kube: Any, node: str, workdir: Path, venv_bin: Path):
         self.kube, self.node, self.workdir, self.venv_bin = kube, node, workdir, venv_bin
+        self.image_paths = [str(Path(__file__).resolve().parent.parent), sys.prefix]  # what "the image" holds
         self.pods: dict[tuple[str, str], Running] = {}
         self.hosts = workdir / "hosts"
         self.next_ip = 1
@@ -173,14 +197,7 @@ class Kubelet:
         termination.write_text("")
         target = container.get("terminationMessagePath") or "/dev/termination-log"
         binds = [*self._volumes(run), (self.hosts, "/etc/hosts"), (termination, target)]
-        # A mount that covers another mount's source (e.g. an emptyDir on /tmp over a workdir in /tmp)
-        # must come last, or that source is hidden before it is bound.
-        sources = [str(src) for src, _ in binds]
-        binds.sort(key=lambda b: any(src.startswith(b[1].rstrip("/") + "/") for src in sources))
-        script = " && ".join([f"mkdir -p {shlex.quote(t)} && mount --bind {shlex.quote(str(s))} {shlex.quote(t)}"
-                              if s.is_dir() else f"touch {shlex.quote(t)} && mount --bind {shlex.quote(str(s))} "
-                              f"{shlex.quote(t)}"
-                              for s, t in binds] + ['exec "$@"'])  # fmt: skip
+        script = " && ".join([*mount_commands(binds, self.image_paths), 'exec "$@"'])
         log = open(run.root / "container.log", "ab")  # the child process keeps it open
         run.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
                                      "sh", *argv], env=env, stdout=log, stderr=subprocess.STDOUT,

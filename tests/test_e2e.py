@@ -90,3 +90,16 @@ def test_final_progress_comes_from_the_termination_message():
                                                                 "rewardFirst10": 0.3}  # fmt: skip
     crashed = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": "Traceback..."}}}]}}
     assert termination_progress(crashed) is None and termination_progress(None) is None
+
+
+def test_mounts_keep_the_image_visible_under_an_emptydir_on_tmp(tmp_path):
+    from e2e.kubelet import mount_commands
+
+    scratch, config = tmp_path / "scratch", tmp_path / "config"
+    scratch.mkdir()
+    config.mkdir()
+    commands = mount_commands([(scratch, "/tmp"), (config, "/etc/kuberl/config")], ["/tmp/ci/repo", "/opt/venv"])
+    config_at = commands.index(f"mount --rbind {config} /etc/kuberl/config")
+    assert config_at < commands.index(f"mount --rbind {scratch} /tmp")
+    assert f"mount --bind /tmp/ci/repo {scratch}/ci/repo" in commands  # shows through the /tmp mount
+    assert not any("/opt/venv" in c for c in commands)
