@@ -57,6 +57,11 @@ def test_dockerfile_follows_the_rules(path):
                 pinned = "-c " in spec or "-r " in spec or re.search(r"==|@[\w.]+$|@[\w.]+\"", spec)
                 assert pinned, f"{path}: unpinned pip install {spec!r}"
         assert keyword != "ADD", "use COPY (ADD fetches URLs and unpacks archives implicitly)"
+    for keyword, args in steps:  # install scripts a Dockerfile copies in are held to the same pinning
+        if keyword == "RUN" and "install-on-accelerator-base.sh" in args:
+            script = (IMAGES / "install-on-accelerator-base.sh").read_text().replace("\\\n", " ")
+            for spec in re.findall(r"pip install ([^\n]+)", script):
+                assert "-c " in spec or "==" in spec, f"unpinned pip install in the install script: {spec!r}"
     users = [args for k, args in steps if k == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root"), f"{path} must end as a non-root user"
     last_user = max(i for i, (k, _) in enumerate(steps) if k == "USER")
