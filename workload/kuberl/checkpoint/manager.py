@@ -58,20 +58,30 @@ class CheckpointManager:
 
     def save(self, staging: Path, step: int, meta: dict[str, Any] | None = None) -> str:
         """Upload every file under ``staging``, then the manifest, then prune. Returns the checkpoint's URI."""
+        return self.commit(step, self.upload_files(staging, step), meta)
+
+    def upload_files(self, staging: Path, step: int) -> dict[str, dict[str, Any]]:
+        """Upload the files under ``staging`` into the step's directory (no manifest yet); returns their
+        manifest entries. Several writers (one per node) may each upload their own files."""
         files = sorted(p for p in staging.rglob("*") if p.is_file())
-        if not files:
-            raise CheckpointError(f"checkpoint of step {step}: nothing to save in {staging}")
         prefix = step_dir(step)
-        started = time.perf_counter()
+        self._started = time.perf_counter()
         entries: dict[str, dict[str, Any]] = {}
         for path in files:
             name = path.relative_to(staging).as_posix()
             entries[name] = {"size": path.stat().st_size, "sha256": sha256(path)}
             self.store.upload(path, prefix + name)
+        return entries
+
+    def commit(self, step: int, entries: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None) -> str:
+        """Write the manifest (after every file of the step is uploaded), then prune."""
+        if not entries:
+            raise CheckpointError(f"checkpoint of step {step}: nothing was uploaded")
+        prefix = step_dir(step)
         self.store.write_text(prefix + MANIFEST, Manifest(step, entries, meta or {}).to_json())
         size = sum(e["size"] for e in entries.values())
         log.info("checkpoint step %d: %d files, %.1f MiB in %.2fs → %s%s", step, len(entries), size / 2**20,
-                 time.perf_counter() - started, self.store.uri, prefix)
+                 time.perf_counter() - getattr(self, "_started", time.perf_counter()), self.store.uri, prefix)
         self.prune()
         return self.store.uri + prefix
 

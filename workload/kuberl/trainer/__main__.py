@@ -84,7 +84,8 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches)
     checkpointer = Checkpointer(os.environ.get("KUBERL_CHECKPOINT_URI") or spec.checkpoint.uri,
                                 spec.checkpoint.every_steps, spec.checkpoint.keep,
-                                Path(os.environ.get("KUBERL_STAGING_DIR", "/tmp/kuberl-staging")), rank)
+                                Path(os.environ.get("KUBERL_STAGING_DIR", "/tmp/kuberl-staging")), rank,
+                                int(os.environ.get("LOCAL_RANK", "0")))
     resumed = checkpointer.resume(actor)
     first_step = resumed.step if resumed else 0
     sft_losses: list[float] = []

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..checkpoint import CheckpointManager, open_store
+from ..checkpoint import CheckpointError, CheckpointManager, open_store
 from .actor import Actor
 
 STATE_FILE = "trainer_state.json"
@@ -64,32 +64,45 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
 
 
 class Checkpointer:
-    """Every ``every`` steps: all ranks write shards into a staging directory, rank 0 uploads them
-    through the manifest store. ``resume()`` finds the newest complete checkpoint, if any.
-
-    The staging directory must be visible to every rank (one pod, or a shared volume); separate
-    pods per rank would each upload their own shards, which is not built yet.
+    """Every ``every`` steps: all ranks write shards into their node's staging directory; one rank
+    per node (``LOCAL_RANK`` 0) uploads that node's files, and global rank 0 writes the manifest once
+    every node has uploaded, so a checkpoint is complete only when all of it is there. On resume,
+    rank 0 picks the newest complete checkpoint and one rank per node downloads all of it (FSDP2 may
+    re-shard, so a rank can need any file); the staging directory is per node, not shared.
     """
 
-    def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int):
-        self.every, self.staging, self.rank = every, staging, rank
-        self.manager = CheckpointManager(open_store(uri), keep) if uri and rank == 0 else None
+    def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int, local_rank: int = 0):
+        self.every, self.staging, self.rank, self.local_rank = every, staging, rank, local_rank
+        self.manager = CheckpointManager(open_store(uri), keep) if uri and local_rank == 0 else None
         self.enabled = uri is not None
+
+    @staticmethod
+    def _world() -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
 
     def _broadcast(self, value: object) -> object:
         box = [value]
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if self._world() > 1:
             dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def _barrier(self) -> None:
+        if self._world() > 1:
+            dist.barrier()
+
     def resume(self, actor: Actor) -> TrainerState | None:
-        where = None
-        if self.manager is not None:
-            latest = self.manager.latest()
-            if latest is not None:
-                where = str(self.manager.restore(latest, self.staging / f"restore-{latest.step}"))
-        where = self._broadcast(where)
-        return load_trainer(actor, Path(where)) if isinstance(where, str) else None
+        latest = self.manager.latest() if self.manager is not None and self.rank == 0 else None
+        step = self._broadcast(latest.step if latest is not None else None)
+        if not isinstance(step, int):
+            return None
+        where = self.staging / f"restore-{step}"
+        if self.manager is not None:  # one download per node
+            manifest = latest if latest is not None else self.manager.latest()
+            if manifest is None or manifest.step != step:
+                raise CheckpointError(f"rank {self.rank} cannot see checkpoint step {step} that rank 0 resumes from")
+            self.manager.restore(manifest, where)
+        self._barrier()
+        return load_trainer(actor, where)
 
     def maybe_save(self, actor: Actor, step: int, version: int, data_position: int) -> str | None:
         """Checkpoint after ``step`` steps when it is due; returns the checkpoint URI on rank 0."""
@@ -97,9 +110,17 @@ class Checkpointer:
             return None
         staging = self.staging / f"save-{step}"
         save_trainer(actor, TrainerState.capture(step, version, data_position), staging)
-        if dist.is_initialized():
-            dist.barrier()
-        uri = self.manager.save(staging, step, {"version": version}) if self.manager is not None else None
+        self._barrier()  # this node's files are all written
+        entries = self.manager.upload_files(staging, step) if self.manager is not None else {}
+        every_node = [entries]
+        if self._world() > 1:
+            every_node = [None] * self._world()
+            dist.all_gather_object(every_node, entries)
+        uri = None
         if self.rank == 0:
+            assert self.manager is not None
+            uri = self.manager.commit(step, {k: v for node in every_node for k, v in (node or {}).items()},
+                                      {"version": version})  # fmt: skip
+        if self.local_rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
         return uri
