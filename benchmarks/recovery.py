@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -46,6 +47,7 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
     from kuberl.trainer.algorithms import AlgorithmConfig
     from kuberl.trainer.checkpointing import Checkpointer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
