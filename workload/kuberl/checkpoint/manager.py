@@ -58,14 +58,15 @@ class CheckpointManager:
 
     def save(self, staging: Path, step: int, meta: dict[str, Any] | None = None) -> str:
         """Upload every file under ``staging``, then the manifest, then prune. Returns the checkpoint's URI."""
-        return self.commit(step, self.upload_files(staging, step), meta)
+        started = time.perf_counter()
+        entries = self.upload_files(staging, step)
+        return self.commit(step, entries, meta, time.perf_counter() - started)
 
     def upload_files(self, staging: Path, step: int) -> dict[str, dict[str, Any]]:
         """Upload the files under ``staging`` into the step's directory (no manifest yet); returns their
         manifest entries. Several writers (one per node) may each upload their own files."""
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         prefix = step_dir(step)
-        self._started = time.perf_counter()
         entries: dict[str, dict[str, Any]] = {}
         for path in files:
             name = path.relative_to(staging).as_posix()
@@ -73,15 +74,17 @@ class CheckpointManager:
             self.store.upload(path, prefix + name)
         return entries
 
-    def commit(self, step: int, entries: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None) -> str:
-        """Write the manifest (after every file of the step is uploaded), then prune."""
+    def commit(self, step: int, entries: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
+               seconds: float = 0.0) -> str:
+        """Write the manifest (after every file of the step is uploaded), then prune; ``seconds``: how
+        long the uploads took, for the log line."""
         if not entries:
             raise CheckpointError(f"checkpoint of step {step}: nothing was uploaded")
         prefix = step_dir(step)
         self.store.write_text(prefix + MANIFEST, Manifest(step, entries, meta or {}).to_json())
         size = sum(e["size"] for e in entries.values())
         log.info("checkpoint step %d: %d files, %.1f MiB in %.2fs → %s%s", step, len(entries), size / 2**20,
-                 time.perf_counter() - getattr(self, "_started", time.perf_counter()), self.store.uri, prefix)
+                 seconds, self.store.uri, prefix)
         self.prune()
         return self.store.uri + prefix
 

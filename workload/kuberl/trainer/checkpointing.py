@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,6 +112,7 @@ class Checkpointer:
         staging = self.staging / f"save-{step}"
         save_trainer(actor, TrainerState.capture(step, version, data_position), staging)
         self._barrier()  # this node's files are all written
+        started = time.perf_counter()
         entries = self.manager.upload_files(staging, step) if self.manager is not None else {}
         every_node = [entries]
         if self._world() > 1:
@@ -119,8 +121,8 @@ class Checkpointer:
         uri = None
         if self.rank == 0:
             assert self.manager is not None
-            uri = self.manager.commit(step, {k: v for node in every_node for k, v in (node or {}).items()},
-                                      {"version": version})  # fmt: skip
+            merged = {k: v for node in every_node for k, v in (node or {}).items()}
+            uri = self.manager.commit(step, merged, {"version": version}, time.perf_counter() - started)
         if self.local_rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
         return uri
