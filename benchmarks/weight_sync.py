@@ -34,14 +34,15 @@ sys.path[:0] = [str(ROOT.parent / "workload"), str(ROOT)]
 
 from netem import NetemUnavailable, emulated_cluster  # noqa: E402
 
+from kuberl.api.allocation import parse_allocation  # noqa: E402
 from kuberl.weights.layouts import (  # noqa: E402
     QWEN3_30B_A3B,
     QWEN3_235B_A22B,
-    MegatronLayout,
     MoEShape,
     ParamMeta,
     fsdp2_holdings,
     inference_needs,
+    inference_ranks,
     megatron_holdings,
 )
 from kuberl.weights.plan import Bandwidths, Holding, RankTopology, full_box, plan, predicted_seconds  # noqa: E402
@@ -56,21 +57,17 @@ def log(msg: str) -> None:
 # ---- cluster-scale simulation (planner + cost model only) ----------------------------------
 
 
-def simulate_case(shape: MoEShape, trainer_nodes: int, layout: MegatronLayout, expert_layout: MegatronLayout,
-                  inference_nodes: int, inference_tp: int, per_node: int, nic_gbit: float) -> dict:  # fmt: skip
-    """Megatron trainer (dense + expert layouts on the same ranks) → vLLM replicas, one NIC per accelerator."""
+def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: float) -> dict:
+    """Plan ``allocation`` (AReaL syntax, as in a manifest) for ``shape``, one NIC per accelerator,
+    trainer ranks first, then the inference ranks, ``per_node`` ranks per node."""
     params = shape.params()
-    trainers = list(range(trainer_nodes * per_node))
-    dense = [p for p in params if ".experts." not in p.name]
-    experts = [p for p in params if ".experts." in p.name]
-    holdings = megatron_holdings(dense, trainers, layout, shape.layers) + megatron_holdings(
-        experts, trainers, expert_layout, shape.layers, shape.experts
-    )
-    first = len(trainers)
-    inference = list(range(first, first + inference_nodes * per_node))
-    replicas = [inference[i : i + inference_tp] for i in range(0, len(inference), inference_tp)]
+    alloc = parse_allocation(allocation)
+    trainers = list(range(alloc.trainer.devices))
+    holdings = megatron_holdings(params, trainers, alloc.trainer, shape.layers, shape.experts)
+    replicas = inference_ranks(alloc.inference, first=len(trainers))
     needs = inference_needs(params, replicas, fuse=True)
-    ranks = {r: RankTopology(node=f"node{r // per_node}", fabric="", zone="zone-a") for r in trainers + inference}
+    everyone = trainers + [r for replica in replicas for r in replica]
+    ranks = {r: RankTopology(node=f"node{r // per_node}", fabric="", zone="zone-a") for r in everyone}
     nic = nic_gbit * 1e9 / 8
     bw = Bandwidths(node=4 * nic, fabric=nic, zone=nic, cross=nic / 2)
     itemsize = {p.name: p.itemsize for p in params}
@@ -82,9 +79,9 @@ def simulate_case(shape: MoEShape, trainer_nodes: int, layout: MegatronLayout, e
     model_bytes = sum(p.nbytes for p in params)
     return {
         "model_bytes": model_bytes,
-        "trainer": f"{trainer_nodes}x{per_node} megatron dense tp{layout.tp} pp{layout.pp} dp{layout.dp}, "
-        f"experts ep{expert_layout.ep} etp{expert_layout.etp}",
-        "inference": f"{len(replicas)} replicas x tp{inference_tp} on {inference_nodes}x{per_node}",
+        "allocation": allocation,
+        "nodes": f"{len(trainers) // per_node} trainer + {(len(everyone) - len(trainers)) // per_node} inference "
+        f"nodes x {per_node} accelerators",
         "nic_gbit": nic_gbit,
         "transfers": len(p2p.transfers),
         "planning_seconds": round(planning, 1),
@@ -101,18 +98,24 @@ def _full_on(rank: int, params: list[ParamMeta]) -> list[Holding]:
     return [Holding(rank, p.name, full_box(p.shape)) for p in params]
 
 
+SIMULATED = {  # model → allocation (the 30B one is examples/ascend-qwen3-30b-a3b.yaml's)
+    "qwen3-30b-a3b": (QWEN3_30B_A3B, "vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)"),
+    "qwen3-235b-a22b": (QWEN3_235B_A22B, "vllm:d2t16+megatron:(attn:d4p8t4|ffn:d1p8e16)"),
+}
+
+
 def simulate(args: argparse.Namespace) -> dict:
-    log("planning Qwen3-30B-A3B: trainer 4 nodes x 8 (dense d2p4t4, experts p4e8), vLLM d4t4 on 2 nodes x 8 ...")
-    small = simulate_case(QWEN3_30B_A3B, 4, MegatronLayout(tp=4, pp=4, dp=2), MegatronLayout(pp=4, dp=8, ep=8),
-                          2, 4, 8, args.nic_gbit)  # fmt: skip
-    log(json.dumps(small))
-    result = {"case": "qwen3-30b-a3b", **small}
-    if not args.skip_235b:
-        log("planning Qwen3-235B-A22B: trainer 16 nodes x 8 (dense d4p8t4, experts p8e16), vLLM d2t16, 4 nodes x 8")
-        big = simulate_case(QWEN3_235B_A22B, 16, MegatronLayout(tp=4, pp=8, dp=4), MegatronLayout(pp=8, dp=16, ep=16),
-                            4, 16, 8, args.nic_gbit)  # fmt: skip
-        log(json.dumps(big))
-        result["qwen3-235b-a22b"] = big
+    result: dict = {}
+    for name, (shape, allocation) in SIMULATED.items():
+        if name != "qwen3-30b-a3b" and args.skip_235b:
+            continue
+        log(f"planning {name}: {allocation}, 8 accelerators per node, {args.nic_gbit:g} Gb/s per NIC ...")
+        case = simulate_case(shape, allocation, 8, args.nic_gbit)
+        log(json.dumps(case))
+        if name == "qwen3-30b-a3b":
+            result = {"case": name, **case}
+        else:
+            result[name] = case
     return result
 
 

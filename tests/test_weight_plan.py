@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kuberl.api.allocation import Dims, TrainerAllocation, parse_allocation
 from kuberl.weights.layouts import (
     QWEN3_30B_A3B,
-    MegatronLayout,
     ParamMeta,
     dest_shapes,
     fsdp2_holdings,
     inference_needs,
+    inference_ranks,
     megatron_holdings,
 )
 from kuberl.weights.plan import (
@@ -78,7 +79,8 @@ def layouts(draw):
     else:
         tp = draw(st.sampled_from([t for t in (1, 2, 4) if n_train % t == 0]))
         pp = draw(st.sampled_from([p for p in (1, 2) if (n_train // tp) % p == 0 and p <= layers]))
-        holdings = megatron_holdings(params, trainers, MegatronLayout(tp=tp, pp=pp, dp=n_train // tp // pp), layers)
+        dims = Dims(tensor=tp, pipeline=pp, data=n_train // tp // pp)
+        holdings = megatron_holdings(params, trainers, TrainerAllocation("megatron", dims), layers)
     n_rep, inf_tp = draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4]))
     replicas = [[n_train + r * inf_tp + t for t in range(inf_tp)] for r in range(n_rep)]
     needs = inference_needs(params, replicas, fuse=draw(st.booleans()))
@@ -174,8 +176,9 @@ def test_megatron_moe_layout_of_qwen3_30b_reaches_the_receiver_bound():
     """The shipped Ascend example's layout at full scale, restricted to 4 layers to stay fast."""
     shape = QWEN3_30B_A3B
     params = [m for m in shape.params() if not any(f"layers.{i}." in m.name for i in range(4, shape.layers))]
-    holdings = megatron_holdings(params, list(range(32)), MegatronLayout(tp=4, pp=4, dp=2, ep=8), 4, shape.experts)
-    needs = inference_needs(params, [list(range(32 + 4 * r, 36 + 4 * r)) for r in range(4)], fuse=True)
+    allocation = parse_allocation("vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)")  # examples/ascend-qwen3-30b-a3b
+    holdings = megatron_holdings(params, list(range(32)), allocation.trainer, 4, shape.experts)
+    needs = inference_needs(params, inference_ranks(allocation.inference, first=32), fuse=True)
     ranks = {r: RankTopology(f"n{r // 8}", "f0", "z0") for r in range(48)}
     bw = Bandwidths(node=196e9, fabric=50e9, zone=50e9, cross=25e9)
     p = plan(holdings, needs, ranks, {m.name: m.itemsize for m in params}, bw)

@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..api.allocation import InferenceAllocation, TrainerAllocation
 from .plan import Box, Holding, Need, full_box
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
@@ -86,25 +87,6 @@ def fsdp2_holdings(params: list[ParamMeta], ranks: list[int], replicate: int = 1
     return out
 
 
-@dataclass(frozen=True)
-class MegatronLayout:
-    """Megatron-core parallelism: dense params tp × pp × dp; expert params etp × pp × ep × edp.
-
-    Rank order (tensor-parallel fastest): dense rank = (stage · dp + d) · tp + t;
-    expert rank = ((stage · edp + d) · ep + e) · etp + t, with edp = world / (pp · ep · etp).
-    """
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    ep: int = 1
-    etp: int = 1
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
 def _stage(name: str, layers: int, pp: int, last: bool) -> int:
     match = _LAYER.search(name)
     if match:
@@ -113,32 +95,45 @@ def _stage(name: str, layers: int, pp: int, last: bool) -> int:
 
 
 def megatron_holdings(
-    params: list[ParamMeta], ranks: list[int], layout: MegatronLayout, layers: int, experts: int = 0
+    params: list[ParamMeta], ranks: list[int], trainer: TrainerAllocation, layers: int, experts: int = 0
 ) -> list[Holding]:
-    """Holdings of a Megatron-core trainer (no distributed optimizer: dp replicas hold copies)."""
-    m = layout
-    if len(ranks) != m.world:
-        raise ValueError(f"megatron tp×pp×dp = {m.world} but there are {len(ranks)} trainer ranks")
-    per_stage = m.world // m.pp
-    if per_stage % (m.ep * m.etp):
-        raise ValueError(f"{per_stage} ranks per stage cannot hold ep={m.ep} × etp={m.etp} experts")
-    edp = per_stage // (m.ep * m.etp)
+    """Holdings of a Megatron-core trainer laid out as its allocation says (``megatron:d2p4t4`` or
+    the MoE form ``megatron:(attn:d2p4t4|ffn:d1p4e8)``); no distributed optimizer, so data-parallel
+    replicas hold copies. Rank order, tensor-parallel fastest: dense rank = (stage·d + i)·t + j with
+    the attn degrees; expert rank = ((stage·d' + i)·e + k)·t' + j with the ffn degrees (d', e, t').
+    """
+    attn, ffn = trainer.attn, trainer.ffn or trainer.attn
+    if attn.context != 1 or attn.expert != 1:
+        raise ValueError(f"the planner models attn degrees d, t, p only; got {attn}")
+    if ffn.pipeline != attn.pipeline or ffn.context != 1 or ffn.world_size != attn.world_size:
+        raise ValueError(f"ffn degrees {ffn} must cover the same {attn.world_size} ranks and stages as attn {attn}")
+    if len(ranks) != attn.world_size:
+        raise ValueError(f"the allocation covers {attn.world_size} trainer ranks but there are {len(ranks)}")
+    tp, pp, dp = attn.tensor, attn.pipeline, attn.data
     out = []
     for meta in params:
         last = not meta.name.startswith("model.embed_tokens")
-        stage = _stage(meta.name, layers, m.pp, last)
+        stage = _stage(meta.name, layers, pp, last)
         expert = _EXPERT.search(meta.name)
         if expert:
-            e_rank = int(expert.group(1)) * m.ep // experts
-            for d in range(edp):
-                for t in range(m.etp):
-                    rank = ((stage * edp + d) * m.ep + e_rank) * m.etp + t
-                    out.append(Holding(ranks[rank], meta.name, tp_box(meta, m.etp, t)))
+            e_rank = int(expert.group(1)) * ffn.expert // experts
+            for d in range(ffn.data):
+                for t in range(ffn.tensor):
+                    rank = ((stage * ffn.data + d) * ffn.expert + e_rank) * ffn.tensor + t
+                    out.append(Holding(ranks[rank], meta.name, tp_box(meta, ffn.tensor, t)))
             continue
-        for d in range(m.dp):
-            for t in range(m.tp):
-                out.append(Holding(ranks[(stage * m.dp + d) * m.tp + t], meta.name, tp_box(meta, m.tp, t)))
+        for d in range(dp):
+            for t in range(tp):
+                out.append(Holding(ranks[(stage * dp + d) * tp + t], meta.name, tp_box(meta, tp, t)))
     return out
+
+
+def inference_ranks(inference: InferenceAllocation, first: int) -> list[list[int]]:
+    """The ranks of each replica (``d`` replicas × ``t`` tensor-parallel ranks), numbered from ``first``."""
+    dims = inference.dims
+    if dims.pipeline != 1:
+        raise ValueError(f"the planner models tensor-parallel replicas only; got pipeline={dims.pipeline}")
+    return [[first + r * dims.tensor + t for t in range(dims.tensor)] for r in range(dims.data)]
 
 
 # ---- inference layouts ---------------------------------------------------------------------
