@@ -4,6 +4,10 @@ checksums, manifest-last (a killed upload is never used), pruning, corruption, S
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +90,27 @@ def test_s3_unreachable_fails_clearly_and_keeps_local_state(tmp_path, monkeypatc
 def test_bad_uri_names_the_field():
     with pytest.raises(CheckpointError, match=r"spec\.checkpoint\.uri"):
         open_store("gs://bucket/x")
+
+
+def test_writer_killed_during_a_real_upload_leaves_nothing_usable(uri, tmp_path, caplog):
+    """A separate process uploads a checkpoint of several 20 MiB shards and is SIGKILLed as soon as
+    the first shard has landed: the store then holds a step without a manifest, and it is skipped."""
+    manager = CheckpointManager(open_store(uri), keep=3)
+    manager.save(staging(tmp_path, 1), 1)
+    big = staging(tmp_path, 2, big=True)
+    for i in (1, 2, 3):
+        (big / "model" / f"shard-{i}.bin").write_bytes(bytes([i]) * (20 << 20))
+    code = ("import sys; from pathlib import Path; from kuberl.checkpoint import CheckpointManager, open_store; "
+            "CheckpointManager(open_store(sys.argv[1])).save(Path(sys.argv[2]), 2)")  # fmt: skip
+    writer = subprocess.Popen([sys.executable, "-c", code, uri, str(big)], env=os.environ.copy())
+    deadline = time.monotonic() + 60
+    while not any(k.startswith(step_dir(2)) for k in manager.store.list()):
+        assert writer.poll() is None, "the upload finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    writer.kill()
+    writer.wait()
+    assert step_dir(2) + "MANIFEST.json" not in manager.store.list()
+    with caplog.at_level(logging.WARNING, logger="kuberl.checkpoint"):
+        assert manager.latest().step == 1
+    assert "incomplete" in caplog.text
