@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..api import resolve
+from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..models.loading import load_model
 from ..rewards import load_reward
@@ -133,7 +134,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     for step in range(first_step, max_steps):
         step_start = time.perf_counter()
         while True:  # rank 0 takes a batch and shares it; if the pool is starved, all ranks re-send weights
-            payload: list[object] = [None]
+            batch_of_rank0: object = None
             if rank == 0:
                 assert controller is not None
                 wait_start = time.perf_counter()
@@ -141,14 +142,13 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
                 if groups is not None:
                     trajs, advs, dropped = build_batch(groups, config)
                     dropped_groups += dropped
-                    payload = [(trajs, advs, time.perf_counter() - wait_start)]
-            if world > 1:
-                dist.broadcast_object_list(payload, src=0)
-            if payload[0] is not None:
+                    batch_of_rank0 = (trajs, advs, time.perf_counter() - wait_start)
+            payload = broadcast_from_rank0(batch_of_rank0)
+            if payload is not None:
                 break
             log.warning("step %d: every replica needs weights; re-sending version %d", step, step)
             sync.recover(actor, step)
-        trajs, advs, wait_s = payload[0]  # type: ignore[misc]
+        trajs, advs, wait_s = payload  # type: ignore[misc]
         timeperf["wait_rollout"].append(wait_s)
         token_staleness = max([token_staleness, *(step - v for t in trajs for v in t.versions)])
         if not trajs:

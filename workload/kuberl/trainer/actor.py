@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
+from ..collectives import all_reduce, world_size
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
@@ -65,15 +66,9 @@ class Actor:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches)
 
-    def _all_reduce(self, value: float, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> float:
-        t = torch.tensor([value], dtype=torch.float64)
-        if dist.is_initialized():
-            dist.all_reduce(t, op=op)
-        return float(t.item())
-
     def _micro_batches(self, part: Batch) -> list[Batch]:
         """Split by token budget into the same number of micro-batches on every rank."""
-        count = int(self._all_reduce(micro_batch_count(part, self.token_budget), dist.ReduceOp.MAX))
+        count = int(all_reduce(micro_batch_count(part, self.token_budget), dist.ReduceOp.MAX))
         return split(part, count)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
@@ -94,11 +89,11 @@ class Actor:
 
     def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float) -> dict[str, float]:
         """Accumulate the loss gradient over ``chunks`` (π_prox = sg(π_θ) when ``prox`` is None), then step."""
-        world = dist.get_world_size() if dist.is_initialized() else 1
+        world = world_size()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / world
         else:
-            normalizer = max(self._all_reduce(sum(float(c.loss_mask.sum()) for c in chunks)), 1.0) / world
+            normalizer = max(all_reduce(sum(float(c.loss_mask.sum()) for c in chunks)), 1.0) / world
         rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}

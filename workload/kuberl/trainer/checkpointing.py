@@ -22,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..checkpoint import CheckpointError, CheckpointManager, open_store
+from ..collectives import all_gather, barrier, broadcast_from_rank0
 from .actor import Actor
 
 STATE_FILE = "trainer_state.json"
@@ -77,23 +78,9 @@ class Checkpointer:
         self.manager = CheckpointManager(open_store(uri), keep) if uri and local_rank == 0 else None
         self.enabled = uri is not None
 
-    @staticmethod
-    def _world() -> int:
-        return dist.get_world_size() if dist.is_initialized() else 1
-
-    def _broadcast(self, value: object) -> object:
-        box = [value]
-        if self._world() > 1:
-            dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _barrier(self) -> None:
-        if self._world() > 1:
-            dist.barrier()
-
     def resume(self, actor: Actor) -> TrainerState | None:
         latest = self.manager.latest() if self.manager is not None and self.rank == 0 else None
-        step = self._broadcast(latest.step if latest is not None else None)
+        step = broadcast_from_rank0(latest.step if latest is not None else None)
         if not isinstance(step, int):
             return None
         where = self.staging / f"restore-{step}"
@@ -102,7 +89,7 @@ class Checkpointer:
             if manifest is None or manifest.step != step:
                 raise CheckpointError(f"rank {self.rank} cannot see checkpoint step {step} that rank 0 resumes from")
             self.manager.restore(manifest, where)
-        self._barrier()
+        barrier()
         return load_trainer(actor, where)
 
     def maybe_save(self, actor: Actor, step: int, version: int, data_position: int) -> str | None:
@@ -111,17 +98,14 @@ class Checkpointer:
             return None
         staging = self.staging / f"save-{step}"
         save_trainer(actor, TrainerState.capture(step, version, data_position), staging)
-        self._barrier()  # this node's files are all written
+        barrier()  # this node's files are all written
         started = time.perf_counter()
         entries = self.manager.upload_files(staging, step) if self.manager is not None else {}
-        every_node = [entries]
-        if self._world() > 1:
-            every_node = [None] * self._world()
-            dist.all_gather_object(every_node, entries)
+        every_node = all_gather(entries)
         uri = None
         if self.rank == 0:
             assert self.manager is not None
-            merged = {k: v for node in every_node for k, v in (node or {}).items()}
+            merged = {k: v for node in every_node for k, v in node.items()}
             uri = self.manager.commit(step, merged, {"version": version}, time.perf_counter() - started)
         if self.local_rank == 0:
             shutil.rmtree(staging, ignore_errors=True)

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from ..collectives import all_gather, all_reduce, broadcast_from_rank0
 from .discovery import from_json, own_topology, to_json
 from .layouts import fsdp2_holdings, inference_needs
 from .plan import Plan, RankTopology, Transfer, plan
@@ -87,15 +88,9 @@ class P2PSync:
 
     def _set_up(self, source: WeightSource) -> None:
         metas = param_metas(source.named_parameters())
-        own = own_topology()
-        trainers: list[Any] = [own]
-        if self.world > 1:
-            trainers = [None] * self.world
-            dist.all_gather_object(trainers, own)
-        replicas: list[Any] = [self.control.replica_topologies() if self.control else None]
-        if self.world > 1:
-            dist.broadcast_object_list(replicas, src=0)
-        replica_topology = [from_json(t) for t in replicas[0]]
+        trainers = all_gather(own_topology())
+        replicas = broadcast_from_rank0(self.control.replica_topologies() if self.control else None)
+        replica_topology = [from_json(t) for t in replicas]
         schedule = plan_for(metas, trainers, replica_topology)
         host, port = exchange_address()
         world = self.world + len(replica_topology)
@@ -138,10 +133,7 @@ class P2PSync:
             seconds = pending.result()
         except Exception as err:  # every rank must reach the agreement below, whatever went wrong
             error, seconds = err, 0.0
-        failed = torch.tensor([1 if error else 0])
-        if self.world > 1:
-            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if not failed.item():
+        if not all_reduce(1.0 if error else 0.0, dist.ReduceOp.MAX):
             return seconds
         log.warning("p2p weight exchange failed (%s)", error or "on another trainer rank")
         assert self._last is not None
@@ -152,11 +144,11 @@ class P2PSync:
     def recover(self, source: WeightSource, version: int) -> None:
         """The pool lost its weights (every replica restarted and left the group): broadcast from now on."""
         self.wait()
-        if not self.failed:
-            self._fall_back(source, version)
-        else:
+        if self.failed:
             self.fallback.recover(source, version)
-        self.fallback.wait()
+        else:
+            self._fall_back(source, version)
+            self.fallback.wait()
 
     def _fall_back(self, source: WeightSource, version: int) -> None:
         log.warning("continuing in broadcast mode from version %d", version)

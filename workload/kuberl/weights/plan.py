@@ -233,9 +233,13 @@ def _demands(
     return out
 
 
+def _longest_dim(box: Box) -> int:
+    return max(range(len(box)), key=lambda d: box[d][1] - box[d][0])
+
+
 def _split(piece: Box, amounts: list[int]) -> list[Box]:
     """Cut ``piece`` along its longest dimension into consecutive parts of ``amounts`` slices."""
-    dim = max(range(len(piece)), key=lambda d: piece[d][1] - piece[d][0])
+    dim = _longest_dim(piece)
     start = piece[dim][0]
     parts = []
     for n in amounts:
@@ -286,8 +290,8 @@ def plan(
         if len(d.candidates) == 1:
             parts = [(d.candidates[0], d.piece)]
         else:
-            dim = max(range(len(d.piece)), key=lambda i: d.piece[i][1] - d.piece[i][0])
-            n = d.piece[dim][1] - d.piece[dim][0]
+            lo, hi = d.piece[_longest_dim(d.piece)]
+            n = hi - lo
             slice_cost = cost * volume(d.piece) / n
             amounts = _water_fill([send_load[(c, port)] for c in d.candidates], n, slice_cost)
             parts = [(c, p) for c, p in zip(d.candidates, _split(d.piece, amounts), strict=True) if p]

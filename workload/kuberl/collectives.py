@@ -1,0 +1,44 @@
+"""Collectives over the trainer's default process group that are no-ops in a world of one (or when
+torch.distributed is not initialised): every caller on every rank must still call them."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def broadcast_from_rank0(value: T) -> T:
+    """Rank 0's ``value`` on every rank (any picklable object)."""
+    box = [value]
+    if world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather(value: T) -> list[T]:
+    """Every rank's ``value``, in rank order."""
+    if world_size() == 1:
+        return [value]
+    out: list[T] = [value] * world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def all_reduce(value: float, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
