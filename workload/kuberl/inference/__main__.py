@@ -5,12 +5,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 import torch
 from aiohttp import web
 
 from ..runconfig import load_run_config
 from .server import build_app
+
+
+def torch_engine_for(run: Any, replica: int) -> tuple[Any, Any]:
+    from ..models.loading import load_model
+    from .engine import TorchEngine
+
+    model, tokenizer = load_model(run.spec.model, run.spec.seed)
+    engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=run.spec.seed + 1000 * replica)
+    return engine, tokenizer
 
 
 def main() -> None:
@@ -22,20 +32,20 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s inference %(levelname)s %(message)s")
     torch.set_num_threads(int(os.environ.get("KUBERL_THREADS", "1")))
     run = load_run_config(args.config)
-    engine_name = run.spec.inference.engine or "torch"
-    if engine_name != "torch":
-        from .vllm_engine import serve_vllm
-
-        serve_vllm(run, args.host, args.port)
-        return
-    from ..models.loading import load_model
-    from .engine import TorchEngine
-
-    model, tokenizer = load_model(run.spec.model, run.spec.seed)
     replica = int(os.environ.get("KUBERL_REPLICA", "0"))
-    engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=run.spec.seed + 1000 * replica)
-    web.run_app(build_app(engine, tokenizer), host=args.host, port=args.port, print=None,
-                handle_signals=True)
+    if str(run.inference.engine) == "vllm":
+        from .vllm_engine import require_vllm, vllm_engine_for
+
+        require_vllm()  # fail before binding the port
+
+        async def make_app() -> web.Application:
+            engine, tokenizer = vllm_engine_for(run, replica)  # starts vLLM's engine core in the loop
+            return build_app(engine, tokenizer)
+
+        web.run_app(make_app(), host=args.host, port=args.port, print=None, handle_signals=True)
+        return
+    engine, tokenizer = torch_engine_for(run, replica)
+    web.run_app(build_app(engine, tokenizer), host=args.host, port=args.port, print=None, handle_signals=True)
 
 
 if __name__ == "__main__":

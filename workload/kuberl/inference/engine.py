@@ -22,25 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+
 log = logging.getLogger("kuberl.inference")
-
-FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-
-@dataclass
-class Generation:
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-
 
 @dataclass
 class _Request:

