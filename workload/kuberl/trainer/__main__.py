@@ -79,8 +79,9 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
     )
     _, plan, _ = resolve(spec)
     if plan is not None and str(plan.backend) != "fsdp":
-        raise SystemExit(f"spec.trainer.backend is {plan.backend}: only fsdp is implemented in this build "
-                         "(the Megatron-core backend needs CUDA/NPU devices to verify); use backend: fsdp")
+        raise SystemExit(f"spec.trainer.backend is {plan.backend}: this build trains with fsdp only. The Megatron-"
+                         "core backend has its weight conversion and model building (kuberl.megatron) but not "
+                         "its training loop, which needs CUDA/NPU devices to verify; use backend: fsdp")
     if config.kl_coef > 0:
         raise SystemExit("spec.algorithm.klCoef > 0 needs a reference model, which is not implemented yet; use 0")
     actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches)
