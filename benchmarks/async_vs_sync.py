@@ -9,8 +9,12 @@ their sum; the synchronous run's two phases (generate G, train T per step) are r
 The default task is 3-digit addition with partial credit (``digit_match``): its answers are long
 enough that generating a batch costs about as much as training on it, the regime where overlap
 pays most. Final reward = mean over the last 20 % of steps; "not worse" allows two standard errors.
+``--repeats N`` runs N seed pairs (seed s, s+1, …; each seed once synchronous, once asynchronous) and
+reports the mean reward over seeds, with the standard errors combined, and the speedup of the summed
+wall-clock times; one seed's reward at 150 steps varies by a few points between seeds.
 
-    python benchmarks/async_vs_sync.py [--steps 150] [--staleness 2] [--out benchmarks/results/async_vs_sync.json]
+    python benchmarks/async_vs_sync.py [--steps 150] [--staleness 2] [--repeats 1] [--seed 0]
+                                       [--out benchmarks/results/async_vs_sync.json]
 
 Progress goes to stderr; the last stdout line is the JSON result.
 """
@@ -46,9 +50,15 @@ def tail_stats(rewards: list[float]) -> tuple[float, float]:
     return statistics.fmean(tail), statistics.stdev(tail) / math.sqrt(len(tail))
 
 
-def run(manifest: Path, staleness: int, steps: int) -> dict:
-    overrides = [f"{k}={v}" for k, v in {**SETTINGS, "rollout.maxStaleness": staleness}.items()]
-    print(f"==> η = {staleness}: {steps} steps", file=sys.stderr, flush=True)
+def combined_tail_stats(runs: list[list[float]]) -> tuple[float, float]:
+    """Mean over runs of their tail means, and its standard error (independent runs)."""
+    stats = [tail_stats(rewards) for rewards in runs]
+    return statistics.fmean(m for m, _ in stats), math.sqrt(sum(se**2 for _, se in stats)) / len(stats)
+
+
+def run(manifest: Path, staleness: int, steps: int, seed: int) -> dict:
+    overrides = [f"{k}={v}" for k, v in {**SETTINGS, "rollout.maxStaleness": staleness, "seed": seed}.items()]
+    print(f"==> η = {staleness}, seed {seed}: {steps} steps", file=sys.stderr, flush=True)
     summary = run_local(manifest, overrides, steps, None, quiet=True)
     print(f"    {summary['wall_seconds']:.1f} s, step {summary['timeperf/step_mean'] * 1000:.0f} ms "
           f"(wait for rollout {summary['timeperf/wait_rollout_mean'] * 1000:.0f} ms, "
@@ -61,32 +71,44 @@ def main() -> None:
     parser.add_argument("--manifest", type=Path, default=ROOT / "examples/cpu-tiny.yaml")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--staleness", type=int, default=2, help="η of the asynchronous run (≥ 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="seed pairs to run")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/async_vs_sync.json")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be ≥ 1")
     if args.staleness < 1:
         parser.error("--staleness must be ≥ 1 (η = 0 is the synchronous baseline)")
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         print(f"warning: {cores} core(s): replica and trainer cannot be pinned apart; the speedup will be small",
               file=sys.stderr)
-    sync, asyn = run(args.manifest, 0, args.steps), run(args.manifest, args.staleness, args.steps)
-    reward_sync, se_sync = tail_stats(sync["rewards"])
-    reward_async, se_async = tail_stats(asyn["rewards"])
-    generate = sync["timeperf/wait_rollout_mean"]
-    train = sync["timeperf/step_mean"] - generate
+    seeds = list(range(args.seed, args.seed + args.repeats))
+    pairs = [(run(args.manifest, 0, args.steps, seed), run(args.manifest, args.staleness, args.steps, seed))
+             for seed in seeds]  # fmt: skip
+    syncs, asyncs = [p[0] for p in pairs], [p[1] for p in pairs]
+    reward_sync, se_sync = combined_tail_stats([s["rewards"] for s in syncs])
+    reward_async, se_async = combined_tail_stats([a["rewards"] for a in asyncs])
+    generate = statistics.fmean(s["timeperf/wait_rollout_mean"] for s in syncs)
+    train = statistics.fmean(s["timeperf/step_mean"] for s in syncs) - generate
+    wall_sync, wall_async = sum(s["wall_seconds"] for s in syncs), sum(a["wall_seconds"] for a in asyncs)
     result = {
-        "speedup": round(sync["wall_seconds"] / asyn["wall_seconds"], 3),
+        "speedup": round(wall_sync / wall_async, 3),
+        "speedup_per_seed": [round(s["wall_seconds"] / a["wall_seconds"], 3) for s, a in pairs],
         "reward_sync": round(reward_sync, 4),
         "reward_async": round(reward_async, 4),
+        "reward_standard_errors": [round(se_sync, 4), round(se_async, 4)],
         "reward_not_worse": reward_async >= reward_sync - 2 * math.hypot(se_sync, se_async),
-        "wall_seconds_sync": sync["wall_seconds"],
-        "wall_seconds_async": asyn["wall_seconds"],
-        "step_seconds_sync": sync["timeperf/step_mean"],
-        "step_seconds_async": asyn["timeperf/step_mean"],
+        "reward_sync_per_seed": [round(tail_stats(s["rewards"])[0], 4) for s in syncs],
+        "reward_async_per_seed": [round(tail_stats(a["rewards"])[0], 4) for a in asyncs],
+        "wall_seconds_sync": round(wall_sync, 2),
+        "wall_seconds_async": round(wall_async, 2),
+        "step_seconds_sync": round(statistics.fmean(s["timeperf/step_mean"] for s in syncs), 4),
+        "step_seconds_async": round(statistics.fmean(a["timeperf/step_mean"] for a in asyncs), 4),
         "sync_generate_seconds_per_step": round(generate, 4),
         "sync_train_seconds_per_step": round(train, 4),
-        "max_token_staleness_trained_async": asyn["max_token_staleness_trained"],
-        "settings": {**SETTINGS, "steps": args.steps, "batchSize": sync.get("batch_size"),
+        "max_token_staleness_trained_async": max(a["max_token_staleness_trained"] for a in asyncs),
+        "settings": {**SETTINGS, "steps": args.steps, "batchSize": syncs[0].get("batch_size"), "seeds": seeds,
                      "maxStaleness": [0, args.staleness], "cores": cores, "pinned": cores >= 2,
                      "manifest": str(args.manifest.relative_to(ROOT) if args.manifest.is_relative_to(ROOT)
                                      else args.manifest)},
