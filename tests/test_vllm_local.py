@@ -25,6 +25,7 @@ def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     assert 0 <= summary["max_token_staleness_trained"] <= 2
     replica_log = (tmp_path / "run" / "inference-0.log").read_text()
     assert "vLLM workers loaded" in replica_log and f"as version {steps}\n" in replica_log, replica_log[-2000:]
+    assert "over p2p" in replica_log  # the example's weightSync.mode
     trainer_log = (tmp_path / "run" / "trainer-0.log").read_text()
-    assert "does not receive p2p weights yet; using broadcast" in trainer_log
+    assert "broadcast mode" not in trainer_log, trainer_log[-2000:]
     assert processes_mentioning(str(tmp_path / "run")) == []

@@ -55,3 +55,10 @@ class Engine(Protocol):
 
         No token generated under the old weights is ever stamped with the new version."""
         ...
+    def parameter_layout(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """Shape and dtype of every parameter the trainer sends, by Hugging Face name (tied once):
+        what a p2p receiver allocates to receive into."""
+        ...
+    async def receive_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Serve the received ``tensors`` (names as in :meth:`parameter_layout`) as ``version``."""
+        ...

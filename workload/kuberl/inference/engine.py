@@ -141,7 +141,10 @@ class TorchEngine:
                 raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
             self.version = version
 
-    async def copy_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+    def parameter_layout(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        return {name: (p.shape, p.dtype) for name, p in self.model.named_parameters()}
+
+    async def receive_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """Copy ``tensors`` into the parameters of the same names and set the version, between two
         engine steps (the p2p path: names are parameter names, tied weights appear once)."""
         params = dict(self.model.named_parameters())

@@ -2,8 +2,9 @@
 
 ``join`` gets this replica's part of the plan and opens the exchange group in a background thread
 (it completes when every trainer rank has joined too). ``receive`` takes one version: the pieces
-arrive in a staging copy of the parameters while generation goes on, then the engine copies them
-in between two engine steps and sets the version, so no request ever sees half an update.
+arrive in a staging copy of the parameters while generation goes on, then the engine takes them
+(the torch engine copies them in between two engine steps; vLLM pauses and reloads) and sets the
+version, so no request ever sees half an update.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from ..weights.transport import open_group, run_exchange, transfer_from_json
-from .engine import TorchEngine
+from .contract import Engine
 
 log = logging.getLogger("kuberl.inference")
 
@@ -27,7 +28,7 @@ class NotJoined(RuntimeError):
 
 
 class P2PReceiver:
-    def __init__(self, engine: TorchEngine):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._group: Future[Any] | None = None
@@ -39,11 +40,12 @@ class P2PReceiver:
         """``{"store", "port", "rank", "world", "transfers"}``; replaces any earlier group."""
         self._rank = int(body["rank"])
         self._transfers = [transfer_from_json(row) for row in body["transfers"]]
-        params = dict(self.engine.model.named_parameters())
-        unknown = sorted({t.dest for t in self._transfers} - params.keys())
+        layout = self.engine.parameter_layout()
+        unknown = sorted({t.dest for t in self._transfers} - layout.keys())
         if unknown:
             raise ValueError(f"the plan sends tensors this engine does not have: {unknown[:5]}")
-        self._staging = {name: torch.empty_like(params[name]) for name in {t.dest for t in self._transfers}}
+        self._staging = {name: torch.empty(layout[name][0], dtype=layout[name][1])
+                         for name in {t.dest for t in self._transfers}}
         self._group = self._executor.submit(open_group, str(body["store"]), int(body["port"]), self._rank,
                                             int(body["world"]), bind_host=os.environ.get("POD_IP", ""))  # fmt: skip
         log.info("joining the p2p exchange group as rank %d of %s (%d transfers)", self._rank, body["world"],
@@ -56,5 +58,5 @@ class P2PReceiver:
         group = await asyncio.wrap_future(self._group)
         stats = await loop.run_in_executor(self._executor, run_exchange, group, self._transfers, self._rank, {},
                                            self._staging)  # fmt: skip
-        await self.engine.copy_parameters(self._staging, version)
+        await self.engine.receive_parameters(self._staging, version)
         return stats.seconds

@@ -29,7 +29,6 @@ from safetensors.torch import load_file
 
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, Generation, SamplingParams
-from .engine import TorchEngine
 from .p2p_receiver import NotJoined, P2PReceiver
 
 log = logging.getLogger("kuberl.inference")
@@ -57,8 +56,7 @@ def _as_json(gen: Generation) -> dict[str, Any]:
 
 def build_app(engine: Engine, tokenizer: Any | None = None) -> web.Application:
     metrics = Metrics()
-    # p2p receiving copies into the engine's own parameters: the in-process torch engine only.
-    receiver = P2PReceiver(engine) if isinstance(engine, TorchEngine) else None
+    receiver = P2PReceiver(engine)
     app = web.Application(client_max_size=2**34)
 
     async def generate(request: web.Request) -> web.Response:
@@ -110,16 +108,9 @@ def build_app(engine: Engine, tokenizer: Any | None = None) -> web.Application:
     async def topology(request: web.Request) -> web.Response:
         return web.json_response(to_json(own_topology()))
 
-    def p2p_receiver() -> P2PReceiver:
-        if receiver is None:
-            raise web.HTTPNotImplemented(text=f"the {type(engine).__name__} does not receive p2p weights; "
-                                              "use spec.weightSync.mode broadcast or disk")
-        return receiver
-
     async def p2p_join(request: web.Request) -> web.Response:
-        p2p = p2p_receiver()
         try:
-            p2p.join(await request.json())
+            receiver.join(await request.json())
         except (KeyError, ValueError, TypeError) as err:
             raise _bad_request(f"bad p2p join request: {err}") from err
         return web.json_response({"status": "joining"})
@@ -129,9 +120,8 @@ def build_app(engine: Engine, tokenizer: Any | None = None) -> web.Application:
             version = int(request.query["version"])
         except (KeyError, ValueError) as err:
             raise _bad_request("query parameter version=N is required") from err
-        p2p = p2p_receiver()
         try:
-            seconds = await p2p.receive(version)
+            seconds = await receiver.receive(version)
         except NotJoined as err:
             raise web.HTTPConflict(text=str(err)) from err
         metrics.weight_updates.inc()

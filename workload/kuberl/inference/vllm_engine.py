@@ -71,10 +71,20 @@ def _without_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return unique
 
 
+Layout = dict[str, tuple[torch.Size, torch.dtype]]
+
+
+def hf_parameter_layout(model: torch.nn.Module) -> Layout:
+    """Shapes and dtypes of an HF model's parameters (tied ones once); ``model`` may live on the
+    meta device."""
+    return {name: (p.shape, p.dtype) for name, p in model.named_parameters()}
+
+
 class VLLMEngine:
-    def __init__(self, llm: Any, eos_id: int):
+    def __init__(self, llm: Any, eos_id: int, layout: Layout):
         self.llm = llm
         self.eos_id = eos_id
+        self._layout = layout
         self.version = 0
         self.generated_tokens = 0
         self.aborted = 0
@@ -181,7 +191,14 @@ class VLLMEngine:
             self.version = version
             if not self._paused:
                 self._open.set()
-        log.info("vLLM workers loaded %s tensors as version %d", loaded, version)
+        log.info("vLLM workers loaded %s tensors as version %d", "+".join(map(str, loaded)), version)
+
+    def parameter_layout(self) -> Layout:
+        return dict(self._layout)
+
+    async def receive_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """p2p: the received full tensors (HF names) go through the same pause-and-reload."""
+        await self.load_weights(tensors, version)
 
     async def dump_weights(self, directory: str) -> list[str]:
         """Every worker writes the parameters it serves (vLLM's names, its own shard) to
@@ -189,12 +206,13 @@ class VLLMEngine:
         return list(await self.llm.collective_rpc("kuberl_dump_weights", args=(directory,)))
 
 
-def build_vllm_engine(model_dir: str, eos_id: int, *, seed: int, tensor_parallel: int = 1,
+def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, *, seed: int, tensor_parallel: int = 1,
                       pipeline_parallel: int = 1, dtype: str = "auto", eager: bool = False,
                       max_model_len: int | None = None, cpu_kv_cache_gib: int | None = None) -> VLLMEngine:  # fmt: skip
     """Start vLLM's engine core on ``model_dir`` (a ``from_pretrained`` directory) and wrap it.
 
     Token ids in and out (``skip_tokenizer_init``): the server tokenizes text prompts itself.
+    ``layout``: the HF parameters the trainer sends (:func:`hf_parameter_layout`).
     ``cpu_kv_cache_gib``: on vLLM's CPU backend, the KV cache size (``VLLM_CPU_KVCACHE_SPACE``,
     unless already set); without it vLLM reserves ~90 % of the machine's memory."""
     require_vllm()
@@ -208,7 +226,7 @@ def build_vllm_engine(model_dir: str, eos_id: int, *, seed: int, tensor_parallel
         tensor_parallel_size=tensor_parallel, pipeline_parallel_size=pipeline_parallel,
         max_model_len=max_model_len, logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
     )  # fmt: skip
-    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id)
+    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout)
 
 
 def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
@@ -226,11 +244,15 @@ def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
         model, _ = load_model(spec.model, spec.seed)
         model.save_pretrained(model_dir)
     else:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
         model_dir, dtype = str(local_dir(spec.model.path, "spec.model.path")), "auto"
+        with torch.device("meta"):  # the trainer's layout (it loads float32), without the memory
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
     on_cpu = str(spec.inference.accelerator) == "cpu"
     engine = build_vllm_engine(
-        model_dir, tokenizer.eos_token_id, seed=spec.seed + 1000 * replica, dtype=dtype, eager=on_cpu,
-        cpu_kv_cache_gib=1 if on_cpu else None,
+        model_dir, tokenizer.eos_token_id, hf_parameter_layout(model), seed=spec.seed + 1000 * replica,
+        dtype=dtype, eager=on_cpu, cpu_kv_cache_gib=1 if on_cpu else None,
         tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
     )  # fmt: skip
     return engine, tokenizer

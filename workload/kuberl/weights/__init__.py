@@ -102,16 +102,9 @@ class DiskSync(BroadcastSync):
         return str(path)
 
 
-def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1,
-                     engine: str = "torch") -> WeightSync:  # fmt: skip
-    """``controller`` is rank 0's rollout controller (None on the other ranks); ``engine`` is the
-    pool's inference engine (only the torch engine receives p2p weights so far)."""
+def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1) -> WeightSync:
+    """``controller`` is rank 0's rollout controller (None on the other ranks)."""
     broadcast = BroadcastSync(controller)
-    if mode == "p2p" and engine != "torch":
-        if rank == 0:
-            log.warning("spec.weightSync.mode p2p: the %s engine does not receive p2p weights yet; using broadcast",
-                        engine)  # fmt: skip
-        return broadcast
     if mode == "p2p":
         return P2PSync(controller, rank, world, fallback=broadcast)
     if mode == "disk":
