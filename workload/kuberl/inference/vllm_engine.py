@@ -81,10 +81,11 @@ def hf_parameter_layout(model: torch.nn.Module) -> Layout:
 
 
 class VLLMEngine:
-    def __init__(self, llm: Any, eos_id: int, layout: Layout):
+    def __init__(self, llm: Any, eos_id: int, layout: Layout, owned_dirs: list[str] | None = None):
         self.llm = llm
         self.eos_id = eos_id
         self._layout = layout
+        self.owned_dirs = owned_dirs or []  # removed when the engine stops
         self.version = 0
         self.generated_tokens = 0
         self.aborted = 0
@@ -103,6 +104,8 @@ class VLLMEngine:
 
     async def stop(self) -> None:
         self.llm.shutdown()
+        for directory in self.owned_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
 
     @property
     def healthy(self) -> bool:
@@ -247,7 +250,7 @@ def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         model_dir, dtype = str(local_dir(spec.model.path, "spec.model.path")), "auto"
-        with torch.device("meta"):  # the trainer's layout (it loads float32), without the memory
+        with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
     on_cpu = str(spec.inference.accelerator) == "cpu"
     engine = build_vllm_engine(
@@ -255,4 +258,6 @@ def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
         dtype=dtype, eager=on_cpu, cpu_kv_cache_gib=1 if on_cpu else None,
         tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
     )  # fmt: skip
+    if spec.model.path in BUILTIN:
+        engine.owned_dirs.append(model_dir)
     return engine, tokenizer

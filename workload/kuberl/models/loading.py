@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..api.spec import ModelSource
@@ -49,6 +50,7 @@ def load_model(source: ModelSource, seed: int) -> tuple[PreTrainedModel, PreTrai
     elif source.path.startswith("s3://"):
         raise ModelLoadError(f"spec.model.path {source.path!r}: s3:// model loading is not implemented yet")
     else:
-        model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path"))
+        # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
+        model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path"), dtype=torch.float32)
     model.eval()
     return model, tokenizer
