@@ -19,6 +19,7 @@ REQUIRED = os.environ.get("KUBERL_REQUIRE_VLLM") == "1"  # scripts/test built .v
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRED, reason="no Python with vLLM here: scripts/setup --vllm")
 def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     steps = 6
+    scratch_before = set(Path("/dev/shm").glob("kuberl-*"))
     summary = run_local(EXAMPLE, ["inference.engine=vllm", "model.sftWarmup.steps=10"], steps, None,
                         workdir=tmp_path / "run", quiet=True)  # fmt: skip
     assert summary["steps"] == steps and summary["final_version"] == steps
@@ -29,3 +30,4 @@ def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     trainer_log = (tmp_path / "run" / "trainer-0.log").read_text()
     assert "broadcast mode" not in trainer_log, trainer_log[-2000:]
     assert processes_mentioning(str(tmp_path / "run")) == []
+    assert set(Path("/dev/shm").glob("kuberl-*")) <= scratch_before  # the replica removed its model copy
