@@ -139,6 +139,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
+    from kuberl.collectives import exit_without_teardown
     from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
 
     spec = json.loads(os.environ["KRL_BENCH"])
@@ -197,6 +198,7 @@ def worker(args: argparse.Namespace) -> None:
     Path(spec["out"], f"{rank}.json").write_text(json.dumps(result))
     if rank < n_train:
         dist.destroy_process_group()
+    exit_without_teardown(0)
 
 
 # ---- orchestration --------------------------------------------------------------------------

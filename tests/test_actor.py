@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kuberl.collectives import exit_without_teardown
 from kuberl.local import free_port
 from kuberl.models.tiny import tiny_qwen2
 from kuberl.rollout.types import Trajectory
@@ -99,6 +100,7 @@ def _rank_main(rank: int, world: int, port: int, budget: int, out: str) -> None:
             torch.save(state, out)
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(0)
 
 
 def _train(world: int, budget: int, out: str) -> dict[str, torch.Tensor]:
@@ -180,6 +182,7 @@ def _two_node_main(rank: int, port: int, uri: str, root: str, resume: bool, step
             torch.save(state_dict, out)
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(0)
 
 
 def test_checkpoints_from_nodes_without_shared_storage_resume_exactly(tmp_path, uri):

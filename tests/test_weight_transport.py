@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.fsdp import fully_shard
 
+from kuberl.collectives import exit_without_teardown
 from kuberl.local import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.weights.layouts import fsdp2_holdings, inference_needs
@@ -56,6 +57,7 @@ def _worker(rank: int, train_port: int, exchange_port: int, out: str) -> None:
     else:
         Path(out, f"{rank}.txt").write_text(f"sent {stats.bytes_sent}")
         dist.destroy_process_group()
+    exit_without_teardown(0)
 
 
 def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):

@@ -3,7 +3,10 @@ torch.distributed is not initialised): every caller on every rank must still cal
 
 from __future__ import annotations
 
-from typing import TypeVar
+import logging
+import os
+import sys
+from typing import NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -42,3 +45,18 @@ def all_reduce(value: float, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) ->
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()
+
+
+def exit_without_teardown(code: int = 0) -> NoReturn:
+    """End a process that ran gloo collectives, skipping interpreter finalisation.
+
+    With torch 2.13, gloo's worker threads outlive ``destroy_process_group``. One that frees a
+    just-finished collective's tensors while the interpreter finalises needs the GIL, is
+    ``pthread_exit``-ed by CPython and aborts the whole process (SIGABRT, "terminate called without
+    an active exception"): a rank that finished its work would look failed and restart its gang.
+    Logging and the standard streams are flushed first; call it after ``destroy_process_group``.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..api import resolve
-from ..collectives import broadcast_from_rank0
+from ..collectives import broadcast_from_rank0, exit_without_teardown
 from ..data.datasets import examples
 from ..models.loading import load_model
 from ..rewards import load_reward
@@ -234,6 +234,7 @@ def main() -> None:
             Path(os.environ["KUBERL_SUMMARY_PATH"]).write_text(json.dumps(summary, indent=2))
     finally:
         dist.destroy_process_group()
+    exit_without_teardown(0)
 
 
 if __name__ == "__main__":
