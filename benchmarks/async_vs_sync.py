@@ -14,7 +14,11 @@ reports the mean reward over seeds, with the standard errors combined, and the s
 wall-clock times; one seed's reward at 150 steps varies by a few points between seeds.
 
     python benchmarks/async_vs_sync.py [--steps 150] [--staleness 2] [--repeats 1] [--seed 0]
+                                       [--set dotted.key=value ...]
                                        [--out benchmarks/results/async_vs_sync.json]
+
+``--set`` overrides a setting below (or any other manifest field) in both runs, e.g.
+``--set dataset.path=builtin:arithmetic-2digit --set rollout.maxNewTokens=4``.
 
 Progress goes to stderr; the last stdout line is the JSON result.
 """
@@ -56,8 +60,19 @@ def combined_tail_stats(runs: list[list[float]]) -> tuple[float, float]:
     return statistics.fmean(m for m, _ in stats), math.sqrt(sum(se**2 for _, se in stats)) / len(stats)
 
 
-def run(manifest: Path, staleness: int, steps: int, seed: int) -> dict:
-    overrides = [f"{k}={v}" for k, v in {**SETTINGS, "rollout.maxStaleness": staleness, "seed": seed}.items()]
+def parse_sets(pairs: list[str]) -> dict[str, str]:
+    """``["a.b=1", ...]`` → ``{"a.b": "1", ...}``; a pair without ``=`` is an error naming it."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {pair!r}: expected dotted.key=value")
+        out[key] = value
+    return out
+
+
+def run(manifest: Path, settings: dict, staleness: int, steps: int, seed: int) -> dict:
+    overrides = [f"{k}={v}" for k, v in {**settings, "rollout.maxStaleness": staleness, "seed": seed}.items()]
     print(f"==> η = {staleness}, seed {seed}: {steps} steps", file=sys.stderr, flush=True)
     summary = run_local(manifest, overrides, steps, None, quiet=True)
     print(f"    {summary['wall_seconds']:.1f} s, step {summary['timeperf/step_mean'] * 1000:.0f} ms "
@@ -73,6 +88,8 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=2, help="η of the asynchronous run (≥ 1)")
     parser.add_argument("--repeats", type=int, default=1, help="seed pairs to run")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting in both runs (repeatable)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/async_vs_sync.json")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -83,9 +100,10 @@ def main() -> None:
     if cores < 2:
         print(f"warning: {cores} core(s): replica and trainer cannot be pinned apart; the speedup will be small",
               file=sys.stderr)
+    settings = {**SETTINGS, **parse_sets(args.sets)}
     seeds = list(range(args.seed, args.seed + args.repeats))
-    pairs = [(run(args.manifest, 0, args.steps, seed), run(args.manifest, args.staleness, args.steps, seed))
-             for seed in seeds]  # fmt: skip
+    pairs = [(run(args.manifest, settings, 0, args.steps, seed),
+              run(args.manifest, settings, args.staleness, args.steps, seed)) for seed in seeds]  # fmt: skip
     syncs, asyncs = [p[0] for p in pairs], [p[1] for p in pairs]
     reward_sync, se_sync = combined_tail_stats([s["rewards"] for s in syncs])
     reward_async, se_async = combined_tail_stats([a["rewards"] for a in asyncs])
@@ -108,7 +126,7 @@ def main() -> None:
         "sync_generate_seconds_per_step": round(generate, 4),
         "sync_train_seconds_per_step": round(train, 4),
         "max_token_staleness_trained_async": max(a["max_token_staleness_trained"] for a in asyncs),
-        "settings": {**SETTINGS, "steps": args.steps, "batchSize": syncs[0].get("batch_size"), "seeds": seeds,
+        "settings": {**settings, "steps": args.steps, "batchSize": syncs[0].get("batch_size"), "seeds": seeds,
                      "maxStaleness": [0, args.staleness], "cores": cores, "pinned": cores >= 2,
                      "manifest": str(args.manifest.relative_to(ROOT) if args.manifest.is_relative_to(ROOT)
                                      else args.manifest)},

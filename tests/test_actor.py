@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from kuberl.collectives import exit_without_teardown
 from kuberl.local import free_port
@@ -82,6 +83,69 @@ def test_several_mini_batches_take_several_steps(world_of_one):
         actor.train_step(collate(trajs, advs, 0), len(trajs))
     assert two.optimizer.state[next(iter(two.model.parameters()))]["step"].item() == 2
     assert any(not torch.equal(a, b) for a, b in zip(weights(one).values(), weights(two).values(), strict=True))
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def _distance(actor: Actor, reference: dict[str, torch.Tensor]) -> float:
+    return sum(float((w - reference[n]).norm()) for n, w in weights(actor).items())
+
+
+def test_kl_term_keeps_the_policy_near_a_frozen_reference(world_of_one):
+    """With kl_coef > 0, π_ref is the policy at freeze time and stays so while the policy trains; the
+    loss reports KL > 0 once they differ, and a strong KL pull keeps the policy closer to π_ref."""
+    from dataclasses import replace
+
+    from kuberl.trainer.actor import token_logprobs
+
+    batches = [collate(*trajectories(8, seed=s), 0) for s in range(4)]
+    start = weights(Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0))
+    drift = {}
+    for kl in (0.0, 1.0):
+        actor = Actor.create(tiny_qwen2(40, seed=3), replace(CONFIG, kl_coef=kl), lr=1e-2, temperature=1.0)
+        assert (actor.reference is not None) == (kl > 0)
+        actor.freeze_reference()
+        kls = [actor.train_step(b, 8)["ppo_actor/kl"] for b in batches]
+        drift[kl] = _distance(actor, start)
+        if actor.reference is not None:
+            assert kls[0] == 0.0 and all(k > 0 for k in kls[1:])  # identical at first, then apart
+            frozen = full_weights(actor.reference)
+            for name, tensor in start.items():
+                assert torch.equal(frozen[name], tensor), name
+            with torch.no_grad():
+                assert not torch.equal(token_logprobs(actor.reference, batches[0], 1.0),
+                                       token_logprobs(actor.model, batches[0], 1.0))
+    assert drift[1.0] < drift[0.0]
+
+
+def test_checkpoint_restores_the_reference_policy(world_of_one, tmp_path):
+    """The reference comes back from the checkpoint (it is not the resumed policy); a checkpoint
+    written without one cannot silently start a KL run from the wrong reference."""
+    from dataclasses import replace
+
+    from kuberl.checkpoint import CheckpointError
+    from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
+
+    config = replace(CONFIG, kl_coef=0.5)
+    actor = Actor.create(tiny_qwen2(40, seed=3), config, lr=1e-2, temperature=1.0)
+    actor.freeze_reference()
+    for s in range(2):
+        actor.train_step(collate(*trajectories(8, seed=s), 0), 8)
+    save_trainer(actor, TrainerState.capture(2, 2, 16), tmp_path / "with-ref")
+    resumed = Actor.create(tiny_qwen2(40, seed=99), config, lr=1e-2, temperature=1.0)
+    load_trainer(resumed, tmp_path / "with-ref")
+    assert resumed.reference is not None and actor.reference is not None
+    reference = full_weights(resumed.reference)
+    for name, tensor in full_weights(actor.reference).items():
+        assert torch.equal(reference[name], tensor), name
+    assert any(not torch.equal(w, reference[n]) for n, w in weights(resumed).items())  # π_ref ≠ the policy
+
+    plain = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    save_trainer(plain, TrainerState.capture(1, 1, 8), tmp_path / "without-ref")
+    with pytest.raises(CheckpointError, match="klCoef"):
+        load_trainer(Actor.create(tiny_qwen2(40, seed=3), config, lr=1e-2, temperature=1.0), tmp_path / "without-ref")
 
 
 def _rank_main(rank: int, world: int, port: int, budget: int, out: str) -> None:

@@ -134,7 +134,9 @@ class AlgorithmSpec(ApiModel):
     batch_size: Positive = Field(256, description="trajectories per training step")
     learning_rate: float = Field(1.0e-6, gt=0)
     clip: ClipSpec = Field(default_factory=ClipSpec)
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(
+        0.0, ge=0, description="weight of KL(π_θ ‖ π_ref) in the loss; π_ref is the policy RL starts from"
+    )
     max_steps: Positive = 1000
     mini_batches: Positive = Field(
         1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"

@@ -82,8 +82,6 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         raise SystemExit(f"spec.trainer.backend is {plan.backend}: this build trains with fsdp only. The Megatron-"
                          "core backend has its weight conversion and model building (kuberl.megatron) but not "
                          "its training loop, which needs CUDA/NPU devices to verify; use backend: fsdp")
-    if config.kl_coef > 0:
-        raise SystemExit("spec.algorithm.klCoef > 0 needs a reference model, which is not implemented yet; use 0")
     actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches)
     checkpointer = Checkpointer(os.environ.get("KUBERL_CHECKPOINT_URI") or spec.checkpoint.uri,
                                 spec.checkpoint.every_steps, spec.checkpoint.keep,
@@ -96,6 +94,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         warm = spec.model.sft_warmup
         sft_losses = sft_warmup(actor.model, tokenizer, examples(spec.dataset, spec.seed + 7), warm.steps,
                                 warm.batch_size, warm.learning_rate, rank, world)
+        actor.freeze_reference()  # π_ref is the policy RL starts from (a resume restores it instead)
     elif rank == 0:
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     groups_per_step = algo.batch_size // algo.group_size

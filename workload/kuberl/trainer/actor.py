@@ -12,11 +12,16 @@ A step, for a batch of trajectories already split across data-parallel ranks:
 With one update per batch (``mini_batches = 1``, the default) the weights cannot change between
 step 1 and the loss, so π_prox = sg(π_θ) exactly and the extra forward pass of step 1 is skipped.
 
+With ``kl_coef > 0`` the actor also holds a frozen reference policy π_ref, sharded like the policy
+and never updated after ``freeze_reference()`` (the trainer calls it once, when RL starts); each
+micro-batch then costs one more forward pass, for log π_ref.
+
 ``full_state_dict()`` gathers the unsharded weights on rank 0 (CPU) for the weight exchange.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -32,11 +37,15 @@ from .batch import Batch, micro_batch_count, split
 from .loss import ppo_loss
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2: each transformer block is a unit, then the root (embeddings, head)."""
+def shard(model: torch.nn.Module, frozen: bool = False) -> torch.nn.Module:
+    """FSDP2: each transformer block is a unit, then the root (embeddings, head).
+
+    FSDP2 keeps the root unsharded after forward, for the backward that follows; a ``frozen`` model
+    (no backward, e.g. the KL reference) reshards its root after forward too.
+    """
     for layer in getattr(getattr(model, "model", model), "layers", []):
         fully_shard(layer)
-    fully_shard(model)
+    fully_shard(model, reshard_after_forward=True if frozen else None)
     return model
 
 
@@ -57,14 +66,26 @@ class Actor:
     mini_batches: int = 1
     token_budget: int = 16384
     max_grad_norm: float = 1.0
+    reference: torch.nn.Module | None = None
 
     @classmethod
     def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                mini_batches: int = 1) -> Actor:
+        reference = None
+        if config.kl_coef > 0:
+            reference = shard(copy.deepcopy(model).requires_grad_(False), frozen=True).eval()
         model = shard(model)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
-        return cls(model, optimizer, config, temperature, mini_batches)
+        return cls(model, optimizer, config, temperature, mini_batches, reference=reference)
+
+    def freeze_reference(self) -> None:
+        """π_ref := the current policy (both are sharded alike, so each rank copies its own shards)."""
+        if self.reference is None:
+            return
+        with torch.no_grad():
+            for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+                local_tensor(ref).copy_(local_tensor(param))
 
     def _micro_batches(self, part: Batch) -> list[Batch]:
         """Split by token budget into the same number of micro-batches on every rank."""
@@ -98,10 +119,14 @@ class Actor:
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         for i, chunk in enumerate(chunks):
+            ref_logp = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logp = token_logprobs(self.reference, chunk, self.temperature)
             logp = token_logprobs(self.model, chunk, self.temperature)
             prox_logp = logp.detach() if prox is None else prox[i]
             out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
-                           normalizer=normalizer)
+                           ref_logp=ref_logp, normalizer=normalizer)
             out.loss.backward()
             for k, v in out.stats.items():
                 stats[k] = stats.get(k, 0.0) + v * chunk.size / rows

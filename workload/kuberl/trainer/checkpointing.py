@@ -19,7 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from ..checkpoint import CheckpointError, CheckpointManager, open_store
 from ..collectives import all_gather, barrier, broadcast_from_rank0
@@ -45,10 +50,18 @@ class TrainerState:
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(self.rng)), dtype=torch.uint8))
 
 
+def _sharded_state(actor: Actor) -> dict[str, object]:
+    """What ``dcp`` saves and loads: model, optimizer and, with a KL term, the frozen reference."""
+    model_state, optim_state = get_state_dict(actor.model, actor.optimizer)
+    state: dict[str, object] = {"model": model_state, "optim": optim_state}
+    if actor.reference is not None:
+        state["reference"] = get_model_state_dict(actor.reference)
+    return state
+
+
 def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
     """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state."""
-    model_state, optim_state = get_state_dict(actor.model, actor.optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging / SHARDS_DIR))
+    dcp.save(_sharded_state(actor), checkpoint_id=str(staging / SHARDS_DIR))
     if not dist.is_initialized() or dist.get_rank() == 0:
         (staging / STATE_FILE).write_text(json.dumps(asdict(state)))
     return staging
@@ -56,10 +69,15 @@ def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
 
 def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     """Load shards and counters written by ``save_trainer`` (into an actor built the same way)."""
-    model_state, optim_state = get_state_dict(actor.model, actor.optimizer)
-    target = {"model": model_state, "optim": optim_state}
+    target = _sharded_state(actor)
+    saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
+    if actor.reference is not None and not any(key.startswith("reference.") for key in saved):
+        raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was written "
+                              "with klCoef 0); resume with klCoef 0 or start a new run")
     dcp.load(target, checkpoint_id=str(staging / SHARDS_DIR))
     set_state_dict(actor.model, actor.optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
+    if actor.reference is not None:
+        set_model_state_dict(actor.reference, target["reference"])
     state = TrainerState(**json.loads((staging / STATE_FILE).read_text()))
     state.restore_rng()
     return state
