@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 
-from kuberl.local import run_local  # noqa: E402
+from kuberl.local import RunError, apply_overrides, run_local  # noqa: E402
 
 SETTINGS = {
     "dataset.path": "builtin:arithmetic-3digit",
@@ -64,19 +64,10 @@ def combined_tail_stats(runs: list[list[float]]) -> tuple[float, float]:
     return statistics.fmean(m for m, _ in stats), math.sqrt(sum(se**2 for _, se in stats)) / len(stats)
 
 
-def parse_sets(pairs: list[str]) -> dict[str, str]:
-    """``["a.b=1", ...]`` → ``{"a.b": "1", ...}``; a pair without ``=`` is an error naming it."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set {pair!r}: expected dotted.key=value")
-        out[key] = value
-    return out
-
-
-def run(manifest: Path, settings: dict, staleness: int, steps: int, seed: int) -> dict:
-    overrides = [f"{k}={v}" for k, v in {**settings, "rollout.maxStaleness": staleness, "seed": seed}.items()]
+def run(manifest: Path, sets: list[str], staleness: int, steps: int, seed: int) -> dict:
+    """One run: SETTINGS, then the user's ``--set`` pairs (later ones win), then η and the seed."""
+    overrides = [f"{k}={v}" for k, v in SETTINGS.items()] + sets
+    overrides += [f"rollout.maxStaleness={staleness}", f"seed={seed}"]
     print(f"==> η = {staleness}, seed {seed}: {steps} steps", file=sys.stderr, flush=True)
     summary = run_local(manifest, overrides, steps, None, quiet=True)
     print(f"    {summary['wall_seconds']:.1f} s, step {summary['timeperf/step_mean'] * 1000:.0f} ms "
@@ -104,10 +95,13 @@ def main() -> None:
     if cores < 2:
         print(f"warning: {cores} core(s): replica and trainer cannot be pinned apart; the speedup will be small",
               file=sys.stderr)
-    settings = {**SETTINGS, **parse_sets(args.sets)}
+    try:
+        apply_overrides({}, args.sets)  # a malformed --set fails now, not after the first run
+    except RunError as err:
+        parser.error(str(err))
     seeds = list(range(args.seed, args.seed + args.repeats))
-    pairs = [(run(args.manifest, settings, 0, args.steps, seed),
-              run(args.manifest, settings, args.staleness, args.steps, seed)) for seed in seeds]  # fmt: skip
+    pairs = [(run(args.manifest, args.sets, 0, args.steps, seed),
+              run(args.manifest, args.sets, args.staleness, args.steps, seed)) for seed in seeds]  # fmt: skip
     syncs, asyncs = [p[0] for p in pairs], [p[1] for p in pairs]
     reward_sync, se_sync = combined_tail_stats([s["rewards"] for s in syncs])
     reward_async, se_async = combined_tail_stats([a["rewards"] for a in asyncs])
@@ -130,7 +124,8 @@ def main() -> None:
         "sync_generate_seconds_per_step": round(generate, 4),
         "sync_train_seconds_per_step": round(train, 4),
         "max_token_staleness_trained_async": max(a["max_token_staleness_trained"] for a in asyncs),
-        "settings": {**settings, "steps": args.steps, "batchSize": syncs[0].get("batch_size"), "seeds": seeds,
+        "settings": {**SETTINGS, "overrides": args.sets, "steps": args.steps,
+                     "batchSize": syncs[0].get("batch_size"), "seeds": seeds,
                      "maxStaleness": [0, args.staleness], "cores": cores, "pinned": cores >= 2,
                      "manifest": str(args.manifest.relative_to(ROOT) if args.manifest.is_relative_to(ROOT)
                                      else args.manifest)},
