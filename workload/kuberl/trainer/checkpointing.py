@@ -69,11 +69,12 @@ def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
 
 def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     """Load shards and counters written by ``save_trainer`` (into an actor built the same way)."""
+    if actor.reference is not None:
+        saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
+        if not any(key.startswith("reference.") for key in saved):
+            raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was "
+                                  "written with klCoef 0); resume with klCoef 0 or start a new run")
     target = _sharded_state(actor)
-    saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
-    if actor.reference is not None and not any(key.startswith("reference.") for key in saved):
-        raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was written "
-                              "with klCoef 0); resume with klCoef 0 or start a new run")
     dcp.load(target, checkpoint_id=str(staging / SHARDS_DIR))
     set_state_dict(actor.model, actor.optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
     if actor.reference is not None:
