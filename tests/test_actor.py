@@ -66,7 +66,7 @@ def test_one_update_skips_the_proximal_pass_exactly(world_of_one):
         if explicit:
             with torch.no_grad():
                 prox = [token_logprobs(actor.model, c, 1.0) for c in chunks]
-        stats = actor._update(chunks, prox, batch.size)
+        stats, _ = actor._update(chunks, prox, batch.size)
         results.append((weights(actor), stats["ppo_actor/loss"]))
     (shortcut, loss_a), (recomputed, loss_b) = results
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
@@ -83,6 +83,39 @@ def test_several_mini_batches_take_several_steps(world_of_one):
         actor.train_step(collate(trajs, advs, 0), len(trajs))
     assert two.optimizer.state[next(iter(two.model.parameters()))]["step"].item() == 2
     assert any(not torch.equal(a, b) for a, b in zip(weights(one).values(), weights(two).values(), strict=True))
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_behaviour_gap_measures_fresh_tokens_against_the_trainers_own_logprobs(world_of_one, mini_batches):
+    """Tokens sampled by the weights being trained (version == the batch's version) must carry the
+    trainer's own log-probs: the gap is ≈ 0 when they do, and exactly the injected offset when an
+    engine reports other log-probs; older tokens (lag ≥ 1) do not count."""
+    trajs, advs = trajectories(8)
+    actor = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, mini_batches=mini_batches)
+    with torch.no_grad():
+        own = token_logprobs(actor.model, collate(trajs, advs, 0), 1.0)
+    for i, t in enumerate(trajs):  # what a faithful engine at version 5 would have reported
+        start = len(t.prompt_ids) - 1
+        t.behav_logprobs = own[i, start:start + len(t.output_ids)].tolist()
+        t.versions = [5] * len(t.output_ids)
+    trajs[0].behav_logprobs = [lp - 3.0 for lp in trajs[0].behav_logprobs]  # stale: lag 1, ignored
+    trajs[0].versions = [4] * len(trajs[0].output_ids)
+    faithful = actor.train_step(collate(trajs, advs, 0, version=5), len(trajs))
+    fresh = sum(len(t.output_ids) for t in trajs[1:])
+    assert faithful["mismatch/fresh_tokens"] == fresh
+    assert faithful["mismatch/behav_logp_gap"] < 1e-5
+
+    with torch.no_grad():  # the policy moved: what an engine at the new version 6 reports ...
+        own = token_logprobs(actor.model, collate(trajs, advs, 0), 1.0)
+    for i, t in enumerate(trajs[1:], start=1):
+        start = len(t.prompt_ids) - 1
+        t.behav_logprobs = own[i, start:start + len(t.output_ids)].tolist()
+        t.versions = [6] * len(t.output_ids)
+    trajs[1].behav_logprobs = [lp - 2.0 for lp in trajs[1].behav_logprobs]  # ... but broken on one row
+    broken = actor.train_step(collate(trajs, advs, 0, version=6), len(trajs))
+    offset_share = 2.0 * len(trajs[1].output_ids) / fresh
+    assert broken["mismatch/behav_logp_gap"] == pytest.approx(offset_share, abs=1e-4)
+    assert collate(trajs, advs, 0).fresh_mask.sum() == 0  # no version given: nothing is fresh
 
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -24,6 +24,9 @@ def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
                         workdir=tmp_path / "run", quiet=True)  # fmt: skip
     assert summary["steps"] == steps and summary["final_version"] == steps
     assert 0 <= summary["max_token_staleness_trained"] <= 2
+    # vLLM samples from the trainer's policy: its log-probs of tokens sampled by the weights being
+    # trained equal the trainer's own (a stale tied output layer made this ≈ 10 nats, issue 12)
+    assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-3, summary
     replica_log = (tmp_path / "run" / "inference-0.log").read_text()
     assert "vLLM workers loaded" in replica_log and f"as version {steps}\n" in replica_log, replica_log[-2000:]
     assert "over p2p" in replica_log  # the example's weightSync.mode

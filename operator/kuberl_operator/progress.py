@@ -49,6 +49,7 @@ def progress_status(payload: Manifest) -> Manifest:
         "rewardFirst10": rounded("reward_first10"),
         "rewardLast10": rounded("reward_last10"),
         "maxStaleness": payload.get("max_staleness"),
+        "behavLogpGap": rounded("behav_logp_gap"),
         "lastCheckpoint": payload.get("last_checkpoint"),
     }
     return {k: v for k, v in fields.items() if v is not None}

@@ -36,10 +36,15 @@ def all_gather(value: T) -> list[T]:
 
 
 def all_reduce(value: float, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
+    return all_reduce_many([value], op)[0]
+
+
+def all_reduce_many(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
+    """Element-wise reduction of every rank's ``values`` (same length on every rank), in one call."""
+    t = torch.tensor(values, dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(t, op=op)
-    return float(t.item())
+    return [float(x) for x in t.tolist()]
 
 
 def barrier() -> None:

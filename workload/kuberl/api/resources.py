@@ -51,6 +51,9 @@ class Progress(ApiModel):
     reward_first10: float | None = Field(None, description="mean reward of the first 10 steps")
     reward_last10: float | None = Field(None, description="mean reward of the last 10 steps (compare: learning?)")
     max_staleness: int | None = None
+    behav_logp_gap: float | None = Field(
+        None, description="mean |log π_behaviour − log π_trainer| of tokens sampled by the weights being trained: "
+                          "≈ 0 when the inference pool serves the trainer's policy; above 0.2 the trainer warns")
     last_checkpoint: str | None = None
 
 

@@ -58,33 +58,64 @@ def _scratch_dir(prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=shm if os.access(shm, os.W_OK) else None)
 
 
-def _without_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Tied parameters (``lm_head.weight`` = ``model.embed_tokens.weight``) once, under the
-    embedding's name (vLLM skips ``lm_head`` of a tied model): safetensors refuses shared storage."""
-    seen: set[tuple[int, int]] = set()
-    unique: dict[str, torch.Tensor] = {}
-    for name, tensor in sorted(state.items(), key=lambda item: item[0].startswith("lm_head.")):
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key not in seen:
-            seen.add(key)
-            unique[name] = tensor.contiguous()
-    return unique
-
-
 Layout = dict[str, tuple[torch.Size, torch.dtype]]
 
 
 def hf_parameter_layout(model: torch.nn.Module) -> Layout:
-    """Shapes and dtypes of an HF model's parameters (tied ones once); ``model`` may live on the
-    meta device."""
+    """Shapes and dtypes of an HF model's parameters (tied ones once, under their first name);
+    ``model`` may live on the meta device."""
     return {name: (p.shape, p.dtype) for name, p in model.named_parameters()}
 
 
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Every other name of a tied parameter → the name :func:`hf_parameter_layout` lists it under,
+    e.g. ``{"lm_head.weight": "model.embed_tokens.weight"}`` for tied word embeddings."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
+def checkpoint_state(state: dict[str, torch.Tensor], layout: Layout,
+                     aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The update as vLLM's workers get it: every parameter of ``layout`` exactly once (contiguous,
+    its layout dtype), aliases left out (the worker adds them back, see ``kuberl_load_weights``).
+
+    vLLM's in-place reload only refreshes a layer whose own checkpoint names arrive: a tied output
+    layer that gets no ``lm_head.weight`` keeps the logits of the *first* load (the CPU backend
+    repacks it into a kernel copy), so a partial update is refused here instead of served.
+    ``state`` may name a tied parameter by either name (p2p sends it once; a full state dict
+    has both)."""
+    unique: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        canonical = aliases.get(name, name)
+        if canonical not in layout:
+            raise ValueError(f"weights do not match the served model: unexpected tensor {name!r}")
+        unique.setdefault(canonical, tensor)
+    missing = sorted(layout.keys() - unique.keys())
+    if missing:
+        raise ValueError(f"weights do not match the served model: missing {missing[:5]} (of {len(missing)})")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in unique.items():
+        shape, dtype = layout[name]
+        if tensor.shape != shape:
+            raise ValueError(f"weights do not match the served model: {name} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(shape)}")
+        out[name] = tensor.detach().to(dtype).contiguous()
+    return out
+
+
 class VLLMEngine:
-    def __init__(self, llm: Any, eos_id: int, layout: Layout, owned_dirs: list[str] | None = None):
+    def __init__(self, llm: Any, eos_id: int, layout: Layout, aliases: dict[str, str] | None = None,
+                 owned_dirs: list[str] | None = None):
         self.llm = llm
         self.eos_id = eos_id
         self._layout = layout
+        self._aliases = aliases or {}
         self.owned_dirs = owned_dirs or []  # removed when the engine stops
         self.version = 0
         self.generated_tokens = 0
@@ -97,6 +128,7 @@ class VLLMEngine:
         self._open.set()
         self._paused = False
         self._weights_lock = asyncio.Lock()
+        self._broken: str | None = None  # a weight load failed part-way: the served weights are unknown
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,7 +141,7 @@ class VLLMEngine:
 
     @property
     def healthy(self) -> bool:
-        return not self.llm.errored
+        return not self.llm.errored and self._broken is None
 
     @property
     def paused(self) -> bool:
@@ -136,6 +168,8 @@ class VLLMEngine:
             raise ValueError("prompt_ids must not be empty")
         while not self._open.is_set():  # re-check: the gate may close again before we run
             await self._open.wait()
+        if self._broken is not None:
+            raise RuntimeError(self._broken)
         request_id = f"kuberl-{next(self._ids)}"
         self._active.add(request_id)
         self._drained.clear()
@@ -181,13 +215,21 @@ class VLLMEngine:
 
     # -- weights ---------------------------------------------------------------------------------
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Serve ``state`` (HF names; a tied parameter under either name) as ``version``. Raises
+        ValueError, before anything is paused, when it is not exactly the served model's parameters."""
+        unique = checkpoint_state(state, self._layout, self._aliases)
         async with self._weights_lock:
             await self._abort_in_flight()
             scratch = _scratch_dir("kuberl-weights-")
             try:
                 path = str(Path(scratch) / "state.safetensors")
-                await asyncio.to_thread(save_file, _without_aliases(state), path)
-                loaded = await self.llm.collective_rpc("kuberl_load_weights", args=(path,))
+                await asyncio.to_thread(save_file, unique, path)
+                loaded = await self.llm.collective_rpc("kuberl_load_weights", args=(path, self._aliases))
+            except Exception as err:  # the workers may hold part of the update: never serve from them
+                self._broken = f"loading weights version {version} failed, the served weights are unknown: {err}"
+                self._open.set()  # waiting requests fail now instead of hanging
+                log.error("%s", self._broken)
+                raise
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             await self.llm.reset_prefix_cache()
@@ -209,13 +251,15 @@ class VLLMEngine:
         return list(await self.llm.collective_rpc("kuberl_dump_weights", args=(directory,)))
 
 
-def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, *, seed: int, tensor_parallel: int = 1,
+def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict[str, str] | None = None, *,
+                      seed: int, tensor_parallel: int = 1,
                       pipeline_parallel: int = 1, dtype: str = "auto", eager: bool = False,
                       max_model_len: int | None = None, cpu_kv_cache_gib: int | None = None) -> VLLMEngine:  # fmt: skip
     """Start vLLM's engine core on ``model_dir`` (a ``from_pretrained`` directory) and wrap it.
 
     Token ids in and out (``skip_tokenizer_init``): the server tokenizes text prompts itself.
-    ``layout``: the HF parameters the trainer sends (:func:`hf_parameter_layout`).
+    ``layout``: the HF parameters the trainer sends (:func:`hf_parameter_layout`); ``aliases``: the
+    other names of tied ones (:func:`tied_aliases`).
     ``cpu_kv_cache_gib``: on vLLM's CPU backend, the KV cache size (``VLLM_CPU_KVCACHE_SPACE``,
     unless already set); without it vLLM reserves ~90 % of the machine's memory."""
     require_vllm()
@@ -229,7 +273,7 @@ def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, *, seed: int,
         tensor_parallel_size=tensor_parallel, pipeline_parallel_size=pipeline_parallel,
         max_model_len=max_model_len, logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
     )  # fmt: skip
-    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout)
+    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout, aliases)
 
 
 def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
@@ -254,7 +298,8 @@ def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
     on_cpu = str(spec.inference.accelerator) == "cpu"
     engine = build_vllm_engine(
-        model_dir, tokenizer.eos_token_id, hf_parameter_layout(model), seed=spec.seed + 1000 * replica,
+        model_dir, tokenizer.eos_token_id, hf_parameter_layout(model), tied_aliases(model),
+        seed=spec.seed + 1000 * replica,
         dtype=dtype, eager=on_cpu, cpu_kv_cache_gib=1 if on_cpu else None,
         tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
     )  # fmt: skip

@@ -27,10 +27,11 @@ def char_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_qwen2(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2) -> Qwen2ForCausalLM:
+def tiny_qwen2(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2, tied: bool = True) -> Qwen2ForCausalLM:
+    """``tied``: the output layer shares the embedding matrix (as in small Qwen2 models)."""
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
         bos_token_id=2, eos_token_id=1, pad_token_id=0,
     )
     with torch.random.fork_rng():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from .actor import Actor
 from .algorithms import AlgorithmConfig, build_batch
 from .batch import collate
 from .checkpointing import Checkpointer
+from .loss import BehaviourGapMonitor
 from .progress import Progress, ProgressServer
 from .sft import encode, sft_warmup
 
@@ -132,6 +134,8 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
                                          "step": []}
     token_staleness = 0
     dropped_groups = 0
+    gaps = BehaviourGapMonitor(warn=rank == 0)
+    steps_done = first_step
     for step in range(first_step, max_steps):
         step_start = time.perf_counter()
         while True:  # rank 0 takes a batch and shares it; if the pool is starved, all ranks re-send weights
@@ -156,10 +160,12 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
             log.warning("step %d: every group was filtered out (no reward variance); skipping", step)
         else:
             local = list(range(rank, len(trajs), world)) or [0]  # a rank without rows trains on a masked filler
-            batch = collate([trajs[i] for i in local], [advs[i] for i in local], tokenizer.pad_token_id)
+            batch = collate([trajs[i] for i in local], [advs[i] for i in local], tokenizer.pad_token_id,
+                            version=step)
             if rank >= len(trajs):
                 batch = batch.masked()
             stats = actor.train_step(batch, len(trajs))
+            gaps.observe(step, stats)
             timeperf["train_step"].append(stats["timeperf/train_step"])
             trained_tokens += sum(len(t.output_ids) for t in trajs)
         push_start = time.perf_counter()
@@ -169,6 +175,7 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         sync.push(actor, step + 1)
         timeperf["weight_push"].append(time.perf_counter() - push_start)
         timeperf["step"].append(time.perf_counter() - step_start)
+        steps_done = step + 1
         saved = checkpointer.maybe_save(actor, step + 1, step + 1, controller.episodes if controller else 0)
         if saved and server is not None:
             server.update(last_checkpoint=saved)
@@ -181,10 +188,11 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
                           reward_last10=mean(rewards[-10:]),
                           max_staleness=controller.max_staleness_seen,
                           tokens_per_second=trained_tokens / elapsed, step_seconds=timeperf["step"][-1],
-                          weight_sync_seconds=previous)
+                          weight_sync_seconds=previous, behav_logp_gap=gaps.last)
             if trajs:
-                log.info("step %d/%d reward %.3f staleness≤%d loss %.4f wait %.2fs sync %.3fs", step + 1, max_steps,
-                         reward, controller.max_staleness_seen, stats["ppo_actor/loss"], wait_s,
+                gap = gaps.last if gaps.last is not None else math.nan
+                log.info("step %d/%d reward %.3f staleness≤%d loss %.4f gap %.2g wait %.2fs sync %.3fs", step + 1,
+                         max_steps, reward, controller.max_staleness_seen, stats["ppo_actor/loss"], gap, wait_s,
                          previous)
     timeperf["weight_sync"].append(sync.wait())
     wall = time.perf_counter() - start
@@ -192,14 +200,15 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         return None
     assert controller is not None and server is not None
     summary = {
-        "steps": max_steps,
+        "steps": steps_done,
         "resumed_from_step": first_step,
         "batch_size": algo.batch_size,
         "reward_first10_mean": mean(rewards[:10]),
         "reward_last10_mean": mean(rewards[-10:]),
         "max_staleness_observed": controller.max_staleness_seen,
         "max_token_staleness_trained": token_staleness,
-        "final_version": max_steps,
+        "final_version": controller.manager.version,  # what every replica confirmed it serves
+        **gaps.summary(),
         "wall_seconds": round(wall, 3),
         "trained_tokens_per_second": round(trained_tokens / wall, 1),
         "generated_tokens_per_second": round(controller.generated_tokens / wall, 1),

@@ -9,6 +9,10 @@ A step, for a batch of trajectories already split across data-parallel ranks:
    global mean);
 3. gradient clipping, AdamW step.
 
+Every step also measures ``mismatch/behav_logp_gap`` = mean |log π_prox − log π_behav| over the
+tokens the engine sampled with the very weights being trained (``Batch.fresh_mask``), over all
+ranks: ≈ 0 when the inference engine serves the trainer's policy (see :func:`.loss.behaviour_gap`).
+
 With one update per batch (``mini_batches = 1``, the default) the weights cannot change between
 step 1 and the loss, so π_prox = sg(π_θ) exactly and the extra forward pass of step 1 is skipped.
 
@@ -30,11 +34,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from ..collectives import all_reduce, world_size
+from ..collectives import all_reduce, all_reduce_many, world_size
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
-from .loss import ppo_loss
+from .loss import behaviour_gap, ppo_loss
 
 
 def shard(model: torch.nn.Module, frozen: bool = False) -> torch.nn.Module:
@@ -93,7 +97,8 @@ class Actor:
         return split(part, count)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
-        """One batch: ``mini_batches`` optimizer updates; stats are averaged over the updates."""
+        """One batch: ``mini_batches`` optimizer updates; stats are averaged over the updates, but
+        ``mismatch/*`` covers the whole batch of every rank."""
         start = time.perf_counter()
         parts = split(batch, self.mini_batches)
         chunks = [self._micro_batches(part) for part in parts]
@@ -102,14 +107,22 @@ class Actor:
             with torch.no_grad():
                 prox = [[token_logprobs(self.model, c, self.temperature) for c in part] for part in chunks]
         stats: dict[str, float] = {}
+        gap_sum = fresh_tokens = 0.0
         for part_chunks, part_prox in zip(chunks, prox, strict=True):
-            for k, v in self._update(part_chunks, part_prox, global_rows / len(parts)).items():
+            part_stats, (part_gap, part_fresh) = self._update(part_chunks, part_prox, global_rows / len(parts))
+            for k, v in part_stats.items():
                 stats[k] = stats.get(k, 0.0) + v / len(parts)
+            gap_sum, fresh_tokens = gap_sum + part_gap, fresh_tokens + part_fresh
+        gap_sum, fresh_tokens = all_reduce_many([gap_sum, fresh_tokens])
+        stats["mismatch/fresh_tokens"] = fresh_tokens
+        stats["mismatch/behav_logp_gap"] = gap_sum / fresh_tokens if fresh_tokens else float("nan")
         stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
 
-    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float) -> dict[str, float]:
-        """Accumulate the loss gradient over ``chunks`` (π_prox = sg(π_θ) when ``prox`` is None), then step."""
+    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
+                global_rows: float) -> tuple[dict[str, float], tuple[float, float]]:
+        """Accumulate the loss gradient over ``chunks`` (π_prox = sg(π_θ) when ``prox`` is None), then
+        step. Returns the stats and this rank's :func:`.loss.behaviour_gap` (sum, tokens)."""
         world = world_size()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / world
@@ -118,6 +131,7 @@ class Actor:
         rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
+        gap_sum = gap_tokens = 0.0
         for i, chunk in enumerate(chunks):
             ref_logp = None
             if self.reference is not None:
@@ -125,6 +139,8 @@ class Actor:
                     ref_logp = token_logprobs(self.reference, chunk, self.temperature)
             logp = token_logprobs(self.model, chunk, self.temperature)
             prox_logp = logp.detach() if prox is None else prox[i]
+            chunk_gap, chunk_tokens = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
+            gap_sum, gap_tokens = gap_sum + chunk_gap, gap_tokens + chunk_tokens
             out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
                            ref_logp=ref_logp, normalizer=normalizer)
             out.loss.backward()
@@ -134,7 +150,7 @@ class Actor:
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
                                              else grad_norm)
-        return stats
+        return stats, (gap_sum, gap_tokens)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""

@@ -2,13 +2,15 @@
 
 Layout (right padding, L = longest prompt+output): ``input_ids`` [B, L]; everything per generated
 token lives at the position that *predicts* it, in [B, L−1] coordinates: ``targets`` = input_ids
-shifted left, ``loss_mask`` = 1 on output tokens, ``behav_logp`` the engine's log-probs there.
+shifted left, ``loss_mask`` = 1 on output tokens, ``behav_logp`` the engine's log-probs there,
+``fresh_mask`` = 1 on output tokens sampled by the very weights being trained (version lag 0: there
+the engine's log-probs must equal the trainer's own, which :mod:`.actor` checks).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -23,22 +25,23 @@ class Batch:
     loss_mask: torch.Tensor     # [B, L-1]
     behav_logp: torch.Tensor    # [B, L-1]
     advantages: torch.Tensor    # [B]
+    fresh_mask: torch.Tensor    # [B, L-1]
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: slice | list[int]) -> Batch:
-        return Batch(*(t[rows] for t in (self.input_ids, self.attention_mask, self.targets, self.loss_mask,
-                                         self.behav_logp, self.advantages)))
+        return Batch(*(getattr(self, f.name)[rows] for f in fields(self)))
 
     def masked(self) -> Batch:
         """A copy with nothing to learn (zero loss mask and advantages): filler that keeps collectives in step."""
         return Batch(self.input_ids, self.attention_mask, self.targets, torch.zeros_like(self.loss_mask),
-                     self.behav_logp, torch.zeros_like(self.advantages))
+                     self.behav_logp, torch.zeros_like(self.advantages), torch.zeros_like(self.fresh_mask))
 
 
-def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> Batch:
+def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, version: int | None = None) -> Batch:
+    """``version``: the version of the weights about to train on this batch (None: no token is fresh)."""
     if not trajs:
         raise ValueError("cannot collate an empty batch")
     seqs = [t.prompt_ids + t.output_ids for t in trajs]
@@ -47,13 +50,15 @@ def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int) -> Ba
     attn = torch.zeros((len(trajs), width), dtype=torch.long)
     mask = torch.zeros((len(trajs), width - 1))
     behav = torch.zeros((len(trajs), width - 1))
+    fresh = torch.zeros((len(trajs), width - 1))
     for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
         ids[i, :len(s)] = torch.tensor(s)
         attn[i, :len(s)] = 1
         start, end = len(t.prompt_ids) - 1, len(s) - 1
         mask[i, start:end] = 1
         behav[i, start:end] = torch.tensor(t.behav_logprobs)
-    return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32))
+        fresh[i, start:end] = torch.tensor([float(v == version) for v in t.versions])
+    return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32), fresh)
 
 
 def micro_batch_count(batch: Batch, token_budget: int) -> int:

@@ -16,11 +16,15 @@ number of valid tokens (``token_mean``) or batch size × max new tokens (``seq_s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import math
+from dataclasses import dataclass, field
 
 import torch
 
 from .algorithms import AlgorithmConfig
+
+log = logging.getLogger("kuberl.trainer")
 
 
 @dataclass
@@ -84,3 +88,49 @@ def ppo_loss(
             "ppo_actor/kl": kl_value,
         }
     return LossOutput(loss, stats)
+
+
+def behaviour_gap(prox_logp: torch.Tensor, behav_logp: torch.Tensor, fresh_mask: torch.Tensor) -> tuple[float, float]:
+    """(Σ fresh · |log π_prox − log π_behav|, Σ fresh) over tokens sampled by the weights π_prox is
+    computed with (version lag 0). There the two log-probs differ only by numerics (≈ 1e-6 in
+    float32, ≈ 1e-2 in bf16); a large mean means the engine is not sampling from the trainer's policy."""
+    fresh = fresh_mask.to(prox_logp.dtype)
+    return float(((prox_logp.detach() - behav_logp).abs() * fresh).sum()), float(fresh.sum())
+
+
+BEHAVIOUR_GAP_LIMIT = 0.2
+"""Nats. Above this mean gap at version lag 0 the trainer warns: bf16 engines differ from the
+trainer by ≈ 0.01–0.05, a wrong or stale layer in the engine by whole nats."""
+
+
+@dataclass
+class BehaviourGapMonitor:
+    """Follows ``mismatch/behav_logp_gap`` over a run; warns (first time, then every
+    ``every`` steps while it lasts) when it exceeds :data:`BEHAVIOUR_GAP_LIMIT`."""
+
+    warn: bool = True
+    every: int = 50
+    last: float | None = None  # None while no step had fresh tokens
+    values: list[float] = field(default_factory=list)
+    _warned_at: int | None = None
+
+    def observe(self, step: int, stats: dict[str, float]) -> None:
+        gap = stats.get("mismatch/behav_logp_gap", math.nan)
+        if math.isnan(gap):
+            return
+        self.last = gap
+        self.values.append(gap)
+        due = self._warned_at is None or step - self._warned_at >= self.every
+        if gap > BEHAVIOUR_GAP_LIMIT and due:
+            self._warned_at = step
+            if self.warn:
+                log.warning(
+                    "step %d: the inference engine's log-probs disagree with the trainer's for tokens sampled "
+                    "by the very weights being trained: mean |log π_behav − log π_θ| = %.3f nats over %d tokens "
+                    "(limit %.2f). The engine is not serving the trainer's policy (a layer that missed the "
+                    "weight update, another dtype or model): the run learns from noise",
+                    step, gap, int(stats.get("mismatch/fresh_tokens", 0)), BEHAVIOUR_GAP_LIMIT)
+
+    def summary(self) -> dict[str, float | None]:
+        return {"behav_logp_gap_mean": round(sum(self.values) / len(self.values), 6) if self.values else None,
+                "behav_logp_gap_max": round(max(self.values), 6) if self.values else None}

@@ -28,6 +28,7 @@ class Progress:
     tokens_per_second: float = 0.0
     step_seconds: float = 0.0
     weight_sync_seconds: float = 0.0  # the last exchange (it overlaps the next step)
+    behav_logp_gap: float | None = None  # mean |log π_behav − log π_θ| at version lag 0 (trainer.loss)
     phase: str = "starting"
     last_checkpoint: str | None = None
     rewards: list[float] = field(default_factory=list)
@@ -42,7 +43,7 @@ class ProgressServer:
         self.registry = CollectorRegistry()
         self._gauges = {name: Gauge(f"kuberl_trainer_{name}", name, registry=self.registry)
                         for name in ("step", "version", "reward", "max_staleness", "tokens_per_second",
-                                     "step_seconds", "weight_sync_seconds")}
+                                     "step_seconds", "weight_sync_seconds", "behav_logp_gap")}
 
     def update(self, **changes: object) -> None:
         with self.lock:
