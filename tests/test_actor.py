@@ -66,7 +66,7 @@ def test_one_update_skips_the_proximal_pass_exactly(world_of_one):
         if explicit:
             with torch.no_grad():
                 prox = [token_logprobs(actor.model, c, 1.0) for c in chunks]
-        stats, _ = actor._update(chunks, prox, batch.size)
+        stats = actor._update(chunks, prox, batch.size, float(batch.loss_mask.sum()))
         results.append((weights(actor), stats["ppo_actor/loss"]))
     (shortcut, loss_a), (recomputed, loss_b) = results
     assert loss_a == pytest.approx(loss_b, rel=1e-6)

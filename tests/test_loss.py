@@ -37,7 +37,7 @@ def test_clip_higher_and_behaviour_weight_by_hand():
     # A > 0: ℓ = max(−A r, −A clip(r)) = −A·min(r, 1.28) for r > 1; for r = 0.5 → max(−1, −1.6) = −1
     expected = (2 * -2 * 1.28 + 1 * -1.0 + 1 * -2 * 1.1) / 3
     assert out.loss.item() == pytest.approx(expected)
-    assert out.stats["ppo_actor/clip_ratio"] == pytest.approx(2 / 3)
+    assert float(out.stats["ppo_actor/clip_ratio"]) == pytest.approx(2 / 3)
 
 
 def test_negative_advantage_and_dual_clip():
@@ -54,7 +54,7 @@ def test_behaviour_cap_masks_too_off_policy_tokens():
     behav = torch.log(t([0.1, 1.0]))  # w = 10 (masked with cap 5), 1
     out = ppo_loss(prox, prox, behav, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2), cfg())
     assert out.loss.item() == pytest.approx(-1.0)  # only the second token, N = 1
-    assert out.stats["ppo_actor/valid_tokens"] == 1
+    assert float(out.stats["ppo_actor/valid_tokens"]) == 1
 
 
 def test_mask_and_drgrpo_constant_normaliser():

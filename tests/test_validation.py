@@ -71,6 +71,11 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
          "must equal nodes×acceleratorsPerNode"),
         ({"trainer__parallelism": {"tensor": 2}}, "spec.trainer.parallelism", "backend fsdp shards over data"),
         ({"inference__tensorParallel": 12}, "spec.inference.tensorParallel", "multiple of it"),
+        # accepted before but not honoured (each host would have started a full server)
+        ({"inference__tensorParallel": 16, "inference__acceleratorsPerNode": 8}, "spec.inference.tensorParallel",
+         "multi-host replicas are not supported yet"),
+        ({"trainer__parallelism": {"context": 2}}, "spec.trainer.parallelism.context",
+         "context parallelism is not supported yet"),
         ({"inference__resources": {"limits": {"nvidia.com/gpu": 2}}, "inference__tensorParallel": 4},
          "spec.inference.resources.limits.nvidia.com/gpu", "needs 4 devices"),
         ({"allocation": "vllm:d1+megatron:(attn:d2p2t2|ffn:d1p2e4)", "trainer__acceleratorsPerNode": 8,
@@ -94,10 +99,6 @@ def test_allocation_implies_sizes():
     assert (trainer.data, trainer.tensor, trainer.pipeline, trainer.expert) == (2, 4, 4, 8)
 
 
-def test_multi_host_replicas():
-    obj, _ = validate_document(with_spec(inference__tensorParallel=16, inference__acceleratorsPerNode=8))
-    inference, _, _ = resolve(obj.spec)
-    assert (inference.hosts_per_replica, inference.devices_per_host) == (2, 8)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ class AcceleratorProfile:
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # e.g. what the Ascend stack expects
     shm_size: str = "1Gi"
-    dist_backend: str = "gloo"
 
 
 def default_image(kind: Accelerator, engine: str | None = None) -> str:
@@ -41,7 +40,7 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
         return AcceleratorProfile(
             kind, EXTENDED_RESOURCE[kind], default_image(kind),
             env={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
-            shm_size="16Gi", dist_backend="nccl",
+            shm_size="16Gi",
         )
     if kind == Accelerator.ASCEND:
         return AcceleratorProfile(
@@ -55,6 +54,6 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
             # The Ascend device plugin and Volcano's ascend plugin select pods by this label to
             # build the HCCL rank table.
             labels={"ring-controller.atlas": "ascend-910b"},
-            shm_size="16Gi", dist_backend="hccl",
+            shm_size="16Gi",
         )
     return AcceleratorProfile(kind, None, default_image(kind, engine), env={"OMP_NUM_THREADS": "1"})

@@ -1,4 +1,4 @@
-"""Names and labels shared by the builders, the handlers and the workload (DESIGN.md §3)."""
+"""Names and labels shared by the builders, the handlers and the workload (docs/architecture.md, "The contract")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pure status aggregation: pods → InferencePool / TrainerJob status → RLExperiment status.
 
-Phases (DESIGN.md §1): Pending, Initializing, Running, Suspended, Succeeded, Failed.
+Phases: Pending, Initializing, Running, Suspended, Succeeded, Failed.
 Conditions are metav1.Condition dicts. A child's problem (ImagePullBackOff, CrashLoopBackOff, a
 Failed pod, Unschedulable) surfaces as ``Degraded=True`` with the pod's reason and message, and
 climbs to the RLExperiment. Deterministic errors (bad image, bad config) fail fast.

@@ -1,4 +1,4 @@
-"""Copy a node's topology onto a scheduled pod as ``kuberl.io/*`` labels (DESIGN.md §3).
+"""Copy a node's topology onto a scheduled pod as ``kuberl.io/*`` labels (docs/architecture.md, "The contract").
 
 The weight-exchange planner ranks links by these labels: same node > same fabric > same zone.
 """

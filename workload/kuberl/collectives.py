@@ -11,6 +11,8 @@ from typing import NoReturn, TypeVar
 import torch
 import torch.distributed as dist
 
+from .devices import collective_device
+
 T = TypeVar("T")
 
 
@@ -40,10 +42,14 @@ def all_reduce(value: float, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) ->
 
 
 def all_reduce_many(values: list[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> list[float]:
-    """Element-wise reduction of every rank's ``values`` (same length on every rank), in one call."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=op)
+    """Element-wise reduction of every rank's ``values`` (same length on every rank), in one call,
+    in float32."""
+    if not dist.is_initialized():
+        return list(values)
+    # float32: HCCL on Atlas A2/A3 reduces no float64 (CANN's HcclAllReduce data types); counts stay
+    # exact below 2**24. NCCL and HCCL take tensors on the accelerator only.
+    t = torch.tensor(values, dtype=torch.float32, device=collective_device())
+    dist.all_reduce(t, op=op)
     return [float(x) for x in t.tolist()]
 
 

@@ -56,7 +56,7 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def pod_labels(work: Path, role: str, index: int) -> str:
-    """The downward-API labels file a pod would have (DESIGN.md §3): every process on this node."""
+    """The downward-API labels file a pod would have (docs/architecture.md): every process on this node."""
     path = work / "podinfo" / f"{role}-{index}.labels"
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = {"kuberl.io/node": "localhost", "kuberl.io/role": role, "kuberl.io/rank": str(index)}

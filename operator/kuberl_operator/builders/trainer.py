@@ -56,7 +56,6 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
         **accel.env,
         "KUBERL_ROLE": ROLE_TRAINER,
         "KUBERL_BACKEND": str(spec.backend),
-        "KUBERL_DIST_BACKEND": accel.dist_backend,
         "MASTER_ADDR": master_address(job),
         "MASTER_PORT": str(MASTER_PORT),
         "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),

@@ -137,6 +137,13 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
             f"≤ acceleratorsPerNode ({per_node}) or a multiple of it",
         )
         hosts, per_host = 1, per_replica
+    if hosts > 1:
+        issues.add(
+            "spec.inference.tensorParallel",
+            f"a replica of tensorParallel×pipelineParallel = {per_replica} devices would span {hosts} hosts of "
+            f"{per_node} (acceleratorsPerNode); multi-host replicas are not supported yet (every host would "
+            "start a full server): use at most acceleratorsPerNode devices per replica",
+        )
     _check_device_request("spec.inference", inf, per_host, issues)
     if len(issues.items) > before:
         return None
@@ -189,6 +196,12 @@ def _resolve_trainer(spec: RLExperimentSpec, alloc: Allocation | None, issues: _
             "spec.trainer.parallelism",
             "backend fsdp shards over data (and context) only; use backend megatron for tensor, "
             "pipeline or expert parallelism",
+        )
+    if dims.context > 1:
+        issues.add(
+            "spec.trainer.parallelism.context",
+            f"is {dims.context}: context parallelism is not supported yet (the trainer shards over data only); "
+            "remove it (or the c in the allocation)",
         )
     moe_span = expert * expert_tensor * dims.pipeline
     if world % moe_span:

@@ -53,6 +53,13 @@ class GangScheduler(StrEnum):
     COSCHEDULING = "coscheduling"
 
 
+class ModelDtype(StrEnum):
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
 class TrainerRuntime(StrEnum):
     NATIVE = "native"
     KUBEFLOW = "kubeflow"
@@ -92,6 +99,12 @@ class SftWarmup(ApiModel):
 class ModelSource(ApiModel):
     path: str = Field(min_length=1, description="builtin:tiny-qwen2, file:///dir (from_pretrained) or s3://prefix/")
     tokenizer: str | None = Field(None, description="tokenizer path; defaults to the model path")
+    dtype: ModelDtype = Field(
+        ModelDtype.AUTO,
+        description="compute dtype of the trainer (FSDP2 mixed precision: forward/backward in this dtype, "
+                    "float32 master weights and gradient reduction) and of the inference engines; auto = "
+                    "bfloat16 on nvidia/ascend, float32 on cpu",
+    )
     sft_warmup: SftWarmup = Field(default_factory=SftWarmup)
 
 

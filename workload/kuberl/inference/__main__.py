@@ -15,11 +15,15 @@ from .server import build_app
 
 
 def torch_engine_for(run: Any, replica: int) -> tuple[Any, Any]:
+    from ..devices import accelerator_device, compute_dtype
     from ..models.loading import load_model
     from .engine import TorchEngine
 
-    model, tokenizer = load_model(run.spec.model, run.spec.seed)
-    engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=run.spec.seed + 1000 * replica)
+    spec = run.spec
+    model, tokenizer = load_model(spec.model, spec.seed)
+    device = accelerator_device(spec.inference.accelerator, 0)
+    model = model.to(device=device, dtype=compute_dtype(spec.model.dtype, spec.inference.accelerator))
+    engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=spec.seed + 1000 * replica)
     return engine, tokenizer
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import WIRE_DTYPE
 from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
 
 log = logging.getLogger("kuberl.inference")
@@ -142,7 +143,8 @@ class TorchEngine:
             self.version = version
 
     def parameter_layout(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
-        return {name: (p.shape, p.dtype) for name, p in self.model.named_parameters()}
+        """What the p2p exchange sends: every parameter in the wire dtype (cast on receipt)."""
+        return {name: (p.shape, WIRE_DTYPE) for name, p in self.model.named_parameters()}
 
     async def receive_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """Copy ``tensors`` into the parameters of the same names and set the version, between two
@@ -194,7 +196,9 @@ class TorchEngine:
             ids[i, width - len(s):] = torch.tensor(s)
             mask[i, width - len(s):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :]
+        device = self.model.device
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                            position_ids=positions.to(device)).logits[:, -1, :].float().cpu()
         temperature = torch.tensor([r.params.temperature for r in batch])
         top_p = torch.tensor([r.params.top_p for r in batch])
         return sample_tokens(logits, temperature, top_p, self._generator)

@@ -282,20 +282,22 @@ def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
     A builtin model is built in code (same seed as the trainer's) and saved to a scratch directory
     for vLLM to load; a ``file://`` model is served from its own directory."""
     require_vllm()
+    from ..devices import WIRE_DTYPE, compute_dtype, dtype_name
     from ..models.loading import BUILTIN, load_model, load_tokenizer, local_dir
 
     spec = run.spec
     tokenizer = load_tokenizer(spec.model)
+    dtype = dtype_name(compute_dtype(spec.model.dtype, spec.inference.accelerator))  # the trainer's
     if spec.model.path in BUILTIN:
-        model_dir, dtype = _scratch_dir("kuberl-model-"), "float32"
+        model_dir = _scratch_dir("kuberl-model-")
         model, _ = load_model(spec.model, spec.seed)
         model.save_pretrained(model_dir)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        model_dir, dtype = str(local_dir(spec.model.path, "spec.model.path")), "auto"
+        model_dir = str(local_dir(spec.model.path, "spec.model.path"))
         with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=WIRE_DTYPE)
     on_cpu = str(spec.inference.accelerator) == "cpu"
     engine = build_vllm_engine(
         model_dir, tokenizer.eos_token_id, hf_parameter_layout(model), tied_aliases(model),

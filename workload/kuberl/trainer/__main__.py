@@ -19,8 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ..api import resolve
+from ..api.spec import Accelerator
 from ..collectives import broadcast_from_rank0, exit_without_teardown
 from ..data.datasets import examples
+from ..devices import DIST_BACKENDS, accelerator_device, compute_dtype
 from ..models.loading import load_model
 from ..rewards import load_reward
 from ..rollout.client import InferenceClient
@@ -40,15 +42,17 @@ from .sft import encode, sft_warmup
 log = logging.getLogger("kuberl.trainer")
 
 
-def init_distributed() -> tuple[int, int]:
-    """torchrun's env if present, else a world of one; gloo on CPU, NCCL / HCCL where present."""
+def init_distributed(accelerator: str) -> tuple[int, int, torch.device]:
+    """torchrun's env if present, else a world of one. This rank's device first (``LOCAL_RANK`` of
+    the pod's accelerators), then the process group: gloo on CPU, NCCL / HCCL on accelerators
+    (``kuberl.devices.DIST_BACKENDS``)."""
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    backend = os.environ.get("KUBERL_DIST_BACKEND", "gloo")
-    dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size()
+    device = accelerator_device(accelerator, int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(DIST_BACKENDS[Accelerator(accelerator)])
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 def inference_urls(run: RunConfig) -> list[str]:
@@ -68,7 +72,7 @@ def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
+def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[str, object] | None:
     spec = run.spec
     algo = spec.algorithm
     max_steps = int(os.environ.get("KUBERL_MAX_STEPS", algo.max_steps))
@@ -84,7 +88,9 @@ def train(run: RunConfig, rank: int, world: int) -> dict[str, object] | None:
         raise SystemExit(f"spec.trainer.backend is {plan.backend}: this build trains with fsdp only. The Megatron-"
                          "core backend has its weight conversion and model building (kuberl.megatron) but not "
                          "its training loop, which needs CUDA/NPU devices to verify; use backend: fsdp")
-    actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches)
+    dtype = compute_dtype(spec.model.dtype, spec.trainer.accelerator)
+    actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches, device,
+                         dtype)
     checkpointer = Checkpointer(os.environ.get("KUBERL_CHECKPOINT_URI") or spec.checkpoint.uri,
                                 spec.checkpoint.every_steps, spec.checkpoint.keep,
                                 Path(os.environ.get("KUBERL_STAGING_DIR", "/tmp/kuberl-staging")), rank,
@@ -235,9 +241,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
     torch.set_num_threads(int(os.environ.get("KUBERL_THREADS", "1")))
     run = load_run_config(args.config)
-    rank, world = init_distributed()
+    rank, world, device = init_distributed(run.spec.trainer.accelerator)
     try:
-        summary = train(run, rank, world)
+        summary = train(run, rank, world, device)
         if summary is not None and os.environ.get("KUBERL_SUMMARY_PATH"):
             Path(os.environ["KUBERL_SUMMARY_PATH"]).write_text(json.dumps(summary, indent=2))
     finally:

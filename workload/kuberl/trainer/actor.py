@@ -26,13 +26,14 @@ micro-batch then costs one more forward pass, for log π_ref.
 from __future__ import annotations
 
 import copy
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..weights.transport import local_tensor
@@ -41,16 +42,29 @@ from .batch import Batch, micro_batch_count, split
 from .loss import behaviour_gap, ppo_loss
 
 
-def shard(model: torch.nn.Module, frozen: bool = False) -> torch.nn.Module:
+def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """FSDP2: each transformer block is a unit, then the root (embeddings, head).
 
     FSDP2 keeps the root unsharded after forward, for the backward that follows; a ``frozen`` model
-    (no backward, e.g. the KL reference) reshards its root after forward too.
+    (no backward, e.g. the KL reference) reshards its root after forward too. A ``compute_dtype``
+    other than float32 is FSDP2 mixed precision: parameters are all-gathered and used in that dtype,
+    gradients reduced in float32, master weights and optimizer state stay float32.
     """
+    mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in getattr(getattr(model, "model", model), "layers", []):
-        fully_shard(layer)
-    fully_shard(model, reshard_after_forward=True if frozen else None)
+        fully_shard(layer, mp_policy=mixed)
+    fully_shard(model, reshard_after_forward=True if frozen else None, mp_policy=mixed)
     return model
+
+
+def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim device tensors → Python floats in one device-to-host copy (one sync per step, not one
+    per number). Tensors without data (the ``meta`` device, in placement tests) become NaN."""
+    if not values:
+        return {}
+    stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
+    numbers = [math.nan] * len(values) if stacked.is_meta else stacked.cpu().tolist()
+    return dict(zip(values, numbers, strict=True))
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
@@ -71,17 +85,22 @@ class Actor:
     token_budget: int = 16384
     max_grad_norm: float = 1.0
     reference: torch.nn.Module | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @classmethod
     def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
-               mini_batches: int = 1) -> Actor:
+               mini_batches: int = 1, device: torch.device | None = None,
+               compute_dtype: torch.dtype = torch.float32) -> Actor:
+        """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer."""
+        device = device or torch.device("cpu")
+        model = model.to(device=device, dtype=torch.float32)
         reference = None
         if config.kl_coef > 0:
-            reference = shard(copy.deepcopy(model).requires_grad_(False), frozen=True).eval()
-        model = shard(model)
+            reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
+        model = shard(model, compute_dtype=compute_dtype)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
-        return cls(model, optimizer, config, temperature, mini_batches, reference=reference)
+        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device)
 
     def freeze_reference(self) -> None:
         """π_ref := the current policy (both are sharded alike, so each rank copies its own shards)."""
@@ -97,41 +116,45 @@ class Actor:
         return split(part, count)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
-        """One batch: ``mini_batches`` optimizer updates; stats are averaged over the updates, but
-        ``mismatch/*`` covers the whole batch of every rank."""
+        """One batch (host memory; moved to ``device`` micro-batch by micro-batch): ``mini_batches``
+        optimizer updates; stats are averaged over the updates, but ``mismatch/*`` covers the whole
+        batch of every rank."""
         start = time.perf_counter()
         parts = split(batch, self.mini_batches)
-        chunks = [self._micro_batches(part) for part in parts]
+        chunks = [[c.to(self.device) for c in self._micro_batches(part)] for part in parts]
+        part_tokens = [float(part.loss_mask.sum()) for part in parts]  # counted on the host copy
         prox: list[list[torch.Tensor] | None] = [None] * len(parts)
         if self.mini_batches > 1:
             with torch.no_grad():
                 prox = [[token_logprobs(self.model, c, self.temperature) for c in part] for part in chunks]
         stats: dict[str, float] = {}
         gap_sum = fresh_tokens = 0.0
-        for part_chunks, part_prox in zip(chunks, prox, strict=True):
-            part_stats, (part_gap, part_fresh) = self._update(part_chunks, part_prox, global_rows / len(parts))
+        for part_chunks, part_prox, tokens in zip(chunks, prox, part_tokens, strict=True):
+            part_stats = self._update(part_chunks, part_prox, global_rows / len(parts), tokens)
             for k, v in part_stats.items():
                 stats[k] = stats.get(k, 0.0) + v / len(parts)
-            gap_sum, fresh_tokens = gap_sum + part_gap, fresh_tokens + part_fresh
+            gap_sum, fresh_tokens = gap_sum + part_stats["gap/sum"], fresh_tokens + part_stats["gap/tokens"]
+        for key in ("gap/sum", "gap/tokens"):
+            del stats[key]
         gap_sum, fresh_tokens = all_reduce_many([gap_sum, fresh_tokens])
         stats["mismatch/fresh_tokens"] = fresh_tokens
         stats["mismatch/behav_logp_gap"] = gap_sum / fresh_tokens if fresh_tokens else float("nan")
         stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
 
-    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
-                global_rows: float) -> tuple[dict[str, float], tuple[float, float]]:
-        """Accumulate the loss gradient over ``chunks`` (π_prox = sg(π_θ) when ``prox`` is None), then
-        step. Returns the stats and this rank's :func:`.loss.behaviour_gap` (sum, tokens)."""
+    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
+                local_tokens: float) -> dict[str, float]:
+        """Accumulate the loss gradient over ``chunks`` (on ``device``; π_prox = sg(π_θ) when ``prox``
+        is None), then step. ``local_tokens``: this rank's loss tokens in ``chunks``. The stats include
+        this rank's :func:`.loss.behaviour_gap` as ``gap/sum`` and ``gap/tokens``."""
         world = world_size()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / world
         else:
-            normalizer = max(all_reduce(sum(float(c.loss_mask.sum()) for c in chunks)), 1.0) / world
+            normalizer = max(all_reduce(local_tokens), 1.0) / world
         rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
-        stats: dict[str, float] = {}
-        gap_sum = gap_tokens = 0.0
+        stats: dict[str, torch.Tensor] = {}
         for i, chunk in enumerate(chunks):
             ref_logp = None
             if self.reference is not None:
@@ -139,18 +162,17 @@ class Actor:
                     ref_logp = token_logprobs(self.reference, chunk, self.temperature)
             logp = token_logprobs(self.model, chunk, self.temperature)
             prox_logp = logp.detach() if prox is None else prox[i]
-            chunk_gap, chunk_tokens = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
-            gap_sum, gap_tokens = gap_sum + chunk_gap, gap_tokens + chunk_tokens
+            gap = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
             out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
                            ref_logp=ref_logp, normalizer=normalizer)
             out.loss.backward()
-            for k, v in out.stats.items():
-                stats[k] = stats.get(k, 0.0) + v * chunk.size / rows
+            weighted = {k: v * (chunk.size / rows) for k, v in out.stats.items()}
+            for k, v in {**weighted, "gap/sum": gap[0], "gap/tokens": gap[1]}.items():
+                stats[k] = stats[k] + v if k in stats else v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
-        stats["ppo_actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
-                                             else grad_norm)
-        return stats, (gap_sum, gap_tokens)
+        stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        return host_floats(stats)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""

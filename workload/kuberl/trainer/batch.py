@@ -34,6 +34,10 @@ class Batch:
     def select(self, rows: slice | list[int]) -> Batch:
         return Batch(*(getattr(self, f.name)[rows] for f in fields(self)))
 
+    def to(self, device: torch.device) -> Batch:
+        """Every tensor on ``device`` (host-to-device copies overlap compute where pinned)."""
+        return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+
     def masked(self) -> Batch:
         """A copy with nothing to learn (zero loss mask and advantages): filler that keeps collectives in step."""
         return Batch(self.input_ids, self.attention_mask, self.targets, torch.zeros_like(self.loss_mask),

@@ -30,7 +30,7 @@ log = logging.getLogger("kuberl.trainer")
 @dataclass
 class LossOutput:
     loss: torch.Tensor
-    stats: dict[str, float]
+    stats: dict[str, torch.Tensor]  # 0-dim, detached, on the loss's device (read them once per step)
 
 
 def ppo_loss(
@@ -67,7 +67,7 @@ def ppo_loss(
         else:
             normalizer = float(mask.sum().clamp(min=1.0))
     loss = (per_token * mask).sum() / normalizer
-    kl_value = 0.0
+    kl_value = torch.zeros((), device=logp.device)
     if config.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs reference log-probs")
@@ -75,27 +75,29 @@ def ppo_loss(
         kl = torch.exp(log_ratio) - log_ratio - 1  # k3 estimator, ≥ 0
         kl_term = (kl * mask).sum() / normalizer
         loss = loss + config.kl_coef * kl_term
-        kl_value = float(kl_term.detach())
+        kl_value = kl_term.detach()
     with torch.no_grad():
         valid = mask.sum().clamp(min=1.0)
         clipped_frac = (((ratio < 1 - config.clip_low) | (ratio > 1 + config.clip_high)).to(mask.dtype) * mask)
         stats = {
-            "ppo_actor/loss": float(loss.detach()),
-            "ppo_actor/importance_weight": float((ratio * mask).sum() / valid),
-            "ppo_actor/clip_ratio": float(clipped_frac.sum() / valid),
-            "ppo_actor/behave_imp_weight": float((behav_w * mask).sum() / valid),
-            "ppo_actor/valid_tokens": float(mask.sum()),
+            "ppo_actor/loss": loss.detach(),
+            "ppo_actor/importance_weight": (ratio * mask).sum() / valid,
+            "ppo_actor/clip_ratio": clipped_frac.sum() / valid,
+            "ppo_actor/behave_imp_weight": (behav_w * mask).sum() / valid,
+            "ppo_actor/valid_tokens": mask.sum(),
             "ppo_actor/kl": kl_value,
         }
     return LossOutput(loss, stats)
 
 
-def behaviour_gap(prox_logp: torch.Tensor, behav_logp: torch.Tensor, fresh_mask: torch.Tensor) -> tuple[float, float]:
+def behaviour_gap(prox_logp: torch.Tensor, behav_logp: torch.Tensor,
+                  fresh_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ fresh · |log π_prox − log π_behav|, Σ fresh) over tokens sampled by the weights π_prox is
-    computed with (version lag 0). There the two log-probs differ only by numerics (≈ 1e-6 in
-    float32, ≈ 1e-2 in bf16); a large mean means the engine is not sampling from the trainer's policy."""
+    computed with (version lag 0), as 0-dim tensors. There the two log-probs differ only by numerics
+    (≈ 1e-6 in float32, ≈ 1e-2 in bf16); a large mean means the engine is not sampling from the
+    trainer's policy."""
     fresh = fresh_mask.to(prox_logp.dtype)
-    return float(((prox_logp.detach() - behav_logp).abs() * fresh).sum()), float(fresh.sum())
+    return ((prox_logp.detach() - behav_logp).abs() * fresh).sum(), fresh.sum()
 
 
 BEHAVIOUR_GAP_LIMIT = 0.2

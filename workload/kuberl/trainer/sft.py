@@ -38,7 +38,8 @@ def sft_warmup(model: torch.nn.Module, tokenizer, data: Iterator[Example], steps
             ids[i, :len(p) + len(a)] = torch.tensor(p + a)
             labels[i, len(p):len(p) + len(a)] = torch.tensor(a)
             attn[i, :len(p) + len(a)] = 1
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        device = next(model.parameters()).device
+        loss = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,4 +1,4 @@
-"""Where every rank runs, from pod labels (DESIGN.md §3): the planner's topology input.
+"""Where every rank runs, from pod labels (docs/architecture.md, "The contract"): the planner's topology input.
 
 Each pod reads its own labels from the downward-API file (``/etc/kuberl/podinfo/labels``, one
 ``key="value"`` per line, values Go-quoted); the operator puts ``kuberl.io/node``, ``/fabric`` and

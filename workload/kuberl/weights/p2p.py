@@ -113,7 +113,8 @@ class P2PSync:
         self.wait()
         if self._pg is None:
             self._set_up(source)
-        snapshot = {name: t.clone() for name, t in source.local_parameters().items()}
+        # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
+        snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
         self._last = (source, version)
         self._pending = self._executor.submit(self._exchange, snapshot, version)
 
