@@ -137,12 +137,16 @@ class S3Store:
         return body.decode()
 
     def list(self, prefix: str = "") -> dict[str, int]:
+        return {key: size for key, (size, _) in self.list_objects(prefix).items()}
+
+    def list_objects(self, prefix: str = "") -> dict[str, tuple[int, str]]:
+        """Keys under ``prefix`` with their size and ETag (unquoted; the MD5 of single-part uploads)."""
         paginator = self.client.get_paginator("list_objects_v2")
-        out: dict[str, int] = {}
+        out: dict[str, tuple[int, str]] = {}
         pages = self._call("list", lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix))))
         for page in pages:
             for item in page.get("Contents", []):
-                out[item["Key"][len(self.prefix):]] = item["Size"]
+                out[item["Key"][len(self.prefix):]] = (item["Size"], str(item.get("ETag", "")).strip('"'))
         return out
 
     def delete_prefix(self, prefix: str) -> None:

@@ -1,4 +1,5 @@
-"""Prompt/answer datasets: ``builtin:arithmetic`` (generated, seeded) and JSONL files.
+"""Prompt/answer datasets: ``builtin:arithmetic`` (generated, seeded) and JSONL files (local, or
+``s3://bucket/key.jsonl`` through the node-local cache).
 
 A dataset is an endless, deterministic stream of ``Example(prompt, answer)``: the same seed gives
 the same order, and ``position`` lets a resumed run continue where it stopped.
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..api.spec import DatasetSource
+from ..remote import RemoteError, local_copy
 
 
 class DatasetError(ValueError):
@@ -66,6 +68,16 @@ def read_jsonl(path: Path, prompt_key: str, answer_key: str) -> list[Example]:
     return out
 
 
+def dataset_file(uri: str) -> Path:
+    """A local JSONL file: ``file://`` / plain paths as they are, ``s3://bucket/key`` via the cache."""
+    if uri.startswith("s3://"):
+        try:
+            return local_copy(uri)
+        except RemoteError as err:
+            raise DatasetError(f"spec.dataset.path: {err}") from err  # the error names the URI
+    return Path(uri.removeprefix("file://"))
+
+
 def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Example]:
     """Endless deterministic stream starting after ``position`` examples."""
     rng = random.Random(seed)
@@ -78,9 +90,7 @@ def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Ex
             ex = make(rng)
             if i >= position:
                 yield ex
-    if source.path.startswith("s3://"):
-        raise DatasetError(f"spec.dataset.path {source.path!r}: s3:// datasets are not implemented yet")
-    rows = read_jsonl(Path(source.path.removeprefix("file://")), source.prompt_key, source.answer_key)
+    rows = read_jsonl(dataset_file(source.path), source.prompt_key, source.answer_key)
     i = 0
     while True:
         order = list(range(len(rows)))

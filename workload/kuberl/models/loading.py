@@ -1,8 +1,9 @@
 """Load the policy named by ``spec.model``: ``builtin:tiny-qwen2`` or a `from_pretrained` directory.
 
-``file:///path`` and plain paths load with ``from_pretrained`` (weights and tokenizer from disk).
-Nothing is ever downloaded at run time: a hub id that is not a local directory is an error that
-says so.
+``file:///path`` and plain paths load with ``from_pretrained`` (weights and tokenizer from disk);
+an ``s3://bucket/prefix/`` is first copied into the node-local cache (:mod:`kuberl.remote`), the
+same way in trainer and inference pods. Nothing is ever downloaded from a model hub: a hub id that
+is not a local directory is an error that says so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..api.spec import ModelSource
+from ..remote import RemoteError, local_copy
 from .tiny import char_tokenizer, tiny_qwen2
 
 BUILTIN = {"builtin:tiny-qwen2"}
@@ -23,6 +25,12 @@ class ModelLoadError(ValueError):
 
 
 def local_dir(uri: str, field: str) -> Path:
+    """The local directory of a ``file://`` / plain path, or of an ``s3://`` prefix (downloaded once)."""
+    if uri.startswith("s3://"):
+        try:
+            return local_copy(uri if uri.endswith("/") else uri + "/")
+        except RemoteError as err:
+            raise ModelLoadError(f"{field}: {err}") from err  # the error names the URI
     path = Path(uri.removeprefix("file://"))
     if not path.is_dir():
         raise ModelLoadError(
@@ -36,7 +44,8 @@ def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
     uri = source.tokenizer or source.path
     if uri in BUILTIN:
         return char_tokenizer()
-    tok = AutoTokenizer.from_pretrained(local_dir(uri, "spec.model.tokenizer"), padding_side="left")
+    field = "spec.model.tokenizer" if source.tokenizer else "spec.model.path"
+    tok = AutoTokenizer.from_pretrained(local_dir(uri, field), padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -47,8 +56,6 @@ def load_model(source: ModelSource, seed: int) -> tuple[PreTrainedModel, PreTrai
     tokenizer = load_tokenizer(source)
     if source.path in BUILTIN:
         model = tiny_qwen2(len(tokenizer), seed)
-    elif source.path.startswith("s3://"):
-        raise ModelLoadError(f"spec.model.path {source.path!r}: s3:// model loading is not implemented yet")
     else:
         # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
         model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path"), dtype=torch.float32)
