@@ -27,7 +27,7 @@ MINIMAL: dict[str, Any] = {
     "kind": "RLExperiment",
     "metadata": {"name": "demo", "namespace": "team-a"},
     "spec": {
-        "model": {"path": "file:///models/tiny"},
+        "model": {"path": "s3://models/tiny/"},
         "dataset": {"path": "builtin:arithmetic"},
         "reward": {"function": "kuberl.rewards:exact_match"},
     },

@@ -140,7 +140,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     if len(exps) != 1:
         raise RunError(f"{path}: kuberl run needs exactly one RLExperiment, found {len(exps)}")
     doc = apply_overrides(exps[0], overrides)
-    obj, issues = validate_document(doc)
+    obj, issues = validate_document(doc, cluster=False)  # this machine's disk: file:// needs no volume
     if obj is None:
         raise RunError("; ".join(f"{path}: {i}" for i in issues))
     assert isinstance(obj, RLExperiment)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kuberl.api.spec import PodPlacement, SchedulingSpec
+from kuberl.api.spec import PodPlacement, SchedulingSpec, StorageSpec
 
 from ..accelerators import AcceleratorProfile
 from ..names import CONFIG_MOUNT, MANAGED_BY, PODINFO_MOUNT
@@ -74,6 +74,34 @@ def env_list(env: dict[str, str]) -> list[Manifest]:
     return out + [{"name": k, "value": v} for k, v in env.items()]
 
 
+S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "AWS_SESSION_TOKEN": True}
+
+
+def storage_env(storage: StorageSpec) -> list[Manifest]:
+    """S3 access for the workload: credentials only as ``secretKeyRef`` (never values in the pod
+    spec), the endpoint and region as plain values (``KUBERL_S3_ENDPOINT``: kuberl.checkpoint.store)."""
+    out: list[Manifest] = []
+    if storage.credentials_secret:
+        out += [{"name": key, "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key,
+                                                            **({"optional": True} if optional else {})}}}
+                for key, optional in S3_SECRET_KEYS.items()]  # fmt: skip
+    if storage.endpoint:
+        out.append({"name": "KUBERL_S3_ENDPOINT", "value": storage.endpoint})
+    if storage.region:
+        out += [{"name": name, "value": storage.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
+    return out
+
+
+def storage_volumes(storage: StorageSpec) -> tuple[list[Manifest], list[Manifest]]:
+    """(volumes, volumeMounts) for ``spec.storage.volumes``: PersistentVolumeClaims."""
+    volumes = [{"name": f"storage-{i}", "persistentVolumeClaim": {"claimName": v.claim_name,
+                                                                  **({"readOnly": True} if v.read_only else {})}}
+               for i, v in enumerate(storage.volumes)]  # fmt: skip
+    mounts = [{"name": f"storage-{i}", "mountPath": v.mount_path, **({"readOnly": True} if v.read_only else {})}
+              for i, v in enumerate(storage.volumes)]
+    return volumes, mounts
+
+
 def pod_manifest(
     parent: Manifest,
     *,
@@ -86,9 +114,11 @@ def pod_manifest(
     container: Manifest,
     config_map: str | None,
     restart_policy: str,
+    storage: StorageSpec,
     extra_annotations: dict[str, str] | None = None,
 ) -> Manifest:
-    """A non-root, no-privilege pod with config, pod-info (downward API) and shm volumes."""
+    """A non-root, no-privilege pod with config, pod-info (downward API), shm and scratch volumes,
+    and the experiment's storage (S3 env from a Secret, PersistentVolumeClaims)."""
     mounts = [{"name": "podinfo", "mountPath": PODINFO_MOUNT, "readOnly": True},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "scratch", "mountPath": "/tmp"}]
@@ -103,8 +133,11 @@ def pod_manifest(
     if config_map:
         mounts.append({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
         volumes.append({"name": "config", "configMap": {"name": config_map}})
+    claim_volumes, claim_mounts = storage_volumes(storage)
+    volumes, mounts = volumes + claim_volumes, mounts + claim_mounts
     full_container = {
         **container,
+        "env": list(container.get("env") or []) + storage_env(storage),
         "image": placement.image or accel.image,
         "imagePullPolicy": "IfNotPresent",
         "volumeMounts": mounts,
@@ -130,6 +163,8 @@ def pod_manifest(
         "containers": [full_container],
         "volumes": volumes,
     }
+    if storage.service_account_name:  # workload identity: the pod's credentials come with its account
+        spec["serviceAccountName"] = storage.service_account_name
     if placement.node_selector:
         spec["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:

@@ -15,6 +15,7 @@ from kuberl.api import (
     resolve,
 )
 from kuberl.api.spec import Parallelism
+from kuberl.api.storage import cluster_issues, credentials_secret
 
 from ..names import (
     CONFIG_FILE,
@@ -37,12 +38,14 @@ class InvalidSpec(ValueError):
 def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manifest]:
     """ConfigMap, InferencePool and TrainerJob for ``exp``; raises ``InvalidSpec``."""
     inference, trainer, issues = resolve(exp.spec)
+    issues += cluster_issues(exp.spec)
     if issues or inference is None or trainer is None:
         raise InvalidSpec(issues)
     name, spec = exp.metadata.name, exp.spec
     labels = {LABEL_EXPERIMENT: name}
     pool_name, job_name, cm_name = inference_pool_name(name), trainer_job_name(name), config_map_name(name)
     placement_keys = {"accelerator", "image", "resources", "node_selector", "tolerations"}
+    storage = spec.storage.model_copy(update={"credentials_secret": credentials_secret(spec)})
     pool_spec = InferencePoolSpec(
         **spec.inference.model_dump(include=placement_keys),
         experiment=name,
@@ -54,6 +57,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manif
         hosts_per_replica=inference.hosts_per_replica,
         accelerators_per_host=inference.devices_per_host,
         port=spec.inference.port,
+        storage=storage,
         scheduling=spec.scheduling,
         suspend=spec.suspend,
     )
@@ -71,6 +75,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manif
         ),
         backoff_limit=spec.trainer.backoff_limit,
         inference_service=pool_name,
+        storage=storage,
         scheduling=spec.scheduling,
         suspend=spec.suspend,
     )

@@ -63,7 +63,7 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
     pod = pod_manifest(
         parent, name=pod_name, subdomain=name, labels=labels, placement=spec,
         scheduling=spec.scheduling, accel=accel, container=container,
-        config_map=spec.config_map, restart_policy="Always",
+        config_map=spec.config_map, restart_policy="Always", storage=spec.storage,
     )
     return join_gang(pod, name, spec.scheduling)
 

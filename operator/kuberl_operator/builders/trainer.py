@@ -93,7 +93,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     pod = pod_manifest(
         parent, name=trainer_pod_name(name, rank), subdomain=name, labels=labels, placement=spec,
         scheduling=spec.scheduling, accel=accel, container=container,
-        config_map=spec.config_map, restart_policy="Never",
+        config_map=spec.config_map, restart_policy="Never", storage=spec.storage,
     )
     return join_gang(pod, name, spec.scheduling)
 

@@ -20,6 +20,7 @@ from .spec import (
     PodPlacement,
     RLExperimentSpec,
     SchedulingSpec,
+    StorageSpec,
     TrainerRuntime,
 )
 
@@ -93,6 +94,7 @@ class InferencePoolSpec(PodPlacement):
     hosts_per_replica: int = Field(1, ge=1)
     accelerators_per_host: int = Field(1, ge=1, description="devices per pod")
     port: int = Field(8000, ge=1024, le=65535)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
 
@@ -107,6 +109,7 @@ class TrainerJobSpec(PodPlacement):
     parallelism: Parallelism = Field(default_factory=Parallelism)
     backoff_limit: int = Field(3, ge=0)
     inference_service: str | None = Field(None, description="headless Service of the pool")
+    storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
 

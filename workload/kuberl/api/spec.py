@@ -65,6 +65,8 @@ class TrainerRuntime(StrEnum):
     KUBEFLOW = "kubeflow"
 
 
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+ABSOLUTE_PATH = r"^/[A-Za-z0-9._/-]*$"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|m)?$")
 
 
@@ -231,6 +233,41 @@ class TrainerSpec(PodPlacement):
 
 class WeightSyncSpec(ApiModel):
     mode: WeightSyncMode = WeightSyncMode.P2P
+    directory: str | None = Field(
+        None, pattern=ABSOLUTE_PATH, max_length=256,
+        description="mode disk on a cluster: a directory on a ReadWriteMany volume of spec.storage.volumes "
+                    "that the trainer writes and every inference pod reads",
+    )
+
+
+class VolumeMount(ApiModel):
+    """A PersistentVolumeClaim mounted into every workload pod (trainer and inference)."""
+
+    claim_name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253,
+                            description="PersistentVolumeClaim in the experiment's namespace; ReadWriteMany when "
+                                        "pods on several nodes share it")  # fmt: skip
+    mount_path: str = Field(pattern=ABSOLUTE_PATH, max_length=256, description="where the pods see it")
+    read_only: bool = False
+
+
+class StorageSpec(ApiModel):
+    """How workload pods reach storage: S3-compatible stores for every s3:// URI of the experiment
+    (model, dataset, checkpoints), and volumes for file:// URIs."""
+
+    credentials_secret: str | None = Field(
+        None, pattern=DNS1123_SUBDOMAIN, max_length=253,
+        description="Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and optionally AWS_SESSION_TOKEN), "
+                    "handed to the pods only as secretKeyRef env",
+    )
+    endpoint: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=512,
+                                 description="S3-compatible endpoint (MinIO, Ceph RGW, Huawei OBS); AWS if unset")
+    region: str | None = Field(None, pattern=r"^[a-z0-9-]+$", max_length=64)
+    service_account_name: str | None = Field(
+        None, pattern=DNS1123_SUBDOMAIN, max_length=253,
+        description="ServiceAccount of the workload pods, for workload identity (IRSA, GKE/AKS workload identity) "
+                    "instead of a credentials Secret",
+    )
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=8)
 
 
 class CheckpointSpec(ApiModel):
@@ -240,7 +277,9 @@ class CheckpointSpec(ApiModel):
     every_steps: Positive = 50
     keep: Positive = 3
     credentials_secret: str | None = Field(
-        None, description="name of a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+        None, pattern=DNS1123_SUBDOMAIN, max_length=253,
+        description="same as spec.storage.credentialsSecret (kept for older manifests): the Secret serves every "
+                    "s3:// URI of the experiment",
     )
 
 
@@ -269,6 +308,7 @@ class RLExperimentSpec(ApiModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
     seed: int = 0

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from .base import GROUP_VERSION
 from .resolve import FieldIssue, resolve
 from .resources import KINDS, Resource, RLExperiment
+from .storage import cluster_issues
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -41,8 +42,9 @@ def schema_issues(err: ValidationError) -> list[FieldIssue]:
     return [FieldIssue(_path(e["loc"]) or "<document>", _explain(e)) for e in err.errors()]
 
 
-def validate_document(doc: Any) -> tuple[Resource | None, list[FieldIssue]]:
-    """Parse and check one decoded YAML document; the object is None when it is invalid."""
+def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, list[FieldIssue]]:
+    """Parse and check one decoded YAML document; the object is None when it is invalid.
+    ``cluster``: also the rules for pods on a cluster (:mod:`.storage`); ``kuberl run`` leaves them out."""
     if not isinstance(doc, dict):
         return None, [FieldIssue("<document>", f"expected a mapping, got {type(doc).__name__}")]
     kind, api_version = doc.get("kind"), doc.get("apiVersion")
@@ -57,6 +59,7 @@ def validate_document(doc: Any) -> tuple[Resource | None, list[FieldIssue]]:
         return None, schema_issues(err)
     if isinstance(obj, RLExperiment):
         _, _, issues = resolve(obj.spec)
+        issues += cluster_issues(obj.spec) if cluster else []
         if issues:
             return None, issues
     return obj, []

@@ -12,8 +12,8 @@ accounts for.
   replicas, planned by :mod:`.plan` from the pods' topology labels.
 - ``broadcast``: the naive baseline: the full state is gathered on rank 0, which sends it to
   each replica over the inference HTTP contract.
-- ``disk``: rank 0 writes the full state as a safetensors file into ``KUBERL_WEIGHTS_DIR`` (a volume
-  the trainer and the inference pods share; local mode uses its work dir) and each replica reads
+- ``disk``: rank 0 writes the full state as a safetensors file into ``spec.weightSync.directory`` (on
+  a ReadWriteMany volume the trainer and the inference pods share; local mode uses its work dir) and each replica reads
   it from there: for debugging, LoRA-style cases, or when HTTP bodies of the model's size hurt.
 """
 
@@ -102,13 +102,16 @@ class DiskSync(BroadcastSync):
         return str(path)
 
 
-def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1) -> WeightSync:
-    """``controller`` is rank 0's rollout controller (None on the other ranks)."""
+def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1,
+                     directory: str | None = None) -> WeightSync:
+    """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``: disk
+    mode's shared directory (``spec.weightSync.directory``); ``$KUBERL_WEIGHTS_DIR`` (local mode's
+    work dir) takes precedence."""
     broadcast = BroadcastSync(controller)
     if mode == "p2p":
         return P2PSync(controller, rank, world, fallback=broadcast)
     if mode == "disk":
-        return DiskSync(controller, Path(os.environ.get("KUBERL_WEIGHTS_DIR", "/tmp/kuberl-weights")))
+        return DiskSync(controller, Path(os.environ.get("KUBERL_WEIGHTS_DIR") or directory or "/tmp/kuberl-weights"))
     if mode != "broadcast":
         raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
     return broadcast

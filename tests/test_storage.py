@@ -1,0 +1,88 @@
+"""Storage on a cluster: what `kuberl validate` and the operator refuse (a file:// URI no volume
+holds, disk weight sync without a shared directory, two credential Secrets), and what every
+workload pod gets (S3 credentials only as secretKeyRef, endpoint, region, claims, service
+account). `kuberl run` keeps accepting file:// paths: its processes share this machine's disk."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from kuberl.api import validate_document
+from kuberl_operator.builders.experiment import InvalidSpec
+
+from .conftest import MINIMAL
+from .test_builders import by_kind, container, render
+
+
+def experiment(**spec: object) -> dict:
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"].update(spec)
+    return doc
+
+
+VOLUME = {"volumes": [{"claimName": "shared-data", "mountPath": "/data"}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "fragment"),
+    [
+        ({"checkpoint": {"uri": "file:///tmp/ckpt/"}}, "spec.checkpoint.uri", "gone when the pod is replaced"),
+        ({"dataset": {"path": "file:///srv/train.jsonl"}, "storage": VOLUME}, "spec.dataset.path",
+         "mount a PersistentVolumeClaim"),
+        ({"checkpoint": {"uri": "file:///data/ckpt/"},
+          "storage": {"volumes": [{"claimName": "ro", "mountPath": "/data", "readOnly": True}]}},
+         "spec.checkpoint.uri", "mounted readOnly"),
+        ({"weightSync": {"mode": "disk"}}, "spec.weightSync.directory", "ReadWriteMany"),
+        ({"storage": {"credentialsSecret": "a"}, "checkpoint": {"credentialsSecret": "b"}},
+         "spec.checkpoint.credentialsSecret", "one Secret serves every s3:// URI"),
+        ({"storage": {"volumes": [{"claimName": "x", "mountPath": "/tmp/x"}]}}, "spec.storage.volumes[0].mountPath",
+         "overlaps a path the pods need"),
+        ({"storage": {"endpoint": "not a url"}}, "spec.storage.endpoint", "pattern"),
+        ({"storage": {"credentialsSecret": "Bad_Name"}}, "spec.storage.credentialsSecret", "pattern"),
+    ],
+)
+def test_what_cannot_work_on_a_cluster_is_refused_naming_the_field(spec, field, fragment):
+    obj, issues = validate_document(experiment(**spec))
+    assert obj is None
+    assert [i.path for i in issues] == [field], issues
+    assert fragment in issues[0].message
+    if fragment != "pattern":  # the operator refuses it too, before creating anything
+        with pytest.raises(InvalidSpec, match="spec."):
+            render(experiment(**spec))
+
+
+def test_local_runs_keep_file_paths_and_volumes_make_them_valid_on_a_cluster():
+    local_only = experiment(checkpoint={"uri": "file:///tmp/ckpt/"})
+    assert validate_document(local_only, cluster=False)[0] is not None
+    on_volume = experiment(checkpoint={"uri": "file:///data/ckpt/"}, weightSync={"mode": "disk",
+                           "directory": "/data/weights"}, storage=VOLUME)  # fmt: skip
+    assert validate_document(on_volume) == (validate_document(on_volume)[0], [])
+
+
+def test_every_workload_pod_gets_storage_by_reference_only():
+    doc = experiment(
+        checkpoint={"uri": "s3://ckpt/run/", "credentialsSecret": "s3-credentials"},
+        storage={"endpoint": "https://minio.example:9000", "region": "eu-west-1", "serviceAccountName": "rl-runner",
+                 "volumes": [{"claimName": "datasets", "mountPath": "/data", "readOnly": True}]},
+        dataset={"path": "file:///data/train.jsonl"},
+    )
+    manifests = render(doc)
+    pods = by_kind(manifests, "Pod")
+    assert {p["metadata"]["labels"]["kuberl.io/role"] for p in pods} == {"inference", "trainer"}
+    for pod in pods:
+        env = {e["name"]: e for e in container(pod)["env"]}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": key}}}
+        assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+        assert env["KUBERL_S3_ENDPOINT"]["value"] == "https://minio.example:9000"
+        assert env["AWS_REGION"]["value"] == env["AWS_DEFAULT_REGION"]["value"] == "eu-west-1"
+        claim = next(v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v)
+        assert claim["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+        mount = next(m for m in container(pod)["volumeMounts"] if m["name"] == claim["name"])
+        assert mount == {"name": claim["name"], "mountPath": "/data", "readOnly": True}
+        assert pod["spec"]["serviceAccountName"] == "rl-runner"
+    rendered = yaml.safe_dump_all(manifests)
+    assert "value: s3-credentials" not in rendered  # a name in secretKeyRef, never an env value

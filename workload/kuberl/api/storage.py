@@ -1,0 +1,81 @@
+"""Storage rules for an experiment that runs on a cluster (``kuberl validate`` and the operator;
+``kuberl run`` skips them: its processes share this machine's disk).
+
+A pod's own filesystem (its image layer, its ``/tmp`` emptyDir) vanishes with the pod, and a gang
+restart replaces every trainer pod: a ``file://`` URI on a cluster must therefore lie on a volume
+the user names in ``spec.storage.volumes`` (a PersistentVolumeClaim), or be an ``s3://`` URI.
+``weightSync.mode: disk`` needs a directory that the trainer and every inference pod share: a
+ReadWriteMany claim. One Secret serves every ``s3://`` URI of the experiment.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from .resolve import FieldIssue
+from .spec import RLExperimentSpec, VolumeMount, WeightSyncMode
+
+RESERVED_MOUNTS = ("/tmp", "/dev", "/etc/kuberl", "/proc", "/sys")
+
+
+def credentials_secret(spec: RLExperimentSpec) -> str | None:
+    """The Secret for every s3:// URI: ``storage.credentialsSecret``, else the older
+    ``checkpoint.credentialsSecret``."""
+    return spec.storage.credentials_secret or spec.checkpoint.credentials_secret
+
+
+def _volume_for(path: str, volumes: list[VolumeMount]) -> VolumeMount | None:
+    target = PurePosixPath(path)
+    for volume in volumes:
+        if target == PurePosixPath(volume.mount_path) or PurePosixPath(volume.mount_path) in target.parents:
+            return volume
+    return None
+
+
+def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
+    """(field path, local path, written to?) of every file:// URI the pods use."""
+    out = []
+    for field, uri, written in (("spec.model.path", spec.model.path, False),
+                                ("spec.model.tokenizer", spec.model.tokenizer, False),
+                                ("spec.dataset.path", spec.dataset.path, False),
+                                ("spec.checkpoint.uri", spec.checkpoint.uri, True)):  # fmt: skip
+        if uri and uri.startswith("file://"):
+            out.append((field, uri.removeprefix("file://"), written))
+    return out
+
+
+def cluster_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
+    issues: list[FieldIssue] = []
+    storage = spec.storage
+    if storage.credentials_secret and spec.checkpoint.credentials_secret \
+            and storage.credentials_secret != spec.checkpoint.credentials_secret:
+        issues.append(FieldIssue("spec.checkpoint.credentialsSecret",
+                                 f"is {spec.checkpoint.credentials_secret!r} but spec.storage.credentialsSecret is "
+                                 f"{storage.credentials_secret!r}; one Secret serves every s3:// URI: set one"))
+    mounts = [PurePosixPath(v.mount_path) for v in storage.volumes]
+    for i, mount in enumerate(mounts):
+        reserved = [r for r in RESERVED_MOUNTS if mount == PurePosixPath(r) or PurePosixPath(r) in mount.parents
+                    or mount in PurePosixPath(r).parents]
+        if reserved or str(mount) == "/":
+            issues.append(FieldIssue(f"spec.storage.volumes[{i}].mountPath",
+                                     f"{str(mount)!r} overlaps a path the pods need ({', '.join(RESERVED_MOUNTS)})"))
+        if mount in mounts[:i]:
+            issues.append(FieldIssue(f"spec.storage.volumes[{i}].mountPath", f"{str(mount)!r} is mounted twice"))
+    for field, path, written in _file_uris(spec):
+        volume = _volume_for(path, storage.volumes)
+        if volume is None:
+            issues.append(FieldIssue(field, f"file://{path} on a cluster would be inside a pod's own filesystem, "
+                                            "gone when the pod is replaced: mount a PersistentVolumeClaim that holds "
+                                            "it (spec.storage.volumes: claimName, mountPath) or use s3://"))
+        elif written and volume.read_only:
+            issues.append(FieldIssue(field, f"is written by the trainer but volume {volume.claim_name!r} is "
+                                            "mounted readOnly"))
+    if spec.weight_sync.mode == WeightSyncMode.DISK:
+        directory = spec.weight_sync.directory
+        volume = _volume_for(directory, storage.volumes) if directory else None
+        if volume is None or volume.read_only:
+            issues.append(FieldIssue("spec.weightSync.directory",
+                                     "mode disk on a cluster needs a directory on a writable ReadWriteMany volume "
+                                     "that the trainer and every inference pod mount (spec.storage.volumes); "
+                                     "or use mode p2p or broadcast"))
+    return issues
