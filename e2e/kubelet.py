@@ -4,8 +4,9 @@
 topology labels), binds every unscheduled Pod to it (the scheduler's part), and runs each bound
 Pod's first container as a process, the way a kubelet would:
 
-- command/args with ``$(VAR)`` expanded from the container env; env values and ``fieldRef``s
-  (metadata.name/namespace/labels, status.podIP, spec.nodeName) resolved;
+- command/args with ``$(VAR)`` expanded from the container env; env values, ``fieldRef``s
+  (metadata.name/namespace/labels, status.podIP, spec.nodeName) and ``secretKeyRef``s resolved
+  (a missing Secret or key holds the container back until it exists);
 - every Pod gets its own loopback IP (127.0.100.N) as ``status.podIP``, and a private mount
   namespace (``unshare``) in which its volumes sit at their mount paths — ConfigMaps and
   downward-API files (refreshed when labels change) and emptyDirs — and ``/etc/hosts`` holds the
@@ -24,6 +25,7 @@ Needs root (mount namespaces); the test skips with that reason elsewhere.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -50,6 +52,55 @@ def now() -> str:
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes ``$(VAR)`` expansion: known variables are replaced, unknown ones stay as written."""
     return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text)
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants, from the parent ids in /proc/<pid>/stat."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class ContainerConfigError(RuntimeError):
+    """A Secret or key the container's env refers to is missing (CreateContainerConfigError); the
+    kubelet retries on its next sync, as a real one does."""
+
+
+def secret_value(kube: Any, namespace: str, ref: Manifest) -> str | None:
+    """The decoded value of a ``secretKeyRef``; None when it is missing and ``optional``."""
+    secret = kube.get("v1", "Secret", namespace, ref["name"])
+    data = (secret or {}).get("data") or {}
+    if ref["key"] in data:
+        return base64.b64decode(data[ref["key"]]).decode()
+    if ref.get("optional"):
+        return None
+    raise ContainerConfigError(f"secret {ref['name']!r} key {ref['key']!r} not found")
 
 
 def field_value(pod: Manifest, path: str, ip: str) -> str:
@@ -192,6 +243,10 @@ class Kubelet:
                 env[item["name"]] = expand(item["value"], env)
             elif "fieldRef" in (item.get("valueFrom") or {}):
                 env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"], run.ip)
+            elif "secretKeyRef" in (item.get("valueFrom") or {}):
+                value = secret_value(self.kube, pod["metadata"]["namespace"], item["valueFrom"]["secretKeyRef"])
+                if value is not None:
+                    env[item["name"]] = value
         argv = [expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
         termination = run.root / "termination-log"
         termination.write_text("")
@@ -203,6 +258,13 @@ class Kubelet:
                                      "sh", *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=container.get("workingDir") or "/")  # fmt: skip
         run.started = run.ready = False
+
+    def _try_start(self, run: Running) -> None:
+        try:
+            self.start(run)
+        except ContainerConfigError as err:
+            print(f"kubelet: {run.pod['metadata']['name']}: CreateContainerConfigError: {err}", file=sys.stderr,
+                  flush=True)  # fmt: skip
 
     def probe(self, run: Running) -> None:
         container = run.pod["spec"]["containers"][0]
@@ -221,14 +283,19 @@ class Kubelet:
             run.ready = False
 
     def stop(self, run: Running) -> None:
-        if run.proc is None or run.proc.poll() is not None:
+        """SIGTERM to every process of the pod, SIGKILL to what is left after the grace period. The
+        whole tree, as a container runtime's cgroup holds it: a torchrun worker runs in a session of
+        its own, which a process-group signal would miss."""
+        if run.proc is None:
             return
-        os.killpg(run.proc.pid, signal.SIGTERM)
-        try:
-            run.proc.wait(GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(run.proc.pid, signal.SIGKILL)
-            run.proc.wait()
+        tree = process_tree(run.proc.pid)
+        signal_all(tree, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        while time.monotonic() < deadline and any(alive(pid) for pid in tree):
+            run.proc.poll()  # reap the direct child
+            time.sleep(0.1)
+        signal_all([pid for pid in tree if alive(pid)], signal.SIGKILL)
+        run.proc.wait()
 
     # -- the loop --------------------------------------------------------------------------------
     def sync_once(self) -> None:
@@ -246,20 +313,26 @@ class Kubelet:
             if pod["metadata"].get("deletionTimestamp"):
                 continue
             run = self.pods.get(key)
-            if run is None or run.pod["metadata"].get("uid") != pod["metadata"].get("uid"):
+            if run is not None and run.pod["metadata"].get("uid") != pod["metadata"].get("uid"):
+                self.stop(run)  # deleted and recreated under the same name between two syncs
+                run = None
+            if run is None:
                 root = self.workdir / "pods" / f"{key[0]}_{key[1]}_{pod['metadata'].get('uid', '')[:8]}"
                 root.mkdir(parents=True, exist_ok=True)
                 run = self.pods[key] = Running(pod, f"127.0.100.{self.next_ip}", root)
                 self.next_ip += 1
                 self._write_hosts()
-                self.start(run)
+                self._try_start(run)
             run.pod = pod
             self._volumes(run)  # refresh downward-API files (labels arrive after scheduling)
             self._advance(run)
             self.report(run)
 
     def _advance(self, run: Running) -> None:
-        if run.terminal or run.proc is None:
+        if run.terminal:
+            return
+        if run.proc is None:  # its container config could not be resolved yet
+            self._try_start(run)
             return
         code = run.proc.poll()
         if code is None:
@@ -306,7 +379,9 @@ class Kubelet:
 def main() -> None:
     from kubernetes import config
 
-    from kuberl_operator.kube import Kube
+    from kuberl_operator.kube import PLURALS, Kube
+
+    PLURALS.setdefault("Secret", "secrets")  # a kubelet reads Secrets for env; the operator never does
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", required=True)

@@ -50,7 +50,10 @@ def manifest(path: Path, steps: int) -> tuple[Path, str]:
     return path, name
 
 
-def run(kubectl: Kubectl, path: Path, name: str, timeout: float = 600, say: Callable[[str], None] = print) -> Outcome:
+def run(kubectl: Kubectl, path: Path, name: str, timeout: float = 600, say: Callable[[str], None] = print,
+        on_status: Callable[[dict[str, object]], None] | None = None) -> Outcome:
+    """Apply, watch until Succeeded or Failed (``on_status`` sees every polled status: a scenario
+    can act mid-run, e.g. delete a pod), then delete and wait until no pod is left."""
     start = time.monotonic()
     say(kubectl("apply", "--validate=false", "-f", str(path)).strip())
     outcome = Outcome(phase="", progress={})
@@ -58,6 +61,8 @@ def run(kubectl: Kubectl, path: Path, name: str, timeout: float = 600, say: Call
         obj = json.loads(kubectl("get", "rlexperiment", name, "-o", "json"))
         status = obj.get("status") or {}
         outcome.phase, outcome.progress = status.get("phase", ""), status.get("progress") or {}
+        if on_status is not None:
+            on_status(status)
         seen = (outcome.phase, outcome.progress.get("step"), outcome.progress.get("reward"))
         if not outcome.observed or outcome.observed[-1] != seen:
             outcome.observed.append(seen)

@@ -34,6 +34,7 @@ scheduler and the kubelet by patching pods), and 410 Gone for expired resource v
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import copy
 import datetime
@@ -271,6 +272,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                            message=f'{plural}.{group or "core"} "{meta["name"]}" already exists')
         if ns:
             meta["namespace"] = ns
+        if kind.kind == "Secret" and obj.get("stringData"):  # as the API server stores it: data, base64
+            encoded = {k: base64.b64encode(str(v).encode()).decode() for k, v in obj.pop("stringData").items()}
+            obj["data"] = {**(obj.get("data") or {}), **encoded}
         meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
         obj.update(apiVersion=kind.api_version, kind=kind.kind)
         if kind.has_status:

@@ -160,7 +160,20 @@ def test_kubeflow_runtime_emits_one_pytorchjob_from_the_same_templates():
     assert len(jobs) == 1
     specs = jobs[0]["spec"]["pytorchReplicaSpecs"]
     assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
-    assert specs["Master"]["template"]["spec"]["containers"][0]["name"] == "trainer"
+    assert jobs[0]["spec"]["nprocPerNode"] == "8"
+    for replica in specs.values():
+        template = replica["template"]
+        (trainer,) = template["spec"]["containers"]
+        assert trainer["name"] == "pytorch"  # the container Kubeflow injects its env into
+        env = {e["name"] for e in trainer["env"]}
+        # Kubeflow injects these (PET_* for torchrun): ours would contradict it; NODE_RANK=1 for every
+        # worker was the old template's bug
+        assert not env & {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES",
+                          "NPROC_PER_NODE"}, env
+        assert "$(" not in trainer["args"][0] and "torchrun -m kuberl.trainer" in trainer["args"][0]
+        assert {"name": "pytorchjob-port", "containerPort": 29500} in trainer["ports"]
+        assert "kuberl.io/rank" not in template["metadata"]["labels"]
+        assert "hostname" not in template["spec"] and "subdomain" not in template["spec"]
     assert not [p for p in by_kind(manifests, "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer"]
 
 
@@ -206,3 +219,21 @@ def test_render_cli_rejects_invalid(tmp_path, capsys):
     path.write_text(yaml.safe_dump(doc))
     assert main(["render", str(path)]) == 1
     assert "spec.inference.accelerator" in capsys.readouterr().err
+
+
+def test_ascend_pods_carry_what_the_ascend_stack_needs():
+    """MindCluster's label on pods and on the Volcano PodGroup, HCCL bound to the pod IP, the
+    driver's device group for a non-root process; none of it on other accelerators."""
+    doc = load_example("ascend-qwen3-30b-a3b.yaml")
+    manifests = render(doc)
+    groups = by_kind(manifests, "PodGroup")
+    assert groups and all(g["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b" for g in groups)
+    for pod in by_kind(manifests, "Pod"):
+        assert pod["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
+        env = {e["name"]: e for e in container(pod)["env"]}
+        assert env["HCCL_IF_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert pod["spec"]["securityContext"]["supplementalGroups"] == [1000]
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    for pod in by_kind(render(copy.deepcopy(MINIMAL)), "Pod"):
+        assert "supplementalGroups" not in pod["spec"]["securityContext"]
+        assert "HCCL_IF_IP" not in {e["name"] for e in container(pod)["env"]}

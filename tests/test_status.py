@@ -83,6 +83,7 @@ def test_progress_url_and_status_mapping():
     from kuberl_operator.progress import progress_status, progress_url
 
     assert progress_url("exp", "team-a") == "http://exp-trainer-n0.exp-trainer.team-a.svc:8080/progress"
+    assert progress_url("exp", "team-a", kubeflow=True) == "http://exp-trainer-master-0.team-a.svc:8080/progress"
     assert progress_url("exp", "ns", "http://127.0.0.1:9/{name}/{namespace}") == "http://127.0.0.1:9/exp/ns"
     assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "max_staleness": 1,
                             "last_checkpoint": None, "phase": "running"}) == {

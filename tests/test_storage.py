@@ -50,7 +50,7 @@ def test_what_cannot_work_on_a_cluster_is_refused_naming_the_field(spec, field, 
     assert [i.path for i in issues] == [field], issues
     assert fragment in issues[0].message
     if fragment != "pattern":  # the operator refuses it too, before creating anything
-        with pytest.raises(InvalidSpec, match="spec."):
+        with pytest.raises(InvalidSpec, match=r"spec\."):
             render(experiment(**spec))
 
 

@@ -14,8 +14,10 @@ class AcceleratorProfile:
     resource: str | None  # extended resource name, None for cpu
     image: str
     env: dict[str, str] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)  # e.g. what the Ascend stack expects
+    labels: dict[str, str] = field(default_factory=dict)  # on pods and PodGroups: what the Ascend stack expects
     shm_size: str = "1Gi"
+    field_env: dict[str, str] = field(default_factory=dict)  # env from the downward API: name → fieldPath
+    supplemental_groups: tuple[int, ...] = ()  # groups that own the device files, for a non-root process
 
 
 def default_image(kind: Accelerator, engine: str | None = None) -> str:
@@ -51,9 +53,14 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
                 "ASCEND_GLOBAL_LOG_LEVEL": "3",
                 "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
             },
-            # The Ascend device plugin and Volcano's ascend plugin select pods by this label to
-            # build the HCCL rank table.
-            labels={"ring-controller.atlas": "ascend-910b"},
+            # HCCL's host-side sockets bind the pod's own address, not whatever interface comes first.
+            field_env={"HCCL_IF_IP": "status.podIP"},
+            # MindCluster (Ascend Device Plugin, Ascend Operator, Volcano) selects pods and PodGroups
+            # by this label: ascend-910 (Atlas training series) or ascend-<chip>b (Atlas A2/A3).
+            labels={"ring-controller.atlas": os.environ.get("KUBERL_ASCEND_RING_CONTROLLER", "ascend-910b")},
+            # /dev/davinci* belong to the driver's HwHiAiUser group (its gid is chosen at driver
+            # install; 1000 by default): a non-root process needs it as a supplemental group.
+            supplemental_groups=(int(os.environ.get("KUBERL_ASCEND_DEVICE_GID", "1000")),),
             shm_size="16Gi",
         )
     return AcceleratorProfile(kind, None, default_image(kind, engine), env={"OMP_NUM_THREADS": "1"})

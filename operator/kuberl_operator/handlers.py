@@ -26,7 +26,7 @@ from kuberl.api import API_GROUP, API_VERSION
 
 from . import progress, reconcile
 from .kube import Kube
-from .names import LABEL_ROLE, PREFIX
+from .names import LABEL_JOB, LABEL_ROLE, PREFIX
 
 RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
 PROGRESS_TASK = "kuberl-progress-polling"
@@ -95,6 +95,15 @@ def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: st
     experiment = (body.get("spec") or {}).get("experiment")
     if experiment and reconcile.owner_name(dict(body), "RLExperiment") == experiment:
         reconcile.sync_experiment(kube, namespace, experiment)
+
+
+@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_JOB: kopf.PRESENT})
+def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """trainer.runtime kubeflow: the Kubeflow training operator's status → the TrainerJob's (whose
+    own event then updates the experiment). Without the PyTorchJob CRD or RBAC for it (chart value
+    integrations.kubeflowTraining), kopf warns once and does not watch."""
+    if _live(event):
+        reconcile.sync_job(_kube(memo), namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: kopf.PRESENT})

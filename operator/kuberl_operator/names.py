@@ -44,3 +44,14 @@ def inference_pod_name(pool: str, replica: int, host: int) -> str:
 
 def trainer_pod_name(job: str, rank: int) -> str:
     return f"{job}-n{rank}"
+
+
+def trainer_rank0_pod(job: str, kubeflow: bool = False) -> str:
+    """Trainer rank 0's pod: ours (``<job>-n0``) or, with the Kubeflow runtime, the PyTorchJob's master."""
+    return f"{job}-master-0" if kubeflow else trainer_pod_name(job, 0)
+
+
+def trainer_rank0_host(job: str, namespace: str, kubeflow: bool = False) -> str:
+    """Rank 0's DNS name: under our headless Service ``<job>``, or Kubeflow's per-pod Service."""
+    pod = trainer_rank0_pod(job, kubeflow)
+    return f"{pod}.{namespace}.svc" if kubeflow else f"{pod}.{job}.{namespace}.svc"

@@ -3,10 +3,10 @@ columns of ``kubectl get rlx``).
 
 Trainer rank 0 serves ``GET /progress`` (``kuberl.trainer.progress``); the operator polls it for
 every experiment in phase Running and patches the status when it changed, so the workload pods
-need no access to the Kubernetes API. The URL is
-``http://{pod}.{job}.{namespace}.svc:{port}/progress`` (rank 0's stable DNS name under the
-TrainerJob's headless Service); ``KUBERL_PROGRESS_URL`` overrides it with a template using the same
-fields (an operator running outside the cluster, or tests).
+need no access to the Kubernetes API. The URL is ``http://{host}:{port}/progress`` with rank 0's
+stable DNS name as host (``names.trainer_rank0_host``: under the TrainerJob's headless Service, or
+Kubeflow's per-pod Service for the kubeflow runtime); ``KUBERL_PROGRESS_URL`` overrides it with a
+template using the same fields (an operator running outside the cluster, or tests).
 """
 
 from __future__ import annotations
@@ -23,16 +23,23 @@ from kubernetes.client import ApiException
 from kuberl.api import API_GROUP, API_VERSION, RLExperiment
 
 from .kube import Kube
-from .names import PROGRESS_PORT, trainer_job_name, trainer_pod_name
+from .names import PROGRESS_PORT, trainer_job_name, trainer_rank0_host, trainer_rank0_pod
 
 log = logging.getLogger("kuberl.operator.progress")
 Manifest = dict[str, Any]
-DEFAULT_URL = "http://{pod}.{job}.{namespace}.svc:{port}/progress"
+DEFAULT_URL = "http://{host}:{port}/progress"
 
 
-def progress_url(experiment: str, namespace: str, template: str | None = None) -> str:
+def is_kubeflow(exp: Manifest) -> bool:
+    return ((exp.get("spec") or {}).get("trainer") or {}).get("runtime") == "kubeflow"
+
+
+def progress_url(experiment: str, namespace: str, template: str | None = None, kubeflow: bool = False) -> str:
+    """Trainer rank 0's /progress; ``template`` (``$KUBERL_PROGRESS_URL``) may use {host}, {pod},
+    {job}, {namespace}, {name} and {port}."""
     job = trainer_job_name(experiment)
-    return (template or DEFAULT_URL).format(pod=trainer_pod_name(job, 0), job=job, namespace=namespace,
+    return (template or DEFAULT_URL).format(host=trainer_rank0_host(job, namespace, kubeflow),
+                                            pod=trainer_rank0_pod(job, kubeflow), job=job, namespace=namespace,
                                             name=experiment, port=PROGRESS_PORT)
 
 
@@ -78,9 +85,9 @@ def termination_progress(pod: Manifest | None) -> Manifest | None:
     return None
 
 
-def final_progress(kube: Kube, namespace: str, experiment: str) -> Manifest | None:
+def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: bool = False) -> Manifest | None:
     """``status.progress`` from trainer rank 0's termination message (it has exited: nothing to poll)."""
-    pod = kube.get("v1", "Pod", namespace, trainer_pod_name(trainer_job_name(experiment), 0))
+    pod = kube.get("v1", "Pod", namespace, trainer_rank0_pod(trainer_job_name(experiment), kubeflow))
     payload = termination_progress(pod)
     return progress_status(payload) if payload else None
 
@@ -92,7 +99,7 @@ def poll_once(kube: Kube, template: str | None = None) -> int:
         status, meta = exp.get("status") or {}, exp["metadata"]
         if status.get("phase") != "Running":
             continue
-        payload = fetch(progress_url(meta["name"], meta["namespace"], template))
+        payload = fetch(progress_url(meta["name"], meta["namespace"], template, is_kubeflow(exp)))
         if payload is None:
             continue
         progress = progress_status(payload)

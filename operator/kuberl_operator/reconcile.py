@@ -34,6 +34,7 @@ from .status import (
     job_status,
     merge_conditions,
     pool_status,
+    pytorchjob_status,
     without_times,
 )
 from .topology import missing_topology, topology_labels
@@ -124,9 +125,13 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
     job = TrainerJob.model_validate(body)
     children = build_trainer_children(job, body)
     if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
-        for child in children:
-            ensure(kube, child)
-        return body  # the Kubeflow training operator owns the pods and the PyTorchJob's status
+        # The Kubeflow training operator owns the pods (and restarts them, runPolicy.backoffLimit);
+        # the TrainerJob's status follows the PyTorchJob's conditions.
+        stored = {c["kind"]: ensure(kube, c) for c in children}
+        status = pytorchjob_status(body["spec"], body["metadata"].get("generation"), stored.get("PyTorchJob"),
+                                   (body.get("status") or {}).get("restarts", 0))  # fmt: skip
+        write_status(kube, body, status)
+        return body
     generation = body["metadata"].get("generation")
     restarts = (body.get("status") or {}).get("restarts", 0)
     pods = _converge(kube, body, children, job_selector(job))  # a failed pod keeps its name: not recreated
@@ -180,7 +185,7 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
     if status["phase"] == "Succeeded" and (body.get("status") or {}).get("phase") != "Succeeded":
         # The trainer has exited, so there is no endpoint left to poll: the final step and reward
         # come from rank 0's termination message, in the same write that says Succeeded.
-        final = final_progress(kube, namespace, name)
+        final = final_progress(kube, namespace, name, exp.spec.trainer.runtime == TrainerRuntime.KUBEFLOW)
         if final:
             status["progress"] = final
     write_status(kube, body, {**(body.get("status") or {}), **status})

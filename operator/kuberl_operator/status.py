@@ -176,6 +176,36 @@ def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], res
     }
 
 
+KUBEFLOW_PHASES = {"Created": Phase.INITIALIZING, "Running": Phase.RUNNING, "Restarting": Phase.RUNNING,
+                   "Succeeded": Phase.SUCCEEDED, "Failed": Phase.FAILED, "Suspended": Phase.SUSPENDED}
+
+
+def pytorchjob_status(spec: Manifest, generation: int | None, pytorchjob: Manifest | None,
+                      restarts: int = 0) -> Manifest:
+    """TrainerJob status (runtime kubeflow) from the PyTorchJob's status, which the Kubeflow
+    training operator writes: the newest true condition of Created / Running / Restarting /
+    Succeeded / Failed / Suspended gives the phase; a Restarting or Failed condition's reason and
+    message surface as Degraded; ``replicaStatuses`` gives the running node count."""
+    nodes = spec.get("nodes", 1)
+    status = (pytorchjob or {}).get("status") or {}
+    current = [c for c in status.get("conditions") or [] if c.get("status") == "True" and c.get("type") in
+               KUBEFLOW_PHASES]  # fmt: skip
+    latest = max(current, key=lambda c: c.get("lastTransitionTime") or "", default=None) if current else None
+    phase = Phase.SUSPENDED if spec.get("suspend") else KUBEFLOW_PHASES[latest["type"]] if latest else Phase.PENDING
+    active = sum(int((r or {}).get("active") or 0) for r in (status.get("replicaStatuses") or {}).values())
+    if latest is not None and latest["type"] in ("Restarting", "Failed"):
+        degraded = condition("Degraded", True, latest.get("reason") or latest["type"],
+                             f"PyTorchJob: {latest.get('message', '')}", generation)
+    else:
+        degraded = condition("Degraded", False, "AsExpected", "", generation)
+    state = f"PyTorchJob {latest['type'] if latest else 'not started'}"
+    return {
+        "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
+        "readyNodes": active if phase == Phase.RUNNING else 0, "restarts": restarts,
+        "conditions": [_ready(phase, "PyTorchJobRunning", state, generation), degraded],
+    }
+
+
 def _child_degraded(kind: str, name: str, status: Manifest | None) -> Manifest | None:
     for cond in (status or {}).get("conditions") or []:
         if cond.get("type") == "Degraded" and cond.get("status") == "True":

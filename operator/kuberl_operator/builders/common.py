@@ -135,9 +135,10 @@ def pod_manifest(
         volumes.append({"name": "config", "configMap": {"name": config_map}})
     claim_volumes, claim_mounts = storage_volumes(storage)
     volumes, mounts = volumes + claim_volumes, mounts + claim_mounts
+    accel_env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in accel.field_env.items()]
     full_container = {
         **container,
-        "env": list(container.get("env") or []) + storage_env(storage),
+        "env": list(container.get("env") or []) + accel_env + storage_env(storage),
         "image": placement.image or accel.image,
         "imagePullPolicy": "IfNotPresent",
         "volumeMounts": mounts,
@@ -163,6 +164,8 @@ def pod_manifest(
         "containers": [full_container],
         "volumes": volumes,
     }
+    if accel.supplemental_groups:
+        spec["securityContext"]["supplementalGroups"] = list(accel.supplemental_groups)
     if storage.service_account_name:  # workload identity: the pod's credentials come with its account
         spec["serviceAccountName"] = storage.service_account_name
     if placement.node_selector:

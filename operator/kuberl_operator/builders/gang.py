@@ -10,8 +10,10 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
-def pod_group(parent: Manifest, name: str, min_member: int, scheduling: SchedulingSpec) -> Manifest | None:
-    """The PodGroup for ``scheduling.gang`` (None when gang scheduling is off)."""
+def pod_group(parent: Manifest, name: str, min_member: int, scheduling: SchedulingSpec,
+              labels: dict[str, str] | None = None) -> Manifest | None:
+    """The PodGroup for ``scheduling.gang`` (None when gang scheduling is off); ``labels``: the
+    accelerator's (Volcano's Ascend plugin reads ``ring-controller.atlas`` on the PodGroup too)."""
     gang = GangScheduler(scheduling.gang)
     if gang == GangScheduler.NONE:
         return None
@@ -21,7 +23,8 @@ def pod_group(parent: Manifest, name: str, min_member: int, scheduling: Scheduli
         spec["queue"] = scheduling.queue
     if scheduling.priority_class_name:
         spec["priorityClassName"] = scheduling.priority_class_name
-    return {"apiVersion": api, "kind": "PodGroup", "metadata": child_metadata(parent, name, {}), "spec": spec}
+    return {"apiVersion": api, "kind": "PodGroup", "metadata": child_metadata(parent, name, dict(labels or {})),
+            "spec": spec}
 
 
 def join_gang(pod: Manifest, group: str, scheduling: SchedulingSpec) -> Manifest:

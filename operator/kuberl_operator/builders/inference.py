@@ -80,7 +80,8 @@ def build_inference_children(pool: InferencePool, parent: Manifest) -> list[Mani
     """Service, optional PodGroup, then the pods; ``parent`` is the pool as stored (with uid)."""
     out = [headless_service(parent, pool.metadata.name, pool_selector(pool), {"http": pool.spec.port})]
     spec = pool.spec
-    group = pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica, spec.scheduling)
+    group = pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica, spec.scheduling,
+                      profile(spec.accelerator, str(spec.engine)).labels)
     if group:
         out.append(group)
     return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent))

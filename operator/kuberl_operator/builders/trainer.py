@@ -11,6 +11,8 @@ from kuberl.api.spec import TrainerRuntime
 
 from ..accelerators import profile
 from ..names import (
+    CONFIG_FILE,
+    CONFIG_MOUNT,
     LABEL_ACCELERATOR,
     LABEL_EXPERIMENT,
     LABEL_JOB,
@@ -71,7 +73,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     container: Manifest = {
         "name": "trainer",
         "command": ["/bin/sh", "-c"],
-        "args": [f"exec {TORCHRUN} -m kuberl.trainer --config /etc/kuberl/config/experiment.yaml"],
+        "args": [f"exec {TORCHRUN} -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"],
         "env": env_list(env),
         # Rank 0 leaves its final progress here; on a crash the log tail takes its place, so the
         # error reaches the TrainerJob / RLExperiment conditions (status.pod_health).
@@ -98,20 +100,44 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     return join_gang(pod, name, spec.scheduling)
 
 
-def build_pytorchjob(job: TrainerJob, parent: Manifest, pods: list[Manifest]) -> Manifest:
-    """Kubeflow runtime: the same pod templates as a kubeflow.org/v1 PyTorchJob (Master + Workers)."""
-    def template(pod: Manifest) -> Manifest:
-        return {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]}
+# What the Kubeflow training operator injects into the "pytorch" container of a PyTorchJob with
+# nprocPerNode (torchrun reads PET_* as defaults for its flags): the native pod's own values would
+# contradict it, so the template leaves them out.
+KUBEFLOW_INJECTED = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NNODES", "NODE_RANK", "NPROC_PER_NODE"}
+KUBEFLOW_CONTAINER, KUBEFLOW_PORT_NAME = "pytorch", "pytorchjob-port"
 
-    specs: Manifest = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template(pods[0])}}
-    if len(pods) > 1:
-        specs["Worker"] = {"replicas": len(pods) - 1, "restartPolicy": "Never", "template": template(pods[1])}
+
+def kubeflow_template(pod: Manifest) -> Manifest:
+    """A native trainer pod → the template every PyTorchJob replica shares: container "pytorch"
+    (the one Kubeflow injects into), its dist port named "pytorchjob-port" (Kubeflow's master port),
+    torchrun without rendezvous flags (PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE,
+    PET_MASTER_ADDR, PET_MASTER_PORT come from Kubeflow), no per-rank name, hostname or label."""
+    spec = {k: v for k, v in pod["spec"].items() if k not in ("hostname", "subdomain")}
+    container = dict(spec["containers"][0])
+    container["name"] = KUBEFLOW_CONTAINER
+    container["env"] = [e for e in container["env"] if e["name"] not in KUBEFLOW_INJECTED]
+    container["args"] = [f"exec torchrun -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"]
+    container["ports"] = [{**p, "name": KUBEFLOW_PORT_NAME} if p["name"] == "dist" else p for p in container["ports"]]
+    labels = {k: v for k, v in pod["metadata"]["labels"].items() if k != LABEL_RANK}
+    return {"metadata": {"labels": labels, **({"annotations": pod["metadata"]["annotations"]}
+                                              if pod["metadata"].get("annotations") else {})},
+            "spec": {**spec, "containers": [container]}}  # fmt: skip
+
+
+def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest) -> Manifest:
+    """Kubeflow runtime: the trainer pod template as a kubeflow.org/v1 PyTorchJob, Master (node 0)
+    plus nodes − 1 Workers; Kubeflow names the pods ``<job>-master-0`` / ``<job>-worker-N``."""
+    template = kubeflow_template(pod)
+    specs: Manifest = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    if job.spec.nodes > 1:
+        specs["Worker"] = {"replicas": job.spec.nodes - 1, "restartPolicy": "Never", "template": template}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": child_metadata(parent, job.metadata.name, job_selector(job)),
         "spec": {
-            "runPolicy": {"backoffLimit": job.spec.backoff_limit, "suspend": job.spec.suspend},
+            "runPolicy": {"backoffLimit": job.spec.backoff_limit, "suspend": job.spec.suspend,
+                          "cleanPodPolicy": "None"},  # rank 0's termination message outlives the job
             "nprocPerNode": str(job.spec.procs_per_node),
             "pytorchReplicaSpecs": specs,
         },
@@ -122,10 +148,11 @@ def build_trainer_children(job: TrainerJob, parent: Manifest) -> list[Manifest]:
     """Service, optional PodGroup, then pods (native) or one PyTorchJob (kubeflow)."""
     out = [headless_service(parent, job.metadata.name, job_selector(job),
                             {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
-    group = pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling)
+    group = pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
+                      profile(job.spec.accelerator).labels)
     if group:
         out.append(group)
-    pods = [build_trainer_pod(job, parent, rank) for rank in range(job.spec.nodes)]
     if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
-        return [*out, build_pytorchjob(job, parent, pods)]
+        return [*out, build_pytorchjob(job, parent, build_trainer_pod(job, parent, 0))]
+    pods = [build_trainer_pod(job, parent, rank) for rank in range(job.spec.nodes)]
     return out + ([] if job.spec.suspend else pods)

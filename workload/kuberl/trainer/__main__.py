@@ -124,7 +124,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
                                        examples(spec.dataset, spec.seed, position), manager)
         controller.episodes = position
         controller.start()
-        server = ProgressServer(Progress(max_steps=max_steps, phase="running"))
+        server = ProgressServer(Progress(step=first_step, version=first_step, max_steps=max_steps, phase="running"))
         server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
     sync = make_weight_sync(str(spec.weight_sync.mode), controller, rank, world, spec.weight_sync.directory)
     sync.push(actor, first_step)  # the pool gets the (resumed) weights before rollout starts
