@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .base import API_GROUP, API_VERSION
-from .resources import KINDS, Resource
+from .resources import DNS1035_LABEL, EXPERIMENT_NAME_MAX, KINDS, Resource
 
 _DROP = {"title", "discriminator"}
 
@@ -111,6 +111,16 @@ def openapi_schema(model: type[Resource], part: str) -> dict[str, Any]:
     return node
 
 
+NAME_RULES = {  # the API server checks what the pydantic model checks (RLExperiment._name_fits_every_child)
+    "RLExperiment": [
+        {"rule": f"self.metadata.name.size() <= {EXPERIMENT_NAME_MAX}",
+         "message": f"metadata.name: at most {EXPERIMENT_NAME_MAX} characters (children add '-inference')"},
+        {"rule": f"self.metadata.name.matches('{DNS1035_LABEL}')",
+         "message": "metadata.name: must start with a letter (Service names derive from it)"},
+    ],
+}
+
+
 def build_crd(model: type[Resource]) -> dict[str, Any]:
     spec_schema = openapi_schema(model, "spec")
     return {
@@ -139,6 +149,8 @@ def build_crd(model: type[Resource]) -> dict[str, Any]:
                         "openAPIV3Schema": {
                             "type": "object",
                             "required": ["spec"],
+                            **({"x-kubernetes-validations": NAME_RULES[model.KIND]}
+                               if model.KIND in NAME_RULES else {}),
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -7,10 +7,11 @@ writes them from an RLExperiment, but a user may also create them directly.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import GROUP_VERSION, ApiModel
 from .spec import (
@@ -138,6 +139,10 @@ class Resource(ApiModel):
         return cls.model_validate(body)
 
 
+EXPERIMENT_NAME_MAX = 40 - len("-inference")  # children are <name>-inference / <name>-trainer, at most 40
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # Service names derive from it
+
+
 class RLExperiment(Resource):
     KIND = "RLExperiment"
     PLURAL = "rlexperiments"
@@ -145,6 +150,15 @@ class RLExperiment(Resource):
     kind: Literal["RLExperiment"] = "RLExperiment"
     spec: RLExperimentSpec
     status: RLExperimentStatus | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _name_fits_every_child(cls, meta: ObjectMeta) -> ObjectMeta:
+        if len(meta.name) > EXPERIMENT_NAME_MAX or not re.match(DNS1035_LABEL, meta.name):
+            raise ValueError(f"name {meta.name!r}: an RLExperiment's name has at most {EXPERIMENT_NAME_MAX} "
+                             "characters (its children add '-inference' / '-trainer') and starts with a letter "
+                             "(its Services' names derive from it)")
+        return meta
 
 
 class InferencePool(Resource):
