@@ -88,7 +88,7 @@ def test_the_generated_crd_carries_rules():
 @pytest.mark.parametrize("case", list(CASES))
 def test_cel_and_kuberl_validate_agree(case):
     doc = CASES[case]
-    obj, issues = validate_document(doc)
+    _, issues = validate_document(doc)
     failures = cel_failures(doc)
     schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm"))]
     assert bool(failures) == bool(schema_level), (case, failures, issues)
