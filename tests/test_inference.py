@@ -8,10 +8,12 @@ import io
 import pytest
 import torch
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save as save_safetensors
 
 from kuberl.inference.engine import SamplingParams, TorchEngine
-from kuberl.inference.server import build_app
+from kuberl.inference.server import build_app, parse_generate
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
 
@@ -126,3 +128,33 @@ async def test_pause_racing_the_engine_loop_never_loses_requests(tok):
         assert engine.healthy
     finally:
         await engine.stop()
+
+
+@pytest.mark.parametrize("body", [
+    {"input_ids": [-1, 3]}, {"input_ids": [10**9]}, {"input_ids": [True]}, {"input_ids": "1,2"},
+    {"input_ids": [2, 3], "n": 10**6}, {"input_ids": [2, 3], "max_new_tokens": 10**9},
+    {"input_ids": [2, 3], "temperature": "hot"}, {"input_ids": [2, 3], "top_p": 0}, [1, 2], "text",
+])
+async def test_hostile_generate_bodies_get_400_and_the_engine_lives(tok, body):
+    engine = make_engine(tok)
+    async with TestClient(TestServer(build_app(engine, tok))) as client:
+        r = await client.post("/generate", json=body)
+        assert r.status == 400, await r.text()
+        deep = await client.post("/generate", data="[" * 100_000 + "]" * 100_000)
+        assert deep.status == 400
+        ok = await client.post("/generate", json={"input_ids": prompt(tok, "1+1="), "max_new_tokens": 2})
+        assert ok.status == 200 and engine.healthy and (await client.get("/health")).status == 200
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                        st.sampled_from(["input_ids", "prompt", "n", "max_new_tokens", "temperature", "top_p", "x"]),
+                        inner, max_size=5), max_leaves=20))
+def test_parse_generate_answers_any_json_with_a_request_or_a_field_naming_error(body):
+    try:
+        ids, params, n = parse_generate(body, vocab_size=50, tokenizer=None)
+    except ValueError as err:
+        assert str(err)  # one line naming the field (or the shape)
+        return
+    assert ids and all(0 <= i < 50 for i in ids) and 1 <= n <= 64 and 1 <= params.max_new_tokens <= 32768

@@ -52,6 +52,9 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
         probe = {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": 10}
         container["readinessProbe"] = {**probe, "failureThreshold": 3}
         container["startupProbe"] = {**probe, "failureThreshold": 180}
+        # /health is 503 once the engine is gone (loop crashed, a weight load failed part-way):
+        # the kubelet replaces the replica, and the pool goes on with the others meanwhile.
+        container["livenessProbe"] = {**probe, "failureThreshold": 6}
     labels = {
         LABEL_EXPERIMENT: spec.experiment or name,
         LABEL_ROLE: ROLE_INFERENCE,

@@ -36,6 +36,7 @@ class Engine(Protocol):
     version: int
     generated_tokens: int
     aborted: int
+    vocab_size: int  # token ids must lie in [0, vocab_size)
 
     def start(self) -> None: ...
     async def stop(self) -> None: ...

@@ -58,6 +58,7 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
 class TorchEngine:
     def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, max_batch: int = 256, seed: int = 0):
         self.model = model.eval()
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_id, self.pad_id, self.max_batch = eos_id, pad_id, max_batch
         self.version = 0
         self.generated_tokens = 0

@@ -54,29 +54,68 @@ def _as_json(gen: Generation) -> dict[str, Any]:
             "finish_reason": gen.finish_reason}
 
 
+MAX_SAMPLES = 64  # "n" per request
+MAX_NEW_TOKENS = 32768
+MAX_PROMPT_TOKENS = 131072
+
+
+def _int(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{key}: expected an integer in [{low}, {high}], got {value!r}"[:200])
+    return value
+
+
+def _float(body: dict[str, Any], key: str, default: float, low: float, high: float, open_low: bool = False) -> float:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            low < value <= high if open_low else low <= value <= high):
+        bound = "(" if open_low else "["
+        raise ValueError(f"{key}: expected a number in {bound}{low}, {high}], got {value!r}"[:200])
+    return float(value)
+
+
+def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None) -> tuple[list[int], SamplingParams, int]:
+    """A /generate body → (prompt ids, sampling params, n); ValueError naming the field otherwise.
+    Token ids must be in [0, vocab_size): anything else would crash the engine's forward pass."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    if "input_ids" in body:
+        ids = body["input_ids"]
+        if not isinstance(ids, list) or not ids or len(ids) > MAX_PROMPT_TOKENS or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"input_ids: expected 1 to {MAX_PROMPT_TOKENS} token ids in [0, {vocab_size})")
+    elif isinstance(body.get("prompt"), str) and tokenizer is not None:
+        if len(body["prompt"]) > 4 * MAX_PROMPT_TOKENS:
+            raise ValueError(f"prompt: longer than {4 * MAX_PROMPT_TOKENS} characters")
+        ids = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + tokenizer(
+            body["prompt"], add_special_tokens=False).input_ids
+        if not ids:
+            raise ValueError("prompt: encodes to no tokens")
+    else:
+        raise ValueError("give input_ids (a list of token ids) or prompt (text)")
+    params = SamplingParams(
+        max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
+        temperature=_float(body, "temperature", 1.0, 0.0, 100.0),
+        top_p=_float(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+    )
+    return ids, params, _int(body, "n", 1, 1, MAX_SAMPLES)
+
+
 def build_app(engine: Engine, tokenizer: Any | None = None) -> web.Application:
     metrics = Metrics()
     receiver = P2PReceiver(engine)
     app = web.Application(client_max_size=2**34)
 
     async def generate(request: web.Request) -> web.Response:
-        body = await request.json()
-        if "input_ids" in body:
-            ids = body["input_ids"]
-        elif "prompt" in body and tokenizer is not None:
-            ids = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + tokenizer(
-                body["prompt"], add_special_tokens=False).input_ids
-        else:
-            raise _bad_request("give input_ids (list of token ids) or prompt (text)")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-            raise _bad_request("input_ids must be a non-empty list of integers")
-        params = SamplingParams(
-            max_new_tokens=int(body.get("max_new_tokens", 64)), temperature=float(body.get("temperature", 1.0)),
-            top_p=float(body.get("top_p", 1.0)),
-        )
-        n = int(body.get("n", 1))
-        if n < 1 or params.max_new_tokens < 1 or not 0 < params.top_p <= 1 or params.temperature < 0:
-            raise _bad_request("need n ≥ 1, max_new_tokens ≥ 1, 0 < top_p ≤ 1, temperature ≥ 0")
+        try:
+            body = await request.json()
+        except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+            raise _bad_request("the body is not JSON (or is nested too deeply)") from err
+        try:
+            ids, params, n = parse_generate(body, engine.vocab_size, tokenizer)
+        except ValueError as err:
+            raise _bad_request(str(err)) from err
         metrics.requests.inc()
         outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
         return web.json_response({"version": engine.version, "outputs": [_as_json(o) for o in outs]})

@@ -116,6 +116,8 @@ class VLLMEngine:
         self.eos_id = eos_id
         self._layout = layout
         self._aliases = aliases or {}
+        embedding = layout.get("model.embed_tokens.weight")  # HF decoder-only naming
+        self.vocab_size = int(embedding[0][0]) if embedding else 2**31 - 1
         self.owned_dirs = owned_dirs or []  # removed when the engine stops
         self.version = 0
         self.generated_tokens = 0
