@@ -48,6 +48,11 @@ def test_examples_are_valid(capsys):
         ({"algorithm__clip": {"low": 0.3, "high": 0.2}}, "spec.algorithm.clip", "clip.high"),
         ({"reward__function": "not a path"}, "spec.reward.function", "pattern"),
         ({"checkpoint__uri": "gs://b/p"}, "spec.checkpoint.uri", "pattern"),
+        # one object must not make the operator build 100,000 pods in memory
+        ({"inference__replicas": 100_000}, "spec.inference.replicas", "less than or equal to 1024"),
+        ({"trainer__nodes": 5000}, "spec.trainer.nodes", "less than or equal to 1024"),
+        ({"allocation": "vllm:d" + "9" * 5000 + "+fsdp:d8"}, "spec.allocation", "between 1 and 65536"),
+        ({"allocation": "vllm:d4096+fsdp:d8"}, "spec.allocation", "at most 1024"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):

@@ -34,6 +34,8 @@ def load_documents(path: Path) -> Iterator[tuple[str, Any]]:
         raise ValueError(f"cannot read: {err.strerror}") from err
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except RecursionError as err:
+        raise ValueError("invalid YAML: nested too deeply") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -74,6 +74,9 @@ class Allocation:
     trainer: TrainerAllocation
 
 
+MAX_DEGREE = 65536  # far beyond any cluster; keeps absurd numbers from reaching arithmetic
+
+
 def parse_dims(text: str, allowed: frozenset[str], where: str) -> Dims:
     """Parse ``d4t2``-style degrees, allowing only the letters in ``allowed``."""
     allowed_list = ", ".join(sorted(allowed))
@@ -87,8 +90,9 @@ def parse_dims(text: str, allowed: frozenset[str], where: str) -> Dims:
             raise AllocationError(f"{where}: degree {letter!r} is not allowed; use {allowed_list}")
         if letter in values:
             raise AllocationError(f"{where}: degree {letter!r} is given twice in {text!r}")
-        if int(number) < 1:
-            raise AllocationError(f"{where}: degree {letter}{number} must be at least 1")
+        if len(number) > len(str(MAX_DEGREE)) or not 1 <= int(number) <= MAX_DEGREE:
+            raise AllocationError(f"{where}: degree {letter}{number[:12]}{'…' if len(number) > 12 else ''} must be "
+                                  f"between 1 and {MAX_DEGREE}")
         values[letter] = int(number)
     return Dims(**{_DIM_LETTERS[k]: v for k, v in values.items()})
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .allocation import Allocation, AllocationError, Dims, parse_allocation
-from .spec import Accelerator, Backend, Engine, RLExperimentSpec
+from .spec import MAX_PODS, Accelerator, Backend, Engine, RLExperimentSpec
 
 EXTENDED_RESOURCE = {Accelerator.NVIDIA: "nvidia.com/gpu", Accelerator.ASCEND: "huawei.com/Ascend910"}
 
@@ -137,6 +137,8 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
             f"≤ acceleratorsPerNode ({per_node}) or a multiple of it",
         )
         hosts, per_host = 1, per_replica
+    if replicas > MAX_PODS:
+        issues.add("spec.allocation", f"implies {replicas} inference replicas; at most {MAX_PODS}")
     if hosts > 1:
         issues.add(
             "spec.inference.tensorParallel",
@@ -197,6 +199,8 @@ def _resolve_trainer(spec: RLExperimentSpec, alloc: Allocation | None, issues: _
             "backend fsdp shards over data (and context) only; use backend megatron for tensor, "
             "pipeline or expert parallelism",
         )
+    if nodes > MAX_PODS:
+        issues.add("spec.allocation", f"implies {nodes} trainer nodes; at most {MAX_PODS}")
     if dims.context > 1:
         issues.add(
             "spec.trainer.parallelism.context",

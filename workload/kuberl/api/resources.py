@@ -15,6 +15,8 @@ from pydantic import Field, field_validator
 
 from .base import GROUP_VERSION, ApiModel
 from .spec import (
+    MAX_DEVICES_PER_NODE,
+    MAX_PODS,
     Backend,
     Engine,
     Parallelism,
@@ -89,7 +91,7 @@ class InferencePoolSpec(PodPlacement):
     experiment: str | None = Field(None, description="owning RLExperiment, if any")
     config_map: str | None = Field(None, description="ConfigMap with the rendered run config")
     engine: Engine = Engine.VLLM
-    replicas: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1, le=MAX_PODS)
     tensor_parallel: int = Field(1, ge=1)
     pipeline_parallel: int = Field(1, ge=1)
     hosts_per_replica: int = Field(1, ge=1)
@@ -105,8 +107,8 @@ class TrainerJobSpec(PodPlacement):
     config_map: str | None = None
     backend: Backend = Backend.FSDP
     runtime: TrainerRuntime = TrainerRuntime.NATIVE
-    nodes: int = Field(1, ge=1)
-    procs_per_node: int = Field(1, ge=1, description="ranks (and devices) per pod")
+    nodes: int = Field(1, ge=1, le=MAX_PODS)
+    procs_per_node: int = Field(1, ge=1, le=MAX_DEVICES_PER_NODE, description="ranks (and devices) per pod")
     parallelism: Parallelism = Field(default_factory=Parallelism)
     backoff_limit: int = Field(3, ge=0)
     inference_service: str | None = Field(None, description="headless Service of the pool")

@@ -82,6 +82,9 @@ Quantity = Annotated[
     str, BeforeValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
 ]
 Positive = Annotated[int, Field(ge=1)]
+# Upper bounds: one object must not make the operator build an unbounded number of pods in memory.
+MAX_PODS = 1024
+MAX_DEVICES_PER_NODE = 64
 
 
 ALLOCATION_PATTERN = (
@@ -202,10 +205,10 @@ class PodPlacement(ApiModel):
 
 class InferenceSpec(PodPlacement):
     engine: Engine | None = Field(None, description="vllm on accelerators, torch on cpu by default")
-    replicas: int | None = Field(None, ge=1, description="number of server replicas")
-    tensor_parallel: int | None = Field(None, ge=1)
-    pipeline_parallel: int | None = Field(None, ge=1)
-    accelerators_per_node: Positive = Field(
+    replicas: int | None = Field(None, ge=1, le=MAX_PODS, description="number of server replicas")
+    tensor_parallel: int | None = Field(None, ge=1, le=MAX_DEVICES_PER_NODE)
+    pipeline_parallel: int | None = Field(None, ge=1, le=MAX_DEVICES_PER_NODE)
+    accelerators_per_node: Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_NODE)] = Field(
         8, description="devices per host; a replica larger than this spans several hosts"
     )
     port: int = Field(8000, ge=1024, le=65535)
@@ -223,8 +226,8 @@ class Parallelism(ApiModel):
 class TrainerSpec(PodPlacement):
     backend: Backend | None = Field(None, description="fsdp unless the allocation says otherwise")
     runtime: TrainerRuntime = TrainerRuntime.NATIVE
-    nodes: int | None = Field(None, ge=1, description="pods; derived from the allocation if unset")
-    accelerators_per_node: Positive = Field(
+    nodes: int | None = Field(None, ge=1, le=MAX_PODS, description="pods; derived from the allocation if unset")
+    accelerators_per_node: Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_NODE)] = Field(
         8, description="devices per pod; for accelerator cpu, trainer processes per pod"
     )
     parallelism: Parallelism = Field(default_factory=Parallelism)
@@ -302,7 +305,7 @@ class RLExperimentSpec(ApiModel):
         description="AReaL-style shorthand, e.g. 'vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)'",
         # Only in the CRD (the API server rejects garbage early); offline validation parses the
         # string itself and names the exact problem.
-        json_schema_extra={"pattern": ALLOCATION_PATTERN},
+        json_schema_extra={"pattern": ALLOCATION_PATTERN, "maxLength": 128},
     )
     inference: InferenceSpec = Field(default_factory=InferenceSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
