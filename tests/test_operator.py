@@ -340,3 +340,28 @@ async def test_kubeflow_runtime_reaches_running_and_succeeded_through_the_pytorc
         await kubeflow_says("Succeeded", 0, "2026-01-01T00:09:00Z")
         exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
         assert exp["status"]["progress"]["step"] == 500  # from the master pod's termination message
+
+
+async def test_objects_it_did_not_create_are_never_adopted_changed_or_pruned(tmp_path):
+    """A user's ConfigMap that happens to be named <exp>-config stays as it was, and the experiment
+    says which name is taken; a user's pod carrying our labels is neither pruned nor restarted."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        mine = await api.create("", "configmaps", "team-a", {"metadata": {"name": "cpu-tiny-config"},
+                                                             "data": {"note": "the user's own"}})
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        exp = await eventually(lambda: condition(get_rlx(api, "cpu-tiny"), "Degraded") and get_rlx(api, "cpu-tiny"),
+                               what="a condition")
+        degraded = condition(exp, "Degraded")
+        assert degraded["reason"] == "ChildNameTaken" and "cpu-tiny-config" in degraded["message"]
+        assert api.get("", "configmaps", "team-a", "cpu-tiny-config")["data"] == mine["data"]
+        assert api.list(GROUP, "inferencepools", "team-a") == []  # nothing half-created
+        await api.delete("", "configmaps", "team-a", "cpu-tiny-config")
+        stray = {"metadata": {"name": "someone-elses", "labels": {"kuberl.io/trainer-job": "cpu-tiny-trainer",
+                 "kuberl.io/role": "trainer"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}  # fmt: skip
+        await api.create("", "pods", "team-a", stray)
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"metadata": {"labels": {"touch": "1"}}})
+        await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=trainer")) == 2, what="our trainer pod")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"suspend": True}})
+        await eventually(lambda: [p["metadata"]["name"] for p in pods(api, "team-a", "kuberl.io/role=trainer")]
+                         == ["someone-elses"], what="only the stray pod left after suspend")

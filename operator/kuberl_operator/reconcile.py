@@ -27,6 +27,7 @@ from .kube import Kube, Manifest
 from .names import LABEL_POOL
 from .progress import final_progress
 from .status import (
+    child_conflict_status,
     condition,
     experiment_status,
     gang_restart_reason,
@@ -46,8 +47,18 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class NotOurs(RuntimeError):
+    """A child's name is taken by an object its parent does not control."""
+
+
+def _controller_uid(meta: Manifest) -> str | None:
+    return next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+
+
 def ensure(kube: Kube, obj: Manifest) -> Manifest:
-    """Create ``obj`` if absent; bring an existing custom resource's spec or ConfigMap data in line."""
+    """Create ``obj`` if absent; bring an existing custom resource's spec or ConfigMap data in line.
+    Raises NotOurs (and touches nothing) when the existing object is controlled by another owner
+    or by none: a user's ConfigMap that happens to carry the name is never adopted or rewritten."""
     meta = obj["metadata"]
     key = (obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
     existing = kube.get(*key)
@@ -62,6 +73,11 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
             existing = kube.get(*key)
             if existing is None:
                 raise
+    owner = _controller_uid(meta)
+    if owner is not None and _controller_uid(existing["metadata"]) != owner:
+        raise NotOurs(f"{obj['kind']} {meta['name']!r} already exists and is not controlled by "
+                      f"{meta['ownerReferences'][0]['kind']} {meta['ownerReferences'][0]['name']!r}; rename or "
+                      "remove it")
     for field in ("spec", "data"):
         if obj["apiVersion"].startswith("kuberl.io/") or obj["kind"] == "ConfigMap":
             if field in obj and existing.get(field) != obj[field]:
@@ -70,10 +86,14 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
     return existing
 
 
-def prune_pods(kube: Kube, namespace: str | None, selector: dict[str, str], keep: set[str]) -> None:
-    """Delete the pods matching ``selector`` whose names are not in ``keep`` (suspend, scale-down)."""
+def prune_pods(kube: Kube, parent: Manifest, selector: dict[str, str], keep: set[str]) -> None:
+    """Delete ``parent``'s pods matching ``selector`` whose names are not in ``keep`` (suspend,
+    scale-down); pods someone else controls are left alone, whatever their labels say."""
+    namespace = parent["metadata"].get("namespace")
     for pod in kube.list("v1", "Pod", namespace, selector):
         name = pod["metadata"]["name"]
+        if _controller_uid(pod["metadata"]) != parent["metadata"].get("uid"):
+            continue
         if name not in keep and not pod["metadata"].get("deletionTimestamp"):
             kube.delete("v1", "Pod", namespace, name)
             log.info("deleted Pod/%s", name)
@@ -104,8 +124,15 @@ def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: 
     for child in children:
         ensure(kube, child)
     desired_pods = {c["metadata"]["name"] for c in children if c["kind"] == "Pod"}
-    prune_pods(kube, parent["metadata"].get("namespace"), selector, desired_pods)
-    return kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
+    prune_pods(kube, parent, selector, desired_pods)
+    pods = kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
+    return [p for p in pods if _controller_uid(p["metadata"]) == parent["metadata"].get("uid")]
+
+
+def _report_conflict(kube: Kube, body: Manifest, err: NotOurs) -> None:
+    meta = body["metadata"]
+    write_status(kube, body, child_conflict_status(meta.get("generation"), str(err)))
+    log.warning("%s %s/%s: %s", body["kind"], meta.get("namespace"), meta["name"], err)
 
 
 def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
@@ -113,7 +140,11 @@ def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     pool = InferencePool.model_validate(body)
-    pods = _converge(kube, body, build_inference_children(pool, body), pool_selector(pool))
+    try:
+        pods = _converge(kube, body, build_inference_children(pool, body), pool_selector(pool))
+    except NotOurs as err:
+        _report_conflict(kube, body, err)
+        return body
     write_status(kube, body, pool_status(body["spec"], body["metadata"].get("generation"), pods))
     return body
 
@@ -124,14 +155,28 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         return None
     job = TrainerJob.model_validate(body)
     children = build_trainer_children(job, body)
-    if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
-        # The Kubeflow training operator owns the pods (and restarts them, runPolicy.backoffLimit);
-        # the TrainerJob's status follows the PyTorchJob's conditions.
-        stored = {c["kind"]: ensure(kube, c) for c in children}
-        status = pytorchjob_status(body["spec"], body["metadata"].get("generation"), stored.get("PyTorchJob"),
-                                   (body.get("status") or {}).get("restarts", 0))  # fmt: skip
-        write_status(kube, body, status)
-        return body
+    try:
+        if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
+            _sync_kubeflow_job(kube, body, children)
+        else:
+            _sync_native_job(kube, body, job, children)
+    except NotOurs as err:
+        _report_conflict(kube, body, err)
+    return body
+
+
+def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest]) -> None:
+    """The Kubeflow training operator owns the pods (and restarts them, runPolicy.backoffLimit);
+    the TrainerJob's status follows the PyTorchJob's conditions."""
+    stored = {c["kind"]: ensure(kube, c) for c in children}
+    status = pytorchjob_status(body["spec"], body["metadata"].get("generation"), stored.get("PyTorchJob"),
+                               (body.get("status") or {}).get("restarts", 0))  # fmt: skip
+    write_status(kube, body, status)
+
+
+def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list[Manifest]) -> None:
+    """Our own rank pods: converge them, restart the whole gang when a rank failed, report status."""
+    namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     generation = body["metadata"].get("generation")
     restarts = (body.get("status") or {}).get("restarts", 0)
     pods = _converge(kube, body, children, job_selector(job))  # a failed pod keeps its name: not recreated
@@ -144,17 +189,16 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
             "GangRestarted", True, "RankFailed",
             f"{reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint", generation))
         if not write_status(kube, body, status):  # counted first: a lost race must not restart twice
-            return body
+            return
         for pod in live:  # the next sync (on their deletion) recreates them; ranks resume from the checkpoint
             kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
         log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
                     job.spec.backoff_limit)
-        return body
+        return
     status = job_status(body["spec"], generation, pods, restarts)
     status["conditions"] += [c for c in (body.get("status") or {}).get("conditions") or []
                              if c.get("type") == "GangRestarted"]  # the last restart stays visible
     write_status(kube, body, status)
-    return body
 
 
 def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
@@ -175,7 +219,12 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
         write_status(kube, body, invalid_spec_status(generation, str(err)))
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, err)
         return body
-    stored = {c["kind"]: ensure(kube, c) for c in children}
+    try:
+        stored = {c["kind"]: ensure(kube, c) for c in children}
+    except NotOurs as err:
+        write_status(kube, body, child_conflict_status(generation, str(err)))
+        log.warning("RLExperiment %s/%s: %s", namespace, name, err)
+        return body
     pool, job = stored[InferencePool.KIND], stored[TrainerJob.KIND]
     status = experiment_status(
         generation, exp.spec.suspend,

@@ -266,6 +266,19 @@ def invalid_spec_status(generation: int | None, message: str) -> Manifest:
     }
 
 
+def child_conflict_status(generation: int | None, message: str) -> Manifest:
+    """Status of an experiment one of whose children's names is taken by an object it does not own:
+    nothing of the other object is adopted or changed; renaming or removing it resolves this."""
+    return {
+        "phase": Phase.PENDING.value,
+        "observedGeneration": generation,
+        "conditions": [
+            condition("Ready", False, "ChildNameTaken", message, generation),
+            condition("Degraded", True, "ChildNameTaken", message, generation),
+        ],
+    }
+
+
 def without_times(status: Manifest) -> Manifest:
     """Status minus transition times, to tell whether a write would change anything."""
     conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
