@@ -27,17 +27,12 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
     spec, name = pool.spec, pool.metadata.name
     accel = profile(spec.accelerator, str(spec.engine))
     pod_name = inference_pod_name(name, replica, host)
-    leader = f"{inference_pod_name(name, replica, 0)}.{name}"
+    # Engine, parallel degrees and the rest come from the run config (the ConfigMap); the env only
+    # says who this pod is (docs/architecture.md, "The contract").
     env = {
         **accel.env,
         "KUBERL_ROLE": ROLE_INFERENCE,
-        "KUBERL_ENGINE": str(spec.engine),
         "KUBERL_REPLICA": str(replica),
-        "KUBERL_HOST_RANK": str(host),
-        "KUBERL_HOSTS_PER_REPLICA": str(spec.hosts_per_replica),
-        "KUBERL_REPLICA_LEADER": leader,
-        "KUBERL_TENSOR_PARALLEL": str(spec.tensor_parallel),
-        "KUBERL_PIPELINE_PARALLEL": str(spec.pipeline_parallel),
         "KUBERL_PORT": str(spec.port),
     }
     container: Manifest = {

@@ -53,20 +53,15 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     """Pod for node rank ``rank``: torchrun with torch-distributed env, one process per device."""
     spec, name = job.spec, job.metadata.name
     accel = profile(spec.accelerator)
-    par = spec.parallelism
     env = {
         **accel.env,
         "KUBERL_ROLE": ROLE_TRAINER,
-        "KUBERL_BACKEND": str(spec.backend),
         "MASTER_ADDR": master_address(job),
         "MASTER_PORT": str(MASTER_PORT),
         "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
         "NNODES": str(spec.nodes),
         "NODE_RANK": str(rank),
         "NPROC_PER_NODE": str(spec.procs_per_node),
-        "KUBERL_PARALLELISM": ",".join(
-            f"{k}={v}" for k, v in par.to_wire().items() if v is not None
-        ),
     }
     if spec.inference_service:
         env["KUBERL_INFERENCE_SERVICE"] = spec.inference_service
