@@ -237,3 +237,15 @@ def test_ascend_pods_carry_what_the_ascend_stack_needs():
     for pod in by_kind(render(copy.deepcopy(MINIMAL)), "Pod"):
         assert "supplementalGroups" not in pod["spec"]["securityContext"]
         assert "HCCL_IF_IP" not in {e["name"] for e in container(pod)["env"]}
+
+
+def test_workload_pods_are_never_best_effort_and_their_root_is_read_only():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["inference"] = {"resources": {"limits": {"memory": "1Gi"}}}
+    for pod in by_kind(render(doc), "Pod"):
+        resources = container(pod)["resources"]
+        assert resources["requests"]["cpu"] and resources["requests"]["memory"]
+        if pod["metadata"]["labels"]["kuberl.io/role"] == "inference":
+            assert resources["requests"]["memory"] == "1Gi"  # a limit below the default floor wins
+        assert container(pod)["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {m["mountPath"] for m in container(pod)["volumeMounts"]} >= {"/tmp", "/dev/shm"}

@@ -52,11 +52,17 @@ def headless_service(parent: Manifest, name: str, selector: dict[str, str], port
     }
 
 
+DEFAULT_REQUESTS = {"cpu": "1", "memory": "2Gi"}  # a floor: never BestEffort, the first pods evicted
+
+
 def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devices: int) -> Manifest:
-    """User requests/limits plus the accelerator's extended resource (requests = limits)."""
+    """User requests/limits plus the accelerator's extended resource (requests = limits); cpu and
+    memory requests default to ``DEFAULT_REQUESTS`` (or to the limit, when only a limit is given)."""
     res = placement.resources
     requests = dict(res.requests or {}) if res else {}
     limits = dict(res.limits or {}) if res else {}
+    for name, floor in DEFAULT_REQUESTS.items():
+        requests.setdefault(name, limits.get(name, floor))
     if accel.resource:
         requests[accel.resource] = limits[accel.resource] = str(devices)
     out: Manifest = {}
@@ -146,6 +152,7 @@ def pod_manifest(
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,  # writes go to /tmp, /dev/shm and the named volumes
         },
     }
     spec: Manifest = {
