@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kuberl.api import resolve, validate_document
+from kuberl.api import RLExperiment, resolve, validate_document
 from kuberl_operator.cli import main
 
 from .conftest import EXAMPLES, MINIMAL
@@ -95,10 +95,9 @@ def test_cross_field_rules(changes, field, fragment):
 
 
 def test_allocation_implies_sizes():
-    obj, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
-                                              trainer__acceleratorsPerNode=16))
+    doc = with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)", trainer__acceleratorsPerNode=16)
+    inference, trainer, issues = resolve(RLExperiment.model_validate(doc).spec)  # planned ...
     assert issues == []
-    inference, trainer, _ = resolve(obj.spec)
     assert (inference.replicas, inference.tensor_parallel, inference.devices_per_host) == (4, 4, 4)
     assert (trainer.nodes, trainer.procs_per_node, trainer.world_size) == (2, 16, 32)
     assert (trainer.data, trainer.tensor, trainer.pipeline, trainer.expert) == (2, 4, 4, 8)
@@ -162,3 +161,10 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, stderr
     assert "Traceback" not in stderr
+
+
+def test_megatron_is_planned_but_refused_until_it_can_train():
+    _, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
+                                            trainer__acceleratorsPerNode=16))
+    assert [i.path for i in issues] == ["spec.trainer.backend"]
+    assert "use backend fsdp" in issues[0].message

@@ -16,6 +16,7 @@ from kuberl.api import (
 )
 from kuberl.api.spec import Parallelism
 from kuberl.api.storage import cluster_issues, credentials_secret
+from kuberl.api.support import unsupported_issues
 
 from ..names import (
     CONFIG_FILE,
@@ -38,7 +39,7 @@ class InvalidSpec(ValueError):
 def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manifest]:
     """ConfigMap, InferencePool and TrainerJob for ``exp``; raises ``InvalidSpec``."""
     inference, trainer, issues = resolve(exp.spec)
-    issues += cluster_issues(exp.spec)
+    issues += unsupported_issues(exp.spec, trainer.backend if trainer else None) + cluster_issues(exp.spec)
     if issues or inference is None or trainer is None:
         raise InvalidSpec(issues)
     name, spec = exp.metadata.name, exp.spec

@@ -14,6 +14,7 @@ from .base import GROUP_VERSION
 from .resolve import FieldIssue, resolve
 from .resources import KINDS, Resource, RLExperiment
 from .storage import cluster_issues
+from .support import unsupported_issues
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -58,7 +59,8 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
     except ValidationError as err:
         return None, schema_issues(err)
     if isinstance(obj, RLExperiment):
-        _, _, issues = resolve(obj.spec)
+        _, trainer, issues = resolve(obj.spec)
+        issues += unsupported_issues(obj.spec, trainer.backend if trainer else None)
         issues += cluster_issues(obj.spec) if cluster else []
         if issues:
             return None, issues
