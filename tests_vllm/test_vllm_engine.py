@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from kuberl.inference.contract import FINISH_ABORT, Generation, SamplingParams
-from kuberl.inference.vllm_engine import VLLMEngine, build_vllm_engine, hf_parameter_layout
+from kuberl.inference.vllm_engine import VLLMEngine, build_vllm_engine, hf_parameter_layout, tied_aliases
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this venv (scripts/setup --vllm)")
@@ -41,7 +41,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMEngin
     loop = asyncio.new_event_loop()
 
     async def build() -> VLLMEngine:
-        return build_vllm_engine(str(model_dir), tokenizer.eos_token_id, hf_parameter_layout(model), seed=0,
+        return build_vllm_engine(str(model_dir), tokenizer.eos_token_id, hf_parameter_layout(model),
+                                 tied_aliases(model), seed=0,
                                  dtype="float32", eager=True, max_model_len=256, cpu_kv_cache_gib=1)  # fmt: skip
 
     engine = loop.run_until_complete(build())
