@@ -34,7 +34,7 @@ def test_trainer_backend_defaults_to_fsdp():
         ("vllm:d4x2+fsdp:d4", "degree 'x' is not allowed; use d, p, t"),
         ("vllm:d4t+fsdp:d4", "not a list of degrees"),
         ("vllm:d4d2+fsdp:d4", "given twice"),
-        ("vllm:d0+fsdp:d4", "at least 1"),
+        ("vllm:d0+fsdp:d4", "between 1 and 65536"),
         ("vllm:d4e2+fsdp:d4", "degree 'e' is not allowed"),
         ("vllm:d4+fsdp:d4t2", "degree 't' is not allowed"),
         ("vllm:d4+megatron:(attn:d2p4t4|ffn:d1p2e8)", "same pipeline degree"),
