@@ -205,7 +205,11 @@ def test_topology_labels():
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_render_cli_on_every_example(capsys, example):
     assert main(["render", "-n", "team-a", str(EXAMPLES / example)]) == 0
-    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    out = capsys.readouterr().out
+    assert "&id0" not in out and "*id0" not in out  # plain YAML for GitOps diffs: no anchors or aliases
+    assert main(["render", "-n", "team-a", str(EXAMPLES / example)]) == 0
+    assert capsys.readouterr().out == out  # identical for identical input
+    docs = list(yaml.safe_load_all(out))
     kinds = [d["kind"] for d in docs]
     assert kinds[:2] == ["ConfigMap", "InferencePool"] and "TrainerJob" in kinds and "Pod" in kinds
     assert all(d["metadata"].get("namespace") == "team-a" for d in docs)

@@ -18,6 +18,14 @@ import yaml
 from kuberl.api import FieldIssue, Resource, validate_document
 
 
+class PlainDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases (``&id001`` / ``*id001``): a manifest a GitOps reviewer
+    reads in a diff repeats a shared probe instead of pointing at it."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def _describe(doc: Any, index: int) -> str:
     if isinstance(doc, dict):
         kind = doc.get("kind") or "<no kind>"
@@ -92,7 +100,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         if args.namespace and not obj.metadata.namespace:
             obj.metadata.namespace = args.namespace
         manifests += render_resource(obj)
-    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+    sys.stdout.write(yaml.dump_all(manifests, Dumper=PlainDumper, sort_keys=False))
     return 0
 
 
