@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from kuberl_operator.progress import fetch, progress_status
 from kuberl_operator.status import experiment_status, job_status, merge_conditions, pod_health, pool_status
 
 
@@ -104,3 +107,35 @@ def test_gang_restart_decision():
     assert gang_restart_reason(failed, 3, 3) is None  # past the limit: job_status fails the job
     assert gang_restart_reason([pod("t-n0", "Running"), pod("t-n1", "Running")], 0, 3) is None
     assert gang_restart_reason([pod("t-n0", "Failed", waiting="ImagePullBackOff")], 0, 3) is None
+
+
+@pytest.mark.parametrize("payload", [
+    None, [], "text", {"step": "12"}, {"step": True}, {"reward": float("nan")}, {"reward": 1e300},
+    {"last_checkpoint": "s3://" + "x" * 5000}, {"reward": {"nested": 1}},
+])
+def test_a_hostile_progress_reply_puts_nothing_odd_into_the_status(payload):
+    out = progress_status(payload)
+    assert all(isinstance(v, int | float) and not isinstance(v, bool) for k, v in out.items()
+               if k != "lastCheckpoint")
+    assert out == {} or out.get("lastCheckpoint", "")[:5] == "s3://"
+
+
+def test_an_oversized_progress_reply_is_ignored():
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"step": 1, "pad": "' + b"x" * (1 << 20) + b'"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert fetch(f"http://127.0.0.1:{server.server_port}/progress") is None
+    finally:
+        server.shutdown()

@@ -43,21 +43,32 @@ def progress_url(experiment: str, namespace: str, template: str | None = None, k
                                             name=experiment, port=PROGRESS_PORT)
 
 
-def progress_status(payload: Manifest) -> Manifest:
-    """The trainer's /progress JSON → ``status.progress`` (camelCase; absent values left out)."""
-    def rounded(key: str) -> float | None:
-        value = payload.get(key)
-        return None if value is None else round(float(value), 4)
+MAX_REPLY_BYTES = 64 * 1024
 
+
+def progress_status(payload: Any) -> Manifest:
+    """The trainer's /progress JSON → ``status.progress`` (camelCase). Only well-typed values are
+    kept (a number where a number belongs, a short string for the checkpoint URI): whatever a pod
+    answers, the status never carries anything else."""
+    if not isinstance(payload, dict):
+        return {}
+
+    def number(key: str, digits: int | None = None) -> float | int | None:
+        value = payload.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) > 1e15:
+            return None
+        return round(float(value), digits) if digits is not None else int(value)
+
+    checkpoint = payload.get("last_checkpoint")
     fields = {
-        "step": payload.get("step"),
-        "version": payload.get("version"),
-        "reward": rounded("reward"),
-        "rewardFirst10": rounded("reward_first10"),
-        "rewardLast10": rounded("reward_last10"),
-        "maxStaleness": payload.get("max_staleness"),
-        "behavLogpGap": rounded("behav_logp_gap"),
-        "lastCheckpoint": payload.get("last_checkpoint"),
+        "step": number("step"),
+        "version": number("version"),
+        "reward": number("reward", 4),
+        "rewardFirst10": number("reward_first10", 4),
+        "rewardLast10": number("reward_last10", 4),
+        "maxStaleness": number("max_staleness"),
+        "behavLogpGap": number("behav_logp_gap", 4),
+        "lastCheckpoint": checkpoint if isinstance(checkpoint, str) and len(checkpoint) <= 1024 else None,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -66,8 +77,11 @@ def fetch(url: str, timeout: float = 2.0) -> Manifest | None:
     """GET the progress JSON; None (with the reason logged) when the trainer is not reachable yet."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError) as err:
+            body = resp.read(MAX_REPLY_BYTES + 1)
+        if len(body) > MAX_REPLY_BYTES:
+            raise ValueError(f"reply larger than {MAX_REPLY_BYTES} bytes")
+        return json.loads(body)
+    except (OSError, ValueError, RecursionError) as err:
         log.debug("progress from %s unavailable: %s", url, err)
         return None
 
@@ -107,10 +121,11 @@ def poll_once(kube: Kube, template: str | None = None) -> int:
             try:
                 kube.patch(exp["apiVersion"], exp["kind"], meta["namespace"], meta["name"],
                            {"status": {"progress": progress}}, "status")
-            except ApiException as err:
-                if err.status != 404:
-                    raise
-                continue  # deleted since the list: nothing to report on
+            except ApiException as err:  # one experiment's failure never costs the others their update
+                if err.status != 404:  # 404: deleted since the list, nothing to report on
+                    log.warning("progress of %s/%s not written (%s); retried next round", meta["namespace"],
+                                meta["name"], err.status)
+                continue
             patched += 1
     return patched
 
