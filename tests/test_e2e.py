@@ -6,17 +6,19 @@ against a real cluster."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from e2e import scenario
 
-from .harness import ROOT, emulated_cluster, running_operator
+from .harness import ROOT, Cluster, emulated_cluster, running_operator
 from .test_kubectl import kubectl_binary
 
 STEPS = 150  # enough for the first-10 vs last-10 reward to separate reliably
@@ -26,6 +28,31 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                        reason="the kubelet stand-in gives each pod a mount namespace: needs root and unshare"),
 ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def kubelet_stand_in(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """Run e2e/kubelet.py against ``cluster`` for the block; yields its node directory (pod logs)."""
+    node_dir = tmp_path / "node"
+    kubelet = subprocess.Popen([sys.executable, "-m", "e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
+                                "--workdir", str(node_dir)], cwd=ROOT,
+                               stdout=open(tmp_path / "kubelet.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        yield node_dir
+    finally:
+        kubelet.send_signal(signal.SIGTERM)
+        kubelet.wait(timeout=60)
+
+
+def kubectl_for(cluster: Cluster) -> Callable[..., str]:
+    """The real kubectl against ``cluster`` in namespace default; fails the test on a non-zero exit.
+    Blocking: call it from a thread (the emulator runs on the test's event loop)."""
+    def kubectl(*args: str) -> str:
+        done = subprocess.run([kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig), "-n", "default",
+                               "--request-timeout=10s", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+    return kubectl
 
 
 def processes_under(path: Path) -> list[int]:
@@ -43,24 +70,10 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
     monkeypatch.setenv("KUBERL_PROGRESS_URL", "http://127.0.0.1:{port}/progress")  # no cluster DNS in this process
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
-        node_dir = tmp_path / "node"
-        kubelet = subprocess.Popen([sys.executable, "-m", "e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
-                                    "--workdir", str(node_dir)], cwd=ROOT,
-                                   stdout=open(tmp_path / "kubelet.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            def kubectl(*args: str) -> str:
-                done = subprocess.run([kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig), "-n", "default",
-                                       "--request-timeout=10s", *args],
-                                      capture_output=True, text=True, timeout=60)  # fmt: skip
-                assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-                return done.stdout
-
+        with kubelet_stand_in(cluster, tmp_path) as node_dir:
             path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)
             lines: list[str] = []
-            outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 480, lines.append)
-        finally:
-            kubelet.send_signal(signal.SIGTERM)
-            kubelet.wait(timeout=60)
+            outcome = await asyncio.to_thread(scenario.run, kubectl_for(cluster), path, name, 480, lines.append)
         report = "\n".join(lines)
         logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(node_dir.glob("pods/*/container.log")))
         assert scenario.problems(outcome, STEPS) == [], f"{report}\n--- container logs ---\n{logs}"

@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import boto3
@@ -24,9 +21,9 @@ from moto.server import ThreadedMotoServer
 from kuberl.local import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
-from .harness import ROOT, emulated_cluster, running_operator
+from .harness import emulated_cluster, running_operator
+from .test_e2e import kubectl_for, kubelet_stand_in
 from .test_e2e import pytestmark as e2e_marks
-from .test_kubectl import kubectl_binary
 
 pytestmark = e2e_marks
 STEPS, DELETE_AFTER_CHECKPOINT = 80, 20
@@ -74,25 +71,15 @@ async def test_s3_model_data_and_checkpoints_survive_a_deleted_trainer_pod(tmp_p
     try:
         populate(endpoint, tmp_path)
         async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
-            node_dir = tmp_path / "node"
-            kubelet = subprocess.Popen([sys.executable, "-m", "e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
-                                        "--workdir", str(node_dir)], cwd=ROOT,
-                                       stdout=open(tmp_path / "kubelet.log", "wb"),
-                                       stderr=subprocess.STDOUT)  # fmt: skip
-            try:
-                def kubectl(*args: str) -> str:
-                    done = subprocess.run([kubectl_binary(), "--kubeconfig", str(cluster.kubeconfig), "-n", "default",
-                                           "--request-timeout=10s", *args],
-                                          capture_output=True, text=True, timeout=60)  # fmt: skip
-                    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-                    return done.stdout
-
+            with kubelet_stand_in(cluster, tmp_path) as node_dir:
+                kubectl = kubectl_for(cluster)
                 secret = tmp_path / "secret.yaml"
                 secret.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                                                   "metadata": {"name": "s3-credentials"}, "stringData": KEYS}))
                 await asyncio.to_thread(kubectl, "create", "--validate=false", "-f", str(secret))
                 path, name = manifest(tmp_path / "experiment.yaml", endpoint)
                 deleted: list[int] = []
+                lines: list[str] = []
 
                 def delete_trainer_once(status: dict[str, object]) -> None:
                     progress = status.get("progress") or {}
@@ -103,12 +90,8 @@ async def test_s3_model_data_and_checkpoints_survive_a_deleted_trainer_pod(tmp_p
                         lines.append(f"deleting the trainer pod at step {progress['step']}")
                         kubectl("delete", "pod", f"{name}-trainer-n0", "--wait=false")
 
-                lines: list[str] = []
                 outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 600, lines.append,
                                                   delete_trainer_once)  # fmt: skip
-            finally:
-                kubelet.send_signal(signal.SIGTERM)
-                kubelet.wait(timeout=60)
     finally:
         moto.stop()
     logs = {p.parent.name: p.read_text(errors="replace") for p in sorted(node_dir.glob("pods/*/container.log"))}
