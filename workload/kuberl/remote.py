@@ -103,11 +103,11 @@ def _local_copy(uri: str, store: S3Store | None) -> Path:
     bucket, key = split_s3(uri)
     is_prefix = key == "" or key.endswith("/")
     target = cache_root() / "s3" / bucket / key
-    record = Path(str(target).rstrip("/") + COMPLETE_SUFFIX)
+    stem = str(target).rstrip("/")  # the record and the lock sit beside the file or directory
+    record = Path(stem + COMPLETE_SUFFIX)
     store = store or S3Store(bucket, "")
-    with _exclusive(Path(str(target).rstrip("/") + ".lock")):
-        listing = {k: [info[0], info[1]] for k, info in store.list_objects(key).items()
-                   if is_prefix or k == key}
+    with _exclusive(Path(stem + ".lock")):
+        listing = {k: list(info) for k, info in store.list_objects(key).items() if is_prefix or k == key}
         if not listing:
             raise RemoteError(f"{uri}: no such object{'s under this prefix' if is_prefix else ''} in the store")
         if record.is_file() and json.loads(record.read_text()) == listing:
