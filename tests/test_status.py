@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from kuberl.api.contract import LABEL_REPLICA
 from kuberl_operator.progress import fetch, progress_status
 from kuberl_operator.status import experiment_status, job_status, merge_conditions, pod_health, pool_status
 
 
-def pod(name, phase="Running", ready=False, waiting=None, node="n1", terminated=None, unschedulable=False):
+def pod(name, phase="Running", ready=False, waiting=None, node="n1", terminated=None, unschedulable=False,
+        replica=None):
     state = {"waiting": {"reason": waiting, "message": "m"}} if waiting else (
         {"terminated": terminated} if terminated else {"running": {}})
     conds = [{"type": "Ready", "status": "True" if ready else "False"}]
     if unschedulable:
         conds.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                       "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."})
-    return {"metadata": {"name": name}, "spec": {"nodeName": None if unschedulable else node},
+    labels = {} if replica is None else {LABEL_REPLICA: str(replica)}
+    return {"metadata": {"name": name, "labels": labels}, "spec": {"nodeName": None if unschedulable else node},
             "status": {"phase": phase, "conditions": conds, "containerStatuses": [{"name": "c", "state": state}]}}
 
 
@@ -31,11 +34,14 @@ def test_pod_health_reasons():
 
 def test_pool_phases_and_ready_replicas():
     spec = {"replicas": 2, "hostsPerReplica": 2}
-    pods = [pod(f"p-r{r}-h{h}", ready=(r == 0)) for r in range(2) for h in range(2)]
+    pods = [pod(f"p-r{r}-h{h}", ready=(r == 0), replica=r) for r in range(2) for h in range(2)]
     st = pool_status(spec, 3, pods)
     assert (st["phase"], st["readyReplicas"], st["readyPods"], st["observedGeneration"]) == ("Initializing", 1, 2, 3)
-    st = pool_status(spec, 3, [pod(f"p-r{r}-h{h}", ready=True) for r in range(2) for h in range(2)])
+    st = pool_status(spec, 3, [pod(f"p-r{r}-h{h}", ready=True, replica=r) for r in range(2) for h in range(2)])
     assert st["phase"] == "Running" and st["readyReplicas"] == 2
+    # replicas are counted by their label, not by a name pattern: a pool named "x-r1-h" stays right
+    named_alike = [pod(f"x-r1-h-r{r}-h{h}", ready=(r == 1), replica=r) for r in range(2) for h in range(2)]
+    assert pool_status(spec, 3, named_alike)["readyReplicas"] == 1
     assert pool_status({**spec, "suspend": True}, 3, [])["phase"] == "Suspended"
     assert pool_status(spec, 1, [pod("p-r0-h0", waiting="InvalidImageName")])["phase"] == "Failed"
     assert pool_status(spec, 1, [])["phase"] == "Pending"

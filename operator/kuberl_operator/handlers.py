@@ -23,10 +23,10 @@ from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
 from kuberl.api import API_GROUP, API_VERSION
+from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, PREFIX
 
 from . import progress, reconcile
 from .kube import Kube
-from .names import LABEL_JOB, LABEL_ROLE, PREFIX
 
 RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
 PROGRESS_TASK = "kuberl-progress-polling"

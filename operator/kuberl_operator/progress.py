@@ -21,9 +21,9 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from kuberl.api import API_GROUP, API_VERSION, RLExperiment
+from kuberl.api.contract import PROGRESS_PORT, trainer_job_name, trainer_rank0_host, trainer_rank0_pod
 
 from .kube import Kube
-from .names import PROGRESS_PORT, trainer_job_name, trainer_rank0_host, trainer_rank0_pod
 
 log = logging.getLogger("kuberl.operator.progress")
 Manifest = dict[str, Any]

@@ -16,6 +16,7 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kuberl.api import GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
+from kuberl.api.contract import LABEL_POOL
 from kuberl.api.spec import TrainerRuntime
 from kuberl.api.validation import schema_issues
 
@@ -24,7 +25,6 @@ from .builders.experiment import InvalidSpec
 from .builders.inference import pool_selector
 from .builders.trainer import job_selector
 from .kube import Kube, Manifest
-from .names import LABEL_POOL
 from .progress import final_progress
 from .status import (
     child_conflict_status,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api import Phase
+from kuberl.api.contract import LABEL_REPLICA
 
 Manifest = dict[str, Any]
 
@@ -116,11 +117,12 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
     expected = spec.get("replicas", 1) * hosts
     healths = [pod_health(p) for p in pods]
     ready_pods = sum(h.ready for h in healths)
-    ready_replicas = 0
-    by_name = {h.name: h for h in healths}
-    for r in range(spec.get("replicas", 1)):
-        members = [h for n, h in by_name.items() if f"-r{r}-h" in n]
-        ready_replicas += len(members) == hosts and all(m.ready for m in members)
+    members: dict[str, list[PodHealth]] = {}
+    for pod, health in zip(pods, healths, strict=True):
+        replica = (pod["metadata"].get("labels") or {}).get(LABEL_REPLICA)
+        members.setdefault(replica or "", []).append(health)
+    ready_replicas = sum(len(members.get(str(r), [])) == hosts and all(m.ready for m in members[str(r)])
+                         for r in range(spec.get("replicas", 1)))
     degraded = _problem_condition(healths, generation)
     if spec.get("suspend"):
         phase = Phase.SUSPENDED

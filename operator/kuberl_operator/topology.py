@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .names import LABEL_FABRIC, LABEL_NODE, LABEL_ZONE
+from kuberl.api.contract import LABEL_FABRIC, LABEL_NODE, LABEL_ZONE
 
 ZONE_LABELS = ("topology.kubernetes.io/zone",)
 # First present wins: an admin's explicit label, NVLink clique (GB200 NVL72), an Ascend

@@ -27,6 +27,22 @@ from typing import Any
 import yaml
 
 from .api import Accelerator, RLExperiment, resolve, validate_document
+from .api.contract import (
+    ENV_CHECKPOINT_URI,
+    ENV_EXCHANGE_PORT,
+    ENV_INFERENCE_URLS,
+    ENV_MAX_STEPS,
+    ENV_PODINFO_LABELS,
+    ENV_PROGRESS_PORT,
+    ENV_REPLICA,
+    ENV_STAGING_DIR,
+    ENV_SUMMARY_PATH,
+    ENV_THREADS,
+    ENV_WEIGHTS_DIR,
+    LABEL_NODE,
+    LABEL_RANK,
+    LABEL_ROLE,
+)
 from .runconfig import write_run_config
 from .weights.discovery import format_labels
 
@@ -59,7 +75,7 @@ def pod_labels(work: Path, role: str, index: int) -> str:
     """The downward-API labels file a pod would have (docs/architecture.md): every process on this node."""
     path = work / "podinfo" / f"{role}-{index}.labels"
     path.parent.mkdir(parents=True, exist_ok=True)
-    labels = {"kuberl.io/node": "localhost", "kuberl.io/role": role, "kuberl.io/rank": str(index)}
+    labels = {LABEL_NODE: "localhost", LABEL_ROLE: role, LABEL_RANK: str(index)}
     path.write_text(format_labels(labels))
     return str(path)
 
@@ -157,7 +173,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     world = trainer.world_size
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) >= inference.replicas + world
-    base_env = {**os.environ, "KUBERL_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    base_env = {**os.environ, ENV_THREADS: "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                 "POD_IP": "127.0.0.1"}
     ports = [free_port() for _ in range(inference.replicas)]
     progress_port = free_port()
@@ -172,8 +188,8 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
         omp_bind = str(cores[r]) if pinned else "nobind"
         return children.spawn([python, "-m", "kuberl.inference", "--config", str(config), "--port",
                                str(ports[r]), "--host", "127.0.0.1"],
-                              {**base_env, "KUBERL_REPLICA": str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
-                               "KUBERL_PODINFO_LABELS": pod_labels(work, "inference", r)},
+                              {**base_env, ENV_REPLICA: str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
+                               ENV_PODINFO_LABELS: pod_labels(work, "inference", r)},
                               [cores[r]] if pinned else None, work / f"inference-{r}.log")
 
     def spawn_gang() -> list[subprocess.Popen[bytes]]:
@@ -182,14 +198,14 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
         for rank in range(world):
             env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                   "KUBERL_INFERENCE_URLS": ",".join(f"http://127.0.0.1:{p}" for p in ports),
-                   "KUBERL_PROGRESS_PORT": str(progress_port), "KUBERL_SUMMARY_PATH": str(summary_file),
-                   "KUBERL_CHECKPOINT_URI": f"file://{work / 'checkpoints'}/",
-                   "KUBERL_STAGING_DIR": str(work / "staging"), "KUBERL_EXCHANGE_PORT": str(exchange_port),
-                   "KUBERL_WEIGHTS_DIR": str(work / "weights"),
-                   "KUBERL_PODINFO_LABELS": pod_labels(work, "trainer", rank)}
+                   ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in ports),
+                   ENV_PROGRESS_PORT: str(progress_port), ENV_SUMMARY_PATH: str(summary_file),
+                   ENV_CHECKPOINT_URI: f"file://{work / 'checkpoints'}/",
+                   ENV_STAGING_DIR: str(work / "staging"), ENV_EXCHANGE_PORT: str(exchange_port),
+                   ENV_WEIGHTS_DIR: str(work / "weights"),
+                   ENV_PODINFO_LABELS: pod_labels(work, "trainer", rank)}
             if max_steps is not None:
-                env["KUBERL_MAX_STEPS"] = str(max_steps)
+                env[ENV_MAX_STEPS] = str(max_steps)
             core = [cores[inference.replicas + rank]] if pinned else None
             ranks.append(children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(config)], env,
                                         core, work / f"trainer-{rank}.log"))

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
+from .api.contract import ENV_CACHE_DIR
 from .checkpoint.store import CheckpointError, S3Store
 
 log = logging.getLogger("kuberl.remote")
@@ -44,7 +45,7 @@ class RemoteError(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("KUBERL_CACHE_DIR") or "/tmp/kuberl-cache")
+    return Path(os.environ.get(ENV_CACHE_DIR) or "/tmp/kuberl-cache")
 
 
 def split_s3(uri: str) -> tuple[str, str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kuberl.api.contract import CONFIG_MOUNT, ENV_S3_ENDPOINT, MANAGED_BY, PODINFO_MOUNT
 from kuberl.api.spec import PodPlacement, SchedulingSpec, StorageSpec
 
 from ..accelerators import AcceleratorProfile
-from ..names import CONFIG_MOUNT, MANAGED_BY, PODINFO_MOUNT
 
 Manifest = dict[str, Any]
 
@@ -92,7 +92,7 @@ def storage_env(storage: StorageSpec) -> list[Manifest]:
                                                             **({"optional": True} if optional else {})}}}
                 for key, optional in S3_SECRET_KEYS.items()]  # fmt: skip
     if storage.endpoint:
-        out.append({"name": "KUBERL_S3_ENDPOINT", "value": storage.endpoint})
+        out.append({"name": ENV_S3_ENDPOINT, "value": storage.endpoint})
     if storage.region:
         out += [{"name": name, "value": storage.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
     return out

@@ -14,17 +14,17 @@ from kuberl.api import (
     TrainerJobSpec,
     resolve,
 )
-from kuberl.api.spec import Parallelism
-from kuberl.api.storage import cluster_issues, credentials_secret
-from kuberl.api.support import unsupported_issues
-
-from ..names import (
+from kuberl.api.contract import (
     CONFIG_FILE,
     LABEL_EXPERIMENT,
     config_map_name,
     inference_pool_name,
     trainer_job_name,
 )
+from kuberl.api.spec import Parallelism
+from kuberl.api.storage import cluster_issues, credentials_secret
+from kuberl.api.support import unsupported_issues
+
 from .common import Manifest, child_metadata
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from kuberl.api import InferencePool
-
-from ..accelerators import profile
-from ..names import (
+from kuberl.api.contract import (
+    CONFIG_FILE,
+    CONFIG_MOUNT,
+    ENV_PORT,
+    ENV_REPLICA,
+    ENV_ROLE,
     LABEL_ACCELERATOR,
     LABEL_EXPERIMENT,
     LABEL_HOST,
@@ -15,6 +18,8 @@ from ..names import (
     ROLE_INFERENCE,
     inference_pod_name,
 )
+
+from ..accelerators import profile
 from .common import Manifest, container_resources, env_list, headless_service, pod_manifest
 from .gang import join_gang, pod_group
 
@@ -31,14 +36,14 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
     # says who this pod is (docs/architecture.md, "The contract").
     env = {
         **accel.env,
-        "KUBERL_ROLE": ROLE_INFERENCE,
-        "KUBERL_REPLICA": str(replica),
-        "KUBERL_PORT": str(spec.port),
+        ENV_ROLE: ROLE_INFERENCE,
+        ENV_REPLICA: str(replica),
+        ENV_PORT: str(spec.port),
     }
     container: Manifest = {
         "name": "inference",
         "command": ["python", "-m", "kuberl.inference"],
-        "args": ["--config", "/etc/kuberl/config/experiment.yaml", "--port", str(spec.port)],
+        "args": ["--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--port", str(spec.port)],
         "env": env_list(env),
         "ports": [{"name": "http", "containerPort": spec.port}],
         "resources": container_resources(spec, accel, spec.accelerators_per_host),

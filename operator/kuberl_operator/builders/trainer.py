@@ -7,12 +7,11 @@ templates become Pods (``native``) or a Kubeflow PyTorchJob (``kubeflow``).
 from __future__ import annotations
 
 from kuberl.api import TrainerJob
-from kuberl.api.spec import TrainerRuntime
-
-from ..accelerators import profile
-from ..names import (
+from kuberl.api.contract import (
     CONFIG_FILE,
     CONFIG_MOUNT,
+    ENV_INFERENCE_SERVICE,
+    ENV_ROLE,
     LABEL_ACCELERATOR,
     LABEL_EXPERIMENT,
     LABEL_JOB,
@@ -21,8 +20,12 @@ from ..names import (
     MASTER_PORT,
     PROGRESS_PORT,
     ROLE_TRAINER,
+    TERMINATION_LOG,
     trainer_pod_name,
 )
+from kuberl.api.spec import TrainerRuntime
+
+from ..accelerators import profile
 from .common import (
     Manifest,
     child_metadata,
@@ -55,7 +58,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     accel = profile(spec.accelerator)
     env = {
         **accel.env,
-        "KUBERL_ROLE": ROLE_TRAINER,
+        ENV_ROLE: ROLE_TRAINER,
         "MASTER_ADDR": master_address(job),
         "MASTER_PORT": str(MASTER_PORT),
         "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
@@ -64,7 +67,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
         "NPROC_PER_NODE": str(spec.procs_per_node),
     }
     if spec.inference_service:
-        env["KUBERL_INFERENCE_SERVICE"] = spec.inference_service
+        env[ENV_INFERENCE_SERVICE] = spec.inference_service
     container: Manifest = {
         "name": "trainer",
         "command": ["/bin/sh", "-c"],
@@ -72,7 +75,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
         "env": env_list(env),
         # Rank 0 leaves its final progress here; on a crash the log tail takes its place, so the
         # error reaches the TrainerJob / RLExperiment conditions (status.pod_health).
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [
             {"name": "dist", "containerPort": MASTER_PORT},

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from ..api.contract import ENV_S3_ENDPOINT
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the URI and the cause."""
@@ -92,7 +94,7 @@ class S3Store:
             from botocore.config import Config
 
             self.client = boto3.client(
-                "s3", endpoint_url=os.environ.get("KUBERL_S3_ENDPOINT") or None,
+                "s3", endpoint_url=os.environ.get(ENV_S3_ENDPOINT) or None,
                 config=Config(retries={"max_attempts": self.max_attempts, "mode": "standard"},
                               connect_timeout=5, read_timeout=60),
             )

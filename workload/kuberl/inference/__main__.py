@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from ..api.contract import ENV_PORT, ENV_REPLICA, ENV_THREADS
 from ..runconfig import load_run_config
 from .server import build_app
 
@@ -31,12 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kuberl.inference")
     parser.add_argument("--config", required=True, help="run config (the operator's ConfigMap, or kuberl run's)")
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("KUBERL_PORT", "8000")))
+    parser.add_argument("--port", type=int, default=int(os.environ.get(ENV_PORT, "8000")))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s inference %(levelname)s %(message)s")
-    torch.set_num_threads(int(os.environ.get("KUBERL_THREADS", "1")))
+    torch.set_num_threads(int(os.environ.get(ENV_THREADS, "1")))
     run = load_run_config(args.config)
-    replica = int(os.environ.get("KUBERL_REPLICA", "0"))
+    replica = int(os.environ.get(ENV_REPLICA, "0"))
     if str(run.inference.engine) == "vllm":
         from .vllm_engine import require_vllm, vllm_engine_for
 

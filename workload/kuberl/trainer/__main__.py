@@ -19,6 +19,18 @@ import torch
 import torch.distributed as dist
 
 from ..api import resolve
+from ..api.contract import (
+    ENV_CHECKPOINT_URI,
+    ENV_INFERENCE_SERVICE,
+    ENV_INFERENCE_URLS,
+    ENV_MAX_STEPS,
+    ENV_PROGRESS_PORT,
+    ENV_STAGING_DIR,
+    ENV_SUMMARY_PATH,
+    ENV_TERMINATION_LOG,
+    ENV_THREADS,
+    TERMINATION_LOG,
+)
 from ..api.spec import Accelerator
 from ..collectives import broadcast_from_rank0, exit_without_teardown
 from ..data.datasets import examples
@@ -57,13 +69,13 @@ def init_distributed(accelerator: str) -> tuple[int, int, torch.device]:
 
 def inference_urls(run: RunConfig) -> list[str]:
     """Replica URLs: $KUBERL_INFERENCE_URLS (local mode), else the pool's headless-Service DNS names."""
-    if os.environ.get("KUBERL_INFERENCE_URLS"):
-        return os.environ["KUBERL_INFERENCE_URLS"].split(",")
+    if os.environ.get(ENV_INFERENCE_URLS):
+        return os.environ[ENV_INFERENCE_URLS].split(",")
     try:
         plan = run.inference
     except ValueError as err:
         raise SystemExit(f"invalid spec: {err}") from err
-    pool = os.environ.get("KUBERL_INFERENCE_SERVICE", f"{run.experiment}-inference")
+    pool = os.environ.get(ENV_INFERENCE_SERVICE, f"{run.experiment}-inference")
     port = run.spec.inference.port
     return [f"http://{pool}-r{r}-h0.{pool}:{port}" for r in range(plan.replicas)]
 
@@ -75,7 +87,7 @@ def mean(xs: list[float]) -> float | None:
 def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[str, object] | None:
     spec = run.spec
     algo = spec.algorithm
-    max_steps = int(os.environ.get("KUBERL_MAX_STEPS", algo.max_steps))
+    max_steps = int(os.environ.get(ENV_MAX_STEPS, algo.max_steps))
     torch.manual_seed(spec.seed)
     model, tokenizer = load_model(spec.model, spec.seed)
     config = AlgorithmConfig(
@@ -91,9 +103,9 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
     dtype = compute_dtype(spec.model.dtype, spec.trainer.accelerator)
     actor = Actor.create(model, config, algo.learning_rate, spec.rollout.temperature, algo.mini_batches, device,
                          dtype)
-    checkpointer = Checkpointer(os.environ.get("KUBERL_CHECKPOINT_URI") or spec.checkpoint.uri,
+    checkpointer = Checkpointer(os.environ.get(ENV_CHECKPOINT_URI) or spec.checkpoint.uri,
                                 spec.checkpoint.every_steps, spec.checkpoint.keep,
-                                Path(os.environ.get("KUBERL_STAGING_DIR", "/tmp/kuberl-staging")), rank,
+                                Path(os.environ.get(ENV_STAGING_DIR, "/tmp/kuberl-staging")), rank,
                                 int(os.environ.get("LOCAL_RANK", "0")))
     resumed = checkpointer.resume(actor)
     first_step = resumed.step if resumed else 0
@@ -125,7 +137,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
         controller.episodes = position
         controller.start()
         server = ProgressServer(Progress(step=first_step, version=first_step, max_steps=max_steps, phase="running"))
-        server.start_in(controller.loop, int(os.environ.get("KUBERL_PROGRESS_PORT", "8080")))
+        server.start_in(controller.loop, int(os.environ.get(ENV_PROGRESS_PORT, "8080")))
     sync = make_weight_sync(str(spec.weight_sync.mode), controller, rank, world, spec.weight_sync.directory)
     sync.push(actor, first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
@@ -229,7 +241,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
         "rewards": [round(r, 4) for r in rewards],
     }
     server.update(phase="succeeded")
-    server.write_termination_message(Path(os.environ.get("KUBERL_TERMINATION_LOG", "/dev/termination-log")))
+    server.write_termination_message(Path(os.environ.get(ENV_TERMINATION_LOG, TERMINATION_LOG)))
     controller.stop()
     return summary
 
@@ -239,13 +251,13 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
-    torch.set_num_threads(int(os.environ.get("KUBERL_THREADS", "1")))
+    torch.set_num_threads(int(os.environ.get(ENV_THREADS, "1")))
     run = load_run_config(args.config)
     rank, world, device = init_distributed(run.spec.trainer.accelerator)
     try:
         summary = train(run, rank, world, device)
-        if summary is not None and os.environ.get("KUBERL_SUMMARY_PATH"):
-            Path(os.environ["KUBERL_SUMMARY_PATH"]).write_text(json.dumps(summary, indent=2))
+        if summary is not None and os.environ.get(ENV_SUMMARY_PATH):
+            Path(os.environ[ENV_SUMMARY_PATH]).write_text(json.dumps(summary, indent=2))
     finally:
         dist.destroy_process_group()
     exit_without_teardown(0)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import save as save_safetensors
 
+from ..api.contract import ENV_WEIGHTS_DIR
 from .p2p import P2PSync, WeightSource
 
 log = logging.getLogger("kuberl.weights")
@@ -111,7 +112,7 @@ def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: in
     if mode == "p2p":
         return P2PSync(controller, rank, world, fallback=broadcast)
     if mode == "disk":
-        return DiskSync(controller, Path(os.environ.get("KUBERL_WEIGHTS_DIR") or directory or "/tmp/kuberl-weights"))
+        return DiskSync(controller, Path(os.environ.get(ENV_WEIGHTS_DIR) or directory or "/tmp/kuberl-weights"))
     if mode != "broadcast":
         raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
     return broadcast

@@ -16,10 +16,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..api.contract import ENV_PODINFO_LABELS, LABEL_FABRIC, LABEL_NODE, LABEL_ZONE, PODINFO_LABELS
 from .plan import RankTopology
-
-PODINFO_LABELS = Path("/etc/kuberl/podinfo/labels")
-LABEL_NODE, LABEL_FABRIC, LABEL_ZONE = "kuberl.io/node", "kuberl.io/fabric", "kuberl.io/zone"
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -48,7 +46,7 @@ def topology_from_labels(labels: Mapping[str, str], fallback_node: str = "") -> 
 def own_topology(labels_file: Path | None = None, env: Mapping[str, str] | None = None) -> RankTopology:
     """This process's place: its pod labels, else ``NODE_NAME``, else the host name (bare processes)."""
     env = os.environ if env is None else env
-    path = labels_file or Path(env.get("KUBERL_PODINFO_LABELS", PODINFO_LABELS))
+    path = labels_file or Path(env.get(ENV_PODINFO_LABELS, PODINFO_LABELS))
     labels = parse_labels(path.read_text()) if path.is_file() else {}
     return topology_from_labels(labels, env.get("NODE_NAME") or os.uname().nodename)
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from ..api.contract import ENV_EXCHANGE_ADDR, ENV_EXCHANGE_PORT
 from ..collectives import all_gather, all_reduce, broadcast_from_rank0
 from .discovery import from_json, own_topology, to_json
 from .layouts import fsdp2_holdings, inference_needs
@@ -62,8 +63,8 @@ class ReplicaControl(Protocol):
 
 def exchange_address() -> tuple[str, int]:
     """Where the exchange group's store listens: trainer rank 0 (``MASTER_ADDR``), port + 1."""
-    host = os.environ.get("KUBERL_EXCHANGE_ADDR") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = int(os.environ.get("KUBERL_EXCHANGE_PORT") or int(os.environ.get("MASTER_PORT", "29500")) + 1)
+    host = os.environ.get(ENV_EXCHANGE_ADDR) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    port = int(os.environ.get(ENV_EXCHANGE_PORT) or int(os.environ.get("MASTER_PORT", "29500")) + 1)
     return host, port
 
 

@@ -1,0 +1,99 @@
+"""The contract between operator and workload (docs/architecture.md, "The contract"): the names,
+labels, env variables, paths and ports both sides use. The operator's builders write them into pod
+specs; the workload (and ``kuberl run``, which plays the operator's part locally) reads them. Any
+name that crosses that line is defined here and nowhere else."""
+
+from __future__ import annotations
+
+PREFIX = "kuberl.io"
+LABEL_EXPERIMENT = f"{PREFIX}/experiment"
+LABEL_ROLE = f"{PREFIX}/role"
+LABEL_REPLICA = f"{PREFIX}/replica"
+LABEL_HOST = f"{PREFIX}/host"
+LABEL_RANK = f"{PREFIX}/rank"
+LABEL_POOL = f"{PREFIX}/inference-pool"
+LABEL_JOB = f"{PREFIX}/trainer-job"
+LABEL_NODE = f"{PREFIX}/node"
+LABEL_ZONE = f"{PREFIX}/zone"
+LABEL_FABRIC = f"{PREFIX}/fabric"
+LABEL_ACCELERATOR = f"{PREFIX}/accelerator"
+ANNOTATION_GENERATION = f"{PREFIX}/parent-generation"
+ROLE_INFERENCE = "inference"
+ROLE_TRAINER = "trainer"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "kuberl-operator", "app.kubernetes.io/part-of": "kuberl"}
+
+CONFIG_MOUNT = "/etc/kuberl/config"
+CONFIG_FILE = "experiment.yaml"
+PODINFO_MOUNT = "/etc/kuberl/podinfo"
+PODINFO_LABELS = f"{PODINFO_MOUNT}/labels"  # downward API: the pod's own labels, key="value" per line
+MASTER_PORT = 29500  # the trainer gang's torch.distributed store; + 1: the p2p weight exchange's
+PROGRESS_PORT = 8080  # trainer rank 0's GET /progress (polled by the operator)
+TERMINATION_LOG = "/dev/termination-log"  # rank 0's final progress, read back by the operator
+
+# API token (docs/architecture.md, "Who may call what"): every state-changing endpoint of the
+# workload's servers requires ``Authorization: Bearer <token>``; the operator creates one Secret
+# per experiment and gives every pod the token through ENV_API_TOKEN (a secretKeyRef).
+API_TOKEN_KEY = "token"
+AUTH_HEADER = "Authorization"
+AUTH_SCHEME = "Bearer"
+
+# Environment of the workload's processes, set by the operator's builders or by kuberl run.
+ENV_ROLE = "KUBERL_ROLE"  # inference | trainer
+ENV_REPLICA = "KUBERL_REPLICA"  # inference replica index
+ENV_PORT = "KUBERL_PORT"  # inference server port
+ENV_API_TOKEN = "KUBERL_API_TOKEN"
+ENV_INFERENCE_SERVICE = "KUBERL_INFERENCE_SERVICE"  # the pool's headless Service (trainer side)
+ENV_INFERENCE_URLS = "KUBERL_INFERENCE_URLS"  # comma-separated replica URLs (local mode)
+ENV_PROGRESS_PORT = "KUBERL_PROGRESS_PORT"
+ENV_SUMMARY_PATH = "KUBERL_SUMMARY_PATH"
+ENV_TERMINATION_LOG = "KUBERL_TERMINATION_LOG"
+ENV_CHECKPOINT_URI = "KUBERL_CHECKPOINT_URI"  # overrides spec.checkpoint.uri (local mode)
+ENV_STAGING_DIR = "KUBERL_STAGING_DIR"
+ENV_WEIGHTS_DIR = "KUBERL_WEIGHTS_DIR"
+ENV_EXCHANGE_ADDR = "KUBERL_EXCHANGE_ADDR"
+ENV_EXCHANGE_PORT = "KUBERL_EXCHANGE_PORT"
+ENV_PODINFO_LABELS = "KUBERL_PODINFO_LABELS"  # overrides PODINFO_LABELS (local mode)
+ENV_MAX_STEPS = "KUBERL_MAX_STEPS"
+ENV_THREADS = "KUBERL_THREADS"
+ENV_S3_ENDPOINT = "KUBERL_S3_ENDPOINT"
+ENV_CACHE_DIR = "KUBERL_CACHE_DIR"
+ENV_RUN_ID = "KUBERL_RUN_ID"  # the experiment's UID: checkpoints of another run are refused
+
+
+def inference_pool_name(experiment: str) -> str:
+    return f"{experiment}-inference"
+
+
+def trainer_job_name(experiment: str) -> str:
+    return f"{experiment}-trainer"
+
+
+def config_map_name(experiment: str) -> str:
+    return f"{experiment}-config"
+
+
+def api_token_secret_name(experiment: str) -> str:
+    return f"{experiment}-api-token"
+
+
+def network_policy_name(experiment: str) -> str:
+    return experiment
+
+
+def inference_pod_name(pool: str, replica: int, host: int) -> str:
+    return f"{pool}-r{replica}-h{host}"
+
+
+def trainer_pod_name(job: str, rank: int) -> str:
+    return f"{job}-n{rank}"
+
+
+def trainer_rank0_pod(job: str, kubeflow: bool = False) -> str:
+    """Trainer rank 0's pod: ours (``<job>-n0``) or, with the Kubeflow runtime, the PyTorchJob's master."""
+    return f"{job}-master-0" if kubeflow else trainer_pod_name(job, 0)
+
+
+def trainer_rank0_host(job: str, namespace: str, kubeflow: bool = False) -> str:
+    """Rank 0's DNS name: under our headless Service ``<job>``, or Kubeflow's per-pod Service."""
+    pod = trainer_rank0_pod(job, kubeflow)
+    return f"{pod}.{namespace}.svc" if kubeflow else f"{pod}.{job}.{namespace}.svc"
