@@ -43,15 +43,17 @@ async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(cluster: Cluster) -> AsyncIterator[None]:
-    """Start the operator (as `kuberl operator` would) and stop it cleanly afterwards."""
+async def running_operator(cluster: Cluster, namespaces: list[str] | None = None) -> AsyncIterator[None]:
+    """Start the operator (as `kuberl operator` would; watching only ``namespaces`` when given) and
+    stop it cleanly afterwards."""
     import kopf
 
     from kuberl_operator import handlers  # registers the handlers
 
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     ready = asyncio.Event()
-    task = asyncio.create_task(kopf.operator(clusterwide=True, standalone=True, ready_flag=ready))
+    scope = {"namespaces": namespaces} if namespaces else {"clusterwide": True}
+    task = asyncio.create_task(kopf.operator(standalone=True, ready_flag=ready, **scope))
     await asyncio.wait_for(ready.wait(), timeout=20)
     try:
         yield
@@ -62,7 +64,9 @@ async def running_operator(cluster: Cluster) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=20)
-        for background in [t for t in asyncio.all_tasks() if t.get_name() == handlers.PROGRESS_TASK]:
+        ours = [t for t in asyncio.all_tasks()
+                if t.get_name() == handlers.PROGRESS_TASK or t.get_name().startswith(handlers.RETRY_TASK)]
+        for background in ours:
             background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await background

@@ -50,8 +50,21 @@ import aiohttp.web
 import jsonpatch
 import kmock
 import yaml
+from kmock._internal import parsing as kmock_parsing
 
 Obj = dict[str, Any]
+
+
+def _parse_path(path: str, _kmock: Any = kmock_parsing.parse_path) -> Any:
+    """kmock's path parser, except for the Namespace kind itself: kmock reads ``/api/v1/namespaces``
+    (kopf lists it in namespaced mode) as a namespaced path without a namespace and fails."""
+    parts = path.split("?")[0].strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return kmock_parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None)
+    return _kmock(path)
+
+
+kmock_parsing.parse_path = _parse_path
 Key = tuple[str, str]  # (group, plural)
 
 CORE: dict[str, tuple[str, bool]] = {  # plural -> (kind, namespaced)
@@ -69,6 +82,7 @@ EXTRA: list[tuple[str, str, str, str, bool]] = [  # group, version, plural, kind
     ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
 ]
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
@@ -181,6 +195,43 @@ def _json_path(obj: Obj, path: str) -> Any:
     return node
 
 
+FAULT_REASONS = {403: "Forbidden", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests",
+                 500: "InternalError", 503: "ServiceUnavailable"}
+
+
+@dataclass
+class Fault:
+    """Fault injection: the next ``times`` requests matching ``method`` (GET, POST, PATCH, DELETE,
+    LIST for collection reads), ``plural`` and, when given, ``namespace`` ("" = cluster-wide
+    requests only) and ``subresource`` get ``status`` as a metav1.Status (429 with Retry-After), or
+    with ``status`` 0 no answer for ``hang`` seconds (the client's timeout fires)."""
+
+    method: str
+    plural: str
+    status: int
+    times: int = 1
+    namespace: str | None = None
+    subresource: str | None = None
+    hang: float = 10.0
+    hits: int = 0
+
+    def matches(self, method: str, plural: str, namespace: str | None, subresource: str | None) -> bool:
+        return (self.hits < self.times and self.method == method and self.plural == plural
+                and (self.namespace is None or self.namespace == (namespace or ""))
+                and (self.subresource is None or self.subresource == subresource))
+
+    async def respond(self) -> aiohttp.web.Response:
+        self.hits += 1
+        if self.status == 0:
+            await asyncio.sleep(self.hang)
+            return aiohttp.web.json_response({}, status=504)
+        reason = FAULT_REASONS.get(self.status, "Injected")
+        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": f"injected fault: {reason}", "reason": reason, "code": self.status}
+        headers = {"Retry-After": "1"} if self.status == 429 else {}
+        return aiohttp.web.json_response(body, status=self.status, headers=headers)
+
+
 class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with the fidelity layer described in the module docstring."""
 
@@ -192,6 +243,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.log: list[tuple[int, Key, str, Obj]] = []
         self.revision = 0
         self.changed = asyncio.Condition()
+        self.faults: list[Fault] = []
         for plural, (kind, namespaced) in CORE.items():
             self.register(Kind("", "v1", plural, kind, namespaced, plural in WITH_STATUS))
         for group, version, plural, kind, namespaced in EXTRA:
@@ -384,6 +436,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         params, method = request.params, request.method.value.upper()
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(request)
+        verb = "LIST" if method == "GET" and name is None else method
+        fault = next((f for f in self.faults if f.matches(verb, p, ns, sub)), None)
+        if fault is not None:
+            return await fault.respond()
         if method == "GET" and name is None:
             return self._list_response(request, self.list(g, p, ns, params.get("labelSelector"),
                                                           params.get("fieldSelector")))

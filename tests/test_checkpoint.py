@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.checkpoint import CheckpointError, CheckpointManager, open_store
+from kuberl.checkpoint import CheckpointError, CheckpointManager, ForeignCheckpoint, open_store
 from kuberl.checkpoint.manager import step_dir
 from kuberl.local import free_port
 
@@ -72,6 +72,28 @@ def test_checksum_mismatch_on_restore(tmp_path):
     shard.write_bytes(b"\x07" * shard.stat().st_size)  # same size, other bytes
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         manager.restore(manager.latest(), tmp_path / "out")
+
+
+def test_a_restore_that_fails_verification_falls_back_to_the_previous_checkpoint(uri, tmp_path, caplog):
+    manager = CheckpointManager(open_store(uri), keep=3)
+    for step in (5, 6):
+        manager.save(staging(tmp_path, step), step, {"run_id": "run-a"})
+    bad = tmp_path / "bad-shard.bin"
+    bad.write_bytes(b"\x07" * 1000)  # same size as the real shard, other bytes: only the checksum tells
+    manager.store.upload(bad, step_dir(6) + "model/shard-0.bin")
+    with caplog.at_level(logging.WARNING, logger="kuberl.checkpoint"):
+        restored = manager.restore_newest(tmp_path / "restore", "run-a")
+    assert restored is not None and restored.step == 5
+    assert (tmp_path / "restore" / "restore-5" / "trainer_state.json").read_text() == '{"step": 5}'
+    assert f"{uri}{step_dir(6)}" in caplog.text and "falling back" in caplog.text
+
+
+def test_a_run_refuses_another_runs_checkpoints(uri, tmp_path):
+    manager = CheckpointManager(open_store(uri), keep=2)
+    manager.save(staging(tmp_path, 3), 3, {"run_id": "uid-of-run-a"})
+    with pytest.raises(ForeignCheckpoint, match=r"belongs to run uid-of-run-a, not to this run \(uid-of-run-b\)"):
+        manager.restore_newest(tmp_path / "restore", "uid-of-run-b")
+    assert manager.restore_newest(tmp_path / "restore", "uid-of-run-a").step == 3
 
 
 def test_s3_unreachable_fails_clearly_and_keeps_local_state(tmp_path, monkeypatch):

@@ -68,7 +68,6 @@ def processes_under(path: Path) -> list[int]:
 
 async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
-    monkeypatch.setenv("KUBERL_PROGRESS_URL", "http://127.0.0.1:{port}/progress")  # no cluster DNS in this process
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         with kubelet_stand_in(cluster, tmp_path) as node_dir:
             path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)

@@ -61,7 +61,6 @@ def manifest(path: Path, endpoint: str) -> tuple[Path, str]:
 
 async def test_s3_model_data_and_checkpoints_survive_a_deleted_trainer_pod(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
-    monkeypatch.setenv("KUBERL_PROGRESS_URL", "http://127.0.0.1:{port}/progress")
     for key in (*KEYS, "AWS_SESSION_TOKEN", "AWS_PROFILE", "KUBERL_S3_ENDPOINT"):
         monkeypatch.delenv(key, raising=False)  # nothing may reach the pods but the Secret
     port = free_port()

@@ -12,9 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save as save_safetensors
 
+from kuberl.auth import bearer
 from kuberl.inference.engine import SamplingParams, TorchEngine
-from kuberl.inference.server import build_app, parse_generate
+from kuberl.inference.server import MAX_JSON_BYTES, build_app, parse_generate
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+
+TOKEN = "test-token-0123456789"
 
 
 @pytest.fixture
@@ -93,7 +96,7 @@ async def test_pause_aborts_with_partial_tokens_and_resume_completes(tok):
 async def test_http_contract_and_weight_update(tok):
     engine = make_engine(tok)
     trainer_model = tiny_qwen2(len(tok), seed=123)
-    async with TestClient(TestServer(build_app(engine, tok))) as client:
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
         r = await client.post("/generate", json={"prompt": "2+2=", "max_new_tokens": 4, "n": 3})
         body = await r.json()
         assert r.status == 200 and body["version"] == 0 and len(body["outputs"]) == 3
@@ -110,6 +113,39 @@ async def test_http_contract_and_weight_update(tok):
         bad = await client.post("/generate", json={"input_ids": []})
         assert bad.status == 400 and "input_ids" in await bad.text()
         assert (await client.post("/update_weights", data=b"")).status == 400
+
+
+PROTECTED = [("POST", "/generate"), ("POST", "/pause"), ("POST", "/resume"), ("POST", "/update_weights?version=9"),
+             ("POST", "/weights/p2p/join"), ("POST", "/weights/p2p/receive?version=9")]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-0123456789"},
+                                     {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}])
+async def test_state_changing_endpoints_need_the_api_token(tok, headers):
+    engine = make_engine(tok)
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=headers) as client:
+        for method, path in PROTECTED:
+            r = await client.request(method, path, json={"input_ids": [1, 2]})
+            assert r.status == 401, (path, r.status)
+            assert r.headers["WWW-Authenticate"] == "Bearer" and TOKEN not in await r.text()
+        assert not engine.paused and engine.version == 0  # nothing happened
+        for path in ("/health", "/version", "/topology", "/metrics"):  # read-only: open (probes, scraper)
+            assert (await client.get(path)).status == 200, path
+
+
+async def test_json_bodies_are_capped(tok):
+    engine = make_engine(tok)
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
+        huge = b'{"input_ids": [' + b"1," * (MAX_JSON_BYTES // 2) + b'1]}'
+        assert (await client.post("/generate", data=huge)).status == 413
+        async def stream():
+            for i in range(0, len(huge), 2**20):
+                yield huge[i:i + 2**20]
+
+        chunked = await client.post("/generate", data=stream())  # no Content-Length: counted while read
+        assert chunked.status == 413
+        ok = await client.post("/generate", json={"input_ids": prompt(tok, "1+1="), "max_new_tokens": 2})
+        assert ok.status == 200
 
 
 async def test_pause_racing_the_engine_loop_never_loses_requests(tok):
@@ -137,7 +173,7 @@ async def test_pause_racing_the_engine_loop_never_loses_requests(tok):
 ])
 async def test_hostile_generate_bodies_get_400_and_the_engine_lives(tok, body):
     engine = make_engine(tok)
-    async with TestClient(TestServer(build_app(engine, tok))) as client:
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
         r = await client.post("/generate", json=body)
         assert r.status == 400, await r.text()
         deep = await client.post("/generate", data="[" * 100_000 + "]" * 100_000)

@@ -12,13 +12,15 @@ from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.client import InferenceClient
 from kuberl.weights import to_safetensors
 
+TOKEN = "test-token-0123456789"
+
 
 async def start_servers(n: int, tok, never_stop: bool = False):
     servers = []
     for i in range(n):
         engine = TorchEngine(tiny_qwen2(len(tok), seed=0), -1 if never_stop else tok.eos_token_id, tok.pad_token_id,
                              seed=i)
-        server = TestServer(build_app(engine, tok))
+        server = TestServer(build_app(engine, tok, TOKEN))
         await server.start_server()
         servers.append((server, engine))
     return servers
@@ -31,7 +33,7 @@ async def test_weight_update_under_heavy_load_does_not_deadlock():
     servers = await start_servers(1, tok, never_stop=True)
     new_weights = to_safetensors(tiny_qwen2(len(tok), seed=9).state_dict())
     try:
-        async with InferenceClient([str(s.make_url("/")) for s, _ in servers], timeout=60) as client:
+        async with InferenceClient([str(s.make_url("/")) for s, _ in servers], TOKEN, timeout=60) as client:
             prompt = [tok.bos_token_id, *tok("1+2=", add_special_tokens=False).input_ids]
             await client.pause_all()
             jobs = [asyncio.create_task(client.generate(prompt, 1, 6, 1.0, 1.0)) for _ in range(150)]
@@ -50,7 +52,7 @@ async def test_aborted_requests_resume_on_the_same_replica_with_mixed_versions()
     servers = await start_servers(2, tok, never_stop=True)
     blob = to_safetensors(tiny_qwen2(len(tok), seed=3).state_dict())
     try:
-        async with InferenceClient([str(s.make_url("/")) for s, _ in servers]) as client:
+        async with InferenceClient([str(s.make_url("/")) for s, _ in servers], TOKEN) as client:
             prompt = [tok.bos_token_id, *tok("4+4=", add_special_tokens=False).input_ids]
             jobs = [asyncio.create_task(client.generate(prompt, 2, 200, 1.0, 1.0)) for _ in range(4)]
             while sum(e.generated_tokens for _, e in servers) < 40:

@@ -91,9 +91,13 @@ def test_transition_time_kept_while_status_unchanged():
 def test_progress_url_and_status_mapping():
     from kuberl_operator.progress import progress_status, progress_url
 
-    assert progress_url("exp", "team-a") == "http://exp-trainer-n0.exp-trainer.team-a.svc:8080/progress"
-    assert progress_url("exp", "team-a", kubeflow=True) == "http://exp-trainer-master-0.team-a.svc:8080/progress"
-    assert progress_url("exp", "ns", "http://127.0.0.1:9/{name}/{namespace}") == "http://127.0.0.1:9/exp/ns"
+    assert progress_url("exp", "team-a", "10.1.2.3") == "http://10.1.2.3:8080/progress"
+    assert progress_url("exp", "team-a", None) is None  # no pod IP yet: not polled
+    host = "http://{host}:{port}/progress"
+    assert progress_url("exp", "team-a", None, host) == "http://exp-trainer-n0.exp-trainer.team-a.svc:8080/progress"
+    assert progress_url("exp", "team-a", None, host, kubeflow=True) == \
+        "http://exp-trainer-master-0.team-a.svc:8080/progress"
+    assert progress_url("exp", "ns", None, "http://127.0.0.1:9/{name}/{namespace}") == "http://127.0.0.1:9/exp/ns"
     assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "max_staleness": 1,
                             "last_checkpoint": None, "phase": "running"}) == {
         "step": 3, "version": 3, "reward": 0.1235, "maxStaleness": 1}
@@ -126,22 +130,42 @@ def test_a_hostile_progress_reply_puts_nothing_odd_into_the_status(payload):
     assert out == {} or out.get("lastCheckpoint", "")[:5] == "s3://"
 
 
-def test_an_oversized_progress_reply_is_ignored():
+def serve_once_per_path(replies: dict[str, tuple[int, dict[str, str], bytes]]):
+    """A real HTTP server answering each path with (status, headers, body)."""
     import http.server
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(200)
+            status, headers, body = replies[self.path]
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(b'{"step": 1, "pad": "' + b"x" * (1 << 20) + b'"}')
+            self.wfile.write(body)
 
         def log_message(self, *args: object) -> None:
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_oversized_progress_reply_is_ignored():
+    server = serve_once_per_path({"/progress": (200, {}, b'{"step": 1, "pad": "' + b"x" * (1 << 20) + b'"}')})
     try:
         assert fetch(f"http://127.0.0.1:{server.server_port}/progress") is None
+    finally:
+        server.shutdown()
+
+
+def test_a_redirecting_progress_reply_is_not_followed():
+    server = serve_once_per_path({"/progress": (302, {"Location": "/elsewhere"}, b""),
+                                  "/elsewhere": (200, {}, b'{"step": 5}')})
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        assert fetch(f"{base}/elsewhere") == {"step": 5}
+        assert fetch(f"{base}/progress") is None
     finally:
         server.shutdown()

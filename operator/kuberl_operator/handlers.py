@@ -5,7 +5,8 @@ object's idempotent sync. The periodic safety net is kopf's watch itself: every
 ``settings.watching.server_timeout`` seconds it reconnects, re-lists every object and fires these
 handlers again. No timers and no on.delete handlers, so kopf adds no finalizers: deleting an
 experiment never waits for the operator, owner references do the cleanup. A background task
-polls each running experiment's trainer for progress (``progress.py``). Handlers are
+polls each running experiment's trainer for progress (``progress.py``), reading two kopf indices
+(running experiments, trainer pod IPs) instead of listing anything. Handlers are
 registered with the fully-qualified group (``kuberl.io``), because ``InferencePool`` is also a kind
 of the Gateway API Inference Extension and kopf silently ignores ambiguous selectors.
 """
@@ -16,27 +17,33 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
-from kuberl.api import API_GROUP, API_VERSION
-from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, PREFIX
+from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
+from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, PREFIX, ROLE_TRAINER
 
 from . import progress, reconcile
 from .kube import Kube
+from .retry import Backoff, classify
 
+log = logging.getLogger("kuberl.operator")
 RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
 PROGRESS_TASK = "kuberl-progress-polling"
+RETRY_TASK = "kuberl-retry-"
 EXPERIMENTS = (API_GROUP, API_VERSION, "rlexperiments")
 POOLS = (API_GROUP, API_VERSION, "inferencepools")
 JOBS = (API_GROUP, API_VERSION, "trainerjobs")
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
+                    running_experiments: kopf.Index[tuple[str, str], progress.Target],
+                    trainer_pod_ips: kopf.Index[tuple[str, str], str], **_: Any) -> None:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX)
@@ -48,20 +55,39 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     except kube_config.ConfigException:
         # The package reads $KUBECONFIG at import time; read it now.
         kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    memo["kube"] = Kube(ApiClient())
+    memo["kube"] = Kube(ApiClient(), timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")))
+    memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
-    memo["progress"] = asyncio.get_running_loop().create_task(progress.poll_forever(memo["kube"], interval),
-                                                             name=PROGRESS_TASK)
+    poller = progress.poll_forever(
+        memo["kube"], interval,
+        lambda: [t for store in running_experiments.values() for t in store],
+        lambda: {key: ip for key, store in trainer_pod_ips.items() for ip in store})
+    memo["progress"] = asyncio.get_running_loop().create_task(poller, name=PROGRESS_TASK)
     logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
+
+
+@kopf.index(*EXPERIMENTS)
+def running_experiments(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status,
+                        **_: Any) -> dict[tuple[str, str], progress.Target] | None:
+    """What the progress poller polls: the Running experiments of the watched namespaces."""
+    target = progress.running_target(namespace, name, dict(spec), dict(status))
+    return {(namespace, name): target} if target else None
+
+
+@kopf.index("", "v1", "pods", labels={LABEL_ROLE: ROLE_TRAINER})
+def trainer_pod_ips(namespace: str, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], str] | None:
+    """Trainer pods' IPs: rank 0's is where the poller finds /progress (the pod binds only it)."""
+    ip = status.get("podIP")
+    return {(namespace, name): ip} if ip else None
 
 
 @kopf.on.cleanup()
 async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("progress")
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    for task in [memo.get("progress"), *memo.get("retries", {}).values()]:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 @kopf.on.login()
@@ -78,38 +104,91 @@ def _live(event: dict[str, Any]) -> bool:
     return event.get("type") != "DELETED"
 
 
+SYNCS: dict[str, Callable[[Kube, str, str], Any]] = {
+    RLExperiment.KIND: reconcile.sync_experiment,
+    InferencePool.KIND: reconcile.sync_pool,
+    TrainerJob.KIND: reconcile.sync_job,
+}
+
+
+async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str) -> None:
+    """Run ``kind``'s sync for one object (in a thread: the client blocks). On failure: log it,
+    report it on the object when it will not heal by itself (``Degraded`` condition + Event), and
+    schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
+    key = (kind, namespace, name)
+    backoff: Backoff = memo["backoff"]
+    try:
+        await asyncio.to_thread(SYNCS[kind], _kube(memo), namespace, name)
+    except Exception as err:
+        failure = classify(err)
+        attempt, delay = backoff.failed(key, failure.retry_after)
+        level = logging.INFO if failure.reason == "ApiError409" else logging.WARNING  # a lost race: routine
+        log.log(level, "%s %s/%s: sync failed (%s: %s); retry %d in %.0fs", kind, namespace, name, failure.reason,
+                failure.message, attempt, delay, exc_info=failure.reason == "InternalError")
+        if not failure.transient:
+            reported = await asyncio.to_thread(reconcile.report_failure, _kube(memo), kind, namespace, name,
+                                               failure.reason, failure.message)
+            if reported is not None:
+                kopf.warn(reported, reason=failure.reason, message=failure.message)
+        _schedule_retry(memo, key, delay)
+    else:
+        if backoff.succeeded(key):
+            log.info("%s %s/%s: in sync again", kind, namespace, name)
+
+
+def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) -> None:
+    """One pending retry per object: a newer one replaces it."""
+    retries: dict[tuple[str, str, str], asyncio.Task[None]] = memo["retries"]
+
+    async def later() -> None:
+        await asyncio.sleep(delay)
+        if retries.get(key) is asyncio.current_task():
+            del retries[key]
+        await sync_object(memo, *key)
+
+    if (old := retries.get(key)) is not None:
+        old.cancel()
+    retries[key] = asyncio.create_task(later(), name=RETRY_TASK + "/".join(key))
+
+
 @kopf.on.event(*EXPERIMENTS)
-def experiment_event(event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def experiment_event(event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     if _live(event):
-        reconcile.sync_experiment(_kube(memo), namespace, name)
+        await sync_object(memo, RLExperiment.KIND, namespace, name)
 
 
 @kopf.on.event(*POOLS)
 @kopf.on.event(*JOBS)
-def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, resource: kopf.Resource,
-                memo: kopf.Memo, **_: Any) -> None:
-    kube = _kube(memo)
+async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, resource: kopf.Resource,
+                      memo: kopf.Memo, **_: Any) -> None:
     if _live(event):
-        sync = reconcile.sync_pool if resource.plural == "inferencepools" else reconcile.sync_job
-        sync(kube, namespace, name)
+        kind = InferencePool.KIND if resource.plural == InferencePool.PLURAL else TrainerJob.KIND
+        await sync_object(memo, kind, namespace, name)
     experiment = (body.get("spec") or {}).get("experiment")
-    if experiment and reconcile.owner_name(dict(body), "RLExperiment") == experiment:
-        reconcile.sync_experiment(kube, namespace, experiment)
+    if experiment and reconcile.owner_name(dict(body), RLExperiment.KIND) == experiment:
+        await sync_object(memo, RLExperiment.KIND, namespace, experiment)
 
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_JOB: kopf.PRESENT})
-def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace: str, memo: kopf.Memo,
+                           **_: Any) -> None:
     """trainer.runtime kubeflow: the Kubeflow training operator's status → the TrainerJob's (whose
     own event then updates the experiment). Without the PyTorchJob CRD or RBAC for it (chart value
     integrations.kubeflowTraining), kopf warns once and does not watch."""
     if _live(event):
-        reconcile.sync_job(_kube(memo), namespace, labels[LABEL_JOB])
+        await sync_object(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: kopf.PRESENT})
-def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    kube = _kube(memo)
+async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Label a freshly scheduled pod with its node's topology (a failure is retried by the pod's
+    next event), then re-sync the pool or job that owns it."""
     pod = dict(body)
     if _live(event):
-        reconcile.label_pod_topology(kube, pod)
-    reconcile.sync_pod_owner(kube, pod)
+        try:
+            await asyncio.to_thread(reconcile.label_pod_topology, _kube(memo), pod)
+        except Exception as err:
+            log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
+    owner = reconcile.pod_owner(pod)
+    if owner is not None:
+        await sync_object(memo, owner[0], pod["metadata"].get("namespace"), owner[1])

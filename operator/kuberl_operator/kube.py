@@ -17,6 +17,8 @@ PLURALS = {
     "Pod": "pods",
     "Service": "services",
     "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "NetworkPolicy": "networkpolicies",
     "Node": "nodes",
     "Namespace": "namespaces",
     "RLExperiment": "rlexperiments",
@@ -39,8 +41,9 @@ def resource_path(api_version: str, kind: str, namespace: str | None, name: str 
 class Kube:
     """Create / get / list / patch / delete plain-dict objects. 404 on get is ``None``."""
 
-    def __init__(self, client: ApiClient):
+    def __init__(self, client: ApiClient, timeout: float = 30.0):
         self._client = client
+        self._timeout = timeout  # seconds per call: a hung call fails, and the sync is retried
 
     def _call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
               content_type: str = "application/json") -> Any:
@@ -48,6 +51,7 @@ class Kube:
             path, method, query_params=query or [], body=body,
             header_params={"Accept": "application/json", "Content-Type": content_type},
             response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
+            _request_timeout=(self._timeout, self._timeout),
         )
 
     def create(self, obj: Manifest) -> Manifest:

@@ -3,10 +3,13 @@ columns of ``kubectl get rlx``).
 
 Trainer rank 0 serves ``GET /progress`` (``kuberl.trainer.progress``); the operator polls it for
 every experiment in phase Running and patches the status when it changed, so the workload pods
-need no access to the Kubernetes API. The URL is ``http://{host}:{port}/progress`` with rank 0's
-stable DNS name as host (``names.trainer_rank0_host``: under the TrainerJob's headless Service, or
-Kubeflow's per-pod Service for the kubeflow runtime); ``KUBERL_PROGRESS_URL`` overrides it with a
-template using the same fields (an operator running outside the cluster, or tests).
+need no access to the Kubernetes API. What to poll comes from two kopf indices the handlers keep
+(``handlers.running_experiments``, ``handlers.trainer_pod_ips``), never from a cluster-wide list:
+the poller sees exactly the namespaces the operator watches. The URL is
+``http://{ip}:{port}/progress`` with rank 0's pod IP (the pod binds only that address);
+``KUBERL_PROGRESS_URL`` overrides it with a template using {ip}, {host} (rank 0's DNS name),
+{pod}, {job}, {namespace}, {name} and {port} (an operator running outside the cluster, or tests).
+Replies are capped in size (``MAX_REPLY_BYTES``) and time, and redirects are not followed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import asyncio
 import json
 import logging
 import os
+import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client import ApiException
@@ -27,20 +33,24 @@ from .kube import Kube
 
 log = logging.getLogger("kuberl.operator.progress")
 Manifest = dict[str, Any]
-DEFAULT_URL = "http://{host}:{port}/progress"
+DEFAULT_URL = "http://{ip}:{port}/progress"
 
 
 def is_kubeflow(exp: Manifest) -> bool:
     return ((exp.get("spec") or {}).get("trainer") or {}).get("runtime") == "kubeflow"
 
 
-def progress_url(experiment: str, namespace: str, template: str | None = None, kubeflow: bool = False) -> str:
-    """Trainer rank 0's /progress; ``template`` (``$KUBERL_PROGRESS_URL``) may use {host}, {pod},
-    {job}, {namespace}, {name} and {port}."""
+def progress_url(experiment: str, namespace: str, ip: str | None, template: str | None = None,
+                 kubeflow: bool = False) -> str | None:
+    """Trainer rank 0's /progress (fields: see the module docstring); None while the URL needs
+    rank 0's pod IP and the pod has none yet."""
+    template = template or DEFAULT_URL
+    if "{ip}" in template and not ip:
+        return None
     job = trainer_job_name(experiment)
-    return (template or DEFAULT_URL).format(host=trainer_rank0_host(job, namespace, kubeflow),
-                                            pod=trainer_rank0_pod(job, kubeflow), job=job, namespace=namespace,
-                                            name=experiment, port=PROGRESS_PORT)
+    return template.format(ip=ip, host=trainer_rank0_host(job, namespace, kubeflow),
+                           pod=trainer_rank0_pod(job, kubeflow), job=job, namespace=namespace, name=experiment,
+                           port=PROGRESS_PORT)
 
 
 MAX_REPLY_BYTES = 64 * 1024
@@ -73,10 +83,20 @@ def progress_status(payload: Any) -> Manifest:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A pod answering with a redirect does not get to send the operator elsewhere."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl!r} refused", headers, fp)
+
+
+NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)
+
+
 def fetch(url: str, timeout: float = 2.0) -> Manifest | None:
     """GET the progress JSON; None (with the reason logged) when the trainer is not reachable yet."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with NO_REDIRECTS.open(url, timeout=timeout) as resp:
             body = resp.read(MAX_REPLY_BYTES + 1)
         if len(body) > MAX_REPLY_BYTES:
             raise ValueError(f"reply larger than {MAX_REPLY_BYTES} bytes")
@@ -106,36 +126,57 @@ def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: bool =
     return progress_status(payload) if payload else None
 
 
-def poll_once(kube: Kube, template: str | None = None) -> int:
-    """Update every running experiment whose progress changed; returns how many were patched."""
+@dataclass(frozen=True)
+class Target:
+    """One running experiment to poll (an entry of ``handlers.running_experiments``)."""
+
+    namespace: str
+    name: str
+    kubeflow: bool
+    progress: Manifest | None  # status.progress as last seen
+
+
+def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) -> Target | None:
+    """The index entry of an RLExperiment: a Target while it is Running, else None."""
+    if (status or {}).get("phase") != "Running":
+        return None
+    return Target(namespace, name, is_kubeflow({"spec": spec}), (status or {}).get("progress"))
+
+
+def poll_once(kube: Kube, targets: Iterable[Target], pod_ips: Mapping[tuple[str, str], str],
+              template: str | None = None) -> int:
+    """Update every target whose progress changed; returns how many were patched. One experiment's
+    unreachable trainer or failed write never costs the others their update."""
     patched = 0
-    for exp in kube.list(f"{API_GROUP}/{API_VERSION}", RLExperiment.KIND, None, {}):
-        status, meta = exp.get("status") or {}, exp["metadata"]
-        if status.get("phase") != "Running":
+    for target in targets:
+        rank0 = trainer_rank0_pod(trainer_job_name(target.name), target.kubeflow)
+        url = progress_url(target.name, target.namespace, pod_ips.get((target.namespace, rank0)), template,
+                           target.kubeflow)
+        payload = fetch(url) if url else None
+        progress = progress_status(payload) if payload is not None else {}
+        if not progress or progress == target.progress:
             continue
-        payload = fetch(progress_url(meta["name"], meta["namespace"], template, is_kubeflow(exp)))
-        if payload is None:
+        try:
+            kube.patch(f"{API_GROUP}/{API_VERSION}", RLExperiment.KIND, target.namespace, target.name,
+                       {"status": {"progress": progress}}, "status")
+        except ApiException as err:
+            if err.status != 404:  # 404: deleted since, nothing to report on
+                log.warning("progress of %s/%s not written (%s); retried next round", target.namespace,
+                            target.name, err.status)
             continue
-        progress = progress_status(payload)
-        if progress and progress != status.get("progress"):
-            try:
-                kube.patch(exp["apiVersion"], exp["kind"], meta["namespace"], meta["name"],
-                           {"status": {"progress": progress}}, "status")
-            except ApiException as err:  # one experiment's failure never costs the others their update
-                if err.status != 404:  # 404: deleted since the list, nothing to report on
-                    log.warning("progress of %s/%s not written (%s); retried next round", meta["namespace"],
-                                meta["name"], err.status)
-                continue
-            patched += 1
+        patched += 1
     return patched
 
 
-async def poll_forever(kube: Kube, interval: float) -> None:
-    """``poll_once`` every ``interval`` seconds until cancelled; a failed round is logged and retried."""
+async def poll_forever(kube: Kube, interval: float, targets: Callable[[], list[Target]],
+                       pod_ips: Callable[[], dict[tuple[str, str], str]]) -> None:
+    """``poll_once`` every ``interval`` seconds until cancelled, over what ``targets`` and
+    ``pod_ips`` return (snapshots of the kopf indices, taken on the event loop); a failed round is
+    logged and retried."""
     template = os.environ.get("KUBERL_PROGRESS_URL")
     while True:
         try:
-            await asyncio.to_thread(poll_once, kube, template)
+            await asyncio.to_thread(poll_once, kube, targets(), pod_ips(), template)
         except Exception:
             log.exception("progress polling failed; retrying in %.0fs", interval)
         await asyncio.sleep(interval)

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 from typing import Any
 
 from kubernetes.client import ApiException
 from pydantic import ValidationError
 
-from kuberl.api import GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
-from kuberl.api.contract import LABEL_POOL
+from kuberl.api import API_GROUP, GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
+from kuberl.api.contract import ANNOTATION_TEMPLATE_HASH, LABEL_POOL
 from kuberl.api.spec import TrainerRuntime
 from kuberl.api.validation import schema_issues
 
 from .builders import build_experiment_children, build_inference_children, build_trainer_children
+from .builders.access import api_token_secret
 from .builders.experiment import InvalidSpec
 from .builders.inference import pool_selector
 from .builders.trainer import job_selector
 from .kube import Kube, Manifest
+from .patch import merge_patch_to
 from .progress import final_progress
+from .replacement import pods_to_replace
 from .status import (
     child_conflict_status,
     condition,
@@ -36,6 +40,7 @@ from .status import (
     merge_conditions,
     pool_status,
     pytorchjob_status,
+    reconcile_error_status,
     without_times,
 )
 from .topology import missing_topology, topology_labels
@@ -56,7 +61,8 @@ def _controller_uid(meta: Manifest) -> str | None:
 
 
 def ensure(kube: Kube, obj: Manifest) -> Manifest:
-    """Create ``obj`` if absent; bring an existing custom resource's spec or ConfigMap data in line.
+    """Create ``obj`` if absent; bring an existing object's spec or data in line (``_updated_field``;
+    a merge patch that also removes the fields the desired object no longer has).
     Raises NotOurs (and touches nothing) when the existing object is controlled by another owner
     or by none: a user's ConfigMap that happens to carry the name is never adopted or rewritten."""
     meta = obj["metadata"]
@@ -78,12 +84,32 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
         raise NotOurs(f"{obj['kind']} {meta['name']!r} already exists and is not controlled by "
                       f"{meta['ownerReferences'][0]['kind']} {meta['ownerReferences'][0]['name']!r}; rename or "
                       "remove it")
-    for field in ("spec", "data"):
-        if obj["apiVersion"].startswith("kuberl.io/") or obj["kind"] == "ConfigMap":
-            if field in obj and existing.get(field) != obj[field]:
-                existing = kube.patch(*key, {field: obj[field]})
-                log.info("updated %s/%s %s", obj["kind"], meta["name"], field)
+    field = _updated_field(obj)
+    if field is not None and existing.get(field) != obj.get(field):
+        patch = merge_patch_to(existing.get(field) or {}, obj.get(field) or {})
+        existing = kube.patch(*key, {field: patch})
+        log.info("updated %s/%s %s", obj["kind"], meta["name"], field)
     return existing
+
+
+def _updated_field(obj: Manifest) -> str | None:
+    """What ``ensure`` keeps in line with the desired object: a custom resource's or NetworkPolicy's
+    spec, a ConfigMap's data. Secrets (the API token) and Services are only ever created; pods are
+    replaced, never patched (``prune_pods``)."""
+    if obj["apiVersion"].startswith(f"{API_GROUP}/") or obj["kind"] == "NetworkPolicy":
+        return "spec"
+    return "data" if obj["kind"] == "ConfigMap" else None
+
+
+def ensure_api_token(kube: Kube, owner: Manifest, experiment: str) -> None:
+    """The experiment's API token Secret (docs/architecture.md, "Who may call what"): created once
+    with a fresh random token, owned by ``owner``, never rewritten while it exists."""
+    ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32)))
+
+
+def _template_changed(stored: Manifest, desired: Manifest) -> bool:
+    old, new = ((o["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH) for o in (stored, desired))
+    return old is not None and new is not None and old != new
 
 
 def prune_pods(kube: Kube, parent: Manifest, selector: dict[str, str], keep: set[str]) -> None:
@@ -100,33 +126,41 @@ def prune_pods(kube: Kube, parent: Manifest, selector: dict[str, str], keep: set
 
 
 def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
-    """Patch ``status`` only when it changed (a no-op write would wake every watcher), and only if
-    ``obj`` is still current: two syncs of one object can race (its own event and a child's), and
-    the one that read an older version must not overwrite the newer one's status. The loser gets
-    409 Conflict and stops; the winner's write is an event that triggers a fresh sync."""
+    """Patch ``status`` only when it changed (a no-op write would wake every watcher; returns
+    whether it wrote), and only if ``obj`` is still current: two syncs of one object can race (its
+    own event and a child's), and the one that read an older version must not overwrite the newer
+    one's status. The loser gets 409 Conflict, which it raises: its sync is retried on fresh state
+    (``handlers.sync_object``) and nothing after the write happens in the lost one."""
     old = obj.get("status") or {}
     status = {**status, "conditions": merge_conditions(old.get("conditions") or [], status["conditions"], now())}
     if without_times({**old, **status}) == without_times(old):
         return False
     meta = obj["metadata"]
     patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
-    try:
-        kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], patch, "status")
-    except ApiException as err:
-        if err.status != 409:
-            raise
-        log.debug("%s/%s changed while syncing; a newer sync follows", obj["kind"], meta["name"])
-        return False
+    kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], patch, "status")
     return True
 
 
-def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str]) -> list[Manifest]:
-    for child in children:
-        ensure(kube, child)
-    desired_pods = {c["metadata"]["name"] for c in children if c["kind"] == "Pod"}
-    prune_pods(kube, parent, selector, desired_pods)
+def _owned_pods(kube: Kube, parent: Manifest, selector: dict[str, str]) -> list[Manifest]:
     pods = kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
     return [p for p in pods if _controller_uid(p["metadata"]) == parent["metadata"].get("uid")]
+
+
+def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str],
+              gang: bool) -> list[Manifest]:
+    """Create what is missing, prune pods no longer wanted, replace pods whose template changed
+    (``replacement``: the whole gang, or one replica at a time); returns ``parent``'s pods."""
+    for child in children:
+        ensure(kube, child)
+    desired = {c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH, "")
+               for c in children if c["kind"] == "Pod"}
+    prune_pods(kube, parent, selector, set(desired))
+    pods = _owned_pods(kube, parent, selector)
+    doomed = pods_to_replace(desired, pods, gang)
+    for name in doomed:  # the next sync (on their deletion) recreates them from the new template
+        kube.delete("v1", "Pod", parent["metadata"].get("namespace"), name)
+        log.info("replacing Pod/%s: its template changed", name)
+    return _owned_pods(kube, parent, selector) if doomed else pods
 
 
 def _report_conflict(kube: Kube, body: Manifest, err: NotOurs) -> None:
@@ -141,7 +175,9 @@ def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
         return None
     pool = InferencePool.model_validate(body)
     try:
-        pods = _converge(kube, body, build_inference_children(pool, body), pool_selector(pool))
+        if not pool.spec.experiment:  # on its own: its pods read a token of their own
+            ensure_api_token(kube, body, name)
+        pods = _converge(kube, body, build_inference_children(pool, body), pool_selector(pool), gang=False)
     except NotOurs as err:
         _report_conflict(kube, body, err)
         return body
@@ -156,6 +192,8 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
     job = TrainerJob.model_validate(body)
     children = build_trainer_children(job, body)
     try:
+        if not job.spec.experiment:
+            ensure_api_token(kube, body, name)
         if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
             _sync_kubeflow_job(kube, body, children)
         else:
@@ -169,6 +207,12 @@ def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest]) -> 
     """The Kubeflow training operator owns the pods (and restarts them, runPolicy.backoffLimit);
     the TrainerJob's status follows the PyTorchJob's conditions."""
     stored = {c["kind"]: ensure(kube, c) for c in children}
+    desired = next(c for c in children if c["kind"] == "PyTorchJob")
+    if _template_changed(stored["PyTorchJob"], desired):  # its pods cannot be patched: a new job, from the checkpoint
+        meta = desired["metadata"]
+        kube.delete(desired["apiVersion"], "PyTorchJob", meta.get("namespace"), meta["name"])
+        log.info("replacing PyTorchJob/%s: its template changed", meta["name"])
+        return
     status = pytorchjob_status(body["spec"], body["metadata"].get("generation"), stored.get("PyTorchJob"),
                                (body.get("status") or {}).get("restarts", 0))  # fmt: skip
     write_status(kube, body, status)
@@ -179,7 +223,7 @@ def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     generation = body["metadata"].get("generation")
     restarts = (body.get("status") or {}).get("restarts", 0)
-    pods = _converge(kube, body, children, job_selector(job))  # a failed pod keeps its name: not recreated
+    pods = _converge(kube, body, children, job_selector(job), gang=True)  # a failed pod keeps its name
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     reason = gang_restart_reason(live, restarts, job.spec.backoff_limit)
     if reason is not None:
@@ -188,8 +232,7 @@ def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list
         status["conditions"].append(condition(
             "GangRestarted", True, "RankFailed",
             f"{reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint", generation))
-        if not write_status(kube, body, status):  # counted first: a lost race must not restart twice
-            return
+        write_status(kube, body, status)  # counted first: a lost race (409) raises before any pod is deleted
         for pod in live:  # the next sync (on their deletion) recreates them; ranks resume from the checkpoint
             kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
         log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
@@ -220,6 +263,7 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, err)
         return body
     try:
+        ensure_api_token(kube, body, name)  # before the pods that read it
         stored = {c["kind"]: ensure(kube, c) for c in children}
     except NotOurs as err:
         write_status(kube, body, child_conflict_status(generation, str(err)))
@@ -243,7 +287,7 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
 
 def owner_name(obj: Manifest, kind: str) -> str | None:
     for ref in obj["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") == kind and ref.get("apiVersion", "").startswith("kuberl.io/"):
+        if ref.get("kind") == kind and ref.get("apiVersion", "").startswith(f"{API_GROUP}/"):
             return ref.get("name")
     return None
 
@@ -260,11 +304,26 @@ def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:
     return labels
 
 
-def sync_pod_owner(kube: Kube, pod: Manifest) -> None:
-    """A pod changed: re-sync the pool or job that owns it."""
-    namespace = pod["metadata"].get("namespace")
+def pod_owner(pod: Manifest) -> tuple[str, str] | None:
+    """(kind, name) of the pool or job a pod belongs to: the one to re-sync when it changes."""
     labels = pod["metadata"].get("labels") or {}
     if LABEL_POOL in labels:
-        sync_pool(kube, namespace, labels[LABEL_POOL])
-    elif (job := owner_name(pod, TrainerJob.KIND)) is not None:
-        sync_job(kube, namespace, job)
+        return InferencePool.KIND, labels[LABEL_POOL]
+    job = owner_name(pod, TrainerJob.KIND)
+    return (TrainerJob.KIND, job) if job is not None else None
+
+
+def report_failure(kube: Kube, kind: str, namespace: str, name: str, reason: str, message: str) -> Manifest | None:
+    """A sync failed in a way that will not heal by itself: say so on the object (``Degraded`` with
+    the reason and message, other conditions kept). Returns the object (for the Event), or None if
+    it is gone; a failure to write is logged, never raised (the retry is already scheduled)."""
+    try:
+        body = kube.get(GROUP_VERSION, kind, namespace, name)
+        if body is None:
+            return None
+        write_status(kube, body, reconcile_error_status(body.get("status") or {}, reason, message,
+                                                        body["metadata"].get("generation")))
+    except Exception as err:
+        log.warning("%s %s/%s: could not record the failure (%s)", kind, namespace, name, err)
+        return None
+    return body

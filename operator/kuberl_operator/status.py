@@ -285,3 +285,11 @@ def without_times(status: Manifest) -> Manifest:
     """Status minus transition times, to tell whether a write would change anything."""
     conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
     return {**status, "conditions": conds}
+
+
+def reconcile_error_status(old: Manifest, reason: str, message: str, generation: int | None) -> Manifest:
+    """``old`` status with ``Degraded`` = True (``reason``: why the operator cannot converge the
+    object); the other conditions and fields stay as they were. The next successful sync writes the
+    object's own status, and with it Degraded's real value."""
+    conditions = [c for c in old.get("conditions") or [] if c.get("type") != "Degraded"]
+    return {**old, "conditions": [*conditions, condition("Degraded", True, reason, message, generation)]}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,9 @@ import yaml
 
 from .api import Accelerator, RLExperiment, resolve, validate_document
 from .api.contract import (
+    ENV_API_TOKEN,
     ENV_CHECKPOINT_URI,
+    ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
     ENV_INFERENCE_URLS,
     ENV_MAX_STEPS,
@@ -48,6 +52,14 @@ from .weights.discovery import format_labels
 
 REPLICA_RESTARTS = 5  # per replica, before the run fails
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
+
+
+def local_run_id(work: Path) -> str:
+    """This work dir's run id (made once, kept in ``run-id``): its checkpoints are this run's."""
+    path = work / "run-id"
+    if not path.is_file():
+        path.write_text(f"local-{uuid.uuid4().hex}")
+    return path.read_text().strip()
 
 
 class RunError(RuntimeError):
@@ -169,12 +181,14 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     assert inference is not None and trainer is not None
     work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
     work.mkdir(parents=True, exist_ok=True)
-    config = write_run_config(work / "experiment.yaml", obj.metadata.name, spec)
+    config = write_run_config(work / "experiment.yaml", obj.metadata.name, spec, local_run_id(work))
     world = trainer.world_size
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) >= inference.replicas + world
-    base_env = {**os.environ, ENV_THREADS: "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                "POD_IP": "127.0.0.1"}
+    exchange_port = free_port()  # the p2p store: trainer rank 0's, named to the replicas by their env
+    base_env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_EXCHANGE_ADDR: "127.0.0.1",
+                ENV_EXCHANGE_PORT: str(exchange_port), ENV_THREADS: "1", "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1"}
     ports = [free_port() for _ in range(inference.replicas)]
     progress_port = free_port()
     summary_file = work / "summary.json"
@@ -193,7 +207,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                               [cores[r]] if pinned else None, work / f"inference-{r}.log")
 
     def spawn_gang() -> list[subprocess.Popen[bytes]]:
-        master_port, exchange_port = free_port(), free_port()
+        master_port = free_port()
         ranks = []
         for rank in range(world):
             env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
@@ -201,7 +215,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                    ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in ports),
                    ENV_PROGRESS_PORT: str(progress_port), ENV_SUMMARY_PATH: str(summary_file),
                    ENV_CHECKPOINT_URI: f"file://{work / 'checkpoints'}/",
-                   ENV_STAGING_DIR: str(work / "staging"), ENV_EXCHANGE_PORT: str(exchange_port),
+                   ENV_STAGING_DIR: str(work / "staging"),
                    ENV_WEIGHTS_DIR: str(work / "weights"),
                    ENV_PODINFO_LABELS: pod_labels(work, "trainer", rank)}
             if max_steps is not None:

@@ -1,5 +1,7 @@
 """The run config every workload process reads: the ConfigMap the operator renders, or the file
-`kuberl run` writes — ``{"experiment": name, "namespace": ns, "spec": {...}}``."""
+`kuberl run` writes — ``{"experiment": name, "namespace": ns, "runId": id, "spec": {...}}``.
+``runId`` (the RLExperiment's UID; a per-work-dir id in local mode) marks the run's checkpoints:
+a run never loads another run's."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from .api.spec import RLExperimentSpec
 class RunConfig:
     experiment: str
     spec: RLExperimentSpec
+    run_id: str | None = None
 
     @property
     def inference(self) -> InferencePlan:
@@ -29,9 +32,12 @@ class RunConfig:
 
 def load_run_config(path: str | Path) -> RunConfig:
     doc = yaml.safe_load(Path(path).read_text())
-    return RunConfig(experiment=doc.get("experiment", "local"), spec=RLExperimentSpec.model_validate(doc["spec"]))
+    run_id = doc.get("runId")
+    return RunConfig(experiment=doc.get("experiment", "local"), spec=RLExperimentSpec.model_validate(doc["spec"]),
+                     run_id=str(run_id) if run_id else None)
 
 
-def write_run_config(path: Path, experiment: str, spec: RLExperimentSpec) -> Path:
-    path.write_text(yaml.safe_dump({"experiment": experiment, "spec": spec.to_wire()}, sort_keys=False))
+def write_run_config(path: Path, experiment: str, spec: RLExperimentSpec, run_id: str | None = None) -> Path:
+    doc = {"experiment": experiment, **({"runId": run_id} if run_id else {}), "spec": spec.to_wire()}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

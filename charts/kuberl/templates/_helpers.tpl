@@ -51,6 +51,13 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [pods, services, configmaps]
   verbs: [get, list, watch, create, patch, delete]
+# The API token Secret of each experiment: created once, read back only to check its owner.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
-from kuberl.api.contract import CONFIG_MOUNT, ENV_S3_ENDPOINT, MANAGED_BY, PODINFO_MOUNT
+from kuberl.api.contract import (
+    ANNOTATION_CONFIG_REVISION,
+    ANNOTATION_TEMPLATE_HASH,
+    API_TOKEN_KEY,
+    CONFIG_MOUNT,
+    ENV_API_TOKEN,
+    ENV_S3_ENDPOINT,
+    LABEL_EXPERIMENT,
+    MANAGED_BY,
+    PODINFO_MOUNT,
+    api_token_secret_name,
+)
 from kuberl.api.spec import PodPlacement, SchedulingSpec, StorageSpec
 
 from ..accelerators import AcceleratorProfile
@@ -12,6 +25,20 @@ from ..accelerators import AcceleratorProfile
 Manifest = dict[str, Any]
 
 RUN_AS_USER = 1000
+
+
+def template_hash(obj: Manifest) -> str:
+    """16 hex digits of SHA-256 over what a pod runs: its labels, annotations (but this hash) and spec."""
+    meta = obj["metadata"]
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION_TEMPLATE_HASH}
+    text = json.dumps([meta.get("labels") or {}, annotations, obj.get("spec")], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def with_template_hash(obj: Manifest) -> Manifest:
+    """``obj`` annotated with its ``template_hash``: ``reconcile`` replaces objects whose hash differs."""
+    obj["metadata"].setdefault("annotations", {})[ANNOTATION_TEMPLATE_HASH] = template_hash(obj)
+    return obj
 
 
 def owner_reference(parent: Manifest) -> Manifest:
@@ -80,6 +107,12 @@ def env_list(env: dict[str, str]) -> list[Manifest]:
     return out + [{"name": k, "value": v} for k, v in env.items()]
 
 
+def api_token_env(experiment: str) -> Manifest:
+    """The token as a pod sees it: ``KUBERL_API_TOKEN`` from the Secret, never a literal value."""
+    ref = {"name": api_token_secret_name(experiment), "key": API_TOKEN_KEY}
+    return {"name": ENV_API_TOKEN, "valueFrom": {"secretKeyRef": ref}}
+
+
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "AWS_SESSION_TOKEN": True}
 
 
@@ -121,10 +154,11 @@ def pod_manifest(
     config_map: str | None,
     restart_policy: str,
     storage: StorageSpec,
-    extra_annotations: dict[str, str] | None = None,
+    config_revision: str | None = None,
 ) -> Manifest:
     """A non-root, no-privilege pod with config, pod-info (downward API), shm and scratch volumes,
-    and the experiment's storage (S3 env from a Secret, PersistentVolumeClaims)."""
+    the experiment's API token (env from its Secret; ``labels`` name the experiment) and its storage
+    (S3 env from a Secret, PersistentVolumeClaims)."""
     mounts = [{"name": "podinfo", "mountPath": PODINFO_MOUNT, "readOnly": True},
               {"name": "shm", "mountPath": "/dev/shm"},
               {"name": "scratch", "mountPath": "/tmp"}]
@@ -144,7 +178,8 @@ def pod_manifest(
     accel_env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in accel.field_env.items()]
     full_container = {
         **container,
-        "env": list(container.get("env") or []) + accel_env + storage_env(storage),
+        "env": [*(container.get("env") or []), *accel_env, api_token_env(labels[LABEL_EXPERIMENT]),
+                *storage_env(storage)],
         "image": placement.image or accel.image,
         "imagePullPolicy": "IfNotPresent",
         "volumeMounts": mounts,
@@ -184,6 +219,6 @@ def pod_manifest(
     meta = child_metadata(parent, name, {**accel.labels, **labels})
     if scheduling.queue:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = scheduling.queue
-    if extra_annotations:
-        meta["annotations"] = dict(extra_annotations)
+    if config_revision:  # the run config is part of what the pod runs: a new one replaces the pod
+        meta["annotations"] = {ANNOTATION_CONFIG_REVISION: config_revision}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

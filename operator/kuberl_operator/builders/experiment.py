@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import yaml
 
 from kuberl.api import (
@@ -17,14 +19,17 @@ from kuberl.api import (
 from kuberl.api.contract import (
     CONFIG_FILE,
     LABEL_EXPERIMENT,
+    PROGRESS_PORT,
     config_map_name,
     inference_pool_name,
     trainer_job_name,
+    trainer_rank0_host,
 )
-from kuberl.api.spec import Parallelism
+from kuberl.api.spec import Parallelism, TrainerRuntime
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
+from .access import Peers, network_policy
 from .common import Manifest, child_metadata
 
 
@@ -36,8 +41,10 @@ class InvalidSpec(ValueError):
         self.issues = issues
 
 
-def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manifest]:
-    """ConfigMap, InferencePool and TrainerJob for ``exp``; raises ``InvalidSpec``."""
+def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None) -> list[Manifest]:
+    """ConfigMap, InferencePool, TrainerJob and NetworkPolicy for ``exp``; raises ``InvalidSpec``.
+    ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
+    The API token Secret is not among them: it holds a random value (``reconcile.ensure_api_token``)."""
     inference, trainer, issues = resolve(exp.spec)
     issues += unsupported_issues(exp.spec, trainer.backend if trainer else None) + cluster_issues(exp.spec)
     if issues or inference is None or trainer is None:
@@ -45,6 +52,16 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manif
     name, spec = exp.metadata.name, exp.spec
     labels = {LABEL_EXPERIMENT: name}
     pool_name, job_name, cm_name = inference_pool_name(name), trainer_job_name(name), config_map_name(name)
+    run_config = {
+        "experiment": name,
+        "namespace": exp.metadata.namespace,
+        **({"runId": parent["metadata"]["uid"]} if parent["metadata"].get("uid") else {}),
+        "spec": spec.to_wire(),
+        "inferencePool": pool_name,
+        "trainerJob": job_name,
+    }
+    config_text = yaml.safe_dump(run_config, sort_keys=False)
+    revision = hashlib.sha256(config_text.encode()).hexdigest()[:16]
     placement_keys = {"accelerator", "image", "resources", "node_selector", "tolerations"}
     storage = spec.storage.model_copy(update={"credentials_secret": credentials_secret(spec)})
     pool_spec = InferencePoolSpec(
@@ -58,6 +75,9 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manif
         hosts_per_replica=inference.hosts_per_replica,
         accelerators_per_host=inference.devices_per_host,
         port=spec.inference.port,
+        trainer_address=trainer_rank0_host(job_name, exp.metadata.namespace,
+                                           spec.trainer.runtime == TrainerRuntime.KUBEFLOW),
+        config_revision=revision,
         storage=storage,
         scheduling=spec.scheduling,
         suspend=spec.suspend,
@@ -76,25 +96,20 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest) -> list[Manif
         ),
         backoff_limit=spec.trainer.backoff_limit,
         inference_service=pool_name,
+        config_revision=revision,
         storage=storage,
         scheduling=spec.scheduling,
         suspend=spec.suspend,
     )
-    run_config = {
-        "experiment": name,
-        "namespace": exp.metadata.namespace,
-        "spec": spec.to_wire(),
-        "inferencePool": pool_name,
-        "trainerJob": job_name,
-    }
     config_map: Manifest = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": child_metadata(parent, cm_name, labels),
-        "data": {CONFIG_FILE: yaml.safe_dump(run_config, sort_keys=False)},
+        "data": {CONFIG_FILE: config_text},
     }
     pool = {"apiVersion": GROUP_VERSION, "kind": InferencePool.KIND,
             "metadata": child_metadata(parent, pool_name, labels), "spec": pool_spec.to_wire()}
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
            "metadata": child_metadata(parent, job_name, labels), "spec": job_spec.to_wire()}
-    return [config_map, pool, job]
+    policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT])
+    return [config_map, pool, job, policy]

@@ -6,6 +6,8 @@ from kuberl.api import InferencePool
 from kuberl.api.contract import (
     CONFIG_FILE,
     CONFIG_MOUNT,
+    ENV_EXCHANGE_ADDR,
+    ENV_EXCHANGE_PORT,
     ENV_PORT,
     ENV_REPLICA,
     ENV_ROLE,
@@ -15,12 +17,20 @@ from kuberl.api.contract import (
     LABEL_POOL,
     LABEL_REPLICA,
     LABEL_ROLE,
+    MASTER_PORT,
     ROLE_INFERENCE,
     inference_pod_name,
 )
 
 from ..accelerators import profile
-from .common import Manifest, container_resources, env_list, headless_service, pod_manifest
+from .common import (
+    Manifest,
+    container_resources,
+    env_list,
+    headless_service,
+    pod_manifest,
+    with_template_hash,
+)
 from .gang import join_gang, pod_group
 
 
@@ -40,6 +50,8 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
         ENV_REPLICA: str(replica),
         ENV_PORT: str(spec.port),
     }
+    if spec.trainer_address:  # the p2p exchange store (kuberl.weights.p2p.exchange_address)
+        env |= {ENV_EXCHANGE_ADDR: spec.trainer_address, ENV_EXCHANGE_PORT: str(MASTER_PORT + 1)}
     container: Manifest = {
         "name": "inference",
         "command": ["python", "-m", "kuberl.inference"],
@@ -67,8 +79,9 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
         parent, name=pod_name, subdomain=name, labels=labels, placement=spec,
         scheduling=spec.scheduling, accel=accel, container=container,
         config_map=spec.config_map, restart_policy="Always", storage=spec.storage,
+        config_revision=spec.config_revision,
     )
-    return join_gang(pod, name, spec.scheduling)
+    return with_template_hash(join_gang(pod, name, spec.scheduling))
 
 
 def build_inference_pods(pool: InferencePool, parent: Manifest) -> list[Manifest]:

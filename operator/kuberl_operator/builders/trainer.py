@@ -33,6 +33,7 @@ from .common import (
     env_list,
     headless_service,
     pod_manifest,
+    with_template_hash,
 )
 from .gang import join_gang, pod_group
 
@@ -94,8 +95,9 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
         parent, name=trainer_pod_name(name, rank), subdomain=name, labels=labels, placement=spec,
         scheduling=spec.scheduling, accel=accel, container=container,
         config_map=spec.config_map, restart_policy="Never", storage=spec.storage,
+        config_revision=spec.config_revision,
     )
-    return join_gang(pod, name, spec.scheduling)
+    return with_template_hash(join_gang(pod, name, spec.scheduling))
 
 
 # What the Kubeflow training operator injects into the "pytorch" container of a PyTorchJob with
@@ -129,7 +131,7 @@ def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest) -> Manife
     specs: Manifest = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if job.spec.nodes > 1:
         specs["Worker"] = {"replicas": job.spec.nodes - 1, "restartPolicy": "Never", "template": template}
-    return {
+    return with_template_hash({
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": child_metadata(parent, job.metadata.name, job_selector(job)),
@@ -139,7 +141,7 @@ def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest) -> Manife
             "nprocPerNode": str(job.spec.procs_per_node),
             "pytorchReplicaSpecs": specs,
         },
-    }
+    })
 
 
 def build_trainer_children(job: TrainerJob, parent: Manifest) -> list[Manifest]:

@@ -17,7 +17,8 @@ LABEL_NODE = f"{PREFIX}/node"
 LABEL_ZONE = f"{PREFIX}/zone"
 LABEL_FABRIC = f"{PREFIX}/fabric"
 LABEL_ACCELERATOR = f"{PREFIX}/accelerator"
-ANNOTATION_GENERATION = f"{PREFIX}/parent-generation"
+ANNOTATION_TEMPLATE_HASH = f"{PREFIX}/template-hash"  # a pod or PyTorchJob whose template changed is replaced
+ANNOTATION_CONFIG_REVISION = f"{PREFIX}/config-revision"  # the run config a pod reads at start (its hash)
 ROLE_INFERENCE = "inference"
 ROLE_TRAINER = "trainer"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kuberl-operator", "app.kubernetes.io/part-of": "kuberl"}
@@ -93,7 +94,9 @@ def trainer_rank0_pod(job: str, kubeflow: bool = False) -> str:
     return f"{job}-master-0" if kubeflow else trainer_pod_name(job, 0)
 
 
-def trainer_rank0_host(job: str, namespace: str, kubeflow: bool = False) -> str:
-    """Rank 0's DNS name: under our headless Service ``<job>``, or Kubeflow's per-pod Service."""
+def trainer_rank0_host(job: str, namespace: str | None, kubeflow: bool = False) -> str:
+    """Rank 0's DNS name: under our headless Service ``<job>``, or Kubeflow's per-pod Service
+    (relative to the pod's own namespace when ``namespace`` is None: an offline render)."""
     pod = trainer_rank0_pod(job, kubeflow)
-    return f"{pod}.{namespace}.svc" if kubeflow else f"{pod}.{job}.{namespace}.svc"
+    host = pod if kubeflow else f"{pod}.{job}"
+    return f"{host}.{namespace}.svc" if namespace else host

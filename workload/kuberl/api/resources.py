@@ -87,6 +87,10 @@ class TrainerJobStatus(BaseStatus):
     restarts: int | None = None
 
 
+CONFIG_REVISION = ("hash of the run config in the ConfigMap (set by the RLExperiment): pods started with another "
+                   "revision are replaced")
+
+
 class InferencePoolSpec(PodPlacement):
     experiment: str | None = Field(None, description="owning RLExperiment, if any")
     config_map: str | None = Field(None, description="ConfigMap with the rendered run config")
@@ -97,6 +101,11 @@ class InferencePoolSpec(PodPlacement):
     hosts_per_replica: int = Field(1, ge=1)
     accelerators_per_host: int = Field(1, ge=1, description="devices per pod")
     port: int = Field(8000, ge=1024, le=65535)
+    trainer_address: str | None = Field(
+        None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="trainer rank 0's DNS name, where the p2p weight exchange's store listens (set by the "
+                    "RLExperiment; a replica never takes this address from a request)")
+    config_revision: str | None = Field(None, pattern=r"^[0-9a-f]{1,64}$", description=CONFIG_REVISION)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
@@ -112,6 +121,7 @@ class TrainerJobSpec(PodPlacement):
     parallelism: Parallelism = Field(default_factory=Parallelism)
     backoff_limit: int = Field(3, ge=0)
     inference_service: str | None = Field(None, description="headless Service of the pool")
+    config_revision: str | None = Field(None, pattern=r"^[0-9a-f]{1,64}$", description=CONFIG_REVISION)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False

@@ -278,7 +278,8 @@ class CheckpointSpec(ApiModel):
         None, pattern=r"^(s3|file)://.+", description="s3://bucket/prefix/ or file:///path"
     )
     every_steps: Positive = 50
-    keep: Positive = 3
+    keep: int = Field(3, ge=2, le=1000, description="complete checkpoints kept (≥ 2: a restore that fails "
+                      "verification falls back to the previous one)")
     credentials_secret: str | None = Field(
         None, pattern=DNS1123_SUBDOMAIN, max_length=253,
         description="same as spec.storage.credentialsSecret (kept for older manifests): the Secret serves every "

@@ -8,8 +8,11 @@ Layout under the checkpoint URI::
 A checkpoint exists only once its manifest does, and the manifest is written after every file is
 uploaded, so a writer killed mid-upload leaves a directory that ``latest()`` skips (with a warning
 naming it). ``latest()`` also skips manifests that do not parse or whose files are missing or of
-the wrong size; ``restore()`` verifies every SHA-256. ``keep = K`` deletes older checkpoints (and
-abandoned partial ones) only after a newer one is complete.
+the wrong size; ``restore()`` verifies every SHA-256, and ``restore_newest()`` falls back to the
+next older complete checkpoint when one fails that. ``keep = K`` (≥ 2, so there is always one to
+fall back to) deletes older checkpoints (and abandoned partial ones) only after a newer one is
+complete. A manifest records its run (``meta.run_id``, the experiment's UID): a run refuses to
+load another run's checkpoints (``ForeignCheckpoint``) rather than resume from, or prune, them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class Manifest:
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "files": self.files, "meta": self.meta,
                            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2)
+
+
+class ForeignCheckpoint(CheckpointError):
+    """The checkpoint URI holds another run's checkpoints."""
 
 
 @dataclass
@@ -114,12 +121,33 @@ class CheckpointManager:
             return None
         return manifest
 
+    def complete(self) -> list[Manifest]:
+        """Every complete checkpoint, newest first (incomplete or corrupt ones skipped, with a warning)."""
+        steps = self._steps()
+        manifests = (self._complete(step, steps[step]) for step in sorted(steps, reverse=True))
+        return [m for m in manifests if m is not None]
+
     def latest(self) -> Manifest | None:
-        """The newest complete checkpoint (incomplete or corrupt newer ones are skipped, with a warning)."""
-        for step, objects in sorted(self._steps().items(), reverse=True):
-            manifest = self._complete(step, objects)
-            if manifest is not None:
+        """The newest complete checkpoint."""
+        return next(iter(self.complete()), None)
+
+    def restore_newest(self, dest_root: Path, run_id: str | None) -> Manifest | None:
+        """Download and verify the newest complete checkpoint into ``dest_root/restore-<step>``; one
+        that fails verification (or download) is skipped for the next older one. Raises
+        ForeignCheckpoint if the newest is another run's (a manifest without a run is anyone's)."""
+        for manifest in self.complete():
+            owner = manifest.meta.get("run_id")
+            if run_id and owner and owner != run_id:
+                raise ForeignCheckpoint(
+                    f"{self.store.uri}{step_dir(manifest.step)} belongs to run {owner}, not to this run ({run_id}): "
+                    "refusing to resume from or prune another run's checkpoints; give this experiment its own "
+                    "spec.checkpoint.uri (or delete the old checkpoints)")
+            try:
+                self.restore(manifest, dest_root / f"restore-{manifest.step}")
                 return manifest
+            except (CheckpointError, OSError) as err:
+                log.warning("checkpoint %s%s failed verification (%s); falling back to the previous one",
+                            self.store.uri, step_dir(manifest.step), err)
         return None
 
     def restore(self, manifest: Manifest, dest: Path) -> Path:

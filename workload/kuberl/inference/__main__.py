@@ -11,6 +11,7 @@ import torch
 from aiohttp import web
 
 from ..api.contract import ENV_PORT, ENV_REPLICA, ENV_THREADS
+from ..auth import MissingToken, api_token
 from ..runconfig import load_run_config
 from .server import build_app
 
@@ -31,11 +32,16 @@ def torch_engine_for(run: Any, replica: int) -> tuple[Any, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kuberl.inference")
     parser.add_argument("--config", required=True, help="run config (the operator's ConfigMap, or kuberl run's)")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default=os.environ.get("POD_IP") or "0.0.0.0",
+                        help="address to bind (default: the pod's IP, $POD_IP)")
     parser.add_argument("--port", type=int, default=int(os.environ.get(ENV_PORT, "8000")))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s inference %(levelname)s %(message)s")
     torch.set_num_threads(int(os.environ.get(ENV_THREADS, "1")))
+    try:
+        token = api_token()
+    except MissingToken as err:
+        raise SystemExit(str(err)) from err
     run = load_run_config(args.config)
     replica = int(os.environ.get(ENV_REPLICA, "0"))
     if str(run.inference.engine) == "vllm":
@@ -45,12 +51,12 @@ def main() -> None:
 
         async def make_app() -> web.Application:
             engine, tokenizer = vllm_engine_for(run, replica)  # starts vLLM's engine core in the loop
-            return build_app(engine, tokenizer)
+            return build_app(engine, tokenizer, token)
 
         web.run_app(make_app(), host=args.host, port=args.port, print=None, handle_signals=True)
         return
     engine, tokenizer = torch_engine_for(run, replica)
-    web.run_app(build_app(engine, tokenizer), host=args.host, port=args.port, print=None, handle_signals=True)
+    web.run_app(build_app(engine, tokenizer, token), host=args.host, port=args.port, print=None, handle_signals=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..weights.p2p import exchange_address
 from ..weights.transport import open_group, run_exchange, transfer_from_json
 from .contract import Engine
 
@@ -37,7 +38,9 @@ class P2PReceiver:
         self._staging: dict[str, torch.Tensor] = {}
 
     def join(self, body: dict[str, Any]) -> None:
-        """``{"store", "port", "rank", "world", "transfers"}``; replaces any earlier group."""
+        """``{"rank", "world", "transfers"}``; replaces any earlier group. The group's store is
+        trainer rank 0 at the address this pod's environment names (``exchange_address``), never
+        one a request names: a request cannot make a replica connect anywhere else."""
         self._rank = int(body["rank"])
         self._transfers = [transfer_from_json(row) for row in body["transfers"]]
         layout = self.engine.parameter_layout()
@@ -46,8 +49,9 @@ class P2PReceiver:
             raise ValueError(f"the plan sends tensors this engine does not have: {unknown[:5]}")
         self._staging = {name: torch.empty(layout[name][0], dtype=layout[name][1])
                          for name in {t.dest for t in self._transfers}}
-        self._group = self._executor.submit(open_group, str(body["store"]), int(body["port"]), self._rank,
-                                            int(body["world"]), bind_host=os.environ.get("POD_IP", ""))  # fmt: skip
+        store, port = exchange_address()
+        self._group = self._executor.submit(open_group, store, port, self._rank, int(body["world"]),
+                                            bind_host=os.environ.get("POD_IP", ""))
         log.info("joining the p2p exchange group as rank %d of %s (%d transfers)", self._rank, body["world"],
                  len(self._transfers))  # fmt: skip
 

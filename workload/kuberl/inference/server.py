@@ -13,11 +13,15 @@
     POST /weights/p2p/receive  ?version=N: receive it from the trainer ranks, swap it in
     GET  /health          200 when ready
     GET  /metrics         Prometheus text format
+
+Every route but the read-only ``OPEN_PATHS`` needs the experiment's API token (``kuberl.auth``);
+JSON bodies are capped at ``MAX_JSON_BYTES`` (the weights upload is not JSON and not capped).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
+from ..auth import require_token
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, Generation, SamplingParams
 from .p2p_receiver import NotJoined, P2PReceiver
@@ -55,6 +60,8 @@ def _as_json(gen: Generation) -> dict[str, Any]:
 
 
 MAX_SAMPLES = 64  # "n" per request
+MAX_JSON_BYTES = 8 * 2**20  # a prompt at its caps is ~1 MiB of JSON
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/topology"})
 MAX_NEW_TOKENS = 32768
 MAX_PROMPT_TOKENS = 131072
 
@@ -102,16 +109,29 @@ def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None) -> tuple[l
     return ids, params, _int(body, "n", 1, 1, MAX_SAMPLES)
 
 
-def build_app(engine: Engine, tokenizer: Any | None = None) -> web.Application:
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body, at most ``MAX_JSON_BYTES`` (413 beyond), else 400."""
+    if (request.content_length or 0) > MAX_JSON_BYTES:
+        raise web.HTTPRequestEntityTooLarge(MAX_JSON_BYTES, request.content_length or 0)
+    raw = bytearray()
+    while chunk := await request.content.read(2**16):  # chunked bodies have no Content-Length
+        raw += chunk
+        if len(raw) > MAX_JSON_BYTES:
+            raise web.HTTPRequestEntityTooLarge(MAX_JSON_BYTES, len(raw))
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _bad_request("the body is not JSON (or is nested too deeply)") from err
+
+
+def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Application:
+    """The HTTP contract above over ``engine``; ``token``: the experiment's API token."""
     metrics = Metrics()
     receiver = P2PReceiver(engine)
-    app = web.Application(client_max_size=2**34)
+    app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS)])
 
     async def generate(request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
-            raise _bad_request("the body is not JSON (or is nested too deeply)") from err
+        body = await read_json(request)
         try:
             ids, params, n = parse_generate(body, engine.vocab_size, tokenizer)
         except ValueError as err:
@@ -148,9 +168,10 @@ def build_app(engine: Engine, tokenizer: Any | None = None) -> web.Application:
         return web.json_response(to_json(own_topology()))
 
     async def p2p_join(request: web.Request) -> web.Response:
+        body = await read_json(request)
         try:
-            receiver.join(await request.json())
-        except (KeyError, ValueError, TypeError) as err:
+            receiver.join(body)
+        except (KeyError, ValueError, TypeError, AttributeError) as err:
             raise _bad_request(f"bad p2p join request: {err}") from err
         return web.json_response({"status": "joining"})
 

@@ -21,6 +21,8 @@ from urllib.parse import quote
 
 import aiohttp
 
+from ..auth import bearer
+
 log = logging.getLogger("kuberl.rollout")
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
 
@@ -36,6 +38,7 @@ class Replica:
 @dataclass
 class InferenceClient:
     urls: list[str]
+    token: str = field(repr=False)  # the experiment's API token, sent with every request (kuberl.auth)
     timeout: float = 600.0
     replicas: list[Replica] = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
@@ -50,8 +53,10 @@ class InferenceClient:
 
     async def __aenter__(self) -> InferenceClient:
         timeout = aiohttp.ClientTimeout(total=self.timeout)
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
-        self._control = aiohttp.ClientSession(timeout=timeout)
+        headers = bearer(self.token)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
+                                              headers=headers)
+        self._control = aiohttp.ClientSession(timeout=timeout, headers=headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -32,6 +32,7 @@ from ..api.contract import (
     TERMINATION_LOG,
 )
 from ..api.spec import Accelerator
+from ..auth import MissingToken, api_token
 from ..collectives import broadcast_from_rank0, exit_without_teardown
 from ..data.datasets import examples
 from ..devices import DIST_BACKENDS, accelerator_device, compute_dtype
@@ -106,7 +107,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
     checkpointer = Checkpointer(os.environ.get(ENV_CHECKPOINT_URI) or spec.checkpoint.uri,
                                 spec.checkpoint.every_steps, spec.checkpoint.keep,
                                 Path(os.environ.get(ENV_STAGING_DIR, "/tmp/kuberl-staging")), rank,
-                                int(os.environ.get("LOCAL_RANK", "0")))
+                                int(os.environ.get("LOCAL_RANK", "0")), run.run_id)
     resumed = checkpointer.resume(actor)
     first_step = resumed.step if resumed else 0
     sft_losses: list[float] = []
@@ -132,7 +133,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
                                    max(1, spec.rollout.max_concurrent // algo.group_size))
         manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
         position = resumed.data_position if resumed else 0
-        controller = RolloutController(InferenceClient(inference_urls(run)), workflow,
+        controller = RolloutController(InferenceClient(inference_urls(run), api_token()), workflow,
                                        examples(spec.dataset, spec.seed, position), manager)
         controller.episodes = position
         controller.start()
@@ -252,6 +253,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
     torch.set_num_threads(int(os.environ.get(ENV_THREADS, "1")))
+    try:
+        api_token()  # checked before joining the gang: every rank fails alike, with one clear line
+    except MissingToken as err:
+        raise SystemExit(str(err)) from err
     run = load_run_config(args.config)
     rank, world, device = init_distributed(run.spec.trainer.accelerator)
     try:

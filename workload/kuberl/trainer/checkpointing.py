@@ -92,21 +92,34 @@ class Checkpointer:
     re-shard, so a rank can need any file); the staging directory is per node, not shared.
     """
 
-    def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int, local_rank: int = 0):
+    def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int, local_rank: int = 0,
+                 run_id: str | None = None):
         self.every, self.staging, self.rank, self.local_rank = every, staging, rank, local_rank
+        self.run_id = run_id
         self.manager = CheckpointManager(open_store(uri), keep) if uri and local_rank == 0 else None
         self.enabled = uri is not None
 
     def resume(self, actor: Actor) -> TrainerState | None:
-        latest = self.manager.latest() if self.manager is not None and self.rank == 0 else None
-        step = broadcast_from_rank0(latest.step if latest is not None else None)
-        if not isinstance(step, int):
+        """Rank 0 downloads and verifies the newest complete checkpoint of this run (falling back to
+        older ones), every rank learns its step (or rank 0's error), one rank per other node downloads
+        the same one, and every rank loads it."""
+        chosen: int | str | None = None
+        if self.manager is not None and self.rank == 0:
+            try:
+                manifest = self.manager.restore_newest(self.staging, self.run_id)
+                chosen = manifest.step if manifest is not None else None
+            except CheckpointError as err:
+                chosen = str(err)
+        chosen = broadcast_from_rank0(chosen)
+        if isinstance(chosen, str):
+            raise CheckpointError(chosen)
+        if chosen is None:
             return None
-        where = self.staging / f"restore-{step}"
-        if self.manager is not None:  # one download per node
-            manifest = latest if latest is not None else self.manager.latest()
-            if manifest is None or manifest.step != step:
-                raise CheckpointError(f"rank {self.rank} cannot see checkpoint step {step} that rank 0 resumes from")
+        where = self.staging / f"restore-{chosen}"
+        if self.manager is not None and self.rank != 0:  # one download per other node
+            manifest = next((m for m in self.manager.complete() if m.step == chosen), None)
+            if manifest is None:
+                raise CheckpointError(f"rank {self.rank} cannot see checkpoint step {chosen} that rank 0 resumes from")
             self.manager.restore(manifest, where)
         barrier()
         return load_trainer(actor, where)
@@ -125,7 +138,8 @@ class Checkpointer:
         if self.rank == 0:
             assert self.manager is not None
             merged = {k: v for node in every_node for k, v in node.items()}
-            uri = self.manager.commit(step, merged, {"version": version}, time.perf_counter() - started)
+            meta = {"version": version, **({"run_id": self.run_id} if self.run_id else {})}
+            uri = self.manager.commit(step, merged, meta, time.perf_counter() - started)
         if self.local_rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
         return uri

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ class ProgressServer:
         app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app)
         await runner.setup()
-        await web.TCPSite(runner, "0.0.0.0", port).start()
+        await web.TCPSite(runner, os.environ.get("POD_IP") or "0.0.0.0", port).start()  # read-only routes
         return runner
 
     def start_in(self, loop: asyncio.AbstractEventLoop, port: int) -> None:

@@ -62,7 +62,8 @@ class ReplicaControl(Protocol):
 
 
 def exchange_address() -> tuple[str, int]:
-    """Where the exchange group's store listens: trainer rank 0 (``MASTER_ADDR``), port + 1."""
+    """Where the exchange group's store listens: trainer rank 0 (``MASTER_ADDR``; on inference pods
+    ``KUBERL_EXCHANGE_ADDR``, which the operator sets to rank 0's DNS name), ``MASTER_PORT`` + 1."""
     host = os.environ.get(ENV_EXCHANGE_ADDR) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
     port = int(os.environ.get(ENV_EXCHANGE_PORT) or int(os.environ.get("MASTER_PORT", "29500")) + 1)
     return host, port
@@ -97,7 +98,7 @@ class P2PSync:
         world = self.world + len(replica_topology)
         if self.control is not None:
             self.control.join_p2p([
-                {"store": host, "port": port, "rank": self.world + i, "world": world,
+                {"rank": self.world + i, "world": world,
                  "transfers": [transfer_to_json(t) for t in schedule.for_rank(self.world + i)]}
                 for i in range(len(replica_topology))
             ])  # fmt: skip

@@ -1,0 +1,81 @@
+"""Who may reach an experiment's pods (docs/architecture.md, "Who may call what").
+
+Two locks, both per experiment: a NetworkPolicy (ingress to its pods only from the same
+experiment's pods, from the operator on the trainer's progress port, and from the metrics scraper's
+namespaces when configured) and an API token (a Secret the operator creates and owns) that every
+state-changing endpoint of the workload's servers requires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from kuberl.api.contract import (
+    API_TOKEN_KEY,
+    LABEL_EXPERIMENT,
+    PROGRESS_PORT,
+    api_token_secret_name,
+    network_policy_name,
+)
+
+from .common import Manifest, child_metadata
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+
+
+@dataclass(frozen=True)
+class Peers:
+    """Who outside an experiment may reach it: the operator's pods (namespace + labels) and, when
+    configured, the namespaces a metrics scraper runs in (a namespace label selector)."""
+
+    operator_namespace: str = ""
+    operator_labels: dict[str, str] = field(default_factory=dict)
+    metrics_namespace_labels: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def from_env() -> Peers:
+        """The chart sets KUBERL_OPERATOR_NAMESPACE, KUBERL_OPERATOR_LABELS and
+        KUBERL_METRICS_NAMESPACE_LABELS (JSON objects); unset means "nobody"."""
+        return Peers(
+            os.environ.get("KUBERL_OPERATOR_NAMESPACE", ""),
+            json.loads(os.environ.get("KUBERL_OPERATOR_LABELS") or "{}"),
+            json.loads(os.environ.get("KUBERL_METRICS_NAMESPACE_LABELS") or "{}"),
+        )
+
+
+def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_ports: list[int]) -> Manifest:
+    """Ingress to ``experiment``'s pods: from its own pods (any port), from the operator's pods on
+    ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. Egress stays open: the
+    pods read models and data from S3 and write checkpoints there."""
+    own = {LABEL_EXPERIMENT: experiment}
+    ingress: list[Manifest] = [{"from": [{"podSelector": {"matchLabels": own}}]}]
+    if peers.operator_namespace and peers.operator_labels:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peers.operator_namespace}},
+                      "podSelector": {"matchLabels": dict(peers.operator_labels)}}],
+            "ports": [{"port": PROGRESS_PORT, "protocol": "TCP"}],
+        })  # fmt: skip
+    if peers.metrics_namespace_labels:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": dict(peers.metrics_namespace_labels)}}],
+            "ports": [{"port": p, "protocol": "TCP"} for p in sorted(set(metrics_ports))],
+        })  # fmt: skip
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(parent, network_policy_name(experiment), own),
+        "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def api_token_secret(parent: Manifest, experiment: str, token: str) -> Manifest:
+    """The experiment's API token. Created once and never rewritten (``reconcile.ensure``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": child_metadata(parent, api_token_secret_name(experiment), {LABEL_EXPERIMENT: experiment}),
+        "stringData": {API_TOKEN_KEY: token},
+    }

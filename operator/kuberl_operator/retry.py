@@ -1,0 +1,92 @@
+"""Reconcile errors are never silent: each failed sync is retried per object with exponential
+backoff, and an error that will not heal by itself (a 4xx other than 409/429, or a bug) also
+becomes a ``Degraded`` condition and a Kubernetes Event naming the object and the reason.
+
+Pure parts here (classification, delays, the per-object attempt counters); the handlers run the
+syncs and schedule the retries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+
+import urllib3.exceptions
+from kubernetes.client import ApiException
+
+TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})  # plus every 5xx
+MESSAGE_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a failed sync tells the user: ``reason`` (CamelCase, for conditions and Events) and a
+    one-line ``message``; ``transient`` errors heal by themselves and are only retried."""
+
+    transient: bool
+    reason: str
+    message: str
+    retry_after: float | None = None
+
+
+def _api_message(err: ApiException) -> str:
+    try:
+        body = json.loads(err.body or "")
+    except (ValueError, TypeError):
+        body = None
+    text = body.get("message") if isinstance(body, dict) else None
+    return str(text or err.reason or "no message")
+
+
+def classify(err: BaseException) -> Failure:
+    """An exception of a sync → a Failure. API errors keep their status and the server's message;
+    timeouts and connection errors are transient; anything else is a bug (not transient)."""
+    if isinstance(err, ApiException):
+        status = int(err.status or 0)
+        transient = status in TRANSIENT_STATUSES or status >= 500 or status == 0
+        retry_after = None
+        header = (err.headers or {}).get("Retry-After") if err.headers else None
+        if header and str(header).isdigit():
+            retry_after = float(header)
+        message = f"the API server answered {status}: {_api_message(err)}"
+        return Failure(transient, f"ApiError{status}", message[:MESSAGE_CHARS], retry_after)
+    if isinstance(err, urllib3.exceptions.HTTPError | socket.timeout | TimeoutError | ConnectionError):
+        return Failure(True, "ApiUnreachable", f"the API server did not answer: {err}"[:MESSAGE_CHARS])
+    return Failure(False, "InternalError", f"{type(err).__name__}: {err}"[:MESSAGE_CHARS])
+
+
+def backoff_seconds(attempt: int, retry_after: float | None = None, base: float = 1.0, cap: float = 300.0) -> float:
+    """Delay before retry number ``attempt`` (1, 2, ...): min(cap, base · 2^(attempt − 1)), and never
+    sooner than the server's Retry-After."""
+    delay = min(cap, base * 2 ** min(attempt - 1, 32))
+    return max(delay, retry_after or 0.0)
+
+
+@dataclass
+class Backoff:
+    """Consecutive failures per object; changed only through ``failed`` and ``succeeded``."""
+
+    base: float = 1.0
+    cap: float = 300.0
+    _attempts: dict[tuple[str, ...], int] = field(default_factory=dict)
+
+    @staticmethod
+    def from_env() -> Backoff:
+        """KUBERL_BACKOFF_BASE_SECONDS (1) and KUBERL_BACKOFF_MAX_SECONDS (300)."""
+        return Backoff(float(os.environ.get("KUBERL_BACKOFF_BASE_SECONDS", "1")),
+                       float(os.environ.get("KUBERL_BACKOFF_MAX_SECONDS", "300")))
+
+    def failed(self, key: tuple[str, ...], retry_after: float | None = None) -> tuple[int, float]:
+        """Count a failure; returns (attempt number, seconds until the retry)."""
+        self._attempts[key] = self._attempts.get(key, 0) + 1
+        attempt = self._attempts[key]
+        return attempt, backoff_seconds(attempt, retry_after, self.base, self.cap)
+
+    def succeeded(self, key: tuple[str, ...]) -> bool:
+        """Forget ``key``'s failures; True if it had any (it just recovered)."""
+        return self._attempts.pop(key, 0) > 0
+
+    def attempts(self, key: tuple[str, ...]) -> int:
+        return self._attempts.get(key, 0)

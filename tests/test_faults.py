@@ -1,0 +1,114 @@
+"""Fault injection: the emulated API server answers 409, 422, 429 and 500, or does not answer, on
+chosen requests. The operator retries each object with backoff, reports what will not heal by
+itself (a Degraded condition and an Event naming the object and the reason), and converges once
+the faults clear: every child exactly once, every one owned, nothing left after a delete."""
+
+from __future__ import annotations
+
+import time
+
+from .harness import GROUP, emulated_cluster, eventually, pods, running_operator
+from .kube_emulator import Fault
+from .test_operator import experiment, get_rlx
+
+OWNED_KINDS = [("", "configmaps"), ("", "services"), ("", "pods"), ("", "secrets"),
+               ("networking.k8s.io", "networkpolicies"), (GROUP, "inferencepools"), (GROUP, "trainerjobs")]
+
+
+def objects_of(api, namespace: str) -> dict[str, list[dict]]:
+    return {plural: [o for o in api.list(group, plural, namespace) if o["kind"] != "Event"]
+            for group, plural in OWNED_KINDS}
+
+
+def degraded_reasons_seen(api, plural: str, name: str) -> set[str]:
+    """Every Degraded=True reason the object's status ever carried (the emulator keeps each version)."""
+    reasons = set()
+    for _, (_, p), _, obj in api.log:
+        if p == plural and obj["metadata"]["name"] == name:
+            for c in (obj.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "Degraded" and c.get("status") == "True":
+                    reasons.add(c.get("reason"))
+    return reasons
+
+
+async def test_the_operator_converges_through_api_faults_without_duplicates_or_orphans(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBERL_API_TIMEOUT_SECONDS", "1")
+    monkeypatch.setenv("KUBERL_BACKOFF_BASE_SECONDS", "0.2")
+    monkeypatch.setenv("KUBERL_BACKOFF_MAX_SECONDS", "2")
+    faults = [
+        Fault("POST", "configmaps", 422, times=3),  # will not heal by itself: Degraded + Event
+        Fault("POST", "pods", 500, times=2),
+        Fault("POST", "services", 429, times=1),  # Retry-After: 1
+        Fault("PATCH", "inferencepools", 409, times=1, subresource="status"),
+        Fault("GET", "trainerjobs", 0, times=1, hang=3),  # no answer: the client's timeout fires
+    ]
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        api.faults.extend(faults)
+        started = time.monotonic()
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+
+        def converged() -> bool:
+            objs = objects_of(api, "team-a")
+            status = get_rlx(api, "cpu-tiny").get("status") or {}
+            degraded = [c for c in status.get("conditions") or [] if c["type"] == "Degraded"]
+            return (len(objs["pods"]) == 2 and all(len(objs[k]) == 1 for k in ("configmaps", "secrets",
+                    "networkpolicies", "inferencepools", "trainerjobs")) and len(objs["services"]) == 2
+                    and status.get("phase") == "Pending" and degraded and degraded[0]["status"] == "False")
+
+        await eventually(converged, timeout=60, what="convergence after the faults")
+        seconds = time.monotonic() - started
+        assert [f.hits for f in faults] == [f.times for f in faults], "every fault was hit"
+        print(f"converged {seconds:.1f} s after creation through {sum(f.times for f in faults)} injected faults")
+
+        assert "ApiError422" in degraded_reasons_seen(api, "rlexperiments", "cpu-tiny")
+        events = [e for e in api.list("", "events", "team-a") if e.get("reason") == "ApiError422"]
+        assert events and events[0]["involvedObject"]["name"] == "cpu-tiny"
+        assert "configmaps" in events[0]["message"] or "422" in events[0]["message"]
+
+        objs = objects_of(api, "team-a")
+        uids = {o["metadata"]["uid"] for group, plural in OWNED_KINDS for o in api.list(group, plural, "team-a")}
+        uids.add(get_rlx(api, "cpu-tiny")["metadata"]["uid"])
+        for plural, items in objs.items():
+            for obj in items:
+                refs = [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")]
+                assert len(refs) == 1 and refs[0]["uid"] in uids, f"orphan {plural}/{obj['metadata']['name']}"
+
+        await api.delete(GROUP, "rlexperiments", "team-a", "cpu-tiny")
+        assert all(not items for items in objects_of(api, "team-a").values())
+
+
+async def test_the_progress_poller_works_when_only_watched_namespaces_may_be_listed(tmp_path, monkeypatch):
+    """watchNamespaces mode: the operator may not list experiments cluster-wide (403 here, as
+    RBAC would answer); the poller reads its indices instead, so team-a's progress still arrives."""
+    import socket
+
+    from kuberl.trainer.progress import Progress, ProgressServer
+
+    from .harness import bind, set_pod
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ProgressServer(Progress(max_steps=100, phase="running", step=4, version=4, reward=0.5))
+    runner = await server.start(port)
+    monkeypatch.setenv("KUBERL_PROGRESS_URL", f"http://127.0.0.1:{port}/progress")
+    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "0.2")
+    try:
+        async with emulated_cluster(tmp_path) as cluster:
+            api = cluster.api
+            forbidden = Fault("LIST", "rlexperiments", 403, times=10**6, namespace="")
+            api.faults.append(forbidden)
+            async with running_operator(cluster, namespaces=["team-a"]):
+                await api.create(GROUP, "rlexperiments", "team-a", experiment())
+                await api.create(GROUP, "rlexperiments", "team-b", experiment(namespace="team-b"))
+                await eventually(lambda: len(pods(api, "team-a")) == 2, what="team-a's pods")
+                for pod in pods(api, "team-a"):
+                    await bind(api, pod, "node-a")
+                    await set_pod(api, pod, "Running", ready=True)
+                await eventually(lambda: (get_rlx(api, "cpu-tiny").get("status") or {}).get("progress", {})
+                                 .get("step") == 4, what="team-a's progress")
+                assert pods(api, "team-b") == [] and not get_rlx(api, "cpu-tiny", "team-b").get("status")
+            assert forbidden.hits == 0, "nothing listed experiments cluster-wide"
+    finally:
+        await runner.cleanup()

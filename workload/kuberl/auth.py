@@ -1,0 +1,62 @@
+"""The experiment's API token on both sides of the workload's HTTP endpoints.
+
+The operator creates one token per experiment (a Secret it owns) and gives it to every pod as
+``KUBERL_API_TOKEN``; ``kuberl run`` makes one per run. Servers require ``Authorization: Bearer
+<token>`` on every route but the read-only ones they name (health, metrics, version, ...);
+clients send it on every request. The token is never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Awaitable, Callable, Collection, Mapping
+
+from aiohttp import web
+
+from .api.contract import AUTH_HEADER, AUTH_SCHEME, ENV_API_TOKEN
+
+MIN_TOKEN_CHARS = 16
+
+
+class MissingToken(RuntimeError):
+    pass
+
+
+def api_token(env: Mapping[str, str] | None = None) -> str:
+    """The token from ``KUBERL_API_TOKEN``; refuses to go on without one (or with a short one)."""
+    token = (os.environ if env is None else env).get(ENV_API_TOKEN, "")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise MissingToken(f"{ENV_API_TOKEN} is unset or shorter than {MIN_TOKEN_CHARS} characters: the servers "
+                           "refuse to run without the experiment's API token (the operator sets it from the "
+                           "experiment's Secret; kuberl run makes one)")
+    return token
+
+
+def bearer(token: str) -> dict[str, str]:
+    """The request header that carries ``token``."""
+    return {AUTH_HEADER: f"{AUTH_SCHEME} {token}"}
+
+
+def authorized(header: str | None, token: str) -> bool:
+    """``header`` is ``Bearer <token>`` (compared in constant time)."""
+    scheme, _, presented = (header or "").partition(" ")
+    return scheme == AUTH_SCHEME and hmac.compare_digest(presented.encode(), token.encode())
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+def require_token(token: str, open_paths: Collection[str]) -> Middleware:
+    """aiohttp middleware: 401 for a request to any path outside ``open_paths`` without the token."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in open_paths and not authorized(request.headers.get(AUTH_HEADER), token):
+            raise web.HTTPUnauthorized(text="this endpoint needs the experiment's API token "
+                                            f"({AUTH_HEADER}: {AUTH_SCHEME} <token>)",
+                                       headers={"WWW-Authenticate": AUTH_SCHEME})
+        return await handler(request)
+
+    return check
