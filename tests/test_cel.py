@@ -43,19 +43,27 @@ def with_defaults(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
-def cel_failures(doc: dict[str, Any]) -> list[str]:
-    """Messages of the rules that evaluate to false (the API server would refuse the object)."""
+def _at(doc: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def cel_failures(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """Messages of the rules that evaluate to false (the API server would refuse the object).
+    Transition rules (those using ``oldSelf``) run only on an update, i.e. when ``old`` is given."""
     doc = with_defaults(ROOT_SCHEMA, doc)
+    old = with_defaults(ROOT_SCHEMA, old) if old is not None else None
     env = celpy.Environment()
     failed = []
     for path, rule, message in rules(ROOT_SCHEMA):
-        node: Any = doc
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is None:  # a rule applies only where its object is present
+        node, before = _at(doc, path), _at(old, path) if old is not None else None
+        if node is None or ("oldSelf" in rule and before is None):  # where the object (and its old self) is
             continue
-        program = env.program(env.compile(rule))
-        if not bool(program.evaluate({"self": celpy.json_to_cel(node)})):
+        activation = {"self": celpy.json_to_cel(node)}
+        if before is not None:
+            activation["oldSelf"] = celpy.json_to_cel(before)
+        if not bool(env.program(env.compile(rule)).evaluate(activation)):
             failed.append(message or rule)
     return failed
 
@@ -92,3 +100,14 @@ def test_cel_and_kuberl_validate_agree(case):
     failures = cel_failures(doc)
     schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm"))]
     assert bool(failures) == bool(schema_level), (case, failures, issues)
+
+
+def test_model_path_is_immutable_on_update_only():
+    doc = experiment()
+    moved = copy.deepcopy(doc)
+    moved["spec"]["model"]["path"] = "s3://models/another/"
+    assert cel_failures(moved) == []  # a create: no old object
+    assert any("model.path cannot change" in m for m in cel_failures(moved, old=doc))
+    tuned = copy.deepcopy(doc)
+    tuned["spec"]["algorithm"] = {"learningRate": 1e-5}
+    assert cel_failures(tuned, old=doc) == []  # other fields may change

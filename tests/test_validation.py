@@ -108,7 +108,7 @@ def test_allocation_implies_sizes():
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
-        ("spec: [unclosed", "invalid YAML at line 1"),
+        ("spec: [unclosed", "invalid YAML at line 2, column 1: did not find expected"),
         ("kind: Deployment\napiVersion: apps/v1\nmetadata: {name: x}\n",
          "kind: got 'Deployment'; allowed: RLExperiment, InferencePool, TrainerJob"),
         ("kind: RLExperiment\napiVersion: kuberl.io/v1\nmetadata: {name: x}\n",

@@ -17,6 +17,8 @@ import yaml
 
 from kuberl.api import FieldIssue, Resource, validate_document
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: linear where PyYAML's scanner is not
+
 
 class PlainDumper(yaml.SafeDumper):
     """YAML without anchors and aliases (``&id001`` / ``*id001``): a manifest a GitOps reviewer
@@ -41,13 +43,13 @@ def load_documents(path: Path) -> Iterator[tuple[str, Any]]:
     except OSError as err:
         raise ValueError(f"cannot read: {err.strerror}") from err
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if d is not None]
     except RecursionError as err:
         raise ValueError("invalid YAML: nested too deeply") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())  # one line, whatever the parser said
         raise ValueError(f"invalid YAML{where}: {problem}") from err
     for i, doc in enumerate(docs):
         yield _describe(doc, i), doc

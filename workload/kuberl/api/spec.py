@@ -102,8 +102,14 @@ class SftWarmup(ApiModel):
 
 
 class ModelSource(ApiModel):
-    path: str = Field(min_length=1, description="builtin:tiny-qwen2, file:///dir (from_pretrained) or s3://prefix/")
-    tokenizer: str | None = Field(None, description="tokenizer path; defaults to the model path")
+    model_config = ApiModel.model_config | {
+        # a transition rule (the API server checks it on update): the run's checkpoints hold this model
+        "json_schema_extra": cel(("self.path == oldSelf.path", "model.path cannot change in a running experiment "
+                                  "(its checkpoints hold this model); create a new RLExperiment"))
+    }
+    path: str = Field(min_length=1, max_length=1024,
+                      description="builtin:tiny-qwen2, file:///dir (from_pretrained) or s3://prefix/")
+    tokenizer: str | None = Field(None, max_length=1024, description="tokenizer path; defaults to the model path")
     dtype: ModelDtype = Field(
         ModelDtype.AUTO,
         description="compute dtype of the trainer (FSDP2 mixed precision: forward/backward in this dtype, "

@@ -17,6 +17,16 @@ from .storage import cluster_issues
 from .support import unsupported_issues
 
 
+def shown(value: Any) -> str:
+    """A value for an error message: scalars as they are (cut short), containers by type only."""
+    if isinstance(value, list | dict):
+        return type(value).__name__
+    try:
+        return repr(value)[:40]
+    except ValueError:  # an int beyond sys.get_int_max_str_digits
+        return "an integer too large to print"
+
+
 def _path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
@@ -30,12 +40,12 @@ def _explain(err: dict[str, Any], model_fields: dict[str, Any] | None = None) ->
         return "is required"
     if kind in ("enum", "literal_error"):
         expected = err.get("ctx", {}).get("expected", "")
-        return f"got {given!r}; allowed: {expected}"
+        return f"got {shown(given)}; allowed: {expected}"
     msg = err["msg"]
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
     if isinstance(given, str | int | float | bool) and kind != "value_error":
-        return f"got {given!r}: {msg}"
+        return f"got {shown(given)}: {msg}"
     return msg
 
 
@@ -49,11 +59,11 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
     if not isinstance(doc, dict):
         return None, [FieldIssue("<document>", f"expected a mapping, got {type(doc).__name__}")]
     kind, api_version = doc.get("kind"), doc.get("apiVersion")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         allowed = ", ".join(KINDS)
-        return None, [FieldIssue("kind", f"got {kind!r}; allowed: {allowed}")]
+        return None, [FieldIssue("kind", f"got {shown(kind)}; allowed: {allowed}")]
     if api_version != GROUP_VERSION:
-        return None, [FieldIssue("apiVersion", f"got {api_version!r}; allowed: {GROUP_VERSION}")]
+        return None, [FieldIssue("apiVersion", f"got {shown(api_version)}; allowed: {GROUP_VERSION}")]
     try:
         obj = KINDS[kind].model_validate(doc)
     except ValidationError as err:

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
+from ..api.validation import shown
 from ..auth import require_token
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, Generation, SamplingParams
@@ -69,7 +70,7 @@ MAX_PROMPT_TOKENS = 131072
 def _int(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
     value = body.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{key}: expected an integer in [{low}, {high}], got {value!r}"[:200])
+        raise ValueError(f"{key}: expected an integer in [{low}, {high}], got {shown(value)}")
     return value
 
 
@@ -78,7 +79,7 @@ def _float(body: dict[str, Any], key: str, default: float, low: float, high: flo
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             low < value <= high if open_low else low <= value <= high):
         bound = "(" if open_low else "["
-        raise ValueError(f"{key}: expected a number in {bound}{low}, {high}], got {value!r}"[:200])
+        raise ValueError(f"{key}: expected a number in {bound}{low}, {high}], got {shown(value)}")
     return float(value)
 
 
