@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import celpy
+import jsonschema
 import pytest
 import yaml
 
@@ -111,3 +112,26 @@ def test_model_path_is_immutable_on_update_only():
     tuned = copy.deepcopy(doc)
     tuned["spec"]["algorithm"] = {"learningRate": 1e-5}
     assert cel_failures(tuned, old=doc) == []  # other fields may change
+
+
+def openapi_failures(doc: dict[str, Any]) -> list[str]:
+    """What the API server's OpenAPI validation refuses (bounds, patterns, types), via jsonschema:
+    a structural schema is OpenAPI v3.0, i.e. JSON Schema draft 4 plus x-kubernetes-* extensions."""
+    validator = jsonschema.Draft4Validator(ROOT_SCHEMA)
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message[:80]}" for e in validator.iter_errors(
+        with_defaults(ROOT_SCHEMA, doc))]
+
+
+@pytest.mark.parametrize(("case", "field"), [
+    (experiment(inference={"replicas": 100_000}), "spec.inference.replicas"),
+    (experiment(trainer={"nodes": 100_000}), "spec.trainer.nodes"),
+    (experiment(inference={"image": "repo/image:tag; rm -rf /"}), "spec.inference.image"),
+    (experiment(inference={"nodeSelector": {"k" * 400: "v"}}), "spec.inference.nodeSelector"),
+    (experiment(scheduling={"queue": "Team Queue"}), "spec.scheduling.queue"),
+])
+def test_the_crd_itself_refuses_what_cannot_work_and_kuberl_validate_agrees(case, field):
+    refused = openapi_failures(case) + cel_failures(case)
+    assert refused, f"the CRD accepts {field}"
+    _, issues = validate_document(case)
+    assert any(i.path.startswith(field) for i in issues), (field, issues)
+    assert openapi_failures(experiment()) == [] and cel_failures(experiment()) == []

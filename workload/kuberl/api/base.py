@@ -31,3 +31,13 @@ class ApiModel(BaseModel):
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:
     """JSON-schema extra holding CEL rules as (expression, message) pairs for the CRD."""
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def shown(value: Any) -> str:
+    """A value for an error message: scalars as they are (cut short), containers by type only."""
+    if isinstance(value, list | dict):
+        return type(value).__name__
+    try:
+        return repr(value)[:40]
+    except ValueError:  # an int beyond sys.get_int_max_str_digits
+        return "an integer too large to print"

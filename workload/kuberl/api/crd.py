@@ -49,6 +49,17 @@ PRINTER_COLUMNS: dict[str, list[dict[str, str]]] = {
 }
 
 
+def _key_rules(names: dict[str, Any]) -> list[dict[str, str]]:
+    """CEL rules over a map's keys for a JSON-schema ``propertyNames``."""
+    rules = []
+    if "maxLength" in names:
+        rules.append({"rule": f"self.all(k, k.size() <= {names['maxLength']})",
+                      "message": f"keys: at most {names['maxLength']} characters"})
+    if names.get("minLength"):
+        rules.append({"rule": f"self.all(k, k.size() >= {names['minLength']})", "message": "keys: must not be empty"})
+    return rules
+
+
 def _structural(node: Any, defs: dict[str, Any]) -> Any:
     """Rewrite a pydantic JSON-schema node into a Kubernetes structural-schema node."""
     if isinstance(node, list):
@@ -84,6 +95,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
                 k: _with_empty_default(v, k in required, _structural(v, defs))
                 for k, v in value.items()
             }
+        elif key == "propertyNames":  # not allowed in a structural schema: the same bounds as CEL rules
+            out.setdefault("x-kubernetes-validations", []).extend(_key_rules(value))
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _structural(value, defs)
         else:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
-from .base import ApiModel, cel
+from .base import ApiModel, cel, shown
 
 
 class Accelerator(StrEnum):
@@ -74,7 +74,7 @@ def _quantity(value: object) -> str:
     """A Kubernetes quantity such as 2, "500m" or "16Gi", kept as a string."""
     text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
     if not isinstance(text, str) or not _QUANTITY.match(text):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 16Gi)")
+        raise ValueError(f"{shown(value)} is not a Kubernetes quantity (e.g. 2, 500m, 16Gi)")
     return text
 
 
@@ -82,6 +82,11 @@ Quantity = Annotated[
     str, BeforeValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
 ]
 Positive = Annotated[int, Field(ge=1)]
+# Free text that reaches pod specs: bounded like the Kubernetes fields it fills.
+LabelKey = Annotated[str, Field(min_length=1, max_length=317)]  # prefix (253) + "/" + name (63)
+LabelValue = Annotated[str, Field(max_length=63)]
+ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
+ImageRef = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
 # Upper bounds: one object must not make the operator build an unbounded number of pods in memory.
 MAX_PODS = 1024
 MAX_DEVICES_PER_NODE = 64
@@ -187,26 +192,26 @@ class RolloutSpec(ApiModel):
 
 
 class ResourceRequirements(ApiModel):
-    requests: dict[str, Quantity] | None = None
-    limits: dict[str, Quantity] | None = None
+    requests: dict[ResourceName, Quantity] | None = Field(None, max_length=16)
+    limits: dict[ResourceName, Quantity] | None = Field(None, max_length=16)
 
 
 class Toleration(ApiModel):
-    key: str | None = None
+    key: LabelKey | None = None
     operator: Annotated[str, Field(pattern="^(Exists|Equal)$")] | None = None
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Annotated[str, Field(pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(None, ge=0, le=10**9)
 
 
 class PodPlacement(ApiModel):
     """Where and how a pool's pods run; shared by the inference and trainer sections."""
 
     accelerator: Accelerator = Accelerator.NVIDIA
-    image: str | None = Field(None, description="defaults to the operator's image for the accelerator")
+    image: ImageRef | None = Field(None, description="defaults to the operator's image for the accelerator")
     resources: ResourceRequirements | None = None
-    node_selector: dict[str, str] | None = None
-    tolerations: list[Toleration] | None = None
+    node_selector: dict[LabelKey, LabelValue] | None = Field(None, max_length=32)
+    tolerations: list[Toleration] | None = Field(None, max_length=32)
 
 
 class InferenceSpec(PodPlacement):
@@ -294,9 +299,9 @@ class CheckpointSpec(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
-    queue: str | None = Field(None, description="Kueue LocalQueue name")
+    queue: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253, description="Kueue LocalQueue name")
     gang: GangScheduler = GangScheduler.NONE
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253)
 
 
 class RLExperimentSpec(ApiModel):

@@ -10,21 +10,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .base import GROUP_VERSION
+from .base import GROUP_VERSION, shown
 from .resolve import FieldIssue, resolve
 from .resources import KINDS, Resource, RLExperiment
 from .storage import cluster_issues
 from .support import unsupported_issues
-
-
-def shown(value: Any) -> str:
-    """A value for an error message: scalars as they are (cut short), containers by type only."""
-    if isinstance(value, list | dict):
-        return type(value).__name__
-    try:
-        return repr(value)[:40]
-    except ValueError:  # an int beyond sys.get_int_max_str_digits
-        return "an integer too large to print"
 
 
 def _path(loc: tuple[Any, ...]) -> str:

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
 
-from ..api.validation import shown
+from ..api.base import shown
 from ..auth import require_token
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, Generation, SamplingParams
