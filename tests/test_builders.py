@@ -253,3 +253,29 @@ def test_workload_pods_are_never_best_effort_and_their_root_is_read_only():
             assert resources["requests"]["memory"] == "1Gi"  # a limit below the default floor wins
         assert container(pod)["securityContext"]["readOnlyRootFilesystem"] is True
         assert {m["mountPath"] for m in container(pod)["volumeMounts"]} >= {"/tmp", "/dev/shm"}
+
+
+def scratch(pod: dict) -> dict:
+    return next(v for v in pod["spec"]["volumes"] if v["name"] == "scratch")["emptyDir"]
+
+
+def test_memory_limits_and_scratch_sizes_default_per_accelerator_and_follow_the_manifest():
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["inference"] = {"accelerator": "cpu", "engine": "torch"}
+    doc["spec"]["trainer"] = {"accelerator": "cpu", "resources": {
+        "requests": {"memory": "64Gi"}, "limits": {"ephemeral-storage": "50Gi"}}}
+    pods = {p["metadata"]["labels"]["kuberl.io/role"]: p for p in by_kind(render(doc), "Pod")}
+    assert container(pods["inference"])["resources"]["limits"]["memory"] == "8Gi"  # the cpu default
+    assert scratch(pods["inference"]) == {"sizeLimit": "20Gi"}
+    assert container(pods["trainer"])["resources"]["limits"]["memory"] == "64Gi"  # never below the request
+    assert scratch(pods["trainer"]) == {"sizeLimit": "50Gi"}
+    gpu = by_kind(render(load_example("gpu-gsm8k-grpo.yaml")), "Pod")
+    assert all(scratch(p)["sizeLimit"] == "500Gi" and container(p)["resources"]["limits"]["memory"] for p in gpu)
+
+
+@pytest.mark.parametrize(("text", "value"), [("16Gi", 16 * 2**30), ("500m", 0.5), ("2", 2), ("1e3", 1000),
+                                             ("1.5Ki", 1536), ("3G", 3e9)])
+def test_quantity_values(text, value):
+    from kuberl_operator.builders.common import quantity_value
+
+    assert quantity_value(text) == value

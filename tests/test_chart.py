@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -156,3 +157,24 @@ def test_chart_readme_documents_every_top_level_value():
     readme = (CHART / "README.md").read_text()
     for key in values:
         assert f"`{key}" in readme, f"charts/kuberl/README.md does not document {key}"
+
+
+def test_checkov_passes_the_workload_checks_on_a_rendered_gpu_experiment(tmp_path):
+    """The objects `kuberl render` gives for the GPU example: cpu and memory requests, a memory limit,
+    a read-only root filesystem and a NetworkPolicy covering every pod (the hardening issue's list)."""
+    path = tmp_path / "gpu.yaml"
+    example = str(ROOT / "examples/gpu-gsm8k-grpo.yaml")
+    done = subprocess.run([sys.executable, "-m", "kuberl_operator.cli", "render", example, "--namespace", "team-a"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    path.write_text(done.stdout)
+    checks = "CKV_K8S_10,CKV_K8S_12,CKV_K8S_13,CKV_K8S_22,CKV2_K8S_6"
+    done = subprocess.run([str(TOOLS / "checkov"), "-f", str(path), "--framework", "kubernetes", "--skip-download",
+                           "--check", checks, "--output", "json"], capture_output=True, text=True, timeout=600)
+    report = json.loads(done.stdout)
+    failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
+    passed = {(c["check_id"], c["resource"]) for c in report["results"]["passed_checks"]}
+    pods = [d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Pod"]
+    assert failed == [] and len(pods) == 3
+    assert {check for check, _ in passed} == set(checks.split(","))
+    assert len(passed) == 5 * len(pods)  # every check ran on every pod

@@ -16,6 +16,10 @@ class AcceleratorProfile:
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # on pods and PodGroups: what the Ascend stack expects
     shm_size: str = "1Gi"
+    # Defaults when a manifest sets none: the container's memory limit and the /tmp scratch volume's
+    # size (model cache, checkpoint staging); resources.limits memory / ephemeral-storage override them.
+    memory_limit: str = "8Gi"
+    scratch_size: str = "20Gi"
     field_env: dict[str, str] = field(default_factory=dict)  # env from the downward API: name → fieldPath
     supplemental_groups: tuple[int, ...] = ()  # groups that own the device files, for a non-root process
 
@@ -42,7 +46,7 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
         return AcceleratorProfile(
             kind, EXTENDED_RESOURCE[kind], default_image(kind),
             env={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
-            shm_size="16Gi",
+            shm_size="16Gi", memory_limit="256Gi", scratch_size="500Gi",
         )
     if kind == Accelerator.ASCEND:
         return AcceleratorProfile(
@@ -61,6 +65,6 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
             # /dev/davinci* belong to the driver's HwHiAiUser group (its gid is chosen at driver
             # install; 1000 by default): a non-root process needs it as a supplemental group.
             supplemental_groups=(int(os.environ.get("KUBERL_ASCEND_DEVICE_GID", "1000")),),
-            shm_size="16Gi",
+            shm_size="16Gi", memory_limit="256Gi", scratch_size="500Gi",
         )
     return AcceleratorProfile(kind, None, default_image(kind, engine), env={"OMP_NUM_THREADS": "1"})

@@ -80,16 +80,27 @@ def headless_service(parent: Manifest, name: str, selector: dict[str, str], port
 
 
 DEFAULT_REQUESTS = {"cpu": "1", "memory": "2Gi"}  # a floor: never BestEffort, the first pods evicted
+_QUANTITY_SUFFIXES = {"": 1, "m": 1e-3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+                      "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_value(quantity: str) -> float:
+    """A Kubernetes quantity as a number ("16Gi" → 17179869184, "500m" → 0.5, "1e3" → 1000)."""
+    number = quantity.rstrip("KMGTPEimk")
+    return float(number) * _QUANTITY_SUFFIXES[quantity[len(number):]]
 
 
 def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devices: int) -> Manifest:
     """User requests/limits plus the accelerator's extended resource (requests = limits); cpu and
-    memory requests default to ``DEFAULT_REQUESTS`` (or to the limit, when only a limit is given)."""
+    memory requests default to ``DEFAULT_REQUESTS`` (or to the limit, when only a limit is given),
+    the memory limit to the accelerator's default (or to the request, when that is larger)."""
     res = placement.resources
     requests = dict(res.requests or {}) if res else {}
     limits = dict(res.limits or {}) if res else {}
     for name, floor in DEFAULT_REQUESTS.items():
         requests.setdefault(name, limits.get(name, floor))
+    if "memory" not in limits:
+        limits["memory"] = max(accel.memory_limit, requests["memory"], key=quantity_value)
     if accel.resource:
         requests[accel.resource] = limits[accel.resource] = str(devices)
     out: Manifest = {}
@@ -98,6 +109,12 @@ def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devi
     if limits:
         out["limits"] = limits
     return out
+
+
+def scratch_size(placement: PodPlacement, accel: AcceleratorProfile) -> str:
+    """The /tmp volume's size limit: ``resources.limits.ephemeral-storage`` or the accelerator's default."""
+    limits = (placement.resources.limits or {}) if placement.resources else {}
+    return limits.get("ephemeral-storage", accel.scratch_size)
 
 
 def env_list(env: dict[str, str]) -> list[Manifest]:
@@ -168,7 +185,7 @@ def pod_manifest(
             {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
         ]}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": accel.shm_size}},
-        {"name": "scratch", "emptyDir": {}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": scratch_size(placement, accel)}},
     ]
     if config_map:
         mounts.append({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
