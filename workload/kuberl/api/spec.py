@@ -243,6 +243,10 @@ class TrainerSpec(PodPlacement):
     )
     parallelism: Parallelism = Field(default_factory=Parallelism)
     backoff_limit: int = Field(3, ge=0, description="gang restarts before the job fails")
+    step_timeout_seconds: int = Field(
+        1800, ge=30, le=86400,
+        description="a rank whose training step has not finished after this long (a hung collective) exits "
+                    "non-zero so the gang restarts; the collective backends' timeouts are set to match")
 
 
 class WeightSyncSpec(ApiModel):

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -51,20 +52,22 @@ from .checkpointing import Checkpointer
 from .loss import BehaviourGapMonitor
 from .progress import Progress, ProgressServer
 from .sft import encode, sft_warmup
+from .watchdog import StepWatchdog, collective_timeout_env
 
 log = logging.getLogger("kuberl.trainer")
 
 
-def init_distributed(accelerator: str) -> tuple[int, int, torch.device]:
+def init_distributed(accelerator: str, timeout_seconds: int) -> tuple[int, int, torch.device]:
     """torchrun's env if present, else a world of one. This rank's device first (``LOCAL_RANK`` of
     the pod's accelerators), then the process group: gloo on CPU, NCCL / HCCL on accelerators
-    (``kuberl.devices.DIST_BACKENDS``)."""
+    (``kuberl.devices.DIST_BACKENDS``), whose collectives give up after ``timeout_seconds``."""
+    os.environ.update(collective_timeout_env(timeout_seconds))
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     device = accelerator_device(accelerator, int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(DIST_BACKENDS[Accelerator(accelerator)])
+    dist.init_process_group(DIST_BACKENDS[Accelerator(accelerator)], timeout=timedelta(seconds=timeout_seconds))
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -155,6 +158,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
     dropped_groups = 0
     gaps = BehaviourGapMonitor(warn=rank == 0)
     steps_done = first_step
+    watchdog = StepWatchdog(spec.trainer.step_timeout_seconds).start()
     for step in range(first_step, max_steps):
         step_start = time.perf_counter()
         while True:  # rank 0 takes a batch and shares it; if the pool is starved, all ranks re-send weights
@@ -196,6 +200,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
         timeperf["step"].append(time.perf_counter() - step_start)
         steps_done = step + 1
         saved = checkpointer.maybe_save(actor, step + 1, step + 1, controller.episodes if controller else 0)
+        watchdog.beat()  # the step and its checkpoint are done
         if saved and server is not None:
             server.update(last_checkpoint=saved)
         if rank == 0:
@@ -214,6 +219,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device) -> dict[s
                          max_steps, reward, controller.max_staleness_seen, stats["ppo_actor/loss"], gap, wait_s,
                          previous)
     timeperf["weight_sync"].append(sync.wait())
+    watchdog.stop()
     wall = time.perf_counter() - start
     if rank != 0:
         return None
@@ -258,7 +264,7 @@ def main() -> None:
     except MissingToken as err:
         raise SystemExit(str(err)) from err
     run = load_run_config(args.config)
-    rank, world, device = init_distributed(run.spec.trainer.accelerator)
+    rank, world, device = init_distributed(run.spec.trainer.accelerator, run.spec.trainer.step_timeout_seconds)
     try:
         summary = train(run, rank, world, device)
         if summary is not None and os.environ.get(ENV_SUMMARY_PATH):
