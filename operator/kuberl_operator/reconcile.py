@@ -169,11 +169,26 @@ def _report_conflict(kube: Kube, body: Manifest, err: NotOurs) -> None:
     log.warning("%s %s/%s: %s", body["kind"], meta.get("namespace"), meta["name"], err)
 
 
+def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest) -> Any:
+    """The pool or job as a model; None (with an InvalidSpec status naming the field) when its spec
+    breaks the schema: a standalone object the CRD would have refused, or one from an older schema."""
+    try:
+        return kind.model_validate(body)
+    except ValidationError as err:
+        message = "; ".join(str(i) for i in schema_issues(err))
+        write_status(kube, body, invalid_spec_status(body["metadata"].get("generation"), message))
+        log.warning("%s %s/%s is invalid: %s", kind.KIND, body["metadata"].get("namespace"),
+                    body["metadata"]["name"], message)
+        return None
+
+
 def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
     body = kube.get(GROUP_VERSION, InferencePool.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    pool = InferencePool.model_validate(body)
+    pool = _validated(kube, InferencePool, body)
+    if pool is None:
+        return body
     try:
         if not pool.spec.experiment:  # on its own: its pods read a token of their own
             ensure_api_token(kube, body, name)
@@ -189,7 +204,9 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
     body = kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    job = TrainerJob.model_validate(body)
+    job = _validated(kube, TrainerJob, body)
+    if job is None:
+        return body
     children = build_trainer_children(job, body)
     try:
         if not job.spec.experiment:
