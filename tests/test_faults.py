@@ -52,13 +52,15 @@ async def test_the_operator_converges_through_api_faults_without_duplicates_or_o
             objs = objects_of(api, "team-a")
             status = get_rlx(api, "cpu-tiny").get("status") or {}
             degraded = [c for c in status.get("conditions") or [] if c["type"] == "Degraded"]
+            children_reported = all((o.get("status") or {}).get("phase") for o in objs["inferencepools"]
+                                    + objs["trainerjobs"])
             return (len(objs["pods"]) == 2 and all(len(objs[k]) == 1 for k in ("configmaps", "secrets",
                     "networkpolicies", "inferencepools", "trainerjobs")) and len(objs["services"]) == 2
+                    and children_reported and all(f.hits == f.times for f in faults)
                     and status.get("phase") == "Pending" and degraded and degraded[0]["status"] == "False")
 
         await eventually(converged, timeout=60, what="convergence after the faults")
         seconds = time.monotonic() - started
-        assert [f.hits for f in faults] == [f.times for f in faults], "every fault was hit"
         print(f"converged {seconds:.1f} s after creation through {sum(f.times for f in faults)} injected faults")
 
         assert "ApiError422" in degraded_reasons_seen(api, "rlexperiments", "cpu-tiny")
