@@ -97,6 +97,11 @@ def problems(outcome: Outcome, steps: int) -> list[str]:
     first, last = outcome.progress.get("rewardFirst10"), outcome.progress.get("rewardLast10")
     if not (isinstance(first, float) and isinstance(last, float) and last > first):
         out.append(f"reward did not improve: first 10 steps {first}, last 10 steps {last}")
+    evaluated = outcome.progress.get("evalReward")
+    if not isinstance(evaluated, float):
+        out.append(f"no held-out evaluation reached status.progress.evalReward: {outcome.progress}")
+    elif not outcome.tables or "EVAL" not in outcome.tables[-1] or str(evaluated) not in outcome.tables[-1]:
+        out.append(f"kubectl get rlexperiments does not show EVAL {evaluated}: {outcome.tables[-1:]}")
     if outcome.leftover_pods:
         out.append(f"pods left after delete: {outcome.leftover_pods}")
     return out

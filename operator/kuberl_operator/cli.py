@@ -124,7 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         summary = run_local(Path(args.file), args.set or [], args.max_steps,
                             Path(args.summary) if args.summary else None,
-                            Path(args.workdir) if args.workdir else None, quiet=args.quiet)
+                            Path(args.workdir) if args.workdir else None, quiet=args.quiet,
+                            spec_checkpoints=args.spec_checkpoints)
     except RunError as err:
         print(f"kuberl run: {err}", file=sys.stderr)
         return 1
@@ -158,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", metavar="PATH", help="also write the JSON summary here")
     p.add_argument("--workdir", metavar="DIR", help="logs and run files (default: a new /tmp/kuberl-NAME-* directory)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--spec-checkpoints", action="store_true",
+                   help="checkpoint to spec.checkpoint.uri (e.g. s3:// on MinIO) instead of the work dir")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
     p.add_argument("out", nargs="?", default=None, help="default: crds/ and charts/kuberl/crds/")

@@ -78,6 +78,9 @@ def progress_status(payload: Any) -> Manifest:
         "rewardLast10": number("reward_last10", 4),
         "maxStaleness": number("max_staleness"),
         "behavLogpGap": number("behav_logp_gap", 4),
+        "evalStep": number("eval_step"),
+        "evalReward": number("eval_reward", 4),
+        "evalPassAtK": number("eval_pass_at_k", 4),
         "lastCheckpoint": checkpoint if isinstance(checkpoint, str) and len(checkpoint) <= 1024 else None,
     }
     return {k: v for k, v in fields.items() if v is not None}

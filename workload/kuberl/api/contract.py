@@ -58,7 +58,7 @@ ENV_MAX_STEPS = "KUBERL_MAX_STEPS"
 ENV_THREADS = "KUBERL_THREADS"
 ENV_S3_ENDPOINT = "KUBERL_S3_ENDPOINT"
 ENV_CACHE_DIR = "KUBERL_CACHE_DIR"
-ENV_RUN_ID = "KUBERL_RUN_ID"  # the experiment's UID: checkpoints of another run are refused
+ENV_TENSORBOARD_DIR = "KUBERL_TENSORBOARD_DIR"  # where rank 0 writes its curves (local mode: the work dir)
 
 
 def inference_pool_name(experiment: str) -> str:

@@ -28,6 +28,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, str]]] = {
         {"name": "Version", "type": "integer", "jsonPath": ".status.progress.version"},
         {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
         {"name": "Staleness", "type": "integer", "jsonPath": ".status.progress.maxStaleness"},
+        {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evalReward"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
     "InferencePool": [

@@ -59,6 +59,9 @@ class Progress(ApiModel):
         None, description="mean |log π_behaviour − log π_trainer| of tokens sampled by the weights being trained: "
                           "≈ 0 when the inference pool serves the trainer's policy; above 0.2 the trainer warns")
     last_checkpoint: str | None = None
+    eval_step: int | None = Field(None, description="training steps before the last held-out evaluation")
+    eval_reward: float | None = Field(None, description="mean reward of the last held-out evaluation")
+    eval_pass_at_k: float | None = Field(None, description="pass@k of the last held-out evaluation")
 
 
 class BaseStatus(ApiModel):

@@ -183,6 +183,19 @@ class AlgorithmSpec(ApiModel):
         return self
 
 
+class EvaluationSpec(ApiModel):
+    """Held-out evaluation during training (``kuberl.rollout.evaluation``): never trained on."""
+
+    dataset: DatasetSource | None = Field(
+        None, description="the evaluation prompts; default: spec.dataset's stream under another seed")
+    every_steps: Positive = Field(50, description="evaluate after every N training steps (and after the last)")
+    prompts: int = Field(64, ge=1, le=10000, description="the first N examples of the evaluation set")
+    samples_per_prompt: int = Field(4, ge=1, le=64, description="k of pass@k")
+    temperature: float | None = Field(None, ge=0, description="default: spec.rollout.temperature")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: spec.rollout.maxNewTokens")
+    reward: RewardSpec | None = Field(None, description="default: spec.reward")
+
+
 class RolloutSpec(ApiModel):
     max_staleness: int = Field(4, ge=0, description="η: 0 is synchronous RL")
     max_concurrent: Positive = 512
@@ -316,6 +329,7 @@ class RLExperimentSpec(ApiModel):
     reward: RewardSpec
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    evaluation: EvaluationSpec | None = None
     allocation: str | None = Field(
         None,
         description="AReaL-style shorthand, e.g. 'vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)'",

@@ -7,6 +7,7 @@ the same order, and ``position`` lets a resumed run continue where it stopped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -99,3 +100,14 @@ def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Ex
             if i >= position:
                 yield rows[j]
             i += 1
+
+
+EVAL_SEED_OFFSET = 1_000_003  # the evaluation stream of a builtin dataset: another seed than training's
+
+
+def evaluation_examples(source: DatasetSource, prompts: int, seed: int) -> list[Example]:
+    """The evaluation set: a JSONL file's first ``prompts`` rows in file order, or a builtin
+    dataset's first ``prompts`` examples under another seed than the training stream's."""
+    if source.path.startswith("builtin:"):
+        return list(itertools.islice(examples(source, seed + EVAL_SEED_OFFSET), prompts))
+    return read_jsonl(dataset_file(source.path), source.prompt_key, source.answer_key)[:prompts]

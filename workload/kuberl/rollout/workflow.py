@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..data.datasets import Example
 from .client import InferenceClient
 from .types import Group, Trajectory
+
+
+def score(out: dict[str, Any], example: Example, decode: Callable[[list[int]], str], eos_id: int,
+          reward: Callable[[str, str, str], float]) -> float:
+    """One generation's reward: ``reward(prompt, completion, answer)`` for a finished answer (its EOS
+    dropped), 0 for one the length limit cut off."""
+    if out["finish_reason"] != "stop":
+        return 0.0
+    tokens = out["output_ids"]
+    return float(reward(example.prompt, decode(tokens[:-1] if tokens and tokens[-1] == eos_id else tokens),
+                        example.answer))
 
 
 class RolloutWorkflow(Protocol):
@@ -37,13 +48,6 @@ class RLVRWorkflow:
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
         ids = self.encode(example.prompt)
         outs = await client.generate(ids, self.group_size, self.max_new_tokens, self.temperature, self.top_p)
-        trajs = []
-        for out in outs:
-            tokens = out["output_ids"]
-            text_ids = tokens[:-1] if tokens and tokens[-1] == self.eos_id else tokens
-            completion = self.decode(text_ids)
-            reward = float(self.reward(example.prompt, completion, example.answer)) if out["finish_reason"] == "stop" \
-                else 0.0
-            trajs.append(Trajectory(ids, tokens, out["logprobs"], out["versions"], reward, group_id,
-                                    out["finish_reason"]))
-        return Group(trajs)
+        return Group([Trajectory(ids, out["output_ids"], out["logprobs"], out["versions"],
+                                 score(out, example, self.decode, self.eos_id, self.reward), group_id,
+                                 out["finish_reason"]) for out in outs])

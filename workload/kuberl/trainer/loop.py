@@ -35,6 +35,7 @@ from ..models.loading import load_model
 from ..rewards import load_reward
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
+from ..rollout.evaluation import EvalResult
 from ..rollout.staleness import StalenessManager
 from ..rollout.types import Trajectory
 from ..rollout.workflow import RLVRWorkflow
@@ -44,12 +45,15 @@ from .actor import Actor
 from .algorithms import AlgorithmConfig, build_batch
 from .batch import collate
 from .checkpointing import Checkpointer, TrainerState
+from .curves import Curves
+from .evaluations import Evaluations
 from .loss import BehaviourGapMonitor
 from .progress import Progress, ProgressServer
 from .sft import encode, sft_warmup
 from .watchdog import StepWatchdog
 
 log = logging.getLogger("kuberl.trainer")
+EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
 
 
 def mean(xs: list[float]) -> float | None:
@@ -73,6 +77,8 @@ class Session:
     sft_losses: list[float]
     controller: RolloutController | None = None
     server: ProgressServer | None = None
+    curves: Curves | None = None
+    evaluations: Evaluations | None = None
 
     @property
     def groups_per_step(self) -> int:
@@ -129,7 +135,8 @@ def _start_rollout(run: RunConfig, tokenizer: Any, first_step: int, data_positio
                                    examples(spec.dataset, spec.seed, data_position), manager)
     controller.episodes = data_position
     controller.start()
-    server = ProgressServer(Progress(step=first_step, version=first_step, max_steps=max_steps, phase="running"))
+    server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step, max_steps=max_steps,
+                                     phase="running"))
     server.start_in(controller.loop, int(os.environ.get(ENV_PROGRESS_PORT, "8080")))
     return controller, server
 
@@ -169,8 +176,14 @@ def set_up(run: RunConfig, rank: int, world: int, device: torch.device, urls: li
     if rank == 0:
         log.info("initial weights (version %d) pushed; SFT warm-up losses %s", first_step,
                  [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
-    return Session(run, rank, world, tokenizer, config, actor, checkpointer, sync, first_step, max_steps, sft_losses,
-                   controller, server)
+    session = Session(run, rank, world, tokenizer, config, actor, checkpointer, sync, first_step, max_steps,
+                      sft_losses, controller, server)
+    if rank == 0:
+        assert controller is not None
+        session.curves = Curves.for_run(os.environ.get(ENV_CHECKPOINT_URI) or spec.checkpoint.uri)
+        if spec.evaluation is not None:
+            session.evaluations = Evaluations(spec, controller, tokenizer)
+    return session
 
 
 def take_batch(s: Session, step: int) -> tuple[list[Trajectory], list[float], float, int]:
@@ -220,10 +233,10 @@ def push_weights(s: Session, step: int, tally: Tally) -> float:
 
 def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
            previous_sync: float, tally: Tally) -> None:
-    """Rank 0: the step's log line and ``/progress``."""
+    """Rank 0: the step's log line, ``/progress`` and curves."""
     if s.rank != 0:
         return
-    assert s.controller is not None and s.server is not None
+    assert s.controller is not None and s.server is not None and s.curves is not None
     reward = mean([t.reward for t in trajs]) or 0.0
     tally.rewards.append(reward)
     elapsed = time.perf_counter() - tally.start
@@ -231,11 +244,30 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
                     reward_last10=mean(tally.rewards[-10:]), max_staleness=s.controller.max_staleness_seen,
                     tokens_per_second=tally.trained_tokens / elapsed, step_seconds=tally.timeperf["step"][-1],
                     weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last)
+    s.curves.log(step + 1, {**(stats or {}), "train/reward": reward, "rollout/max_staleness":
+                            s.controller.max_staleness_seen, "rollout/trained_tokens_per_second":
+                            tally.trained_tokens / elapsed, **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items()
+                                                               if v}})
     if stats is not None:
         gap = tally.gaps.last if tally.gaps.last is not None else math.nan
         log.info("step %d/%d reward %.3f staleness≤%d loss %.4f gap %.2g wait %.2fs sync %.3fs", step + 1,
                  s.max_steps, reward, s.controller.max_staleness_seen, stats["ppo_actor/loss"], gap, wait_s,
                  previous_sync)
+
+
+def evaluate(s: Session, steps_done: int, last: bool = False) -> None:
+    """Rank 0: start the held-out evaluation when due; report those that finished."""
+    if s.evaluations is None:
+        return
+    s.evaluations.maybe_start(steps_done, last)
+    record_evaluations(s, s.evaluations.finished())
+
+
+def record_evaluations(s: Session, results: list[EvalResult]) -> None:
+    assert s.server is not None and s.curves is not None
+    for result in results:
+        s.server.update(eval_step=result.step, eval_reward=result.reward, eval_pass_at_k=result.pass_at_k)
+        s.curves.log(result.step, result.metrics())
 
 
 def summarize(s: Session, tally: Tally) -> dict[str, object]:
@@ -264,6 +296,10 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
         "world_size": s.world,
         "replicas": len(s.controller.client.replicas),
         "rewards": [round(r, 4) for r in tally.rewards],
+        "eval": [{"step": e.step, "version": e.version, "reward": round(e.reward, 4),
+                  f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}
+                 for e in (s.evaluations.history if s.evaluations else [])],
+        "tensorboard": s.curves.location if s.curves else None,
     }
 
 
@@ -272,6 +308,8 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device, urls: lis
     s = set_up(run, rank, world, device, urls)
     tally = Tally(BehaviourGapMonitor(warn=rank == 0), steps_done=s.first_step)
     watchdog = StepWatchdog(run.spec.trainer.step_timeout_seconds).start()
+    if s.first_step == 0:
+        evaluate(s, 0)  # the starting point (after the SFT warm-up) the curve rises from
     for step in range(s.first_step, s.max_steps):
         step_start = time.perf_counter()
         trajs, advs, wait_s, filtered = take_batch(s, step)
@@ -287,16 +325,22 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device, urls: lis
         tally.timeperf["step"].append(time.perf_counter() - step_start)
         tally.steps_done = step + 1
         saved = s.checkpointer.maybe_save(s.actor, step + 1, step + 1, s.controller.episodes if s.controller else 0)
-        if saved and s.server is not None:
+        if saved and s.server is not None and s.curves is not None:
             s.server.update(last_checkpoint=saved)
+            s.curves.publish()
         watchdog.beat()  # the step and its checkpoint are done
         report(s, step, trajs, stats, wait_s, previous_sync, tally)
+        evaluate(s, step + 1, last=step + 1 == s.max_steps)
     tally.timeperf["weight_sync"].append(s.sync.wait())
     watchdog.stop()
     if rank != 0:
         return None
+    assert s.server is not None and s.controller is not None and s.curves is not None
+    if s.evaluations is not None:
+        record_evaluations(s, s.evaluations.wait(timeout=EVAL_WAIT_SECONDS))
+    s.curves.close()
+    log.info("training curves: %s (tensorboard --logdir %s)", s.curves.location, s.curves.location)
     summary = summarize(s, tally)
-    assert s.server is not None and s.controller is not None
     s.server.update(phase="succeeded")
     s.server.write_termination_message(Path(os.environ.get(ENV_TERMINATION_LOG, TERMINATION_LOG)))
     s.controller.stop()

@@ -20,6 +20,7 @@ log = logging.getLogger("kuberl.trainer")
 @dataclass
 class Progress:
     step: int = 0
+    first_step: int = 0  # where this process started (a resumed run): rates and ETAs count from here
     max_steps: int = 0
     version: int = 0
     reward: float | None = None
@@ -32,6 +33,9 @@ class Progress:
     behav_logp_gap: float | None = None  # mean |log π_behav − log π_θ| at version lag 0 (trainer.loss)
     phase: str = "starting"
     last_checkpoint: str | None = None
+    eval_step: int | None = None  # the last held-out evaluation (spec.evaluation)
+    eval_reward: float | None = None
+    eval_pass_at_k: float | None = None
     rewards: list[float] = field(default_factory=list)
 
 
@@ -44,7 +48,8 @@ class ProgressServer:
         self.registry = CollectorRegistry()
         self._gauges = {name: Gauge(f"kuberl_trainer_{name}", name, registry=self.registry)
                         for name in ("step", "version", "reward", "max_staleness", "tokens_per_second",
-                                     "step_seconds", "weight_sync_seconds", "behav_logp_gap")}
+                                     "step_seconds", "weight_sync_seconds", "behav_logp_gap", "eval_reward",
+                                 "eval_pass_at_k")}
 
     def update(self, **changes: object) -> None:
         with self.lock:

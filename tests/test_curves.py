@@ -1,0 +1,87 @@
+"""Seeing training: held-out evaluation, TensorBoard events (read back with TensorBoard's own
+reader) and a progress display that prints plain short lines when it is not on a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from kuberl.display import ProgressDisplay, plain_line
+
+from .conftest import ROOT
+
+
+def progress(step: int, **extra) -> dict:
+    return {"step": step, "max_steps": 500, "reward": 0.5, "max_staleness": 2, "tokens_per_second": 2950.0,
+            "first_step": 0, **extra}
+
+
+def test_plain_lines_are_short_and_carry_eta_and_evaluation():
+    line = plain_line(progress(120, eval_reward=0.61), elapsed=30.0)
+    assert "\r" not in line and len(line) < 200
+    assert "step 120/500 (24%)" in line and "eval 0.610" in line and "eta 0:01:35" in line
+    hostile = plain_line(progress(10**12, reward=float("nan"), max_staleness=10**30, tokens_per_second=1e300), 1e9)
+    assert len(hostile) < 200
+
+
+def test_a_display_that_is_not_a_terminal_prints_one_line_per_update_at_most_every_interval():
+    stream = io.StringIO()
+    display = ProgressDisplay(stream, interval=3600)
+    for step in range(1, 50):
+        display.update(progress(step))
+    display.close()  # the last update shows when the run ends
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("kuberl run: step 1/500") and "step 49/500" in lines[1]
+
+
+def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a_pipe(tmp_path):
+    work = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "kuberl_operator.cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "120",
+         "--set", "algorithm.learningRate=3e-4", "--set", "evaluation.everySteps=60", "--workdir", str(work)],
+        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    evals = summary["eval"]
+    assert [e["step"] for e in evals] == [0, 60, 120]
+    assert evals[-1]["reward"] > evals[0]["reward"] + 0.05, evals  # held-out reward rises with training
+    assert all(0 <= e["pass@4"] <= 1 and e["pass@4"] >= e["reward"] - 1e-9 for e in evals)
+
+    events = EventAccumulator(str(work / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/reward", "eval/reward", "eval/pass@4", "ppo_actor/loss", "rollout/max_staleness",
+            "timeperf/step"} <= scalars, scalars
+    assert [e.step for e in events.Scalars("eval/reward")] == [0, 60, 120]
+    assert len(events.Scalars("train/reward")) == 120
+    assert summary["tensorboard"] == str(work / "tensorboard")
+
+    lines = done.stderr.splitlines()
+    updates = [line for line in lines if line.startswith("kuberl run: step ")]
+    assert "\r" not in done.stderr and len(updates) >= 2 and all(len(line) < 200 for line in updates), lines
+    assert int(updates[-1].split()[3].split("/")[0]) >= 100  # the last update polled before the trainer exited
+    assert any("checkpoints to file://" in line for line in lines)
+    assert any(f"training curves in {work / 'tensorboard'}" in line for line in lines)
+
+
+def test_local_mode_checkpoints_to_the_manifests_s3_uri_when_asked(tmp_path, aws_env):
+    """``kuberl run --spec-checkpoints``: checkpoints land at spec.checkpoint.uri (a real HTTP S3 here),
+    and the start-up line says so."""
+    import boto3
+
+    from kuberl.checkpoint import CheckpointManager, open_store
+
+    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
+    done = subprocess.run(
+        [sys.executable, "-m", "kuberl_operator.cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "10",
+         "--set", "checkpoint.uri=s3://local-run/tiny/", "--set", "checkpoint.everySteps=5", "--spec-checkpoints",
+         "--workdir", str(tmp_path / "run")], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "checkpoints to s3://local-run/tiny/" in done.stderr
+    latest = CheckpointManager(open_store("s3://local-run/tiny/")).latest()
+    assert latest is not None and latest.step == 10
+    assert not (tmp_path / "run" / "checkpoints").exists()

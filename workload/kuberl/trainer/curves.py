@@ -1,0 +1,64 @@
+"""Rank 0's training curves as TensorBoard event files (``torch.utils.tensorboard``).
+
+Every step's training, rollout, timing and evaluation metrics go to ``logdir``: ``kuberl run``'s
+work dir (``KUBERL_TENSORBOARD_DIR``), or in a pod ``/tmp/kuberl-tensorboard``, copied next to the
+checkpoints (``<checkpoint uri>tensorboard/``, S3 included) at every checkpoint and at the end, so
+``tensorboard --logdir s3://bucket/prefix/tensorboard/`` shows a run whose pods are long gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..api.contract import ENV_TENSORBOARD_DIR
+from ..checkpoint import CheckpointError, Store, open_store
+
+log = logging.getLogger("kuberl.trainer")
+POD_LOGDIR = Path("/tmp/kuberl-tensorboard")
+PREFIX = "tensorboard/"
+
+
+class Curves:
+    def __init__(self, logdir: Path, store: Store | None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.logdir, self.store = logdir, store
+        self.writer = SummaryWriter(str(logdir))
+
+    @staticmethod
+    def for_run(checkpoint_uri: str | None) -> Curves:
+        """Where this process's curves go: ``KUBERL_TENSORBOARD_DIR`` as it is, else the pod's
+        scratch, published to the checkpoint store."""
+        if os.environ.get(ENV_TENSORBOARD_DIR):
+            return Curves(Path(os.environ[ENV_TENSORBOARD_DIR]), None)
+        return Curves(POD_LOGDIR, open_store(checkpoint_uri) if checkpoint_uri else None)
+
+    @property
+    def location(self) -> str:
+        return f"{self.store.uri}{PREFIX}" if self.store is not None else str(self.logdir)
+
+    def log(self, step: int, metrics: Mapping[str, float | int | None]) -> None:
+        """Every finite number in ``metrics`` as a scalar at ``step``."""
+        for name, value in metrics.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self.writer.add_scalar(name, value, step)
+
+    def publish(self) -> None:
+        """Flush; copy the event files to the checkpoint store (a failed copy is logged: the next
+        one carries the same files)."""
+        self.writer.flush()
+        if self.store is None:
+            return
+        try:
+            for path in sorted(p for p in self.logdir.rglob("*") if p.is_file()):
+                self.store.upload(path, PREFIX + path.relative_to(self.logdir).as_posix())
+        except CheckpointError as err:
+            log.warning("TensorBoard events not copied to %s (%s); retried at the next checkpoint", self.location, err)
+
+    def close(self) -> None:
+        self.publish()
+        self.writer.close()

@@ -1,0 +1,71 @@
+"""Rank 0's share of ``spec.evaluation``: start a held-out evaluation every N steps on the rollout
+loop (never two at once; training does not wait), collect the finished ones for the log, the
+progress endpoint, TensorBoard and the summary."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+from ..api.spec import RLExperimentSpec
+from ..data.datasets import evaluation_examples
+from ..rewards import load_reward
+from ..rollout.controller import RolloutController
+from ..rollout.evaluation import EvalConfig, EvalResult
+from .sft import encode
+
+log = logging.getLogger("kuberl.trainer")
+
+
+class Evaluations:
+    def __init__(self, spec: RLExperimentSpec, controller: RolloutController, tokenizer: Any):
+        ev = spec.evaluation
+        assert ev is not None
+        self.every = ev.every_steps
+        self.controller = controller
+        self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed)
+        self.config = EvalConfig(
+            encode=lambda p: encode(tokenizer, p), decode=lambda ids: tokenizer.decode(ids),
+            eos_id=tokenizer.eos_token_id, reward=load_reward((ev.reward or spec.reward).function),
+            k=ev.samples_per_prompt, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
+            temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature,
+            top_p=spec.rollout.top_p,
+        )
+        self.history: list[EvalResult] = []
+        self._reported = 0
+        self._pending: Future[EvalResult] | None = None
+        log.info("evaluation: %d prompts × %d samples every %d steps", len(self.examples), self.config.k, self.every)
+
+    def maybe_start(self, steps_done: int, last: bool = False) -> None:
+        """After ``steps_done`` steps: start one if it is due (or ``last``) and none is running."""
+        if (steps_done % self.every == 0 or last) and (self._pending is None or self._pending.done()):
+            self._collect()
+            self._pending = self.controller.start_evaluation(self.examples, self.config, steps_done)
+
+    def finished(self) -> list[EvalResult]:
+        """Results that came in since the last call (never blocks)."""
+        if self._pending is not None and self._pending.done():
+            self._collect()
+        return self._new()
+
+    def wait(self, timeout: float) -> list[EvalResult]:
+        """At the end of the run: the running evaluation's result too."""
+        if self._pending is not None:
+            self._pending.result(timeout)
+            self._collect()
+        return self._new()
+
+    def _new(self) -> list[EvalResult]:
+        new, self._reported = self.history[self._reported:], len(self.history)
+        return new
+
+    def _collect(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        result = pending.result()  # an evaluation that failed fails the run, loudly
+        self.history.append(result)
+        log.info("eval after step %d (version %d): reward %.3f pass@%d %.3f length %.1f (%d prompts, %.1fs)",
+                 result.step, result.version, result.reward, result.k, result.pass_at_k, result.length,
+                 result.prompts, result.seconds)
