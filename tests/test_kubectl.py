@@ -52,7 +52,7 @@ async def test_kubectl_apply_get_and_delete(tmp_path):
                         subresource="status")
 
         table = (await kubectl(cfg, "get", "rlx", "-n", "team-a")).splitlines()
-        assert table[0].split() == ["NAME", "PHASE", "STEP", "VERSION", "REWARD", "STALENESS", "AGE"]
+        assert table[0].split() == ["NAME", "PHASE", "STEP", "VERSION", "REWARD", "STALENESS", "EVAL", "AGE"]
         assert table[1].split()[:6] == ["cpu-tiny", "Running", "12", "12", "0.625", "2"]
 
         kinds = await kubectl(cfg, "get", "kuberl", "-n", "team-a", "-o", "name")
