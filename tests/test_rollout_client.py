@@ -41,7 +41,7 @@ async def test_weight_update_under_heavy_load_does_not_deadlock():
             await asyncio.wait_for(client.push_weights(new_weights, 1), timeout=10)
             await asyncio.wait_for(client.resume_all(), timeout=10)
             outs = await asyncio.wait_for(asyncio.gather(*jobs), timeout=60)
-        assert all(len(o[0]["output_ids"]) == 6 and set(o[0]["versions"]) == {1} for o in outs)
+        assert all(len(o[0].output_ids) == 6 and set(o[0].versions) == {1} for o in outs)
     finally:
         for s, _ in servers:
             await s.close()
@@ -61,10 +61,10 @@ async def test_aborted_requests_resume_on_the_same_replica_with_mixed_versions()
             await client.push_weights(blob, 1)
             await client.resume_all()
             outs = [o for group in await asyncio.gather(*jobs) for o in group]
-        assert all(len(o["output_ids"]) == 200 == len(o["logprobs"]) == len(o["versions"]) for o in outs)
-        assert any(o.get("resumed") for o in outs)
+        assert all(len(o.output_ids) == 200 == len(o.logprobs) == len(o.versions) for o in outs)
+        assert any(o.resumed for o in outs)
         for o in outs:  # versions never go backwards within a sample
-            assert o["versions"] == sorted(o["versions"]) and o["versions"][-1] == 1
+            assert o.versions == sorted(o.versions) and o.versions[-1] == 1
         assert all(e.generated_tokens > 0 for _, e in servers)  # both replicas got work
     finally:
         for s, _ in servers:

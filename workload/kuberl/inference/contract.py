@@ -10,7 +10,7 @@ tokens generated so far, so the client resumes them (prompt + partial output) un
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -24,12 +24,60 @@ class SamplingParams:
     top_p: float = 1.0
 
 
+FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT)
+
+
 @dataclass
 class Generation:
+    """One completion, and its wire form in ``POST /generate``'s reply (one type on both sides)."""
+
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    resumed: int = 0  # client side: how often it was resumed after a pause (weight update)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
+                "finish_reason": self.finish_reason}
+
+    @staticmethod
+    def from_json(data: Any) -> Generation:
+        """A reply's output, checked: ValueError when a server answers something else."""
+        if not isinstance(data, dict):
+            raise ValueError("a generation must be a JSON object")
+        ids, logprobs, versions = data.get("output_ids"), data.get("logprobs"), data.get("versions")
+        reason = data.get("finish_reason")
+        if not (isinstance(ids, list) and isinstance(logprobs, list) and isinstance(versions, list)
+                and len(ids) == len(logprobs) == len(versions) and reason in FINISH_REASONS
+                and all(isinstance(i, int) for i in ids + versions)
+                and all(isinstance(x, int | float) for x in logprobs)):
+            raise ValueError("a generation needs output_ids, logprobs and versions of one length and a finish_reason "
+                             f"in {FINISH_REASONS}")
+        return Generation(list(ids), [float(x) for x in logprobs], list(versions), reason)
+
+    def then(self, more: Generation) -> Generation:
+        """This partial (aborted) generation continued by ``more``: each token keeps its version."""
+        return Generation(self.output_ids + more.output_ids, self.logprobs + more.logprobs,
+                          self.versions + more.versions, more.finish_reason, self.resumed + 1)
+
+
+@dataclass
+class GenerateReply:
+    """``POST /generate``'s reply: the version served when it was answered, and n generations."""
+
+    version: int
+    outputs: list[Generation]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "outputs": [g.to_json() for g in self.outputs]}
+
+    @staticmethod
+    def from_json(data: Any) -> GenerateReply:
+        if not isinstance(data, dict) or not isinstance(data.get("version"), int) or not isinstance(
+                data.get("outputs"), list):
+            raise ValueError("a /generate reply needs a version and a list of outputs")
+        return GenerateReply(data["version"], [Generation.from_json(o) for o in data["outputs"]])
 
 
 class Engine(Protocol):

@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 from ..api.base import shown
 from ..auth import require_token
 from ..weights.discovery import own_topology, to_json
-from .contract import Engine, Generation, SamplingParams
+from .contract import Engine, GenerateReply, SamplingParams
 from .p2p_receiver import NotJoined, P2PReceiver
 
 log = logging.getLogger("kuberl.inference")
@@ -53,11 +53,6 @@ class Metrics:
 
 def _bad_request(message: str) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(text=message)
-
-
-def _as_json(gen: Generation) -> dict[str, Any]:
-    return {"output_ids": gen.output_ids, "logprobs": gen.logprobs, "versions": gen.versions,
-            "finish_reason": gen.finish_reason}
 
 
 MAX_SAMPLES = 64  # "n" per request
@@ -139,7 +134,7 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
             raise _bad_request(str(err)) from err
         metrics.requests.inc()
         outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
-        return web.json_response({"version": engine.version, "outputs": [_as_json(o) for o in outs]})
+        return web.json_response(GenerateReply(engine.version, list(outs)).to_json())
 
     async def pause(request: web.Request) -> web.Response:
         return web.json_response({"aborted": await engine.pause(), "version": engine.version})

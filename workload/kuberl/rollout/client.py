@@ -22,6 +22,7 @@ from urllib.parse import quote
 import aiohttp
 
 from ..auth import bearer
+from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Generation
 
 log = logging.getLogger("kuberl.rollout")
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
@@ -152,7 +153,7 @@ class InferenceClient:
                 await asyncio.sleep(0.2)
 
     async def generate(self, input_ids: list[int], n: int, max_new_tokens: int, temperature: float,
-                       top_p: float) -> list[dict[str, Any]]:
+                       top_p: float) -> list[Generation]:
         """``n`` completions of ``input_ids``; aborted ones are resumed until they finish."""
         while True:
             await self._rejoin()
@@ -164,10 +165,10 @@ class InferenceClient:
             try:
                 body = {"input_ids": input_ids, "n": n, "max_new_tokens": max_new_tokens,
                         "temperature": temperature, "top_p": top_p}
-                response = await self._post(replica, "/generate", json=body)
-                outputs = response["outputs"]
-                if self._latest is not None and response.get("version", 0) < self._latest[1] - 1:
-                    self._lost(replica, RuntimeError(f"serves version {response.get('version')}, restarted?"))
+                reply = GenerateReply.from_json(await self._post(replica, "/generate", json=body))
+                outputs = reply.outputs
+                if self._latest is not None and reply.version < self._latest[1] - 1:
+                    self._lost(replica, RuntimeError(f"serves version {reply.version}, restarted?"))
                 return list(await asyncio.gather(*(
                     self._complete(replica, input_ids, o, max_new_tokens, temperature, top_p) for o in outputs)))
             except (TimeoutError, aiohttp.ClientConnectionError) as err:
@@ -176,16 +177,15 @@ class InferenceClient:
             finally:
                 replica.in_flight -= n
 
-    async def _complete(self, replica: Replica, input_ids: list[int], out: dict[str, Any], budget: int,
-                        temperature: float, top_p: float) -> dict[str, Any]:
-        while out["finish_reason"] == "abort" and len(out["output_ids"]) < budget:
-            body = {"input_ids": input_ids + out["output_ids"], "n": 1,
-                    "max_new_tokens": budget - len(out["output_ids"]), "temperature": temperature, "top_p": top_p}
-            more = (await self._post(replica, "/generate", json=body))["outputs"][0]
-            out = {k: out[k] + more[k] for k in ("output_ids", "logprobs", "versions")} | {
-                "finish_reason": more["finish_reason"], "resumed": out.get("resumed", 0) + 1}
-        if out["finish_reason"] == "abort":
-            out["finish_reason"] = "length"
+    async def _complete(self, replica: Replica, input_ids: list[int], out: Generation, budget: int,
+                        temperature: float, top_p: float) -> Generation:
+        """Resume an aborted generation (the replica paused for a weight update) until it finishes."""
+        while out.finish_reason == FINISH_ABORT and len(out.output_ids) < budget:
+            body = {"input_ids": input_ids + out.output_ids, "n": 1, "max_new_tokens": budget - len(out.output_ids),
+                    "temperature": temperature, "top_p": top_p}
+            out = out.then(GenerateReply.from_json(await self._post(replica, "/generate", json=body)).outputs[0])
+        if out.finish_reason == FINISH_ABORT:
+            out.finish_reason = FINISH_LENGTH
         return out
 
     async def pause_all(self) -> None:

@@ -70,7 +70,7 @@ async def evaluate(client: InferenceClient, examples: list[Example], config: Eva
         outs = await client.generate(config.encode(example.prompt), config.k, config.max_new_tokens,
                                      config.temperature, config.top_p)
         rewards = [score(out, example, config.decode, config.eos_id, config.reward) for out in outs]
-        return rewards, [len(o["output_ids"]) for o in outs], [v for o in outs for v in o["versions"][:1]]
+        return rewards, [len(o.output_ids) for o in outs], [v for o in outs for v in o.versions[:1]]
 
     results = await asyncio.gather(*(one(e) for e in examples))
     return summarize(step, [r for r, _, _ in results], [n for _, ls, _ in results for n in ls],

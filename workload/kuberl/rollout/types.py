@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Trajectory:
-    """One sampled completion: prompt + output tokens, behaviour log-probs, per-token versions."""
+    """One episode: prompt + output tokens, behaviour log-probs, per-token versions and a per-token
+    ``loss_mask`` (1: the policy wrote it and it is trained on; 0: context, e.g. a tool's output or a
+    user turn inside a multi-turn episode; None: every output token is the policy's). Context tokens
+    carry log-prob 0 and the version of the policy token before them."""
 
     prompt_ids: list[int]
     output_ids: list[int]
@@ -17,15 +20,34 @@ class Trajectory:
     group: int = 0
     finish_reason: str = "stop"
     info: dict[str, str] = field(default_factory=dict)
+    loss_mask: list[int] | None = None
+
+    @property
+    def trained(self) -> list[int]:
+        """The per-token loss mask (all ones unless set)."""
+        return self.loss_mask if self.loss_mask is not None else [1] * len(self.output_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.trained)
+
+    @property
+    def trained_versions(self) -> list[int]:
+        """The version of each trained token (the ones staleness is about)."""
+        return [v for v, m in zip(self.versions, self.trained, strict=True) if m]
 
     @property
     def oldest_version(self) -> int:
-        """The version of the oldest policy that wrote any token of it (staleness is measured from here)."""
-        return min(self.versions) if self.versions else 0
+        """The version of the oldest policy that wrote a trained token (staleness is measured from here)."""
+        versions = self.trained_versions or self.versions
+        return min(versions) if versions else 0
 
     def __post_init__(self) -> None:
-        if not (len(self.output_ids) == len(self.behav_logprobs) == len(self.versions)):
-            raise ValueError("output_ids, behav_logprobs and versions must have the same length")
+        lengths = {len(self.output_ids), len(self.behav_logprobs), len(self.versions)}
+        if self.loss_mask is not None:
+            lengths.add(len(self.loss_mask))
+        if len(lengths) != 1:
+            raise ValueError("output_ids, behav_logprobs, versions and loss_mask must have the same length")
 
 
 @dataclass

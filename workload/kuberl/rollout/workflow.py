@@ -10,20 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..data.datasets import Example
+from ..inference.contract import FINISH_STOP, Generation
 from .client import InferenceClient
 from .types import Group, Trajectory
 
 
-def score(out: dict[str, Any], example: Example, decode: Callable[[list[int]], str], eos_id: int,
+def score(out: Generation, example: Example, decode: Callable[[list[int]], str], eos_id: int,
           reward: Callable[[str, str, str], float]) -> float:
     """One generation's reward: ``reward(prompt, completion, answer)`` for a finished answer (its EOS
     dropped), 0 for one the length limit cut off."""
-    if out["finish_reason"] != "stop":
+    if out.finish_reason != FINISH_STOP:
         return 0.0
-    tokens = out["output_ids"]
+    tokens = out.output_ids
     return float(reward(example.prompt, decode(tokens[:-1] if tokens and tokens[-1] == eos_id else tokens),
                         example.answer))
 
@@ -48,6 +49,6 @@ class RLVRWorkflow:
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
         ids = self.encode(example.prompt)
         outs = await client.generate(ids, self.group_size, self.max_new_tokens, self.temperature, self.top_p)
-        return Group([Trajectory(ids, out["output_ids"], out["logprobs"], out["versions"],
+        return Group([Trajectory(ids, out.output_ids, out.logprobs, out.versions,
                                  score(out, example, self.decode, self.eos_id, self.reward), group_id,
-                                 out["finish_reason"]) for out in outs])
+                                 out.finish_reason or FINISH_STOP) for out in outs])

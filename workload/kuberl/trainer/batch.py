@@ -2,7 +2,8 @@
 
 Layout (right padding, L = longest prompt+output): ``input_ids`` [B, L]; everything per generated
 token lives at the position that *predicts* it, in [B, L−1] coordinates: ``targets`` = input_ids
-shifted left, ``loss_mask`` = 1 on output tokens, ``behav_logp`` the engine's log-probs there,
+shifted left, ``loss_mask`` = 1 on output tokens the policy wrote (``Trajectory.trained``: tool
+outputs and other context inside an episode are 0), ``behav_logp`` the engine's log-probs there,
 ``fresh_mask`` = 1 on output tokens sampled by the very weights being trained (version lag 0: there
 the engine's log-probs must equal the trainer's own, which :mod:`.actor` checks).
 """
@@ -59,9 +60,10 @@ def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, versi
         ids[i, :len(s)] = torch.tensor(s)
         attn[i, :len(s)] = 1
         start, end = len(t.prompt_ids) - 1, len(s) - 1
-        mask[i, start:end] = 1
+        trained = torch.tensor(t.trained, dtype=torch.float32)
+        mask[i, start:end] = trained
         behav[i, start:end] = torch.tensor(t.behav_logprobs)
-        fresh[i, start:end] = torch.tensor([float(v == version) for v in t.versions])
+        fresh[i, start:end] = torch.tensor([float(v == version) for v in t.versions]) * trained
     return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32), fresh)
 
 

@@ -315,12 +315,12 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device, urls: lis
         trajs, advs, wait_s, filtered = take_batch(s, step)
         tally.timeperf["wait_rollout"].append(wait_s)
         tally.dropped_groups += filtered
-        tally.token_staleness = max([tally.token_staleness, *(step - v for t in trajs for v in t.versions)])
+        tally.token_staleness = max([tally.token_staleness, *(step - v for t in trajs for v in t.trained_versions)])
         stats = train_step(s, step, trajs, advs)
         if stats is not None:
             tally.gaps.observe(step, stats)
             tally.timeperf["train_step"].append(stats["timeperf/train_step"])
-            tally.trained_tokens += sum(len(t.output_ids) for t in trajs)
+            tally.trained_tokens += sum(t.trained_tokens for t in trajs)
         previous_sync = push_weights(s, step, tally)
         tally.timeperf["step"].append(time.perf_counter() - step_start)
         tally.steps_done = step + 1
