@@ -1,0 +1,83 @@
+"""Tool calls parsed from generated text, and the tools that answer them: errors and limits come
+back to the model as text, never as exceptions; the python tool runs without network."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kuberl.agent.sandbox import Limits, run_python
+from kuberl.agent.tools import ToolCall, calculator, parse_tool_calls, run_tool
+
+
+def test_both_call_formats_parse():
+    hermes = 'I will compute. <tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
+    assert parse_tool_calls(hermes) == [ToolCall("calculator", {"expression": "12*7"})]
+    encoded = '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>'
+    assert parse_tool_calls(encoded) == [ToolCall("python", {"code": "print(1)"})]
+    assert parse_tool_calls("37*12=calc(37*12)") == [ToolCall("calculator", {"expression": "37*12"})]
+    assert parse_tool_calls("calc((1+2)*3) and calc(4)") == [ToolCall("calculator", {"expression": "(1+2)*3"}),
+                                                            ToolCall("calculator", {"expression": "4"})]
+    assert parse_tool_calls("no call here") == []
+    broken = parse_tool_calls("<tool_call>{not json</tool_call>")
+    assert broken[0].error and run_tool(broken[0]).startswith("error: ")
+
+
+@pytest.mark.parametrize(("expression", "answer"), [
+    ("12*7", "84"), ("(1+2)*3", "9"), ("7/2", "3.5"), ("2**10", "1024"), ("-3+5", "2"), ("10//3", "3"),
+    ("1/0", "error: division by zero"), ("2**1000000", "error: exponents above 64 are not supported"),
+    ("__import__('os').system('id')", "error: only numbers, + - * / // % ** and parentheses are allowed"),
+    ("(" * 300, "error: the expression is longer than 200 characters"), ("1+", "error: not an arithmetic expression"),
+])
+def test_the_calculator_answers_or_explains(expression, answer):
+    assert calculator(expression) == answer
+
+
+@given(st.text(max_size=60))
+def test_any_tool_call_text_gives_a_message_and_never_raises(text):
+    for call in parse_tool_calls(f"<tool_call>{text}</tool_call>") + parse_tool_calls(f"calc({text})"):
+        assert isinstance(run_tool(call) if call.name != "python" else "", str)
+    assert isinstance(calculator(text), str)
+
+
+def test_unknown_tools_and_bad_arguments_are_messages():
+    assert run_tool(ToolCall("rm", {})) == "error: unknown tool 'rm'; tools: calculator, python"
+    assert run_tool(ToolCall("calculator", {"expression": 5})).startswith("error: calculator needs a string")
+
+
+def test_the_python_tool_runs_code_and_reports_its_failures():
+    assert run_python("print(6*7)").output == "42\n"
+    crashed = run_python("raise ValueError('nope')")
+    assert not crashed.ok and "ValueError: nope" in crashed.output
+    assert run_tool(ToolCall("python", {"code": "print(sum(range(10)))"})) == "45\n"
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("while True: pass", "CPU time limit"),
+    ("import time; time.sleep(30)", "timed out"),
+    ("x = bytearray(2**31)", "MemoryError"),
+    ("print('x' * 10**6)", "[output cut at 4096 bytes]"),
+    ("import os; print(sorted(os.environ))", "LC_CTYPE"),  # nothing of the parent's environment but the locale
+])
+def test_the_python_tool_stops_at_its_limits(code, expected):
+    outcome = run_python(code, Limits(cpu_seconds=1, wall_seconds=3.0))
+    assert expected in outcome.output, outcome
+
+
+def test_the_python_tool_has_no_network():
+    """A server listening on this host's loopback cannot be reached from inside the tool."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    try:
+        outcome = run_python(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('in')")
+    finally:
+        server.close()
+    assert not outcome.ok and "in" != outcome.output.strip(), outcome
+    assert "Error" in outcome.output

@@ -1,0 +1,1 @@
+"""Agentic episodes: tool calls parsed from generated text and tools that run them (sandboxed)."""
