@@ -168,3 +168,15 @@ def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
     files = sorted(p.name for p in (work / "weights").iterdir())
     assert files == ["weights-v00000007.safetensors", "weights-v00000008.safetensors"]  # the two newest
     assert "loaded weights version 8" in (work / "inference-0.log").read_text()
+
+
+def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):
+    """examples/cpu-agent.yaml, shortened: multi-turn episodes with a calculator tool; the share of
+    right final answers rises, and the episodes keep calling the tool."""
+    steps = 100
+    summary = run_local(ROOT / "examples/cpu-agent.yaml", [], steps, None, workdir=tmp_path / "run", quiet=True)
+    rewards, calls = summary["rewards"], summary["tool_calls_per_episode"]
+    assert len(rewards) == len(calls) == steps
+    gain = statistics.fmean(rewards[-20:]) - statistics.fmean(rewards[:20])
+    assert gain >= 0.2, f"no real improvement in {steps} steps: {rewards}"
+    assert statistics.fmean(calls[-20:]) >= 0.8  # it still asks the calculator

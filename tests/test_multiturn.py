@@ -63,3 +63,48 @@ def test_tool_output_tokens_are_never_trained_on(world_of_one):
         assert torch.equal(a[name], b[name]), name
     unmasked_a, unmasked_b = updated_weights(0.0, mask=None), updated_weights(-30.0, mask=None)
     assert any(not torch.equal(unmasked_a[n], unmasked_b[n]) for n in unmasked_a)
+
+
+async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answer():
+    """A tiny model warm-started on tool demonstrations, served by the real inference server: its
+    episodes call the calculator, the tool's answer sits in them as masked context, and the final
+    turn is what the reward judges."""
+    from aiohttp.test_utils import TestServer
+
+    from kuberl.agent.workflow import TOOL_MESSAGE, ToolWorkflow
+    from kuberl.api.spec import DatasetSource
+    from kuberl.data.datasets import Example, examples
+    from kuberl.inference.engine import TorchEngine
+    from kuberl.inference.server import build_app
+    from kuberl.models.tiny import char_tokenizer
+    from kuberl.rewards import exact_match
+    from kuberl.rollout.client import InferenceClient
+    from kuberl.trainer.sft import encode, sft_warmup
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), 150, 64, 2e-3)
+    engine = TorchEngine(model.eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
+    server = TestServer(build_app(engine, tok, "test-token-0123456789"))
+    await server.start_server()
+    workflow = ToolWorkflow(encode_prompt=lambda p: encode(tok, p),
+                            encode_text=lambda t: tok(t, add_special_tokens=False).input_ids,
+                            decode=lambda ids: tok.decode(ids), eos_id=tok.eos_token_id, reward=exact_match,
+                            tools=["calculator"], group_size=8, max_new_tokens=24, max_turns=3, temperature=0.5)
+    try:
+        async with InferenceClient([str(server.make_url("/"))], "test-token-0123456789") as client:
+            group = await workflow.run_episode(client, Example("37*12=", "444"), group_id=0)
+    finally:
+        await server.close()
+    assert group is not None and len(group.trajectories) == 8
+    called = [t for t in group.trajectories if t.info["tool_calls"] == "1"]
+    assert len(called) >= 6, [tok.decode(t.output_ids) for t in group.trajectories]
+    for t in called:
+        mask = t.trained
+        start = mask.index(0)
+        end = start + mask[start:].index(1) if 1 in mask[start:] else len(mask)
+        assert tok.decode(t.output_ids[start:end]) == TOOL_MESSAGE.format("444")  # the calculator's answer
+        assert t.behav_logprobs[start:end] == [0.0] * (end - start)
+        assert tok.decode(t.output_ids[:start]) == "calc(37*12)"  # the turn ends at the call
+        assert t.reward == float(tok.decode(t.output_ids[end:]).removesuffix("<eos>").strip() == "444")
+    assert sum(t.reward for t in called) >= 4  # the warm start copies the tool's answer most of the time

@@ -196,12 +196,22 @@ class EvaluationSpec(ApiModel):
     reward: RewardSpec | None = Field(None, description="default: spec.reward")
 
 
+class ToolName(StrEnum):
+    CALCULATOR = "calculator"
+    PYTHON = "python"
+
+
 class RolloutSpec(ApiModel):
     max_staleness: int = Field(4, ge=0, description="η: 0 is synchronous RL")
     max_concurrent: Positive = 512
-    max_new_tokens: Positive = 1024
+    max_new_tokens: Positive = Field(1024, description="per episode (all turns together)")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    tools: list[ToolName] = Field(
+        default_factory=list, max_length=4,
+        description="tools the policy may call (kuberl.agent.tools): episodes become multi-turn, tool output is "
+                    "context, never trained on")
+    max_turns: int = Field(4, ge=1, le=16, description="model turns per episode when tools are given")
 
 
 class ResourceRequirements(ApiModel):

@@ -26,6 +26,9 @@ class DatasetError(ValueError):
 class Example:
     prompt: str
     answer: str
+    # (prompt, completion) pairs the SFT warm-up trains on instead of (prompt, answer): e.g. the turns
+    # of a tool-using episode
+    demonstrations: tuple[tuple[str, str], ...] = ()
 
 
 def arithmetic(rng: random.Random) -> Example:
@@ -46,7 +49,17 @@ def three_digit(rng: random.Random) -> Example:
     return Example(f"{a}+{b}=", str(a + b))
 
 
-BUILTIN = {"arithmetic": arithmetic, "arithmetic-2digit": two_digit, "arithmetic-3digit": three_digit}
+def tool_multiplication(rng: random.Random) -> Example:
+    """'ab*cd=' → the product, a task for a calculator: the tiny model cannot multiply, but it can
+    learn to call ``calc(ab*cd)`` and copy the tool's answer (``=P=``, ``kuberl.agent.workflow``).
+    The demonstrations show both turns: a short warm-up leaves the copying unreliable, for RL."""
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    prompt, call = f"{a}*{b}=", f"calc({a}*{b})"
+    return Example(prompt, str(a * b), demonstrations=((prompt, call), (f"{prompt}{call}={a * b}=", str(a * b))))
+
+
+BUILTIN = {"arithmetic": arithmetic, "arithmetic-2digit": two_digit, "arithmetic-3digit": three_digit,
+           "multiplication-tools": tool_multiplication}
 
 
 def read_jsonl(path: Path, prompt_key: str, answer_key: str) -> list[Example]:

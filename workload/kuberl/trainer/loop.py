@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..agent.workflow import ToolWorkflow
 from ..api import resolve
 from ..api.contract import (
     ENV_CHECKPOINT_URI,
@@ -97,6 +98,7 @@ class Tally:
     trained_tokens: int = 0
     token_staleness: int = 0
     dropped_groups: int = 0
+    tool_calls: list[float] = field(default_factory=list)  # mean tool calls per episode, per step
     timeperf: dict[str, list[float]] = field(default_factory=lambda: {
         "wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [], "step": []})
 
@@ -118,16 +120,25 @@ def _require_fsdp(run: RunConfig) -> None:
                          "its training loop, which needs CUDA/NPU devices to verify; use backend: fsdp")
 
 
+def make_workflow(run: RunConfig, tokenizer: Any) -> RLVRWorkflow | ToolWorkflow:
+    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools."""
+    spec, rollout = run.spec, run.spec.rollout
+    common = {"decode": lambda ids: tokenizer.decode(ids), "eos_id": tokenizer.eos_token_id,
+              "reward": load_reward(spec.reward.function), "group_size": spec.algorithm.group_size,
+              "max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p}
+    if not rollout.tools:
+        return RLVRWorkflow(encode=lambda p: encode(tokenizer, p), **common)
+    return ToolWorkflow(encode_prompt=lambda p: encode(tokenizer, p),
+                        encode_text=lambda t: tokenizer(t, add_special_tokens=False).input_ids,
+                        tools=[str(t) for t in rollout.tools], max_turns=rollout.max_turns, **common)
+
+
 def _start_rollout(run: RunConfig, tokenizer: Any, first_step: int, data_position: int, max_steps: int,
                    urls: list[str]) -> tuple[RolloutController, ProgressServer]:
     """Rank 0: the rollout controller on its own loop, admission restored to the resumed version,
     and the progress endpoint."""
     spec, algo = run.spec, run.spec.algorithm
-    workflow = RLVRWorkflow(
-        encode=lambda p: encode(tokenizer, p), decode=lambda ids: tokenizer.decode(ids),
-        eos_id=tokenizer.eos_token_id, reward=load_reward(spec.reward.function), group_size=algo.group_size,
-        max_new_tokens=spec.rollout.max_new_tokens, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-    )
+    workflow = make_workflow(run, tokenizer)
     manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
                                max(1, spec.rollout.max_concurrent // algo.group_size))
     manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
@@ -239,20 +250,24 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
     assert s.controller is not None and s.server is not None and s.curves is not None
     reward = mean([t.reward for t in trajs]) or 0.0
     tally.rewards.append(reward)
+    tools = mean([float(t.info.get("tool_calls", 0)) for t in trajs]) if s.run.spec.rollout.tools else None
+    if tools is not None:
+        tally.tool_calls.append(tools)
     elapsed = time.perf_counter() - tally.start
     s.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                     reward_last10=mean(tally.rewards[-10:]), max_staleness=s.controller.max_staleness_seen,
                     tokens_per_second=tally.trained_tokens / elapsed, step_seconds=tally.timeperf["step"][-1],
                     weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last)
-    s.curves.log(step + 1, {**(stats or {}), "train/reward": reward, "rollout/max_staleness":
+    s.curves.log(step + 1, {**(stats or {}), "train/reward": reward, "rollout/tool_calls_per_episode": tools,
+                            "rollout/max_staleness":
                             s.controller.max_staleness_seen, "rollout/trained_tokens_per_second":
                             tally.trained_tokens / elapsed, **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items()
                                                                if v}})
     if stats is not None:
         gap = tally.gaps.last if tally.gaps.last is not None else math.nan
-        log.info("step %d/%d reward %.3f staleness≤%d loss %.4f gap %.2g wait %.2fs sync %.3fs", step + 1,
+        log.info("step %d/%d reward %.3f staleness≤%d loss %.4f gap %.2g wait %.2fs sync %.3fs%s", step + 1,
                  s.max_steps, reward, s.controller.max_staleness_seen, stats["ppo_actor/loss"], gap, wait_s,
-                 previous_sync)
+                 previous_sync, "" if tools is None else f" tool calls/episode {tools:.2f}")
 
 
 def evaluate(s: Session, steps_done: int, last: bool = False) -> None:
@@ -296,6 +311,7 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
         "world_size": s.world,
         "replicas": len(s.controller.client.replicas),
         "rewards": [round(r, 4) for r in tally.rewards],
+        "tool_calls_per_episode": [round(x, 3) for x in tally.tool_calls] if tally.tool_calls else None,
         "eval": [{"step": e.step, "version": e.version, "reward": round(e.reward, 4),
                   f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}
                  for e in (s.evaluations.history if s.evaluations else [])],

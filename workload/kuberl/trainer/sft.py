@@ -27,9 +27,10 @@ def sft_warmup(model: torch.nn.Module, tokenizer, data: Iterator[Example], steps
         examples = [next(data) for _ in range(batch_size)][rank::world]
         rows = []
         for ex in examples:
-            p = encode(tokenizer, ex.prompt)
-            a = [*tokenizer(ex.answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-            rows.append((p, a))
+            for prompt, completion in ex.demonstrations or ((ex.prompt, ex.answer),):
+                p = encode(tokenizer, prompt)
+                a = [*tokenizer(completion, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+                rows.append((p, a))
         width = max(len(p) + len(a) for p, a in rows)
         ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)

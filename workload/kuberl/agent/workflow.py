@@ -1,0 +1,142 @@
+"""Multi-turn, tool-using episodes: the policy writes, calls a tool, reads its answer, writes on.
+
+One episode (``ToolWorkflow.run_episode`` runs G of them per prompt, as a GRPO group):
+
+    prompt → [policy turn] → tool call? → [tool message: context] → [policy turn] → ... → final answer
+
+A policy turn ends at end-of-sequence or right after its first complete tool call (the client cuts
+the generation there: what it wrote beyond the call is discarded, so a turn is a prefix of what the
+engine sampled and its log-probs stay exact). The tool message (``TOOL_MESSAGE``) is tokenised and
+appended as context: loss mask 0, log-prob 0, the version of the policy token before it. The episode
+ends at a turn without a tool call, after ``max_turns`` turns, or when the token budget is spent;
+its reward is the reward function's verdict on the last turn's text. ``info["tool_calls"]`` counts
+the calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from ..data.datasets import Example
+from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
+from ..rollout.client import InferenceClient
+from ..rollout.types import Group, Trajectory
+from .tools import ToolCall, parse_tool_calls, run_tool
+
+TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" → "=444="
+MAX_TOOL_MESSAGE_CHARS = 512
+
+
+@dataclass
+class Episode:
+    """The tokens of one episode so far, with their log-probs, versions and loss mask."""
+
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    tool_calls: int = 0
+
+    def policy(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        self.output_ids += ids
+        self.logprobs += logprobs
+        self.versions += versions
+        self.mask += [1] * len(ids)
+
+    def context(self, ids: list[int]) -> None:
+        last = self.versions[-1] if self.versions else 0
+        self.output_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [last] * len(ids)
+        self.mask += [0] * len(ids)
+
+
+def first_call_end(text: str) -> int | None:
+    """The length of ``text`` up to the end of its first complete tool call, if any."""
+    ends = [i + len(tag) for tag in ("</tool_call>",) if (i := text.find(tag)) >= 0]
+    if "calc(" in text:
+        depth, start = 0, text.index("calc(") + len("calc")
+        for j in range(start, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            if depth == 0:
+                ends.append(j + 1)
+                break
+    return min(ends) if ends else None
+
+
+@dataclass
+class ToolWorkflow:
+    encode_prompt: Callable[[str], list[int]]
+    encode_text: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    eos_id: int
+    reward: Callable[[str, str, str], float]
+    tools: Collection[str]
+    group_size: int
+    max_new_tokens: int
+    max_turns: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
+        prompt = self.encode_prompt(example.prompt)
+        episodes = await asyncio.gather(*(self._episode(client, prompt) for _ in range(self.group_size)))
+        return Group([self._trajectory(prompt, ep, final, example, group_id) for ep, final in episodes])
+
+    async def _episode(self, client: InferenceClient, prompt: list[int]) -> tuple[Episode, Generation]:
+        """(the episode, the generation of its last turn: finish "stop" = a final answer)."""
+        episode, unfinished = Episode(), Generation(finish_reason=FINISH_LENGTH)
+        for turn in range(self.max_turns):
+            budget = self.max_new_tokens - len(episode.output_ids)
+            if budget <= 0:
+                return episode, unfinished
+            (gen,) = await client.generate(prompt + episode.output_ids, 1, budget, self.temperature, self.top_p)
+            ids = self._cut_at_call(gen.output_ids)
+            episode.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)])
+            calls = parse_tool_calls(self.decode(ids))[:1]
+            if not calls:
+                return episode, gen  # a final answer (or the budget ran out)
+            episode.tool_calls += 1
+            if turn < self.max_turns - 1:
+                episode.context(self.encode_text(TOOL_MESSAGE.format(self._answer(calls[0]))))
+        return episode, unfinished  # out of turns while still calling tools
+
+    def _cut_at_call(self, ids: list[int]) -> list[int]:
+        """``ids`` up to the end of the first tool call in their text (all of them if none): the
+        shortest prefix whose text reaches the call's end (prefix texts only grow: binary search)."""
+        end = first_call_end(self.decode(ids))
+        if end is None:
+            return ids
+        low, high = 1, len(ids)
+        while low < high:
+            mid = (low + high) // 2
+            if len(self.decode(ids[:mid])) >= end:
+                high = mid
+            else:
+                low = mid + 1
+        return ids[:low]
+
+    def _answer(self, call: ToolCall) -> str:
+        if call.name not in self.tools and call.error is None:
+            return f"error: tool {call.name[:40]!r} is not enabled; tools: {', '.join(self.tools)}"
+        return run_tool(call)[:MAX_TOOL_MESSAGE_CHARS]
+
+    def _trajectory(self, prompt: list[int], ep: Episode, final: Generation, example: Example,
+                    group_id: int) -> Trajectory:
+        finished = final.finish_reason == FINISH_STOP and ep.mask[-1:] == [1]
+        turn = self._final_turn(ep)
+        text_ids = turn[:-1] if turn[-1:] == [self.eos_id] else turn
+        reward = float(self.reward(example.prompt, self.decode(text_ids), example.answer)) if finished else 0.0
+        return Trajectory(prompt, ep.output_ids, ep.logprobs, ep.versions, reward, group_id,
+                          final.finish_reason or FINISH_LENGTH, info={"tool_calls": str(ep.tool_calls)},
+                          loss_mask=ep.mask)
+
+    @staticmethod
+    def _final_turn(ep: Episode) -> list[int]:
+        """The tokens of the last policy turn (after the last tool message)."""
+        start = len(ep.mask)
+        while start > 0 and ep.mask[start - 1] == 1:
+            start -= 1
+        return ep.output_ids[start:]
