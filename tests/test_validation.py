@@ -32,8 +32,9 @@ def with_spec(**changes):
 
 
 def test_examples_are_valid(capsys):
-    assert main(["validate", *map(str, sorted(EXAMPLES.glob("*.yaml")))]) == 0
-    assert capsys.readouterr().out.count(": valid") == 3
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert main(["validate", *map(str, files)]) == 0
+    assert capsys.readouterr().out.count(": valid") == len(files) >= 4
 
 
 @pytest.mark.parametrize(
