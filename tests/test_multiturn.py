@@ -79,6 +79,7 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
     from kuberl.models.tiny import char_tokenizer
     from kuberl.rewards import exact_match
     from kuberl.rollout.client import InferenceClient
+    from kuberl.rollout.evaluation import evaluate
     from kuberl.trainer.sft import encode, sft_warmup
 
     tok = char_tokenizer()
@@ -94,6 +95,7 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
     try:
         async with InferenceClient([str(server.make_url("/"))], "test-token-0123456789") as client:
             group = await workflow.run_episode(client, Example("37*12=", "444"), group_id=0)
+            evaluation = await evaluate(client, [Example("37*12=", "444"), Example("25*31=", "775")], workflow, 8, 0)
     finally:
         await server.close()
     assert group is not None and len(group.trajectories) == 8
@@ -108,3 +110,6 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
         assert tok.decode(t.output_ids[:start]) == "calc(37*12)"  # the turn ends at the call
         assert t.reward == float(tok.decode(t.output_ids[end:]).removesuffix("<eos>").strip() == "444")
     assert sum(t.reward for t in called) >= 4  # the warm start copies the tool's answer most of the time
+    # evaluation runs the same multi-turn episodes: lengths count the policy's tokens (call + answer)
+    assert evaluation.prompts == 2 and 0 < evaluation.reward <= evaluation.pass_at_k <= 1
+    assert evaluation.length >= len("calc(37*12)") + len("444")

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..data.datasets import Example
 from .buffer import RolloutBuffer
 from .client import InferenceClient
-from .evaluation import EvalConfig, EvalResult, evaluate
+from .evaluation import EvalResult, evaluate
 from .staleness import StalenessManager
 from .types import Group
 from .workflow import RolloutWorkflow
@@ -63,9 +63,10 @@ class RolloutController:
         holds the seconds spent."""
         return asyncio.run_coroutine_threadsafe(self._update_weights(payload, version), self.loop)
 
-    def start_evaluation(self, examples: list[Example], config: EvalConfig, step: int) -> Future[EvalResult]:
+    def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int,
+                         step: int) -> Future[EvalResult]:
         """Start a held-out evaluation on this loop, next to rollout; the future holds its result."""
-        return asyncio.run_coroutine_threadsafe(evaluate(self.client, examples, config, step), self.loop)
+        return asyncio.run_coroutine_threadsafe(evaluate(self.client, examples, workflow, k, step), self.loop)
 
     def replica_topologies(self) -> list[dict[str, str]]:
         return self.call(self.client.topologies())

@@ -1,37 +1,23 @@
-"""Held-out evaluation (``spec.evaluation``): k samples of each of a fixed set of prompts, generated
-by the inference pool at the current version, scored, never trained on.
+"""Held-out evaluation (``spec.evaluation``): k episodes of each of a fixed set of prompts — the run's
+own episode workflow (single-turn, or multi-turn with its tools), through the inference pool at the
+current version, scored by its reward, never trained on.
 
 It runs on the rollout loop next to training (``RolloutController.start_evaluation``), so training
 does not wait for it; if a weight update lands while it runs, its tokens carry two versions, and
 ``version`` reports the oldest. Metrics: ``reward`` (mean over every sample), ``pass_at_k`` (share
 of prompts with at least one sample rewarded > 0: the unbiased pass@k estimator with n = k),
-``length`` (mean generated tokens).
+``length`` (mean tokens the policy wrote per episode).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..data.datasets import Example
 from .client import InferenceClient
-from .workflow import score
-
-Reward = Callable[[str, str, str], float]
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    eos_id: int
-    reward: Reward
-    k: int
-    max_new_tokens: int
-    temperature: float
-    top_p: float = 1.0
+from .workflow import RolloutWorkflow
 
 
 @dataclass(frozen=True)
@@ -62,16 +48,13 @@ def summarize(step: int, rewards: list[list[float]], lengths: list[int], version
     )
 
 
-async def evaluate(client: InferenceClient, examples: list[Example], config: EvalConfig, step: int) -> EvalResult:
-    """Every example k times, scored with ``config.reward`` (0 for an answer cut off by the length)."""
+async def evaluate(client: InferenceClient, examples: list[Example], workflow: RolloutWorkflow, k: int,
+                   step: int) -> EvalResult:
+    """Every example as one group of k episodes of ``workflow`` (the run's own: single-turn or with
+    tools), scored by its reward; lengths count the tokens the policy wrote."""
     started = time.monotonic()
-
-    async def one(example: Example) -> tuple[list[float], list[int], list[int]]:
-        outs = await client.generate(config.encode(example.prompt), config.k, config.max_new_tokens,
-                                     config.temperature, config.top_p)
-        rewards = [score(out, example, config.decode, config.eos_id, config.reward) for out in outs]
-        return rewards, [len(o.output_ids) for o in outs], [v for o in outs for v in o.versions[:1]]
-
-    results = await asyncio.gather(*(one(e) for e in examples))
-    return summarize(step, [r for r, _, _ in results], [n for _, ls, _ in results for n in ls],
-                     [v for _, _, vs in results for v in vs], config.k, time.monotonic() - started)
+    groups = await asyncio.gather(*(workflow.run_episode(client, e, i) for i, e in enumerate(examples)))
+    trajectories = [g.trajectories for g in groups if g is not None]
+    return summarize(step, [[t.reward for t in ts] for ts in trajectories],
+                     [t.trained_tokens for ts in trajectories for t in ts],
+                     [t.oldest_version for ts in trajectories for t in ts], k, time.monotonic() - started)

@@ -10,10 +10,9 @@ from typing import Any
 
 from ..api.spec import RLExperimentSpec
 from ..data.datasets import evaluation_examples
-from ..rewards import load_reward
 from ..rollout.controller import RolloutController
-from ..rollout.evaluation import EvalConfig, EvalResult
-from .sft import encode
+from ..rollout.evaluation import EvalResult
+from .workflows import make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -25,23 +24,21 @@ class Evaluations:
         self.every = ev.every_steps
         self.controller = controller
         self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed)
-        self.config = EvalConfig(
-            encode=lambda p: encode(tokenizer, p), decode=lambda ids: tokenizer.decode(ids),
-            eos_id=tokenizer.eos_token_id, reward=load_reward((ev.reward or spec.reward).function),
-            k=ev.samples_per_prompt, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
+        self.k = ev.samples_per_prompt
+        self.workflow = make_workflow(  # the run's own episodes (with its tools), the evaluation's settings
+            spec, tokenizer, group_size=self.k, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
             temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature,
-            top_p=spec.rollout.top_p,
-        )
+            reward_function=(ev.reward or spec.reward).function)
         self.history: list[EvalResult] = []
         self._reported = 0
         self._pending: Future[EvalResult] | None = None
-        log.info("evaluation: %d prompts × %d samples every %d steps", len(self.examples), self.config.k, self.every)
+        log.info("evaluation: %d prompts × %d samples every %d steps", len(self.examples), self.k, self.every)
 
     def maybe_start(self, steps_done: int, last: bool = False) -> None:
         """After ``steps_done`` steps: start one if it is due (or ``last``) and none is running."""
         if (steps_done % self.every == 0 or last) and (self._pending is None or self._pending.done()):
             self._collect()
-            self._pending = self.controller.start_evaluation(self.examples, self.config, steps_done)
+            self._pending = self.controller.start_evaluation(self.examples, self.workflow, self.k, steps_done)
 
     def finished(self) -> list[EvalResult]:
         """Results that came in since the last call (never blocks)."""

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from ..agent.workflow import ToolWorkflow
 from ..api import resolve
 from ..api.contract import (
     ENV_CHECKPOINT_URI,
@@ -33,13 +32,11 @@ from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..models.loading import load_model
-from ..rewards import load_reward
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
 from ..rollout.staleness import StalenessManager
 from ..rollout.types import Trajectory
-from ..rollout.workflow import RLVRWorkflow
 from ..runconfig import RunConfig
 from ..weights import make_weight_sync
 from .actor import Actor
@@ -50,8 +47,9 @@ from .curves import Curves
 from .evaluations import Evaluations
 from .loss import BehaviourGapMonitor
 from .progress import Progress, ProgressServer
-from .sft import encode, sft_warmup
+from .sft import sft_warmup
 from .watchdog import StepWatchdog
+from .workflows import make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
@@ -120,25 +118,13 @@ def _require_fsdp(run: RunConfig) -> None:
                          "its training loop, which needs CUDA/NPU devices to verify; use backend: fsdp")
 
 
-def make_workflow(run: RunConfig, tokenizer: Any) -> RLVRWorkflow | ToolWorkflow:
-    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools."""
-    spec, rollout = run.spec, run.spec.rollout
-    common = {"decode": lambda ids: tokenizer.decode(ids), "eos_id": tokenizer.eos_token_id,
-              "reward": load_reward(spec.reward.function), "group_size": spec.algorithm.group_size,
-              "max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p}
-    if not rollout.tools:
-        return RLVRWorkflow(encode=lambda p: encode(tokenizer, p), **common)
-    return ToolWorkflow(encode_prompt=lambda p: encode(tokenizer, p),
-                        encode_text=lambda t: tokenizer(t, add_special_tokens=False).input_ids,
-                        tools=[str(t) for t in rollout.tools], max_turns=rollout.max_turns, **common)
-
-
 def _start_rollout(run: RunConfig, tokenizer: Any, first_step: int, data_position: int, max_steps: int,
                    urls: list[str]) -> tuple[RolloutController, ProgressServer]:
     """Rank 0: the rollout controller on its own loop, admission restored to the resumed version,
     and the progress endpoint."""
     spec, algo = run.spec, run.spec.algorithm
-    workflow = make_workflow(run, tokenizer)
+    workflow = make_workflow(spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
+                             max_new_tokens=spec.rollout.max_new_tokens, reward_function=spec.reward.function)
     manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
                                max(1, spec.rollout.max_concurrent // algo.group_size))
     manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
