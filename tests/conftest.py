@@ -4,11 +4,13 @@ URI on a directory or on a real HTTP S3 (moto's server, through boto3)."""
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+import torch.distributed as dist
 import yaml
 from moto.server import ThreadedMotoServer
 
@@ -64,3 +66,12 @@ def uri(request, tmp_path):
     bucket = f"b{request.node.name.lower().replace('[', '-').replace(']', '').replace('_', '-')}"[:60]
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
     return f"s3://{bucket}/runs/exp1/"
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A gloo process group of one rank (FSDP2 needs one), for a test module."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -39,14 +39,6 @@ def weights(actor: Actor) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in actor.full_state_dict().items()}
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_split_gives_exact_part_count_with_masked_fillers():
     trajs, advs = trajectories(3)
     parts = split(collate(trajs, advs, 0), 5)

@@ -3,13 +3,9 @@ never trained on; staleness counts the policy's tokens only."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from kuberl.local import free_port
 from kuberl.models.tiny import tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor
@@ -25,14 +21,6 @@ def episode(tool_logprob: float, tool_version: int = 4) -> Trajectory:
     return Trajectory([2, 10, 11, 12], [20, 21, 22, 30, 31, 23, 1],
                       [-1.5, -2.0, -0.5, tool_logprob, tool_logprob, -1.0, -0.2],
                       [4, 4, 4, tool_version, tool_version, 5, 5], reward=1.0, loss_mask=MASK)
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_the_loss_mask_lands_on_the_tokens_the_policy_wrote():
