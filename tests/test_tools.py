@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kuberl.agent.sandbox import Limits, run_python
-from kuberl.agent.tools import ToolCall, calculator, parse_tool_calls, run_tool
+from kuberl.agent.tools import ToolCall, calculator, first_call_end, parse_tool_calls, run_tool
 
 
 def test_both_call_formats_parse():
@@ -23,6 +23,8 @@ def test_both_call_formats_parse():
     assert parse_tool_calls("calc((1+2)*3) and calc(4)") == [ToolCall("calculator", {"expression": "(1+2)*3"}),
                                                             ToolCall("calculator", {"expression": "4"})]
     assert parse_tool_calls("no call here") == []
+    text = "calc((1+2)*3) then <tool_call>{}</tool_call>"  # a turn ends after its first call, and holds it
+    assert text[:first_call_end(text)] == "calc((1+2)*3)" and first_call_end("no call") is None
     broken = parse_tool_calls("<tool_call>{not json</tool_call>")
     assert broken[0].error and run_tool(broken[0]).startswith("error: ")
 

@@ -87,6 +87,3 @@ class Backoff:
     def succeeded(self, key: tuple[str, ...]) -> bool:
         """Forget ``key``'s failures; True if it had any (it just recovered)."""
         return self._attempts.pop(key, 0) > 0
-
-    def attempts(self, key: tuple[str, ...]) -> int:
-        return self._attempts.get(key, 0)

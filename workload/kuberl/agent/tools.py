@@ -44,6 +44,13 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return [ToolCall("calculator", {"expression": expr}) for expr in COMPACT.findall(text)]
 
 
+def first_call_end(text: str) -> int | None:
+    """Where the first tool call in ``text`` ends (None: there is none), found with the very patterns
+    ``parse_tool_calls`` reads, so a turn cut there holds exactly that call."""
+    ends = [match.end() for match in (TAGGED.search(text), COMPACT.search(text)) if match]
+    return min(ends) if ends else None
+
+
 def _tagged(body: str) -> ToolCall:
     try:
         data = json.loads(body)

@@ -23,7 +23,7 @@ from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
 from ..rollout.client import InferenceClient
 from ..rollout.types import Group, Trajectory
-from .tools import ToolCall, parse_tool_calls, run_tool
+from .tools import ToolCall, first_call_end, parse_tool_calls, run_tool
 
 TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" → "=444="
 MAX_TOOL_MESSAGE_CHARS = 512
@@ -51,19 +51,6 @@ class Episode:
         self.logprobs += [0.0] * len(ids)
         self.versions += [last] * len(ids)
         self.mask += [0] * len(ids)
-
-
-def first_call_end(text: str) -> int | None:
-    """The length of ``text`` up to the end of its first complete tool call, if any."""
-    ends = [i + len(tag) for tag in ("</tool_call>",) if (i := text.find(tag)) >= 0]
-    if "calc(" in text:
-        depth, start = 0, text.index("calc(") + len("calc")
-        for j in range(start, len(text)):
-            depth += {"(": 1, ")": -1}.get(text[j], 0)
-            if depth == 0:
-                ends.append(j + 1)
-                break
-    return min(ends) if ends else None
 
 
 @dataclass
