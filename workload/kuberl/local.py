@@ -165,8 +165,8 @@ def checkpoint_uri(spec: Any, work: Path, spec_checkpoints: bool) -> str:
     return spec.checkpoint.uri
 
 
-def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
-              workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
+def load_experiment(path: Path, overrides: list[str]) -> RLExperiment:
+    """The one RLExperiment in ``path`` with ``--set`` overrides, valid for this machine's CPU."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     exps = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RLExperiment"]
     if len(exps) != 1:
@@ -176,11 +176,28 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     if obj is None:
         raise RunError("; ".join(f"{path}: {i}" for i in issues))
     assert isinstance(obj, RLExperiment)
-    spec = obj.spec
     for section in ("inference", "trainer"):
-        if getattr(spec, section).accelerator != Accelerator.CPU:
-            raise RunError(f"spec.{section}.accelerator is {getattr(spec, section).accelerator}; kuberl run runs "
-                           f"on this machine's CPU: use --set {section}.accelerator=cpu")
+        if getattr(obj.spec, section).accelerator != Accelerator.CPU:
+            raise RunError(f"spec.{section}.accelerator is {getattr(obj.spec, section).accelerator}; kuberl run "
+                           f"runs on this machine's CPU: use --set {section}.accelerator=cpu")
+    return obj
+
+
+def local_env(spec: Any, curves: Path) -> dict[str, str]:
+    """What every process of a local run shares: a fresh API token, the p2p store's address (trainer
+    rank 0 on this host, a port chosen once), one thread each, the pod IP, the curves' directory."""
+    env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_EXCHANGE_ADDR: "127.0.0.1",
+           ENV_EXCHANGE_PORT: str(free_port()), ENV_THREADS: "1", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1", ENV_TENSORBOARD_DIR: str(curves)}
+    if spec.storage.endpoint:  # what a pod would get from the operator; the environment's own wins
+        env.setdefault(ENV_S3_ENDPOINT, spec.storage.endpoint)
+    return env
+
+
+def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
+              workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
+    obj = load_experiment(path, overrides)
+    spec = obj.spec
     inference, trainer, _ = resolve(spec)
     assert inference is not None and trainer is not None
     work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
@@ -190,12 +207,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     world = trainer.world_size
     cores = sorted(os.sched_getaffinity(0))
     pinned = len(cores) >= inference.replicas + world
-    exchange_port = free_port()  # the p2p store: trainer rank 0's, named to the replicas by their env
-    base_env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_EXCHANGE_ADDR: "127.0.0.1",
-                ENV_EXCHANGE_PORT: str(exchange_port), ENV_THREADS: "1", "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1", ENV_TENSORBOARD_DIR: str(curves)}
-    if spec.storage.endpoint:  # what a pod would get from the operator; the environment's own wins
-        base_env.setdefault(ENV_S3_ENDPOINT, spec.storage.endpoint)
+    base_env = local_env(spec, curves)
     ports = [free_port() for _ in range(inference.replicas)]
     progress_port = free_port()
     summary_file = work / "summary.json"

@@ -158,6 +158,28 @@ def storage_volumes(storage: StorageSpec) -> tuple[list[Manifest], list[Manifest
     return volumes, mounts
 
 
+def pod_volumes(placement: PodPlacement, accel: AcceleratorProfile, config_map: str | None,
+                storage: StorageSpec) -> tuple[list[Manifest], list[Manifest]]:
+    """(volumes, volumeMounts): pod info (downward API), shm, the size-limited /tmp scratch, the run
+    config, and the experiment's PersistentVolumeClaims."""
+    mounts = [{"name": "podinfo", "mountPath": PODINFO_MOUNT, "readOnly": True},
+              {"name": "shm", "mountPath": "/dev/shm"},
+              {"name": "scratch", "mountPath": "/tmp"}]
+    volumes: list[Manifest] = [
+        {"name": "podinfo", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+        ]}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": accel.shm_size}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": scratch_size(placement, accel)}},
+    ]
+    if config_map:
+        mounts.append({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
+        volumes.append({"name": "config", "configMap": {"name": config_map}})
+    claim_volumes, claim_mounts = storage_volumes(storage)
+    return volumes + claim_volumes, mounts + claim_mounts
+
+
 def pod_manifest(
     parent: Manifest,
     *,
@@ -176,22 +198,7 @@ def pod_manifest(
     """A non-root, no-privilege pod with config, pod-info (downward API), shm and scratch volumes,
     the experiment's API token (env from its Secret; ``labels`` name the experiment) and its storage
     (S3 env from a Secret, PersistentVolumeClaims)."""
-    mounts = [{"name": "podinfo", "mountPath": PODINFO_MOUNT, "readOnly": True},
-              {"name": "shm", "mountPath": "/dev/shm"},
-              {"name": "scratch", "mountPath": "/tmp"}]
-    volumes: list[Manifest] = [
-        {"name": "podinfo", "downwardAPI": {"items": [
-            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
-            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
-        ]}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": accel.shm_size}},
-        {"name": "scratch", "emptyDir": {"sizeLimit": scratch_size(placement, accel)}},
-    ]
-    if config_map:
-        mounts.append({"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True})
-        volumes.append({"name": "config", "configMap": {"name": config_map}})
-    claim_volumes, claim_mounts = storage_volumes(storage)
-    volumes, mounts = volumes + claim_volumes, mounts + claim_mounts
+    volumes, mounts = pod_volumes(placement, accel, config_map, storage)
     accel_env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in accel.field_env.items()]
     full_container = {
         **container,
