@@ -14,7 +14,8 @@ from safetensors.torch import save as save_safetensors
 
 from kuberl.auth import bearer
 from kuberl.inference.engine import SamplingParams, TorchEngine
-from kuberl.inference.server import MAX_JSON_BYTES, build_app, parse_generate
+from kuberl.inference.server import build_app, parse_generate
+from kuberl.jsonbody import MAX_JSON_BYTES
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
 TOKEN = "test-token-0123456789"

@@ -44,11 +44,25 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return [ToolCall("calculator", {"expression": expr}) for expr in COMPACT.findall(text)]
 
 
+def first_call_span(text: str) -> tuple[int, int] | None:
+    """(start, end) of the first tool call in ``text`` (None: there is none), found with the very
+    patterns ``parse_tool_calls`` reads, so a turn cut at its end holds exactly that call."""
+    spans = [match.span() for match in (TAGGED.search(text), COMPACT.search(text)) if match]
+    return min(spans, key=lambda span: span[1]) if spans else None
+
+
 def first_call_end(text: str) -> int | None:
-    """Where the first tool call in ``text`` ends (None: there is none), found with the very patterns
-    ``parse_tool_calls`` reads, so a turn cut there holds exactly that call."""
-    ends = [match.end() for match in (TAGGED.search(text), COMPACT.search(text)) if match]
-    return min(ends) if ends else None
+    """Where the first tool call in ``text`` ends (None: there is none)."""
+    span = first_call_span(text)
+    return span[1] if span else None
+
+
+def call_text(call: ToolCall) -> str:
+    """``call`` written the way ``parse_tool_calls`` reads it back: the compact form for a calculator
+    call (what the tiny model writes), the tagged JSON form for any other."""
+    if call.name == "calculator" and set(call.arguments) == {"expression"}:
+        return f"calc({call.arguments['expression']})"
+    return "<tool_call>" + json.dumps({"name": call.name, "arguments": call.arguments}) + "</tool_call>"
 
 
 def _tagged(body: str) -> ToolCall:

@@ -29,6 +29,19 @@ TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" â
 MAX_TOOL_MESSAGE_CHARS = 512
 
 
+def prefix_reaching(ids: list[int], decode: Callable[[list[int]], str], chars: int) -> list[int]:
+    """The shortest prefix of ``ids`` whose text is at least ``chars`` characters long (all of
+    ``ids`` if none is): prefix texts only grow, so a binary search finds it."""
+    low, high = 1, len(ids)
+    while low < high:
+        mid = (low + high) // 2
+        if len(decode(ids[:mid])) >= chars:
+            high = mid
+        else:
+            low = mid + 1
+    return ids[:low]
+
+
 @dataclass
 class Episode:
     """The tokens of one episode so far, with their log-probs, versions and loss mask."""
@@ -91,19 +104,9 @@ class ToolWorkflow:
         return episode, unfinished  # out of turns while still calling tools
 
     def _cut_at_call(self, ids: list[int]) -> list[int]:
-        """``ids`` up to the end of the first tool call in their text (all of them if none): the
-        shortest prefix whose text reaches the call's end (prefix texts only grow: binary search)."""
+        """``ids`` up to the end of the first tool call in their text (all of them if none)."""
         end = first_call_end(self.decode(ids))
-        if end is None:
-            return ids
-        low, high = 1, len(ids)
-        while low < high:
-            mid = (low + high) // 2
-            if len(self.decode(ids[:mid])) >= end:
-                high = mid
-            else:
-                low = mid + 1
-        return ids[:low]
+        return ids if end is None else prefix_reaching(ids, self.decode, end)
 
     def _answer(self, call: ToolCall) -> str:
         if call.name not in self.tools and call.error is None:

@@ -29,6 +29,9 @@ PODINFO_MOUNT = "/etc/kuberl/podinfo"
 PODINFO_LABELS = f"{PODINFO_MOUNT}/labels"  # downward API: the pod's own labels, key="value" per line
 MASTER_PORT = 29500  # the trainer gang's torch.distributed store; + 1: the p2p weight exchange's
 PROGRESS_PORT = 8080  # trainer rank 0's GET /progress (polled by the operator)
+GATEWAY_PORT = 8090  # trainer rank 0's OpenAI-compatible gateway (spec.agent)
+HEADER_SESSION = "X-KubeRL-Session"  # an agent's episode, on each of its gateway calls
+HEADER_GROUP = "X-KubeRL-Group"  # the GRPO group an episode belongs to (e.g. the task)
 TERMINATION_LOG = "/dev/termination-log"  # rank 0's final progress, read back by the operator
 
 # API token (docs/architecture.md, "Who may call what"): every state-changing endpoint of the
@@ -59,6 +62,9 @@ ENV_THREADS = "KUBERL_THREADS"
 ENV_S3_ENDPOINT = "KUBERL_S3_ENDPOINT"
 ENV_CACHE_DIR = "KUBERL_CACHE_DIR"
 ENV_TENSORBOARD_DIR = "KUBERL_TENSORBOARD_DIR"  # where rank 0 writes its curves (local mode: the work dir)
+ENV_GATEWAY_PORT = "KUBERL_GATEWAY_PORT"
+ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"  # the agent's: the gateway, read by the OpenAI client libraries
+ENV_OPENAI_API_KEY = "OPENAI_API_KEY"  # the agent's: the experiment's API token
 
 
 def inference_pool_name(experiment: str) -> str:
@@ -75,6 +81,14 @@ def config_map_name(experiment: str) -> str:
 
 def api_token_secret_name(experiment: str) -> str:
     return f"{experiment}-api-token"
+
+
+def gateway_service_name(experiment: str) -> str:
+    return f"{experiment}-gateway"
+
+
+def agent_deployment_name(experiment: str) -> str:
+    return f"{experiment}-agent"
 
 
 def network_policy_name(experiment: str) -> str:

@@ -21,7 +21,6 @@ JSON bodies are capped at ``MAX_JSON_BYTES`` (the weights upload is not JSON and
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from safetensors.torch import load_file
 
 from ..api.base import shown
 from ..auth import require_token
+from ..jsonbody import bad_request, read_json
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, GenerateReply, SamplingParams
 from .p2p_receiver import NotJoined, P2PReceiver
@@ -51,12 +51,7 @@ class Metrics:
         self.weight_updates = Counter("kuberl_inference_weight_updates", "weight updates", registry=self.registry)
 
 
-def _bad_request(message: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=message)
-
-
 MAX_SAMPLES = 64  # "n" per request
-MAX_JSON_BYTES = 8 * 2**20  # a prompt at its caps is ~1 MiB of JSON
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/topology"})
 MAX_NEW_TOKENS = 32768
 MAX_PROMPT_TOKENS = 131072
@@ -105,21 +100,6 @@ def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None) -> tuple[l
     return ids, params, _int(body, "n", 1, 1, MAX_SAMPLES)
 
 
-async def read_json(request: web.Request) -> Any:
-    """The request's JSON body, at most ``MAX_JSON_BYTES`` (413 beyond), else 400."""
-    if (request.content_length or 0) > MAX_JSON_BYTES:
-        raise web.HTTPRequestEntityTooLarge(MAX_JSON_BYTES, request.content_length or 0)
-    raw = bytearray()
-    while chunk := await request.content.read(2**16):  # chunked bodies have no Content-Length
-        raw += chunk
-        if len(raw) > MAX_JSON_BYTES:
-            raise web.HTTPRequestEntityTooLarge(MAX_JSON_BYTES, len(raw))
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise _bad_request("the body is not JSON (or is nested too deeply)") from err
-
-
 def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Application:
     """The HTTP contract above over ``engine``; ``token``: the experiment's API token."""
     metrics = Metrics()
@@ -131,7 +111,7 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
         try:
             ids, params, n = parse_generate(body, engine.vocab_size, tokenizer)
         except ValueError as err:
-            raise _bad_request(str(err)) from err
+            raise bad_request(str(err)) from err
         metrics.requests.inc()
         outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
         return web.json_response(GenerateReply(engine.version, list(outs)).to_json())
@@ -147,15 +127,15 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
         try:
             version = int(request.query["version"])
         except (KeyError, ValueError) as err:
-            raise _bad_request("query parameter version=N is required") from err
+            raise bad_request("query parameter version=N is required") from err
         path = request.query.get("path")
         if path is not None and not Path(path).is_file():
-            raise _bad_request(f"path={path!r}: no such file here (disk mode needs a volume shared with the trainer)")
+            raise bad_request(f"path={path!r}: no such file here (disk mode needs a volume shared with the trainer)")
         state = load_file(path) if path is not None else load_safetensors(await request.read())
         try:
             await engine.load_weights(state, version)
         except ValueError as err:
-            raise _bad_request(str(err)) from err
+            raise bad_request(str(err)) from err
         metrics.weight_updates.inc()
         log.info("loaded weights version %d (%d tensors)", version, len(state))
         return web.json_response({"version": engine.version})
@@ -168,14 +148,14 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
         try:
             receiver.join(body)
         except (KeyError, ValueError, TypeError, AttributeError) as err:
-            raise _bad_request(f"bad p2p join request: {err}") from err
+            raise bad_request(f"bad p2p join request: {err}") from err
         return web.json_response({"status": "joining"})
 
     async def p2p_receive(request: web.Request) -> web.Response:
         try:
             version = int(request.query["version"])
         except (KeyError, ValueError) as err:
-            raise _bad_request("query parameter version=N is required") from err
+            raise bad_request("query parameter version=N is required") from err
         try:
             seconds = await receiver.receive(version)
         except NotJoined as err:

@@ -2,6 +2,8 @@
 
 The loop keeps as many episodes running as admission allows (``StalenessManager``, counted in
 groups), puts finished groups in the ``RolloutBuffer`` and hands batches to the trainer thread.
+Episodes come from the dataset through the run's workflow, or (``data=None``) from outside: the
+agent gateway (``kuberl.gateway``) runs on this loop and uses ``admit`` / ``deliver``.
 Generation never waits for training unless staleness would exceed η; with η = 0 it is
 synchronous RL. Weight updates are pushed to every replica while generation goes on; then the
 version bumps and admission reopens.
@@ -31,7 +33,7 @@ R = TypeVar("R")
 
 
 class RolloutController:
-    def __init__(self, client: InferenceClient, workflow: RolloutWorkflow, data: Iterator[Example],
+    def __init__(self, client: InferenceClient, workflow: RolloutWorkflow | None, data: Iterator[Example] | None,
                  manager: StalenessManager):
         self.client, self.workflow, self.data, self.manager = client, workflow, data, manager
         self.buffer: RolloutBuffer[Group] = RolloutBuffer(manager)
@@ -94,24 +96,17 @@ class RolloutController:
         await self.client.__aenter__()
         await self.client.wait_ready()  # episodes start after the first weight push
 
-    def _fill(self) -> None:
-        """Start episodes while admission allows."""
-        while not self._stopping and self.manager.try_start():
-            task = self.loop.create_task(self._episode(next(self.data), self.episodes))
-            self.episodes += 1
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    def admit(self) -> int | None:
+        """Reserve one group's slot (on this loop): its group id, or None when the staleness budget
+        is used up. Every admitted group ends with exactly one ``deliver``."""
+        if self._stopping or not self.manager.try_start():
+            return None
+        self.episodes += 1
+        return self.episodes - 1
 
-    async def _episode(self, example: Example, group_id: int) -> None:
-        try:
-            group = await self.workflow.run_episode(self.client, example, group_id)
-        except Exception as err:  # surfaces in the trainer thread on the next take()
-            log.exception("episode failed")
-            self.manager.finish(accepted=False)
-            self._error = err
-            group = None
-        else:
-            self.manager.finish(accepted=group is not None)
+    async def deliver(self, group: Group | None) -> None:
+        """An admitted group ended: into the buffer (None: dropped, its slot reopens)."""
+        self.manager.finish(accepted=group is not None)
         assert self._changed is not None
         async with self._changed:
             if group is not None:
@@ -119,6 +114,24 @@ class RolloutController:
                 self.generated_tokens += sum(len(t.output_ids) for t in group.trajectories)
             self._changed.notify_all()
         self._fill()
+
+    def _fill(self) -> None:
+        """Start dataset episodes while admission allows (none when episodes come from outside)."""
+        if self.data is None or self.workflow is None:
+            return
+        while (group_id := self.admit()) is not None:
+            task = self.loop.create_task(self._episode(self.workflow, next(self.data), group_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _episode(self, workflow: RolloutWorkflow, example: Example, group_id: int) -> None:
+        try:
+            group = await workflow.run_episode(self.client, example, group_id)
+        except Exception as err:  # surfaces in the trainer thread on the next take()
+            log.exception("episode failed")
+            self._error = err
+            group = None
+        await self.deliver(group)
 
     async def _take(self, groups: int, version: int) -> list[Group] | None:
         assert self._changed is not None

@@ -1,0 +1,221 @@
+"""The OpenAI-compatible gateway, driven by the real ``openai`` client: an agent's calls become
+rewarded, masked, grouped trajectories; an exhausted staleness budget answers 429 + Retry-After and
+the client's own retry gets through once the trainer has caught up."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from kuberl.agent.tools import call_text, parse_tool_calls
+from kuberl.api.spec import DatasetSource
+from kuberl.data.datasets import examples
+from kuberl.gateway import chat
+from kuberl.gateway.sessions import SessionTable
+from kuberl.local import free_port
+from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.weights import BroadcastSync, to_safetensors
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "gateway-test-token-0123456789"
+
+
+def load_agent() -> Any:
+    spec = importlib.util.spec_from_file_location("calculator_agent", ROOT / "examples/agents/calculator_agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_assistant_turn_reads_back_as_the_text_the_model_wrote():
+    for text in ["calc(37*12)", 'ok <tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>']:
+        reply = chat.reply_of(text, "stop")
+        assert reply.finish_reason == "tool_calls"
+        message = chat.openai_message(reply)
+        assert chat.plain_text([message]) == text
+    assert chat.reply_of("444", "stop") == chat.Reply("444", [], "stop")
+    assert chat.reply_of("calc(1*", "length").finish_reason == "length"
+    assert parse_tool_calls(call_text(parse_tool_calls("calc((2+3)*4)")[0]))[0].arguments == {"expression": "(2+3)*4"}
+    with pytest.raises(chat.RequestError, match=r"messages\[0\]\.role"):
+        chat.checked_messages([{"role": "wizard", "content": "hi"}])
+
+
+def test_sessions_fill_groups_and_idle_ones_expire():
+    admitted: list[int] = []
+
+    def admit() -> int | None:
+        if len(admitted) >= 2:
+            return None
+        admitted.append(len(admitted))
+        return admitted[-1]
+
+    table = SessionTable(group_size=2, timeout=10)
+    a = table.join("a", "task-1", 0, admit)
+    b = table.join("b", "task-1", 1, admit)
+    c = table.join("c", None, 2, admit)
+    assert a is not None and b is not None and c is not None and admitted == [0, 1]
+    assert table.join("d", "task-2", 3, admit) is None  # a third group: no budget
+    for s in (a, b):
+        s.context([5, 6])
+        s.policy([7, 8], [-0.5, -0.1], [0, 0], "stop")
+    assert table.end("a", 1.0) is None  # b is still running
+    group = table.end("b", 0.0)
+    assert group is not None and [t.reward for t in group.result().trajectories] == [1.0, 0.0]
+    c.context([5])
+    c.policy([9], [-1.0], [0], "stop")
+    assert table.expire(now=5) == []
+    (closed,) = table.expire(now=13)  # c idle > 10 s, its empty seat closed: done without a reward
+    assert closed.result() is None and table.expired == 1 and table.get("c") is None
+
+
+def test_a_rewritten_history_starts_a_new_segment():
+    table = SessionTable(group_size=1, timeout=10)
+    s = table.join("s", None, 0, lambda: 0)
+    assert s is not None
+    assert s.context([1, 2]) == [1, 2]
+    s.policy([3, 4], [-1.0, -1.0], [0, 0], "stop")
+    assert s.context([1, 2, 3, 4, 9]) == [1, 2, 3, 4, 9]  # extends it: 9 is context
+    assert s.segments[0].episode.mask == [1, 1, 0]
+    s.policy([5], [-1.0], [1], "stop")
+    assert s.context([1, 7]) == [1, 7] and s.prefix_breaks == 1
+    s.policy([8], [-1.0], [1], "stop")
+    s.reward = 1.0
+    assert [t.output_ids for t in s.trajectories(0)] == [[3, 4, 9, 5], [8]]
+
+
+def serve_in_thread(app: Any, port: int) -> Any:
+    """``app`` on 127.0.0.1:``port`` on its own event loop thread (the inference pool's stand-in
+    process); returns a function that stops it."""
+    import asyncio
+
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    runner = web.AppRunner(app)
+
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    return lambda: asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+
+
+@pytest.fixture(scope="module")
+def served() -> Any:
+    """A tool-call-warmed tiny model behind the real inference server, a rollout controller whose
+    episodes come from outside (batch = 1 group of 2, η = 0), and the gateway in front."""
+    from kuberl.gateway.server import Gateway, GatewayConfig
+    from kuberl.inference.engine import TorchEngine
+    from kuberl.inference.server import build_app
+    from kuberl.rollout.client import InferenceClient
+    from kuberl.rollout.controller import RolloutController
+    from kuberl.rollout.staleness import StalenessManager
+    from kuberl.trainer.sft import sft_warmup
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), 150, 64, 2e-3)
+    engine = TorchEngine(copy.deepcopy(model).eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
+    inference_port, gateway_port = free_port(), free_port()
+    stop_inference = serve_in_thread(build_app(engine, tok, TOKEN), inference_port)
+    controller = RolloutController(InferenceClient([f"http://127.0.0.1:{inference_port}"], TOKEN), None, None,
+                                   StalenessManager(batch_size=1, max_staleness=0, max_concurrent=4))
+    controller.start()
+    gateway = Gateway(controller, tok, GatewayConfig("tiny-agent", group_size=2, max_new_tokens=24, temperature=1.0,
+                                                     top_p=1.0, session_timeout=60),
+                      TOKEN, tasks=examples(DatasetSource(path="builtin:multiplication-tools"), 1))
+    gateway.start_in(gateway_port)
+    yield gateway, tok, model, openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=TOKEN,
+                                             max_retries=10)
+    gateway.stop()
+    controller.stop()
+    stop_inference()
+
+
+def run_episodes(agent: Any, client: openai.OpenAI, n: int) -> list[float]:
+    """``n`` agent episodes in parallel threads, each on the next task the gateway hands out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n) as pool:
+        return [r for rs in pool.map(lambda _: agent.work(client, "tiny-agent", 1), range(n)) for r in rs]
+
+
+def test_agent_episodes_become_a_rewarded_group_the_trainer_trains_on(served, world_of_one):
+    from kuberl.trainer.actor import Actor
+    from kuberl.trainer.algorithms import AlgorithmConfig, build_batch
+    from kuberl.trainer.batch import collate
+
+    gateway, tok, model, client = served
+    rewards = run_episodes(load_agent(), client, 2)  # the two sessions of the first task: one group
+    (group,) = gateway.controller.take(1, 0)
+    trajectories = group.trajectories
+    assert sorted(t.reward for t in trajectories) == sorted(rewards)
+    calls = 0
+    for t in trajectories:
+        assert tok.decode(t.prompt_ids, skip_special_tokens=True).endswith("=")  # "37*12=": the task
+        masked = [i for i, m in zip(t.output_ids, t.trained, strict=True) if m == 0]
+        if masked:  # the model called the calculator: the agent's answer is context, never trained on
+            calls += 1
+            assert tok.decode(t.output_ids, skip_special_tokens=True).startswith("calc(")
+            expression = tok.decode(t.output_ids, skip_special_tokens=True)[5:].split(")")[0]
+            a, b = expression.split("*")
+            assert tok.decode(masked) == f"={int(a) * int(b)}="
+            assert all(lp == 0.0 for lp, m in zip(t.behav_logprobs, t.trained, strict=True) if m == 0)
+        assert set(t.versions) == {0}
+    assert calls >= 1, "the warmed-up model calls its calculator"
+    config = AlgorithmConfig(name="grpo", group_size=2)
+    actor = Actor.create(copy.deepcopy(model), config, lr=1e-3, temperature=1.0)
+    trajs, advantages, _ = build_batch([group], config)
+    actor.train_step(collate(trajs, advantages, pad_id=tok.pad_token_id, version=0), len(trajs))
+    sync = BroadcastSync(gateway.controller)
+    sync.push(actor, 1)  # the new weights, to the pool, as the trainer sends them
+    sync.wait()
+    run_episodes(load_agent(), client, 2)
+    (group,) = gateway.controller.take(1, 1)
+    assert {v for t in group.trajectories for v in t.versions} == {1}  # served by the trained policy
+
+
+def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(served):
+    gateway, _, model, client = served
+    ask = {"model": "tiny-agent", "messages": [{"role": "user", "content": "12*34="}]}
+
+    def call(session: str, group: str, retries: int) -> Any:
+        headers = {"X-KubeRL-Session": session, "X-KubeRL-Group": group}
+        return client.with_options(max_retries=retries).chat.completions.create(**ask, extra_headers=headers)
+
+    weights, manager = to_safetensors(model.state_dict()), gateway.controller.manager
+    version = manager.accepted  # η = 0, one group per step: at version = groups accepted, one more fits
+    assert manager.version <= version and manager.running == 0
+    gateway.controller.update_weights(weights, version).result(60)
+    call("s1", "g1", 0)  # g1 takes the whole budget
+    call("s2", "g1", 0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        call("s3", "g2", 0)
+    assert refused.value.response.headers["retry-after"] == "1"
+    retried: list[Any] = []
+    waiting = threading.Thread(target=lambda: retried.append(call("s3", "g2", 10)))
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while gateway.stats.rejected < 2 and time.monotonic() < deadline:  # the client is backing off
+        time.sleep(0.05)
+    assert gateway.stats.rejected >= 2 and not retried
+    for session in ("s1", "s2"):
+        client.post(f"/sessions/{session}/reward", body={"reward": 1.0}, cast_to=object)
+    assert gateway.controller.take(1, version) is not None  # the trainer catches up …
+    gateway.controller.update_weights(weights, version + 1).result(60)
+    waiting.join(30)  # … and the retry gets through
+    assert retried and retried[0].choices[0].message.role == "assistant"
+    with pytest.raises(openai.NotFoundError):
+        client.post("/sessions/nobody/reward", body={"reward": 1.0}, cast_to=object)
+    with pytest.raises(openai.AuthenticationError):
+        client.with_options(api_key="wrong-token-0123456789").models.list()

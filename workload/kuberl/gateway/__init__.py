@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway that trains an agent through its own API calls (``spec.agent``)."""

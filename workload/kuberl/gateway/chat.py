@@ -1,0 +1,182 @@
+"""OpenAI chat messages ↔ the policy's tokens, and the OpenAI response bodies (pure functions).
+
+A request's messages become prompt tokens through the tokenizer's chat template (with the
+request's ``tools``), or, for a tokenizer without one (the tiny CPU model), through the plain
+template the built-in tool workflow uses::
+
+    user/system text  ·  assistant text + its tool call as the model writes it  ·  tool: "=<output>="
+
+so an agent behind the gateway sees exactly what a ``ToolWorkflow`` episode shows the model. A
+completion's text becomes an assistant message: the text before the first tool call is its
+``content``, that call its ``tool_calls`` (``finish_reason: "tool_calls"``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..agent.tools import ToolCall, call_text, first_call_span, parse_tool_calls
+from ..agent.workflow import TOOL_MESSAGE
+from ..inference.contract import FINISH_LENGTH
+from ..trainer.sft import encode
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_MESSAGES = 1024
+FINISH_TOOL_CALLS = "tool_calls"
+
+
+class RequestError(ValueError):
+    """A request the gateway refuses (400); the message names the field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def content_text(content: Any, where: str) -> str:
+    """A message's ``content``: a string, null, or a list of ``{"type": "text", "text": ...}`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for n, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}[{n}]: only text parts are supported", f"{where}[{n}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where}: must be a string, null or a list of text parts", where)
+
+
+def tool_calls(message: dict[str, Any], where: str) -> list[ToolCall]:
+    """The ``tool_calls`` of an assistant message, as parsed calls (arguments as objects)."""
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise RequestError(f"{where}.tool_calls: must be a list", f"{where}.tool_calls")
+    out = []
+    for n, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise RequestError(f"{where}.tool_calls[{n}].function.name: required", f"{where}.tool_calls[{n}]")
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError as err:
+                raise RequestError(f"{where}.tool_calls[{n}].function.arguments: not JSON",
+                                   f"{where}.tool_calls[{n}]") from err
+        if not isinstance(arguments, dict):
+            raise RequestError(f"{where}.tool_calls[{n}].function.arguments: must be an object",
+                               f"{where}.tool_calls[{n}]")
+        out.append(ToolCall(name, arguments))
+    return out
+
+
+def checked_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages or len(messages) > MAX_MESSAGES:
+        raise RequestError(f"messages: a list of 1 to {MAX_MESSAGES} messages is required", "messages")
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise RequestError(f"messages[{n}].role: must be one of {', '.join(ROLES)}", f"messages[{n}]")
+    return messages
+
+
+def plain_text(messages: list[dict[str, Any]]) -> str:
+    """The plain template (module docstring)."""
+    out = []
+    for n, message in enumerate(messages):
+        text = content_text(message.get("content"), f"messages[{n}].content")
+        if message["role"] == "tool":
+            out.append(TOOL_MESSAGE.format(text))
+        elif message["role"] == "assistant":
+            out.append(text + "".join(call_text(c) for c in tool_calls(message, f"messages[{n}]")))
+        else:
+            out.append(text)
+    return "".join(out)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as Hugging Face chat templates expect them: text content, arguments as objects."""
+    out = []
+    for n, message in enumerate(messages):
+        converted = {**message, "content": content_text(message.get("content"), f"messages[{n}].content")}
+        if message.get("tool_calls"):
+            converted["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                       for c in tool_calls(message, f"messages[{n}]")]
+        out.append(converted)
+    return out
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """The prompt tokens for ``messages``, ending where the assistant's next turn begins."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False).input_ids)
+    return encode(tokenizer, plain_text(messages))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One completion as an assistant message."""
+
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+def reply_of(text: str, finish_reason: str) -> Reply:
+    """The assistant message for a completion's ``text`` (its first tool call, if it made one)."""
+    span = first_call_span(text)
+    if span is not None:
+        (call,) = parse_tool_calls(text[span[0]:span[1]])
+        if call.error is None:
+            return Reply(text[:span[0]], [call], FINISH_TOOL_CALLS)
+    return Reply(text, [], FINISH_LENGTH if finish_reason == FINISH_LENGTH else "stop")
+
+
+def openai_message(reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.calls:
+        message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                                 for c in reply.calls]
+    return message
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_completion(reply: Reply, model: str, created: int, tokens: tuple[int, int]) -> dict[str, Any]:
+    """A ``chat.completion`` body; ``tokens`` = (prompt, completion) token counts."""
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": openai_message(reply), "finish_reason": reply.finish_reason,
+                         "logprobs": None}],
+            "usage": usage(*tokens)}
+
+
+def chat_chunks(reply: Reply, model: str, created: int, tokens: tuple[int, int]) -> list[dict[str, Any]]:
+    """The same completion as ``chat.completion.chunk`` events: the message, then the finish (with usage)."""
+    message = openai_message(reply)
+    delta: dict[str, Any] = {"role": "assistant", "content": message["content"] or ""}
+    if "tool_calls" in message:
+        delta["tool_calls"] = [{"index": n, **call} for n, call in enumerate(message["tool_calls"])]
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": created,
+            "model": model}
+    return [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}],
+             "usage": usage(*tokens)}]
+
+
+def text_completion(text: str, finish_reason: str, model: str, created: int, tokens: tuple[int, int]) -> dict[str, Any]:
+    """A ``text_completion`` body (``/v1/completions``)."""
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+            "usage": usage(*tokens)}

@@ -1,0 +1,292 @@
+"""The OpenAI-compatible gateway: an agent's calls become the trainer's trajectories.
+
+Runs on trainer rank 0, on the rollout loop, in front of the inference pool (``spec.agent``)::
+
+    POST /v1/chat/completions   messages (+ tools, stream) → one assistant turn of the policy
+    POST /v1/completions        prompt → text
+    GET  /v1/models             the one model: the experiment's policy
+    GET  /v1/tasks/next         a task of spec.dataset: {"group", "prompt", "answer"}, each handed
+                                out groupSize times with the same group (use it as X-KubeRL-Group)
+    POST /v1/sessions/{id}/reward   {"reward": x} or {"completion": text} (scored by spec.reward
+                                against the group's task): ends the session
+    GET  /health                open; everything else needs the experiment's API token
+
+Completion calls name their session (``X-KubeRL-Session``) and may name its group
+(``X-KubeRL-Group``); ``kuberl.gateway.sessions`` turns sessions into rewarded trajectories. A
+session's first call is refused with 429 and ``Retry-After`` while the staleness budget is used
+up (OpenAI clients retry on their own). Sampling uses the experiment's ``spec.rollout``
+temperature and top-p, whatever a request asks, so the policy is trained on what it sampled; each
+call gets at most what is left of the session's ``spec.rollout.maxNewTokens``. A streamed reply
+arrives in one piece when the turn is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from ..agent.tools import first_call_end
+from ..agent.workflow import prefix_reaching
+from ..api.contract import HEADER_GROUP, HEADER_SESSION
+from ..auth import require_token
+from ..data.datasets import Example
+from ..inference.contract import FINISH_LENGTH
+from ..jsonbody import read_json
+from ..rollout.controller import RolloutController
+from . import chat
+from .sessions import Session, SessionTable
+from .tasks import TaskDealer
+
+log = logging.getLogger("kuberl.gateway")
+RETRY_AFTER_SECONDS = 1
+SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MAX_REWARD = 1e6
+
+
+@dataclass
+class GatewayConfig:
+    model: str
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    session_timeout: float
+    reward: Any = None  # spec.reward's function: scores {"completion": ...} against the task's answer
+
+
+@dataclass
+class GatewayStats:
+    sessions: int = 0
+    completions: int = 0
+    rejected: int = 0  # 429s: the staleness budget was used up
+    groups: int = 0
+    prefix_breaks: int = 0
+
+    def as_dict(self, expired: int) -> dict[str, int]:
+        return {**self.__dict__, "expired": expired}
+
+
+def error(status: int, message: str, kind: str, param: str | None = None,
+          headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI-style error body."""
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                             status=status, headers=headers)
+
+
+def sampling_budget(body: dict[str, Any], left: int) -> int:
+    """max_tokens / max_completion_tokens, capped by the session's tokens left."""
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    if asked is None:
+        return left
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+        raise chat.RequestError("max_tokens: must be a positive integer", "max_tokens")
+    return min(asked, left)
+
+
+class Gateway:
+    def __init__(self, controller: RolloutController, tokenizer: Any, config: GatewayConfig, token: str,
+                 tasks: Iterator[Example] | None = None):
+        self.controller, self.tokenizer, self.config, self.token = controller, tokenizer, config, token
+        self.table = SessionTable(config.group_size, config.session_timeout)
+        self.tasks = TaskDealer(tasks, config.group_size) if tasks is not None else None
+        self.stats = GatewayStats()
+        self._reaper: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle (on the controller's loop) ---------------------------------------------------
+    def start_in(self, port: int) -> None:
+        self.controller.call(self._start(port), timeout=30)
+
+    def stop(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.controller.call(self._stop(), timeout=30)
+
+    async def _start(self, port: int) -> None:
+        self._runner = web.AppRunner(self.app())
+        await self._runner.setup()
+        await web.TCPSite(self._runner, os.environ.get("POD_IP") or "0.0.0.0", port).start()
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        log.info("gateway on port %d (model %r)", port, self.config.model)
+
+    async def _stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for group in self.table.expire(time.monotonic()):
+                await self._deliver(group)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[require_token(self.token, {"/health"})])
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/tasks/next", self.next_task)
+        app.router.add_post("/v1/sessions/{session}/reward", self.reward)
+        app.router.add_get("/health", self.health)
+        return app
+
+    # -- routes ---------------------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        try:
+            messages = chat.checked_messages(body.get("messages"))
+            tools = body.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise chat.RequestError("tools: must be a list", "tools")
+            prompt = chat.render(self.tokenizer, messages, tools)
+            session = self._session(request)
+            if isinstance(session, web.Response):
+                return session
+            ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=True)
+        except chat.RequestError as err:
+            return error(400, str(err), "invalid_request_error", err.param)
+        reply = chat.reply_of(self._text(ids), finish)
+        if reply.calls:
+            session.tool_called()
+        created = int(time.time())
+        if not body.get("stream"):
+            return web.json_response(chat.chat_completion(reply, self.config.model, created, counts))
+        return await self._stream(request, chat.chat_chunks(reply, self.config.model, created, counts))
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        try:
+            prompt_text = body.get("prompt")
+            if not isinstance(prompt_text, str) or not prompt_text:
+                raise chat.RequestError("prompt: a non-empty string is required", "prompt")
+            session = self._session(request)
+            if isinstance(session, web.Response):
+                return session
+            prompt = chat.encode(self.tokenizer, prompt_text)
+            ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
+        except chat.RequestError as err:
+            return error(400, str(err), "invalid_request_error", err.param)
+        return web.json_response(chat.text_completion(self._text(ids), finish, self.config.model,
+                                                      int(time.time()), counts))
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.config.model, "object": "model", "created": 0, "owned_by": "kuberl"}]})
+
+    async def next_task(self, request: web.Request) -> web.Response:
+        if self.tasks is None:
+            return error(404, "this experiment hands out no tasks (spec.dataset)", "not_found_error")
+        key, example = self.tasks.next()
+        return web.json_response({"group": key, "prompt": example.prompt, "answer": example.answer})
+
+    async def reward(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["session"]
+        session = self.table.get(session_id)
+        if session is None:
+            return error(404, f"no open session {session_id[:128]!r}", "not_found_error", HEADER_SESSION)
+        if session.ended:
+            return error(409, "this session has ended already", "invalid_request_error")
+        body = await self._body(request)
+        try:
+            value = self._reward_of(body, self.table.group_of(session_id).key)
+        except chat.RequestError as err:
+            return error(400, str(err), "invalid_request_error", err.param)
+        group = self.table.end(session_id, value)
+        if group is not None:
+            await self._deliver(group)
+        return web.json_response({"session": session_id, "reward": value, "tokens": session.generated_tokens})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", **self.stats.as_dict(self.table.expired)})
+
+    # -- steps ----------------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="the body must be a JSON object")
+        return body
+
+    def _session(self, request: web.Request) -> Session | web.Response:
+        """The request's session (joining its group); a 429 response when no budget is left."""
+        session_id = request.headers.get(HEADER_SESSION, "")
+        if not SESSION_ID.match(session_id):
+            raise chat.RequestError(f"header {HEADER_SESSION}: required, 1-128 of [A-Za-z0-9._:-] (one id per "
+                                    "episode)", HEADER_SESSION)
+        key = request.headers.get(HEADER_GROUP)
+        if key is not None and not SESSION_ID.match(key):
+            raise chat.RequestError(f"header {HEADER_GROUP}: 1-128 of [A-Za-z0-9._:-]", HEADER_GROUP)
+        known = self.table.get(session_id) is not None
+        session = self.table.join(session_id, key, time.monotonic(), self.controller.admit)
+        if session is None:
+            self.stats.rejected += 1
+            return error(429, "the staleness budget is used up: the trainer has not caught up yet; retry after "
+                              f"{RETRY_AFTER_SECONDS} s", "rate_limit_error",
+                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if session.ended:
+            raise chat.RequestError(f"header {HEADER_SESSION}: this session has ended", HEADER_SESSION)
+        self.stats.sessions += int(not known)
+        return session
+
+    async def _complete(self, session: Session, prompt: list[int], body: dict[str, Any],
+                        cut_at_call: bool) -> tuple[list[int], str, tuple[int, int]]:
+        """One policy turn of ``session`` after ``prompt``: (its tokens, finish reason, (prompt, completion)
+        token counts)."""
+        breaks = session.prefix_breaks
+        context = session.context(prompt)
+        self.stats.prefix_breaks += session.prefix_breaks - breaks
+        budget = sampling_budget(body, self.config.max_new_tokens - len(session.segments[-1].episode.output_ids))
+        if budget <= 0:
+            session.policy([], [], [], FINISH_LENGTH)
+            return [], FINISH_LENGTH, (len(context), 0)
+        cfg = self.config
+        (gen,) = await self.controller.client.generate(context, 1, budget, cfg.temperature, cfg.top_p)
+        ids = self._cut_at_call(gen.output_ids) if cut_at_call else gen.output_ids
+        session.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], gen.finish_reason or FINISH_LENGTH)
+        self.stats.completions += 1
+        session.touched = time.monotonic()
+        return ids, gen.finish_reason or FINISH_LENGTH, (len(context), len(ids))
+
+    def _cut_at_call(self, ids: list[int]) -> list[int]:
+        end = first_call_end(self._text(ids))
+        return ids if end is None else prefix_reaching(ids, self._text, end)
+
+    def _text(self, ids: list[int]) -> str:
+        eos = self.tokenizer.eos_token_id
+        return self.tokenizer.decode(ids[:-1] if ids and ids[-1] == eos else ids, skip_special_tokens=True)
+
+    def _reward_of(self, body: dict[str, Any], key: str) -> float:
+        if "reward" in body:
+            value = body["reward"]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or abs(value) > MAX_REWARD:
+                raise chat.RequestError(f"reward: a finite number within ±{MAX_REWARD:g} is required", "reward")
+            return float(value)
+        completion = body.get("completion")
+        if not isinstance(completion, str):
+            raise chat.RequestError('give {"reward": number} or {"completion": text} (scored by spec.reward)',
+                                    "reward")
+        task = self.tasks.task(key) if self.tasks is not None else None
+        if task is None or self.config.reward is None:
+            raise chat.RequestError(f"completion: the session's group {key[:128]!r} is not a task of "
+                                    "/v1/tasks/next; send {\"reward\": number}", "completion")
+        return float(self.config.reward(task.prompt, completion, task.answer))
+
+    async def _deliver(self, group: Any) -> None:
+        self.stats.groups += 1
+        await self.controller.deliver(group.result())
+
+
+def log_stats(gateway: Gateway) -> None:
+    log.info("gateway: %s", json.dumps(gateway.stats.as_dict(gateway.table.expired)))
+

@@ -1,0 +1,159 @@
+"""Agent sessions → rewarded trajectories, grouped for GRPO (pure state; the server is the I/O).
+
+A session is one episode of the agent (``X-KubeRL-Session``). Every completion it asks for is
+recorded: the prompt tokens are rendered from its messages; when they extend what the session
+holds so far (its earlier prompt + completions), only the new tokens are appended — as context
+(loss mask 0) — and the completion's tokens follow as the policy's (mask 1, with their log-probs
+and versions). When they do not (the agent rewrote its history), the session starts a new segment;
+each segment becomes one trajectory. The agent ends a session with a reward, which every segment
+of the session gets.
+
+Sessions join groups (``X-KubeRL-Group``, e.g. the task id; without one, sessions fill anonymous
+groups in arrival order). A group holds ``group_size`` sessions; its first session takes a slot
+from the staleness budget (``admit``: None means no slot, the server answers 429). A group is
+done when all its seats are taken and every session in it ended; a session idle for longer than
+``timeout`` seconds ends without a reward (its tokens are not trained on), and a group that has
+not filled its seats within ``timeout`` closes the empty ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..agent.workflow import Episode
+from ..inference.contract import FINISH_STOP
+from ..rollout.types import Group, Trajectory
+
+ANONYMOUS = ""
+
+
+@dataclass
+class Segment:
+    prompt_ids: list[int]
+    episode: Episode = field(default_factory=Episode)
+    finish_reason: str = FINISH_STOP
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.episode.output_ids
+
+
+@dataclass
+class Session:
+    id: str
+    touched: float
+    segments: list[Segment] = field(default_factory=list)
+    reward: float | None = None
+    ended: bool = False
+    prefix_breaks: int = 0
+
+    def context(self, prompt_ids: list[int]) -> list[int]:
+        """Take a completion's rendered prompt; returns the tokens to generate from (see the module doc)."""
+        current = self.segments[-1] if self.segments else None
+        if current is not None and prompt_ids[:len(current.ids)] == current.ids:
+            current.episode.context(prompt_ids[len(current.ids):])
+        else:
+            if current is not None:
+                self.prefix_breaks += 1
+            self.segments.append(Segment(list(prompt_ids)))
+        return self.segments[-1].ids
+
+    def policy(self, ids: list[int], logprobs: list[float], versions: list[int], finish_reason: str) -> None:
+        """The policy's completion of the current segment."""
+        segment = self.segments[-1]
+        segment.episode.policy(ids, logprobs, versions)
+        segment.finish_reason = finish_reason
+
+    def tool_called(self) -> None:
+        self.segments[-1].episode.tool_calls += 1
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(s.episode.output_ids) for s in self.segments)
+
+    def trajectories(self, group_id: int) -> list[Trajectory]:
+        if self.reward is None:
+            return []
+        return [Trajectory(s.prompt_ids, s.episode.output_ids, s.episode.logprobs, s.episode.versions,
+                           self.reward, group_id, s.finish_reason,
+                           info={"tool_calls": str(s.episode.tool_calls)}, loss_mask=s.episode.mask)
+                for s in self.segments if any(s.episode.mask)]
+
+
+@dataclass
+class SessionGroup:
+    id: int
+    key: str
+    seats: int
+    opened: float
+    sessions: list[Session] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.sessions) >= self.seats and all(s.ended for s in self.sessions)
+
+    def result(self) -> Group | None:
+        trajectories = [t for s in self.sessions for t in s.trajectories(self.id)]
+        return Group(trajectories) if trajectories else None
+
+
+@dataclass
+class SessionTable:
+    group_size: int
+    timeout: float
+    sessions: dict[str, tuple[Session, SessionGroup]] = field(default_factory=dict)
+    filling: dict[str, SessionGroup] = field(default_factory=dict)  # key → its group with free seats
+    expired: int = 0
+
+    def get(self, session_id: str) -> Session | None:
+        found = self.sessions.get(session_id)
+        return found[0] if found else None
+
+    def group_of(self, session_id: str) -> SessionGroup:
+        return self.sessions[session_id][1]
+
+    def join(self, session_id: str, key: str | None, now: float, admit: Callable[[], int | None]) -> Session | None:
+        """The session ``session_id`` (new ones join ``key``'s group); None: no staleness budget."""
+        if (found := self.sessions.get(session_id)) is not None:
+            found[0].touched = now
+            return found[0]
+        key = ANONYMOUS if key is None else key
+        group = self.filling.get(key)
+        if group is None:
+            group_id = admit()
+            if group_id is None:
+                return None
+            group = self.filling[key] = SessionGroup(group_id, key, self.group_size, now)
+        session = Session(session_id, now)
+        group.sessions.append(session)
+        self.sessions[session_id] = (session, group)
+        if len(group.sessions) >= group.seats:
+            del self.filling[key]
+        return session
+
+    def end(self, session_id: str, reward: float | None) -> SessionGroup | None:
+        """End a session (``reward`` None: untrained); its group when that is now done."""
+        session, group = self.sessions[session_id]
+        session.reward, session.ended = reward, True
+        return self._release(group) if group.done else None
+
+    def expire(self, now: float) -> list[SessionGroup]:
+        """End idle sessions and close the empty seats of old groups; the groups now done."""
+        for session, _ in list(self.sessions.values()):
+            if not session.ended and now - session.touched > self.timeout:
+                session.ended = True
+                self.expired += 1
+        for key, group in list(self.filling.items()):
+            if now - group.opened > self.timeout:
+                group.seats = len(group.sessions)
+                del self.filling[key]
+        groups = {id(g): g for _, g in self.sessions.values() if g.done}
+        return [self._release(g) for g in groups.values()]
+
+    def _release(self, group: SessionGroup) -> SessionGroup:
+        for session in group.sessions:
+            self.sessions.pop(session.id, None)
+        if self.filling.get(group.key) is group:
+            del self.filling[group.key]
+        return group
