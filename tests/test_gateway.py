@@ -61,6 +61,7 @@ def test_sessions_fill_groups_and_idle_ones_expire():
     a = table.join("a", "task-1", 0, admit)
     b = table.join("b", "task-1", 1, admit)
     c = table.join("c", None, 2, admit)
+    e = table.join("e", None, 2.5, admit)
     assert a is not None and b is not None and c is not None and admitted == [0, 1]
     assert table.join("d", "task-2", 3, admit) is None  # a third group: no budget
     for s in (a, b):
@@ -69,11 +70,13 @@ def test_sessions_fill_groups_and_idle_ones_expire():
     assert table.end("a", 1.0) is None  # b is still running
     group = table.end("b", 0.0)
     assert group is not None and [t.reward for t in group.result().trajectories] == [1.0, 0.0]
-    c.context([5])
-    c.policy([9], [-1.0], [0], "stop")
+    for s in (c, e):
+        s.context([5])
+        s.policy([9], [-1.0], [0], "stop")
+    assert table.end("e", 1.0) is None
     assert table.expire(now=5) == []
-    (closed,) = table.expire(now=13)  # c idle > 10 s, its empty seat closed: done without a reward
-    assert closed.result() is None and table.expired == 1 and table.get("c") is None
+    (short,) = table.expire(now=13)  # c idle > 10 s: its group has 1 rewarded episode of 2
+    assert short.result() is None and table.expired == 1 and table.get("c") is None
 
 
 def test_a_rewritten_history_starts_a_new_segment():
@@ -88,7 +91,8 @@ def test_a_rewritten_history_starts_a_new_segment():
     assert s.context([1, 7]) == [1, 7] and s.prefix_breaks == 1
     s.policy([8], [-1.0], [1], "stop")
     s.reward = 1.0
-    assert [t.output_ids for t in s.trajectories(0)] == [[3, 4, 9, 5], [8]]
+    trajectory = s.trajectory(0)
+    assert trajectory is not None and trajectory.output_ids == [8] and trajectory.prompt_ids == [1, 7]
 
 
 def serve_in_thread(app: Any, port: int) -> Any:
@@ -215,6 +219,12 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
     gateway.controller.update_weights(weights, version + 1).result(60)
     waiting.join(30)  # … and the retry gets through
     assert retried and retried[0].choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": "21*43="}]},
+                                            stream=True, extra_headers={"X-KubeRL-Session": "s3"})
+    chunks = list(stream)
+    delta = chunks[0].choices[0].delta
+    assert delta.role == "assistant" and (delta.content or delta.tool_calls)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "tool_calls", "length")
     with pytest.raises(openai.NotFoundError):
         client.post("/sessions/nobody/reward", body={"reward": 1.0}, cast_to=object)
     with pytest.raises(openai.AuthenticationError):

@@ -34,8 +34,11 @@ from .api.contract import (
     ENV_CHECKPOINT_URI,
     ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
+    ENV_GATEWAY_PORT,
     ENV_INFERENCE_URLS,
     ENV_MAX_STEPS,
+    ENV_OPENAI_API_KEY,
+    ENV_OPENAI_BASE_URL,
     ENV_PODINFO_LABELS,
     ENV_PROGRESS_PORT,
     ENV_REPLICA,
@@ -54,6 +57,7 @@ from .runconfig import write_run_config
 from .weights.discovery import format_labels
 
 REPLICA_RESTARTS = 5  # per replica, before the run fails
+KINDS = {"inference": "inference replica", "agent": "agent"}
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
 
 
@@ -105,15 +109,15 @@ def free_port() -> int:
 class Children:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def spawn(self, args: list[str], env: dict[str, str], cores: list[int] | None,
-              log: Path) -> subprocess.Popen[bytes]:
+    def spawn(self, args: list[str], env: dict[str, str], cores: list[int] | None, log: Path,
+              cwd: Path | None = None) -> subprocess.Popen[bytes]:
         def pin() -> None:
             if cores:
                 os.sched_setaffinity(0, cores)
 
         out = open(log, "ab")  # a restarted process appends to its predecessor's log
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
-                                start_new_session=True)
+                                start_new_session=True, cwd=cwd)
         self.procs.append(proc)
         return proc
 
@@ -128,6 +132,41 @@ class Children:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def restart_exited(procs: list[subprocess.Popen[bytes]], spawn: Any, kind: str, logs: str, restarts: dict[str, int],
+                   limit: int, say: Any) -> None:
+    """Replace every process of ``procs`` that exited (``spawn(i)`` makes process i again), the way
+    a controller replaces a pod; past ``limit`` restarts of ``kind`` the run fails with the log's tail
+    (``logs``: the log path with ``{}`` for i)."""
+    for i, proc in enumerate(procs):
+        if proc.poll() is None:
+            continue
+        log = Path(logs.format(i))
+        if restarts[kind] >= limit:
+            raise RunError(f"{KINDS[kind]} {i} keeps failing (exit {proc.returncode}); last lines of {log}:\n"
+                           f"{_tail(log)}")
+        restarts[kind] += 1
+        say(f"{KINDS[kind]} {i} exited with code {proc.returncode}; restarting it")
+        procs[i] = spawn(i)
+
+
+def agent_env(spec: Any, base_env: dict[str, str], gateway_port: int) -> dict[str, str]:
+    """The agent's environment in a local run: the gateway as its OpenAI endpoint, the run's token as
+    its key, and ``spec.agent.env`` (values only: a Secret exists on a cluster alone)."""
+    env = {**base_env, ENV_OPENAI_BASE_URL: f"http://127.0.0.1:{gateway_port}/v1",
+           ENV_OPENAI_API_KEY: base_env[ENV_API_TOKEN]}
+    for n, var in enumerate(spec.agent.env):
+        if var.value is None:
+            raise RunError(f"spec.agent.env[{n}] ({var.name}): valueFrom reads a Secret, which exists on a cluster "
+                           "only; kuberl run takes a value (or --set it)")
+        env[var.name] = var.value
+    return env
+
+
+def agent_command(command: list[str]) -> list[str]:
+    """``spec.agent.command`` for a local run: ``python`` is this interpreter (it has the openai client)."""
+    return [sys.executable if command[0] in ("python", "python3") else command[0], *command[1:]]
 
 
 def _progress(port: int) -> dict[str, Any] | None:
@@ -212,7 +251,8 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     progress_port = free_port()
     summary_file = work / "summary.json"
     children = Children()
-    restarts = {"trainer": 0, "inference": 0}
+    restarts = {"trainer": 0, "inference": 0, "agent": 0}
+    gateway_port = free_port()
 
     python = inference_python(str(inference.engine))
 
@@ -233,6 +273,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
                    ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in ports),
                    ENV_PROGRESS_PORT: str(progress_port), ENV_SUMMARY_PATH: str(summary_file),
+                   ENV_GATEWAY_PORT: str(gateway_port),
                    ENV_CHECKPOINT_URI: checkpoints,
                    ENV_STAGING_DIR: str(work / "staging"),
                    ENV_WEIGHTS_DIR: str(work / "weights"),
@@ -244,6 +285,11 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
                                         core, work / f"trainer-{rank}.log"))
         return ranks
 
+    def spawn_agent(i: int) -> subprocess.Popen[bytes]:
+        assert spec.agent is not None
+        return children.spawn(agent_command(spec.agent.command), agent_env(spec, base_env, gateway_port), None,
+                              work / f"agent-{i}.log", cwd=path.resolve().parent)
+
     display = ProgressDisplay(sys.stderr)
     say = display.message  # restarts are reported even with --quiet (which only hides the progress)
 
@@ -251,18 +297,16 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     try:
         replicas = [spawn_replica(r) for r in range(inference.replicas)]
         ranks = spawn_gang()
+        agents = [spawn_agent(i) for i in range(spec.agent.replicas if spec.agent else 0)]
         say(f"{obj.metadata.name}: {inference.replicas} inference replica(s), {world} trainer rank(s)"
+            f"{f', {len(agents)} agent(s) on the gateway' if agents else ''}"
             f"{' pinned to separate cores' if pinned else ''}; logs in {work}; checkpoints to {checkpoints}")
         while not all(p.poll() == 0 for p in ranks):
-            for r, proc in enumerate(replicas):  # a replica is replaced alone; training goes on
-                if proc.poll() is not None:
-                    log = work / f"inference-{r}.log"
-                    if restarts["inference"] >= REPLICA_RESTARTS * inference.replicas:
-                        raise RunError(f"inference replica {r} keeps failing (exit {proc.returncode}); last lines "
-                                       f"of {log}:\n{_tail(log)}")
-                    restarts["inference"] += 1
-                    say(f"inference replica {r} exited with code {proc.returncode}; restarting it")
-                    replicas[r] = spawn_replica(r)
+            # a replica or an agent is replaced alone; training goes on
+            restart_exited(replicas, spawn_replica, "inference", str(work / "inference-{}.log"), restarts,
+                           REPLICA_RESTARTS * inference.replicas, say)
+            restart_exited(agents, spawn_agent, "agent", str(work / "agent-{}.log"), restarts,
+                           REPLICA_RESTARTS * len(agents), say)
             failed = [p for p in ranks if p.poll() not in (None, 0)]
             if failed:  # any rank failing restarts the whole gang from the last checkpoint
                 for p in ranks:

@@ -86,7 +86,20 @@ def resolve(spec: RLExperimentSpec) -> tuple[InferencePlan | None, TrainerPlan |
             return None, None, issues.items
     inference = _resolve_inference(spec, alloc, issues)
     trainer = _resolve_trainer(spec, alloc, issues)
+    _check_agent(spec, issues)
     return inference, trainer, issues.items
+
+
+def _check_agent(spec: RLExperimentSpec, issues: _Issues) -> None:
+    """With ``spec.agent`` the user's agent drives every episode (and runs its own tools)."""
+    if spec.agent is None:
+        return
+    if spec.rollout.tools:
+        issues.add("spec.rollout.tools", "the built-in tool workflow does not run when spec.agent drives the "
+                                         "episodes (the agent runs its own tools); remove one of the two")
+    if spec.evaluation is not None:
+        issues.add("spec.evaluation", "evaluation runs the built-in workflow on spec.dataset; with spec.agent the "
+                                      "agent drives the episodes (report evaluation from the agent); remove one")
 
 
 def _check_device_request(spec_path: str, placement, per_pod: int, issues: _Issues) -> None:

@@ -23,7 +23,6 @@ arrives in one piece when the turn is done.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -45,7 +44,7 @@ from ..inference.contract import FINISH_LENGTH
 from ..jsonbody import read_json
 from ..rollout.controller import RolloutController
 from . import chat
-from .sessions import Session, SessionTable
+from .sessions import Session, SessionGroup, SessionTable
 from .tasks import TaskDealer
 
 log = logging.getLogger("kuberl.gateway")
@@ -70,7 +69,8 @@ class GatewayStats:
     sessions: int = 0
     completions: int = 0
     rejected: int = 0  # 429s: the staleness budget was used up
-    groups: int = 0
+    groups: int = 0  # delivered to the trainer
+    groups_dropped: int = 0  # fewer than groupSize rewarded episodes (expired sessions)
     prefix_breaks: int = 0
 
     def as_dict(self, expired: int) -> dict[str, int]:
@@ -109,8 +109,11 @@ class Gateway:
         self.controller.call(self._start(port), timeout=30)
 
     def stop(self) -> None:
-        with contextlib.suppress(RuntimeError):
-            self.controller.call(self._stop(), timeout=30)
+        self.controller.call(self._stop(), timeout=30)
+
+    def summary(self) -> dict[str, int]:
+        """Sessions, completions, 429s, groups delivered, prefix breaks, sessions expired."""
+        return self.stats.as_dict(self.table.expired)
 
     async def _start(self, port: int) -> None:
         self._runner = web.AppRunner(self.app())
@@ -208,7 +211,7 @@ class Gateway:
         return web.json_response({"session": session_id, "reward": value, "tokens": session.generated_tokens})
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", **self.stats.as_dict(self.table.expired)})
+        return web.json_response({"status": "ok", **self.summary()})
 
     # -- steps ----------------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> dict[str, Any]:
@@ -257,6 +260,17 @@ class Gateway:
         session.touched = time.monotonic()
         return ids, gen.finish_reason or FINISH_LENGTH, (len(context), len(ids))
 
+    @staticmethod
+    async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
+        """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
     def _cut_at_call(self, ids: list[int]) -> list[int]:
         end = first_call_end(self._text(ids))
         return ids if end is None else prefix_reaching(ids, self._text, end)
@@ -282,11 +296,9 @@ class Gateway:
                                     "/v1/tasks/next; send {\"reward\": number}", "completion")
         return float(self.config.reward(task.prompt, completion, task.answer))
 
-    async def _deliver(self, group: Any) -> None:
-        self.stats.groups += 1
-        await self.controller.deliver(group.result())
-
-
-def log_stats(gateway: Gateway) -> None:
-    log.info("gateway: %s", json.dumps(gateway.stats.as_dict(gateway.table.expired)))
+    async def _deliver(self, group: SessionGroup) -> None:
+        result = group.result()
+        self.stats.groups += result is not None
+        self.stats.groups_dropped += result is None
+        await self.controller.deliver(result)
 

@@ -4,16 +4,17 @@ A session is one episode of the agent (``X-KubeRL-Session``). Every completion i
 recorded: the prompt tokens are rendered from its messages; when they extend what the session
 holds so far (its earlier prompt + completions), only the new tokens are appended — as context
 (loss mask 0) — and the completion's tokens follow as the policy's (mask 1, with their log-probs
-and versions). When they do not (the agent rewrote its history), the session starts a new segment;
-each segment becomes one trajectory. The agent ends a session with a reward, which every segment
-of the session gets.
+and versions). When they do not (the agent rewrote its history), the session starts a new segment.
+The agent ends a session with a reward; the session's last segment (the stretch that led to it)
+becomes its trajectory — earlier segments are not trained on (``prefix_breaks`` counts them).
 
 Sessions join groups (``X-KubeRL-Group``, e.g. the task id; without one, sessions fill anonymous
 groups in arrival order). A group holds ``group_size`` sessions; its first session takes a slot
 from the staleness budget (``admit``: None means no slot, the server answers 429). A group is
 done when all its seats are taken and every session in it ended; a session idle for longer than
-``timeout`` seconds ends without a reward (its tokens are not trained on), and a group that has
-not filled its seats within ``timeout`` closes the empty ones.
+``timeout`` seconds ends without a reward, and a group that has not filled its seats within
+``timeout`` closes the empty ones. Only a group of ``group_size`` rewarded episodes is trained on
+(GRPO's baseline is the group's mean): any other is dropped and its slot reopens.
 """
 
 from __future__ import annotations
@@ -72,30 +73,37 @@ class Session:
     def generated_tokens(self) -> int:
         return sum(len(s.episode.output_ids) for s in self.segments)
 
-    def trajectories(self, group_id: int) -> list[Trajectory]:
-        if self.reward is None:
-            return []
-        return [Trajectory(s.prompt_ids, s.episode.output_ids, s.episode.logprobs, s.episode.versions,
-                           self.reward, group_id, s.finish_reason,
-                           info={"tool_calls": str(s.episode.tool_calls)}, loss_mask=s.episode.mask)
-                for s in self.segments if any(s.episode.mask)]
+    def trajectory(self, group_id: int) -> Trajectory | None:
+        """The rewarded episode's last segment (None: no reward, or the policy wrote nothing in it)."""
+        if self.reward is None or not self.segments or not any(self.segments[-1].episode.mask):
+            return None
+        s = self.segments[-1]
+        return Trajectory(s.prompt_ids, s.episode.output_ids, s.episode.logprobs, s.episode.versions, self.reward,
+                          group_id, s.finish_reason, info={"tool_calls": str(s.episode.tool_calls)},
+                          loss_mask=s.episode.mask)
 
 
 @dataclass
 class SessionGroup:
     id: int
     key: str
-    seats: int
+    size: int
     opened: float
+    seats: int = 0  # size, until closed early
     sessions: list[Session] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.seats = self.seats or self.size
 
     @property
     def done(self) -> bool:
         return len(self.sessions) >= self.seats and all(s.ended for s in self.sessions)
 
     def result(self) -> Group | None:
-        trajectories = [t for s in self.sessions for t in s.trajectories(self.id)]
-        return Group(trajectories) if trajectories else None
+        """The group's trajectories when all ``size`` episodes were rewarded, else None."""
+        trajectories = [s.trajectory(self.id) for s in self.sessions]
+        complete = [t for t in trajectories if t is not None]
+        return Group(complete) if len(complete) == self.size else None
 
 
 @dataclass

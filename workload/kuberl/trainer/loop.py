@@ -21,17 +21,21 @@ import torch
 from ..api import resolve
 from ..api.contract import (
     ENV_CHECKPOINT_URI,
+    ENV_GATEWAY_PORT,
     ENV_MAX_STEPS,
     ENV_PROGRESS_PORT,
     ENV_STAGING_DIR,
     ENV_TERMINATION_LOG,
+    GATEWAY_PORT,
     TERMINATION_LOG,
 )
 from ..auth import api_token
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
+from ..gateway.server import Gateway, GatewayConfig
 from ..models.loading import load_model
+from ..rewards import load_reward
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
@@ -76,6 +80,7 @@ class Session:
     sft_losses: list[float]
     controller: RolloutController | None = None
     server: ProgressServer | None = None
+    gateway: Gateway | None = None
     curves: Curves | None = None
     evaluations: Evaluations | None = None
 
@@ -119,23 +124,33 @@ def _require_fsdp(run: RunConfig) -> None:
 
 
 def _start_rollout(run: RunConfig, tokenizer: Any, first_step: int, data_position: int, max_steps: int,
-                   urls: list[str]) -> tuple[RolloutController, ProgressServer]:
+                   urls: list[str]) -> tuple[RolloutController, ProgressServer, Gateway | None]:
     """Rank 0: the rollout controller on its own loop, admission restored to the resumed version,
-    and the progress endpoint."""
+    the progress endpoint, and with ``spec.agent`` the gateway the agent's episodes come through
+    (instead of the dataset's, through the run's workflow)."""
     spec, algo = run.spec, run.spec.algorithm
-    workflow = make_workflow(spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
-                             max_new_tokens=spec.rollout.max_new_tokens, reward_function=spec.reward.function)
     manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
                                max(1, spec.rollout.max_concurrent // algo.group_size))
     manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
-    controller = RolloutController(InferenceClient(urls, api_token()), workflow,
-                                   examples(spec.dataset, spec.seed, data_position), manager)
+    data = examples(spec.dataset, spec.seed, data_position)
+    workflow = None if spec.agent else make_workflow(
+        spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
+        max_new_tokens=spec.rollout.max_new_tokens, reward_function=spec.reward.function)
+    controller = RolloutController(InferenceClient(urls, api_token()), workflow, None if spec.agent else data, manager)
     controller.episodes = data_position
     controller.start()
     server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step, max_steps=max_steps,
                                      phase="running"))
     server.start_in(controller.loop, int(os.environ.get(ENV_PROGRESS_PORT, "8080")))
-    return controller, server
+    gateway = None
+    if spec.agent is not None:
+        gateway = Gateway(controller, tokenizer, GatewayConfig(
+            model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
+            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+            session_timeout=spec.agent.session_timeout_seconds, reward=load_reward(spec.reward.function)),
+            api_token(), tasks=data)
+        gateway.start_in(int(os.environ.get(ENV_GATEWAY_PORT, GATEWAY_PORT)))
+    return controller, server, gateway
 
 
 def set_up(run: RunConfig, rank: int, world: int, device: torch.device, urls: list[str]) -> Session:
@@ -163,10 +178,10 @@ def set_up(run: RunConfig, rank: int, world: int, device: torch.device, urls: li
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     first_step = resumed.step if resumed else 0
     max_steps = int(os.environ.get(ENV_MAX_STEPS, spec.algorithm.max_steps))
-    controller = server = None
+    controller = server = gateway = None
     if rank == 0:
-        controller, server = _start_rollout(run, tokenizer, first_step, resumed.data_position if resumed else 0,
-                                            max_steps, urls)
+        position = resumed.data_position if resumed else 0
+        controller, server, gateway = _start_rollout(run, tokenizer, first_step, position, max_steps, urls)
     sync = make_weight_sync(str(spec.weight_sync.mode), controller, rank, world, spec.weight_sync.directory)
     sync.push(actor, first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
@@ -174,7 +189,7 @@ def set_up(run: RunConfig, rank: int, world: int, device: torch.device, urls: li
         log.info("initial weights (version %d) pushed; SFT warm-up losses %s", first_step,
                  [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
     session = Session(run, rank, world, tokenizer, config, actor, checkpointer, sync, first_step, max_steps,
-                      sft_losses, controller, server)
+                      sft_losses, controller, server, gateway)
     if rank == 0:
         assert controller is not None
         session.curves = Curves.for_run(os.environ.get(ENV_CHECKPOINT_URI) or spec.checkpoint.uri)
@@ -236,7 +251,8 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
     assert s.controller is not None and s.server is not None and s.curves is not None
     reward = mean([t.reward for t in trajs]) or 0.0
     tally.rewards.append(reward)
-    tools = mean([float(t.info.get("tool_calls", 0)) for t in trajs]) if s.run.spec.rollout.tools else None
+    multi_turn = bool(s.run.spec.rollout.tools or s.run.spec.agent)
+    tools = mean([float(t.info.get("tool_calls", 0)) for t in trajs]) if multi_turn else None
     if tools is not None:
         tally.tool_calls.append(tools)
     elapsed = time.perf_counter() - tally.start
@@ -302,6 +318,7 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
                   f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}
                  for e in (s.evaluations.history if s.evaluations else [])],
         "tensorboard": s.curves.location if s.curves else None,
+        "gateway": s.gateway.summary() if s.gateway else None,
     }
 
 
@@ -345,5 +362,7 @@ def train(run: RunConfig, rank: int, world: int, device: torch.device, urls: lis
     summary = summarize(s, tally)
     s.server.update(phase="succeeded")
     s.server.write_termination_message(Path(os.environ.get(ENV_TERMINATION_LOG, TERMINATION_LOG)))
+    if s.gateway is not None:
+        s.gateway.stop()
     s.controller.stop()
     return summary
