@@ -17,8 +17,14 @@ Pod's first container as a process, the way a kubelet would:
   honoured;
 - a Pod that is deleted has its process group terminated (SIGTERM, then SIGKILL after 10 s).
 
-What it does not do: images (every container runs this repository's venv), resource limits,
-``securityContext`` users (processes run as the runner's user), liveness kills, exec probes.
+It also does two jobs of the control plane: a Deployment's pods are kept at ``replicas`` (named
+``<deployment>-<template hash>-<i>``; a changed template replaces them all at once), and a Service
+with a selector resolves by name (``<svc>[.<ns>[.svc[.cluster.local]]]`` in ``/etc/hosts``) to the
+IP of a running pod it selects (what kube-proxy's virtual IP would reach).
+
+What it does not do: images (every container runs this repository's venv; the workload image's
+``/opt/kuberl/examples`` is this repository's ``examples/``), resource limits, ``securityContext``
+users (processes run as the runner's user), liveness kills, exec probes.
 Needs root (mount namespaces); the test skips with that reason elsewhere.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import re
@@ -140,6 +147,28 @@ def mount_commands(binds: list[tuple[Path, str]], keep_visible: list[str]) -> li
     return out
 
 
+def selects(selector: dict[str, str], labels: dict[str, str] | None) -> bool:
+    return bool(selector) and all((labels or {}).get(k) == v for k, v in selector.items())
+
+
+def deployment_pods(deployment: Manifest, pods: list[Manifest]) -> tuple[list[Manifest], list[str]]:
+    """(pods to create, names of pods to delete) that bring ``deployment`` to its replicas."""
+    meta, spec = deployment["metadata"], deployment["spec"]
+    template = spec["template"]
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:8]
+    wanted = {f"{meta['name']}-{digest}-{i}" for i in range(spec.get("replicas", 1))}
+    owned = [p["metadata"]["name"] for p in pods
+             if any(r.get("uid") == meta["uid"] for r in p["metadata"].get("ownerReferences") or [])]
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"], "uid": meta["uid"],
+             "controller": True, "blockOwnerDeletion": True}
+    create = [{"apiVersion": "v1", "kind": "Pod",
+               "metadata": {**template.get("metadata", {}), "name": name, "namespace": meta["namespace"],
+                            "ownerReferences": [owner]},
+               "spec": {"restartPolicy": "Always", **template["spec"]}}
+              for name in sorted(wanted - set(owned))]
+    return create, sorted(set(owned) - wanted)
+
+
 def container_policy(pod: Manifest) -> str:
     return pod["spec"]["containers"][0].get("terminationMessagePolicy") or "File"
 
@@ -174,6 +203,8 @@ class Kubelet:
         self.pods: dict[tuple[str, str], Running] = {}
         self.hosts = workdir / "hosts"
         self.next_ip = 1
+        self.services: list[Manifest] = []
+        self.image_dirs = [(Path(__file__).resolve().parent.parent / "examples", "/opt/kuberl/examples")]
 
     # -- API -------------------------------------------------------------------------------------
     def register_node(self) -> None:
@@ -251,12 +282,13 @@ class Kubelet:
         termination = run.root / "termination-log"
         termination.write_text("")
         target = container.get("terminationMessagePath") or "/dev/termination-log"
-        binds = [*self._volumes(run), (self.hosts, "/etc/hosts"), (termination, target)]
-        script = " && ".join([*mount_commands(binds, self.image_paths), 'exec "$@"'])
+        binds = [*self._volumes(run), *self.image_dirs, (self.hosts, "/etc/hosts"), (termination, target)]
+        workdir = shlex.quote(container.get("workingDir") or "/")
+        script = " && ".join([*mount_commands(binds, self.image_paths), f"cd {workdir}", 'exec "$@"'])
         log = open(run.root / "container.log", "ab")  # the child process keeps it open
         run.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script,
                                      "sh", *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=container.get("workingDir") or "/")  # fmt: skip
+                                    start_new_session=True, cwd="/")  # fmt: skip
         run.started = run.ready = False
 
     def _try_start(self, run: Running) -> None:
@@ -298,7 +330,19 @@ class Kubelet:
         run.proc.wait()
 
     # -- the loop --------------------------------------------------------------------------------
+    def sync_deployments(self, pods: list[Manifest]) -> None:
+        for deployment in self.kube.list("apps/v1", "Deployment", None, {}):
+            if deployment["metadata"].get("deletionTimestamp"):
+                continue
+            create, delete = deployment_pods(deployment, pods)
+            for pod in create:
+                self.kube.create(pod)
+            for name in delete:
+                self.kube.delete("v1", "Pod", deployment["metadata"]["namespace"], name)
+
     def sync_once(self) -> None:
+        self.sync_deployments(self.kube.list("v1", "Pod", None, {}))
+        self.services = self.kube.list("v1", "Service", None, {})
         pods = self.kube.list("v1", "Pod", None, {})
         for pod in pods:
             if not pod["spec"].get("nodeName") and not pod["metadata"].get("deletionTimestamp"):
@@ -327,6 +371,7 @@ class Kubelet:
             self._volumes(run)  # refresh downward-API files (labels arrive after scheduling)
             self._advance(run)
             self.report(run)
+        self._write_hosts()  # Services follow the pods they select
 
     def _advance(self, run: Running) -> None:
         if run.terminal:
@@ -349,6 +394,13 @@ class Kubelet:
     def _write_hosts(self) -> None:
         lines = ["127.0.0.1 localhost"]
         lines += [f"{run.ip} {' '.join(dns_names(run.pod))}" for run in self.pods.values() if dns_names(run.pod)]
+        for svc in self.services:
+            meta = svc["metadata"]
+            target = next((run for run in self.pods.values() if not run.terminal and run.proc is not None
+                           and selects(svc["spec"].get("selector") or {}, run.pod["metadata"].get("labels"))), None)
+            if target is not None:
+                name, ns = meta["name"], meta["namespace"]
+                lines.append(f"{target.ip} {name} {name}.{ns} {name}.{ns}.svc {name}.{ns}.svc.cluster.local")
         text = "\n".join(lines) + "\n"
         if not self.hosts.exists() or self.hosts.read_text() != text:
             self.hosts.write_text(text)

@@ -39,9 +39,10 @@ class Outcome:
     leftover_pods: list[str] = field(default_factory=list)
 
 
-def manifest(path: Path, steps: int) -> tuple[Path, str]:
-    """The CPU example with ``steps`` training steps, written to ``path``; returns it and the name."""
-    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+def manifest(path: Path, steps: int, example: Path = EXAMPLE) -> tuple[Path, str]:
+    """``example`` (the CPU example) with ``steps`` training steps, written to ``path``; returns it
+    and the experiment's name."""
+    docs = [d for d in yaml.safe_load_all(example.read_text()) if d]
     for doc in docs:
         if doc.get("kind") == "RLExperiment":
             doc["spec"]["algorithm"]["maxSteps"] = steps
@@ -84,8 +85,9 @@ def run(kubectl: Kubectl, path: Path, name: str, timeout: float = 600, say: Call
     return outcome
 
 
-def problems(outcome: Outcome, steps: int) -> list[str]:
-    """What a user would call broken about this run (empty: the whole path works)."""
+def problems(outcome: Outcome, steps: int, learning: bool = True) -> list[str]:
+    """What a user would call broken about this run (empty: the whole path works). ``learning``:
+    also that the reward rose and the held-out evaluation reached ``kubectl get``."""
     out = []
     if outcome.phase != "Succeeded":
         out.append(f"phase {outcome.phase!r}, not Succeeded")
@@ -94,6 +96,13 @@ def problems(outcome: Outcome, steps: int) -> list[str]:
     running_steps = {s for p, s, _ in outcome.observed if p == "Running" and s is not None}
     if len(running_steps) < 2:
         out.append(f"kubectl get never showed the step moving while Running: {outcome.observed}")
+    if outcome.leftover_pods:
+        out.append(f"pods left after delete: {outcome.leftover_pods}")
+    return out + (learning_problems(outcome) if learning else [])
+
+
+def learning_problems(outcome: Outcome) -> list[str]:
+    out = []
     first, last = outcome.progress.get("rewardFirst10"), outcome.progress.get("rewardLast10")
     if not (isinstance(first, float) and isinstance(last, float) and last > first):
         out.append(f"reward did not improve: first 10 steps {first}, last 10 steps {last}")
@@ -102,8 +111,6 @@ def problems(outcome: Outcome, steps: int) -> list[str]:
         out.append(f"no held-out evaluation reached status.progress.evalReward: {outcome.progress}")
     elif not outcome.tables or "EVAL" not in outcome.tables[-1] or str(evaluated) not in outcome.tables[-1]:
         out.append(f"kubectl get rlexperiments does not show EVAL {evaluated}: {outcome.tables[-1:]}")
-    if outcome.leftover_pods:
-        out.append(f"pods left after delete: {outcome.leftover_pods}")
     return out
 
 

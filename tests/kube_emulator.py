@@ -83,6 +83,7 @@ EXTRA: list[tuple[str, str, str, str, bool]] = [  # group, version, plural, kind
     ("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True),
     ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
+    ("apps", "v1", "deployments", "Deployment", True),
 ]
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}

@@ -279,3 +279,33 @@ def test_quantity_values(text, value):
     from kuberl_operator.builders.common import quantity_value
 
     assert quantity_value(text) == value
+
+
+def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_rank_0():
+    """spec.agent: the Deployment's env points at the Service, whose selector picks exactly the
+    trainer's rank-0 pod among everything the experiment renders; secrets stay references."""
+    doc = load_example("cpu-agent-gateway.yaml")
+    doc["spec"]["agent"]["env"] = [{"name": "TASKS", "value": "easy"},
+                                   {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "k"}}}]
+    manifests = render(doc)
+    (deployment,) = by_kind(manifests, "Deployment")
+    service = next(m for m in by_kind(manifests, "Service") if m["metadata"]["name"].endswith("-gateway"))
+    pods = by_kind(manifests, "Pod")
+    chosen = [p["metadata"]["name"] for p in pods
+              if all(p["metadata"]["labels"].get(k) == v for k, v in service["spec"]["selector"].items())]
+    assert chosen == ["cpu-agent-gateway-trainer-n0"]
+    agent = container(deployment["spec"]["template"])
+    values = {e["name"]: e for e in agent["env"]}
+    port = service["spec"]["ports"][0]["port"]
+    assert values["OPENAI_BASE_URL"]["value"] == f"http://{service['metadata']['name']}.team-a.svc:{port}/v1"
+    assert values["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "cpu-agent-gateway-api-token"
+    assert values["JUDGE_KEY"] == {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "k"}}}
+    assert agent["command"] == ["python", "agents/calculator_agent.py", "--workers", "64"]
+    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert agent["resources"]["limits"]["memory"] == "2Gi"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (policy,) = by_kind(manifests, "NetworkPolicy")  # the agent's pods are let in: same experiment
+    assert all(labels.get(k) == v for k, v in policy["spec"]["ingress"][0]["from"][0]["podSelector"]
+               ["matchLabels"].items())
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()

@@ -32,8 +32,8 @@ VARIANTS = {
 }
 
 FULL_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
-VERBS_USED = {"Node": {"get"}, "Namespace": {"list", "watch"}, "Secret": {"get", "create"},
-              "NetworkPolicy": {"get", "create", "patch"}}  # everything else: FULL_VERBS
+VERBS_USED = {"Node": {"get"}, "Namespace": {"list", "watch"}, "Secret": {"get", "create"},  # the rest: FULL_VERBS
+              "NetworkPolicy": {"get", "create", "patch"}, "Deployment": {"get", "create", "patch"}}
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:

@@ -82,6 +82,36 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
         print(f"e2e: {outcome.seconds:.1f} s from apply to Succeeded; progress {outcome.progress}")
 
 
+AGENT_STEPS = 8
+
+
+async def test_the_users_agent_deployment_trains_the_policy_through_the_gateway_service(tmp_path, monkeypatch):
+    """spec.agent on the emulator: the operator makes the agent's Deployment and the gateway's
+    Service; the Deployment's pod (examples/agents/calculator_agent.py, the openai client) reaches the
+    gateway by the Service's DNS name, and its episodes are all the trainer trains on."""
+    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        with kubelet_stand_in(cluster, tmp_path) as node_dir:
+            example = ROOT / "examples/cpu-agent-gateway.yaml"
+            path, name = scenario.manifest(tmp_path / "agent.yaml", AGENT_STEPS, example)
+            kubectl = kubectl_for(cluster)
+            lines: list[str] = []
+            deployments: list[str] = []
+
+            def watch(status: dict[str, object]) -> None:
+                if not deployments:
+                    deployments.append(kubectl("get", "deployments", "-o", "name"))
+
+            outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 480, lines.append, watch)
+        agent_logs = [p.read_text(errors="replace") for p in node_dir.glob(f"pods/*{name}-agent-*/container.log")]
+        logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(node_dir.glob("pods/*/container.log")))
+        assert scenario.problems(outcome, AGENT_STEPS, learning=False) == [], "\n".join(lines) + logs
+        assert deployments == [f"deployment.apps/{name}-agent\n"]
+        assert agent_logs, "the agent Deployment's pod never ran"
+        assert "never answered" not in "".join(agent_logs)
+        assert processes_under(node_dir) == [], "pod processes outlived kubectl delete"
+
+
 def test_kubelet_stand_in_expands_like_a_kubelet():
     from e2e.kubelet import dns_names, expand, field_value
 

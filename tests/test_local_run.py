@@ -180,3 +180,18 @@ def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):
     gain = statistics.fmean(rewards[-20:]) - statistics.fmean(rewards[:20])
     assert gain >= 0.2, f"no real improvement in {steps} steps: {rewards}"
     assert statistics.fmean(calls[-20:]) >= 0.8  # it still asks the calculator
+
+
+def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
+    """examples/cpu-agent-gateway.yaml, shortened: kuberl run starts the agent (the openai package,
+    examples/agents/calculator_agent.py) against the run's gateway; every trained episode came
+    through it, the calculator is called, and the share of right answers rises."""
+    steps = 40
+    summary = run_local(ROOT / "examples/cpu-agent-gateway.yaml", [], steps, None, workdir=tmp_path / "run",
+                        quiet=True)
+    rewards, gateway = summary["rewards"], summary["gateway"]
+    assert len(rewards) == steps and summary["restarts"]["agent"] == 0
+    assert gateway["groups"] >= steps * 16 and gateway["sessions"] >= steps * 16 * 8, gateway
+    assert statistics.fmean(summary["tool_calls_per_episode"][-10:]) >= 0.8
+    gain = statistics.fmean(rewards[-10:]) - statistics.fmean(rewards[:10])
+    assert gain >= 0.1, f"no real improvement in {steps} steps: {rewards}"

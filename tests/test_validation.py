@@ -54,6 +54,12 @@ def test_examples_are_valid(capsys):
         ({"trainer__nodes": 5000}, "spec.trainer.nodes", "less than or equal to 1024"),
         ({"allocation": "vllm:d" + "9" * 5000 + "+fsdp:d8"}, "spec.allocation", "between 1 and 65536"),
         ({"allocation": "vllm:d4096+fsdp:d8"}, "spec.allocation", "at most 1024"),
+        ({"agent": {"command": []}}, "spec.agent.command", "at least 1 item"),
+        ({"agent": {"command": ["a"], "env": [{"name": "OPENAI_API_KEY", "value": "x"}]}}, "spec.agent.env.0",
+         "set by KubeRL"),
+        ({"agent": {"command": ["a"], "env": [{"name": "TOKEN"}]}}, "spec.agent.env.0",
+         "exactly one of value and valueFrom"),
+        ({"agent": {"command": ["a"], "replicas": 1000}}, "spec.agent.replicas", "less than or equal to 256"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
@@ -86,6 +92,11 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
          "spec.inference.resources.limits.nvidia.com/gpu", "needs 4 devices"),
         ({"allocation": "vllm:d1+megatron:(attn:d2p2t2|ffn:d1p2e4)", "trainer__acceleratorsPerNode": 8,
           "trainer__parallelism": {"expert": 2}}, "spec.trainer.parallelism.expert", "implies 4"),
+        # with spec.agent, the agent drives every episode: the built-in workflow's settings cannot apply
+        ({"agent": {"command": ["python", "agent.py"]}, "rollout__tools": ["calculator"]}, "spec.rollout.tools",
+         "the agent runs its own tools"),
+        ({"agent": {"command": ["python", "agent.py"]}, "evaluation": {}}, "spec.evaluation",
+         "the agent drives the episodes"),
     ],
 )
 def test_cross_field_rules(changes, field, fragment):

@@ -26,6 +26,7 @@ PLURALS = {
     "TrainerJob": "trainerjobs",
     "PodGroup": "podgroups",
     "PyTorchJob": "pytorchjobs",
+    "Deployment": "deployments",
 }
 CLUSTER_SCOPED = {"Node", "Namespace"}
 

@@ -20,3 +20,20 @@ def merge_patch_to(current: Any, desired: Any) -> Any:
             patch[key] = merge_patch_to(current[key], value)
     return patch
 
+
+
+def overlay_patch_to(current: Any, desired: Any) -> Any:
+    """The merge patch that sets every field ``desired`` names and leaves the rest of ``current``
+    alone (for objects the API server fills with defaults, e.g. a Deployment's strategy): nested
+    mappings recurse, lists and scalars are replaced whole. ``{}`` when nothing needs setting."""
+    if not isinstance(current, dict) or not isinstance(desired, dict):
+        return desired
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        if key not in current:
+            patch[key] = value
+        elif current[key] != value:
+            inner = overlay_patch_to(current[key], value)
+            if inner != {}:
+                patch[key] = inner
+    return patch

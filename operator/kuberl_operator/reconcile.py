@@ -27,7 +27,7 @@ from .builders.experiment import InvalidSpec
 from .builders.inference import pool_selector
 from .builders.trainer import job_selector
 from .kube import Kube, Manifest
-from .patch import merge_patch_to
+from .patch import merge_patch_to, overlay_patch_to
 from .progress import final_progress
 from .replacement import pods_to_replace
 from .status import (
@@ -86,17 +86,23 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
                       "remove it")
     field = _updated_field(obj)
     if field is not None and existing.get(field) != obj.get(field):
-        patch = merge_patch_to(existing.get(field) or {}, obj.get(field) or {})
-        existing = kube.patch(*key, {field: patch})
-        log.info("updated %s/%s %s", obj["kind"], meta["name"], field)
+        compute = overlay_patch_to if obj["kind"] in SERVER_DEFAULTED else merge_patch_to
+        patch = compute(existing.get(field) or {}, obj.get(field) or {})
+        if patch != {}:
+            existing = kube.patch(*key, {field: patch})
+            log.info("updated %s/%s %s", obj["kind"], meta["name"], field)
     return existing
 
 
+SERVER_DEFAULTED = ("Deployment",)
+
+
 def _updated_field(obj: Manifest) -> str | None:
-    """What ``ensure`` keeps in line with the desired object: a custom resource's or NetworkPolicy's
-    spec, a ConfigMap's data. Secrets (the API token) and Services are only ever created; pods are
-    replaced, never patched (``prune_pods``)."""
-    if obj["apiVersion"].startswith(f"{API_GROUP}/") or obj["kind"] == "NetworkPolicy":
+    """What ``ensure`` keeps in line with the desired object: a custom resource's, NetworkPolicy's or
+    Deployment's spec (a Deployment's only in the fields we set: the API server defaults the rest), a
+    ConfigMap's data. Secrets (the API token) and Services are only ever created; pods are replaced,
+    never patched (``prune_pods``)."""
+    if obj["apiVersion"].startswith(f"{API_GROUP}/") or obj["kind"] in ("NetworkPolicy", *SERVER_DEFAULTED):
         return "spec"
     return "data" if obj["kind"] == "ConfigMap" else None
 

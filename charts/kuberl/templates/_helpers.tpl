@@ -58,6 +58,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch]
+# spec.agent: the user's agent runs as a Deployment (garbage-collected with its experiment).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

@@ -1,4 +1,5 @@
-"""RLExperiment → InferencePool + TrainerJob + ConfigMap (the rendered run config)."""
+"""RLExperiment → InferencePool + TrainerJob + ConfigMap (the rendered run config) + NetworkPolicy,
+and with spec.agent the agent's Deployment and the gateway's Service."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from kuberl.api.spec import Parallelism, TrainerRuntime
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
+from ..accelerators import profile
 from .access import Peers, network_policy
+from .agent import build_agent_children
 from .common import Manifest, child_metadata
 
 
@@ -112,4 +115,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
            "metadata": child_metadata(parent, job_name, labels), "spec": job_spec.to_wire()}
     policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT])
-    return [config_map, pool, job, policy]
+    agent = [] if spec.agent is None else build_agent_children(
+        parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,
+        spec.trainer.runtime == TrainerRuntime.KUBEFLOW)
+    return [config_map, pool, job, policy, *agent]

@@ -21,6 +21,7 @@ ANNOTATION_TEMPLATE_HASH = f"{PREFIX}/template-hash"  # a pod or PyTorchJob whos
 ANNOTATION_CONFIG_REVISION = f"{PREFIX}/config-revision"  # the run config a pod reads at start (its hash)
 ROLE_INFERENCE = "inference"
 ROLE_TRAINER = "trainer"
+ROLE_AGENT = "agent"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kuberl-operator", "app.kubernetes.io/part-of": "kuberl"}
 
 CONFIG_MOUNT = "/etc/kuberl/config"
@@ -101,6 +102,12 @@ def inference_pod_name(pool: str, replica: int, host: int) -> str:
 
 def trainer_pod_name(job: str, rank: int) -> str:
     return f"{job}-n{rank}"
+
+
+def trainer_rank0_selector(experiment: str, kubeflow: bool = False) -> dict[str, str]:
+    """Labels that select trainer rank 0's pod (the gateway's Service selects it)."""
+    rank0 = {"training.kubeflow.org/replica-type": "master"} if kubeflow else {LABEL_RANK: "0"}
+    return {LABEL_EXPERIMENT: experiment, LABEL_ROLE: ROLE_TRAINER, **rank0}
 
 
 def trainer_rank0_pod(job: str, kubeflow: bool = False) -> str:

@@ -1,0 +1,103 @@
+"""spec.agent → the user's agent as a Deployment, and the gateway's Service in front of trainer rank 0.
+
+The agent's pods carry the experiment's label (its NetworkPolicy lets them reach the gateway) and
+get ``OPENAI_BASE_URL`` (the gateway Service's DNS name) and ``OPENAI_API_KEY`` (the experiment's
+token, from its Secret). They run non-root, without privilege escalation or a service-account
+token, with a writable ``/tmp`` only.
+"""
+
+from __future__ import annotations
+
+from kuberl.api.contract import (
+    API_TOKEN_KEY,
+    ENV_OPENAI_API_KEY,
+    ENV_OPENAI_BASE_URL,
+    GATEWAY_PORT,
+    LABEL_EXPERIMENT,
+    LABEL_ROLE,
+    MANAGED_BY,
+    ROLE_AGENT,
+    agent_deployment_name,
+    api_token_secret_name,
+    gateway_service_name,
+    trainer_rank0_selector,
+)
+from kuberl.api.spec import AgentSpec
+
+from .common import RUN_AS_USER, Manifest, child_metadata
+
+AGENT_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
+AGENT_MEMORY_LIMIT = "2Gi"
+AGENT_SCRATCH = "1Gi"
+
+
+def gateway_url(experiment: str, namespace: str | None) -> str:
+    host = gateway_service_name(experiment) + (f".{namespace}.svc" if namespace else "")
+    return f"http://{host}:{GATEWAY_PORT}/v1"
+
+
+def gateway_service(parent: Manifest, experiment: str, kubeflow: bool) -> Manifest:
+    """A ClusterIP Service on trainer rank 0's gateway port."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(parent, gateway_service_name(experiment), {LABEL_EXPERIMENT: experiment}),
+        "spec": {"selector": trainer_rank0_selector(experiment, kubeflow),
+                 "ports": [{"name": "gateway", "port": GATEWAY_PORT, "targetPort": GATEWAY_PORT}]},
+    }
+
+
+def agent_resources(agent: AgentSpec) -> Manifest:
+    """The user's requests/limits; cpu and memory requests and the memory limit have defaults."""
+    requests = dict(agent.resources.requests or {}) if agent.resources else {}
+    limits = dict(agent.resources.limits or {}) if agent.resources else {}
+    for name, floor in AGENT_REQUESTS.items():
+        requests.setdefault(name, limits.get(name, floor))
+    limits.setdefault("memory", AGENT_MEMORY_LIMIT)
+    return {"requests": requests, "limits": limits}
+
+
+def agent_env(agent: AgentSpec, experiment: str, namespace: str | None) -> list[Manifest]:
+    token = {"secretKeyRef": {"name": api_token_secret_name(experiment), "key": API_TOKEN_KEY}}
+    own = [{"name": ENV_OPENAI_BASE_URL, "value": gateway_url(experiment, namespace)},
+           {"name": ENV_OPENAI_API_KEY, "valueFrom": token}]
+    return own + [var.to_wire() for var in agent.env]
+
+
+def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image: str) -> Manifest:
+    namespace = parent["metadata"].get("namespace")
+    labels = {LABEL_EXPERIMENT: experiment, LABEL_ROLE: ROLE_AGENT}
+    container: Manifest = {
+        "name": "agent",
+        "image": agent.image or image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(agent.command),
+        "env": agent_env(agent, experiment, namespace),
+        "resources": agent_resources(agent),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "readOnlyRootFilesystem": True},
+    }
+    if agent.working_dir:
+        container["workingDir"] = agent.working_dir
+    pod_spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": AGENT_SCRATCH}}],
+    }
+    template = {"metadata": {"labels": {**MANAGED_BY, **labels}}, "spec": pod_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(parent, agent_deployment_name(experiment), labels),
+        "spec": {"replicas": agent.replicas, "selector": {"matchLabels": labels}, "template": template},
+    }
+
+
+def build_agent_children(parent: Manifest, experiment: str, agent: AgentSpec, image: str,
+                         kubeflow: bool) -> list[Manifest]:
+    """The agent Deployment and the gateway Service (``image``: the trainer's, the default)."""
+    return [gateway_service(parent, experiment, kubeflow), agent_deployment(parent, experiment, agent, image)]
