@@ -190,7 +190,8 @@ def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
     summary = run_local(ROOT / "examples/cpu-agent-gateway.yaml", [], steps, None, workdir=tmp_path / "run",
                         quiet=True)
     rewards, gateway = summary["rewards"], summary["gateway"]
-    assert len(rewards) == steps and summary["restarts"]["agent"] == 0
+    agent_log = (tmp_path / "run" / "agent-0.log").read_text(errors="replace")[-2000:]
+    assert len(rewards) == steps and summary["restarts"]["agent"] == 0, agent_log
     assert gateway["groups"] >= steps * 16 and gateway["sessions"] >= steps * 16 * 8, gateway
     assert statistics.fmean(summary["tool_calls_per_episode"][-10:]) >= 0.8
     gain = statistics.fmean(rewards[-10:]) - statistics.fmean(rewards[:10])

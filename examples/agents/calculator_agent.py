@@ -67,7 +67,12 @@ def work(client: openai.OpenAI, model: str, episodes: int | None) -> list[float]
     while episodes is None or len(rewards) < episodes:
         try:
             task = client.get("/tasks/next", cast_to=object)
-            rewards.append(episode(client, model, task))
+            while True:
+                try:
+                    rewards.append(episode(client, model, task))
+                    break
+                except openai.RateLimitError:  # still 429 after the client's own retries: the trainer
+                    time.sleep(0.5)            # is behind (the staleness bound); the same task again
         except openai.APIConnectionError:
             if episodes is not None:
                 raise
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=16, help="episodes in flight")
     parser.add_argument("--episodes", type=int, default=None, help="per worker (default: until the run ends)")
     args = parser.parse_args(argv)
-    client = openai.OpenAI(max_retries=30, timeout=120)  # a 429 says: wait for the trainer (Retry-After)
+    client = openai.OpenAI(max_retries=10, timeout=120)  # a 429 says: wait for the trainer (Retry-After)
     for _ in range(300):  # the gateway opens once the trainer is up
         try:
             model = client.models.list().data[0].id

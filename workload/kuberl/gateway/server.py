@@ -48,7 +48,8 @@ from .sessions import Session, SessionGroup, SessionTable
 from .tasks import TaskDealer
 
 log = logging.getLogger("kuberl.gateway")
-RETRY_AFTER_SECONDS = 1
+RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
+RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_REWARD = 1e6
 
@@ -235,7 +236,7 @@ class Gateway:
             self.stats.rejected += 1
             return error(429, "the staleness budget is used up: the trainer has not caught up yet; retry after "
                               f"{RETRY_AFTER_SECONDS} s", "rate_limit_error",
-                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+                         headers={"Retry-After": str(RETRY_AFTER_SECONDS), "retry-after-ms": str(RETRY_AFTER_MS)})
         if session.ended:
             raise chat.RequestError(f"header {HEADER_SESSION}: this session has ended", HEADER_SESSION)
         self.stats.sessions += int(not known)
