@@ -13,6 +13,8 @@ from typing import Any
 
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kuberl.agent.tools import call_text, parse_tool_calls
 from kuberl.api.spec import DatasetSource
@@ -222,6 +224,11 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
     stream = client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": "21*43="}]},
                                             stream=True, extra_headers={"X-KubeRL-Session": "s3"})
     chunks = list(stream)
+    cut = client.chat.completions.create(**{**ask, "messages": [{"role": "user", "content": "21*43="}]},
+                                         stop=["("], extra_headers={"X-KubeRL-Session": "s4", "X-KubeRL-Group": "g2"})
+    assert cut.choices[0].finish_reason == "stop" and "(" not in (cut.choices[0].message.content or "")
+    with pytest.raises(openai.BadRequestError, match="one completion per call"):
+        client.chat.completions.create(**ask, n=2, extra_headers={"X-KubeRL-Session": "s4"})
     delta = chunks[0].choices[0].delta
     assert delta.role == "assistant" and (delta.content or delta.tool_calls)
     assert chunks[-1].choices[0].finish_reason in ("stop", "tool_calls", "length")
@@ -229,3 +236,24 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
         client.post("/sessions/nobody/reward", body={"reward": 1.0}, cast_to=object)
     with pytest.raises(openai.AuthenticationError):
         client.with_options(api_key="wrong-token-0123456789").models.list()
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                      max_size=4), max_leaves=20)
+message_like = st.fixed_dictionaries({"role": st.sampled_from([*chat.ROLES, "wizard"])},
+                                     optional={"content": json_values, "tool_calls": json_values})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, st.lists(message_like, max_size=5)))
+def test_hostile_messages_get_a_request_error_naming_the_field(messages):
+    """Whatever a client sends as ``messages`` renders or is refused with a RequestError (a 400 that
+    names the field), never another exception (a 500)."""
+    tok = char_tokenizer()
+    try:
+        ids = chat.render(tok, chat.checked_messages(messages), None)
+    except chat.RequestError as err:
+        assert err.param is not None and str(err).startswith(err.param.split("[")[0])
+    else:
+        assert isinstance(ids, list)

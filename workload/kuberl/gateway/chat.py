@@ -20,6 +20,7 @@ from typing import Any
 
 from ..agent.tools import ToolCall, call_text, first_call_span, parse_tool_calls
 from ..agent.workflow import TOOL_MESSAGE
+from ..api.base import shown
 from ..inference.contract import FINISH_LENGTH
 from ..trainer.sft import encode
 
@@ -115,8 +116,13 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
     """The prompt tokens for ``messages``, ending where the assistant's next turn begins."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
-                                             add_generation_prompt=True)
+        converted = template_messages(messages)
+        try:
+            text = tokenizer.apply_chat_template(converted, tools=tools or None, tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as err:  # the template is the model's code: whatever it raises is about the request
+            raise RequestError(f"messages: the model's chat template cannot render them ({shown(str(err))})",
+                               "messages") from err
         return list(tokenizer(text, add_special_tokens=False).input_ids)
     return encode(tokenizer, plain_text(messages))
 

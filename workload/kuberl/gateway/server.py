@@ -40,7 +40,7 @@ from ..agent.workflow import prefix_reaching
 from ..api.contract import HEADER_GROUP, HEADER_SESSION
 from ..auth import require_token
 from ..data.datasets import Example
-from ..inference.contract import FINISH_LENGTH
+from ..inference.contract import FINISH_LENGTH, FINISH_STOP
 from ..jsonbody import read_json
 from ..rollout.controller import RolloutController
 from . import chat
@@ -85,14 +85,25 @@ def error(status: int, message: str, kind: str, param: str | None = None,
                              status=status, headers=headers)
 
 
-def sampling_budget(body: dict[str, Any], left: int) -> int:
-    """max_tokens / max_completion_tokens, capped by the session's tokens left."""
+def requested_tokens(body: dict[str, Any]) -> int | None:
+    """max_completion_tokens / max_tokens (None: as many as the session has left)."""
     asked = body.get("max_completion_tokens", body.get("max_tokens"))
-    if asked is None:
-        return left
-    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+    if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
         raise chat.RequestError("max_tokens: must be a positive integer", "max_tokens")
-    return min(asked, left)
+    return asked
+
+
+def stop_strings(body: dict[str, Any]) -> list[str]:
+    """The request's ``stop``: a string or up to 4 non-empty strings."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and 0 < len(s) <= 64
+                                                                 for s in stops):
+        raise chat.RequestError("stop: a string or a list of up to 4 non-empty strings (≤ 64 characters)", "stop")
+    if body.get("n", 1) != 1:
+        raise chat.RequestError("n: one completion per call (each is a turn of one episode; start n sessions)",
+                                "n")
+    return stops
 
 
 class Gateway:
@@ -117,7 +128,7 @@ class Gateway:
         return self.stats.as_dict(self.table.expired)
 
     async def _start(self, port: int) -> None:
-        self._runner = web.AppRunner(self.app())
+        self._runner = web.AppRunner(self.app(), access_log=None)  # agents poll; counts are in summary()
         await self._runner.setup()
         await web.TCPSite(self._runner, os.environ.get("POD_IP") or "0.0.0.0", port).start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
@@ -246,20 +257,34 @@ class Gateway:
                         cut_at_call: bool) -> tuple[list[int], str, tuple[int, int]]:
         """One policy turn of ``session`` after ``prompt``: (its tokens, finish reason, (prompt, completion)
         token counts)."""
+        if session.busy:
+            raise chat.RequestError(f"header {HEADER_SESSION}: this session has a call in flight; an episode's "
+                                    "calls come one after the other", HEADER_SESSION)
+        session.busy = True
+        try:
+            return await self._turn(session, prompt, body, cut_at_call)
+        finally:
+            session.busy = False
+
+    async def _turn(self, session: Session, prompt: list[int], body: dict[str, Any],
+                    cut_at_call: bool) -> tuple[list[int], str, tuple[int, int]]:
+        stops, asked = stop_strings(body), requested_tokens(body)  # checked before the session changes
         breaks = session.prefix_breaks
         context = session.context(prompt)
         self.stats.prefix_breaks += session.prefix_breaks - breaks
-        budget = sampling_budget(body, self.config.max_new_tokens - len(session.segments[-1].episode.output_ids))
+        left = self.config.max_new_tokens - len(session.segments[-1].episode.output_ids)
+        budget = left if asked is None else min(asked, left)
         if budget <= 0:
             session.policy([], [], [], FINISH_LENGTH)
             return [], FINISH_LENGTH, (len(context), 0)
         cfg = self.config
         (gen,) = await self.controller.client.generate(context, 1, budget, cfg.temperature, cfg.top_p)
-        ids = self._cut_at_call(gen.output_ids) if cut_at_call else gen.output_ids
-        session.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], gen.finish_reason or FINISH_LENGTH)
+        ids, stopped = self._cut(gen.output_ids, stops, cut_at_call)
+        finish = FINISH_STOP if stopped else gen.finish_reason or FINISH_LENGTH
+        session.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish)
         self.stats.completions += 1
         session.touched = time.monotonic()
-        return ids, gen.finish_reason or FINISH_LENGTH, (len(context), len(ids))
+        return ids, finish, (len(context), len(ids))
 
     @staticmethod
     async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
@@ -272,9 +297,19 @@ class Gateway:
         await response.write_eof()
         return response
 
-    def _cut_at_call(self, ids: list[int]) -> list[int]:
-        end = first_call_end(self._text(ids))
-        return ids if end is None else prefix_reaching(ids, self._text, end)
+    def _cut(self, ids: list[int], stops: list[str], at_call: bool) -> tuple[list[int], bool]:
+        """The turn's tokens: cut right after its first tool call (``at_call``) or before the first stop
+        string, whichever comes first; a prefix of the sample, so its log-probs stay exact. (tokens,
+        cut at a stop string)."""
+        text = self._text(ids)
+        call_end = first_call_end(text) if at_call else None
+        stop_at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+        if stop_at is not None and (call_end is None or stop_at < call_end):
+            kept = prefix_reaching(ids, self._text, stop_at) if stop_at > 0 else []
+            if kept and len(self._text(kept)) > stop_at:  # its last token reaches into the stop string
+                kept = kept[:-1]
+            return kept, True
+        return (ids if call_end is None else prefix_reaching(ids, self._text, call_end)), False
 
     def _text(self, ids: list[int]) -> str:
         eos = self.tokenizer.eos_token_id

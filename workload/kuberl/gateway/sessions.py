@@ -48,6 +48,7 @@ class Session:
     reward: float | None = None
     ended: bool = False
     prefix_breaks: int = 0
+    busy: bool = False  # a completion is being generated: one call at a time per session
 
     def context(self, prompt_ids: list[int]) -> list[int]:
         """Take a completion's rendered prompt; returns the tokens to generate from (see the module doc)."""
