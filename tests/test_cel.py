@@ -27,6 +27,8 @@ def rules(schema: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[
         yield path, rule["rule"], rule.get("message", "")
     for name, child in (schema.get("properties") or {}).items():
         yield from rules(child, (*path, name))
+    if "items" in schema:  # a rule on a list's items applies to each item
+        yield from rules(schema["items"], (*path, "[]"))
 
 
 def with_defaults(schema: dict[str, Any], value: Any) -> Any:
@@ -50,6 +52,16 @@ def _at(doc: Any, path: tuple[str, ...]) -> Any:
     return doc
 
 
+def _nodes(doc: Any, path: tuple[str, ...]) -> list[Any]:
+    """What ``path`` reaches in ``doc`` ("[]": every item of a list); missing parts reach nothing."""
+    if not path:
+        return [] if doc is None else [doc]
+    head, rest = path[0], path[1:]
+    if head == "[]":
+        return [n for item in doc for n in _nodes(item, rest)] if isinstance(doc, list) else []
+    return _nodes(doc.get(head) if isinstance(doc, dict) else None, rest)
+
+
 def cel_failures(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
     """Messages of the rules that evaluate to false (the API server would refuse the object).
     Transition rules (those using ``oldSelf``) run only on an update, i.e. when ``old`` is given."""
@@ -58,14 +70,18 @@ def cel_failures(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list
     env = celpy.Environment()
     failed = []
     for path, rule, message in rules(ROOT_SCHEMA):
-        node, before = _at(doc, path), _at(old, path) if old is not None else None
-        if node is None or ("oldSelf" in rule and before is None):  # where the object (and its old self) is
-            continue
-        activation = {"self": celpy.json_to_cel(node)}
-        if before is not None:
-            activation["oldSelf"] = celpy.json_to_cel(before)
-        if not bool(env.program(env.compile(rule)).evaluate(activation)):
-            failed.append(message or rule)
+        if "oldSelf" in rule:  # transition rules: on an update, where the object and its old self are
+            pairs = [(_at(doc, path), _at(old, path))] if old is not None and "[]" not in path else []
+        else:
+            pairs = [(node, None) for node in _nodes(doc, path)]
+        for node, before in pairs:
+            if node is None or ("oldSelf" in rule and before is None):
+                continue
+            activation = {"self": celpy.json_to_cel(node)}
+            if before is not None:
+                activation["oldSelf"] = celpy.json_to_cel(before)
+            if not bool(env.program(env.compile(rule)).evaluate(activation)):
+                failed.append(message or rule)
     return failed
 
 
@@ -85,6 +101,10 @@ CASES = {
     "clip inverted": experiment(algorithm={"clip": {"low": 0.3, "high": 0.2}}),
     "clip fine": experiment(algorithm={"clip": {"low": 0.2, "high": 0.28}}),
     "batch not a multiple of the group": experiment(algorithm={"batchSize": 12, "groupSize": 8}),
+    "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
+    "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
+        {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
+    "agent env with neither": experiment(agent={"command": ["a"], "env": [{"name": "X"}]}),
     **{f"example {p.stem}": d for p in sorted((ROOT / "examples").glob("*.yaml"))
        for d in yaml.safe_load_all(p.read_text()) if d and d.get("kind") == "RLExperiment"},
 }
@@ -99,7 +119,7 @@ def test_cel_and_kuberl_validate_agree(case):
     doc = CASES[case]
     _, issues = validate_document(doc)
     failures = cel_failures(doc)
-    schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm"))]
+    schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm", "spec.agent"))]
     assert bool(failures) == bool(schema_level), (case, failures, issues)
 
 
