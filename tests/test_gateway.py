@@ -257,3 +257,40 @@ def test_hostile_messages_get_a_request_error_naming_the_field(messages):
         assert err.param is not None and str(err).startswith(err.param.split("[")[0])
     else:
         assert isinstance(ids, list)
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ c['function'] | tojson }}</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_real_chat_template_turns_a_tool_episode_into_one_masked_trajectory():
+    """A BPE tokenizer with a chat template that writes tool calls the way the model does: the
+    second call's rendered prompt extends the first call's tokens (no new segment), and only what
+    the policy wrote is trained on."""
+    from tests.hf_model import bpe_tokenizer
+
+    tok = bpe_tokenizer()
+    tok.chat_template = TOOL_TEMPLATE
+    table = SessionTable(group_size=1, timeout=60)
+    session = table.join("s", None, 0, lambda: 0)
+    assert session is not None
+    user = {"role": "user", "content": "what is the sum of these numbers 12+7"}
+    written = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+7"}}</tool_call>'
+    ids = tok(written, add_special_tokens=False).input_ids
+    session.context(chat.render(tok, [user], None))
+    session.policy(ids, [-0.5] * len(ids), [3] * len(ids), "stop")
+    reply = chat.reply_of(tok.decode(ids), "stop")
+    assert reply.finish_reason == "tool_calls" and reply.calls[0].arguments == {"expression": "12+7"}
+    messages = [user, chat.openai_message(reply), {"role": "tool", "content": "19", "tool_call_id": "c"}]
+    session.context(chat.render(tok, messages, None))
+    final = tok("19", add_special_tokens=False).input_ids + [tok.eos_token_id]
+    session.policy(final, [-0.1] * len(final), [4] * len(final), "stop")
+    session.reward = 1.0
+    trajectory = session.trajectory(0)
+    assert session.prefix_breaks == 0 and trajectory is not None
+    context = [i for i, m in zip(trajectory.output_ids, trajectory.trained, strict=True) if m == 0]
+    assert tok.decode(context) == "<|im_end|>\n<|im_start|>tool\n19<|im_end|>\n<|im_start|>assistant\n"
+    assert trajectory.trained_tokens == len(ids) + len(final) and trajectory.oldest_version == 3
