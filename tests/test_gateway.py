@@ -286,7 +286,7 @@ def test_a_real_chat_template_turns_a_tool_episode_into_one_masked_trajectory():
     assert reply.finish_reason == "tool_calls" and reply.calls[0].arguments == {"expression": "12+7"}
     messages = [user, chat.openai_message(reply), {"role": "tool", "content": "19", "tool_call_id": "c"}]
     session.context(chat.render(tok, messages, None))
-    final = tok("19", add_special_tokens=False).input_ids + [tok.eos_token_id]
+    final = [*tok("19", add_special_tokens=False).input_ids, tok.eos_token_id]
     session.policy(final, [-0.1] * len(final), [4] * len(final), "stop")
     session.reward = 1.0
     trajectory = session.trajectory(0)

@@ -23,18 +23,11 @@ from ..agent.workflow import TOOL_MESSAGE
 from ..api.base import shown
 from ..inference.contract import FINISH_LENGTH
 from ..trainer.sft import encode
+from .params import RequestError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 1024
 FINISH_TOOL_CALLS = "tool_calls"
-
-
-class RequestError(ValueError):
-    """A request the gateway refuses (400); the message names the field."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
 
 
 def content_text(content: Any, where: str) -> str:

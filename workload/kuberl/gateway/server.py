@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,21 +35,20 @@ from aiohttp import web
 
 from ..agent.tools import first_call_end
 from ..agent.workflow import prefix_reaching
-from ..api.contract import HEADER_GROUP, HEADER_SESSION
+from ..api.contract import HEADER_SESSION
 from ..auth import require_token
 from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP
 from ..jsonbody import read_json
 from ..rollout.controller import RolloutController
 from . import chat
+from .params import RequestError, error, requested_tokens, reward_value, session_headers, stop_strings
 from .sessions import Session, SessionGroup, SessionTable
 from .tasks import TaskDealer
 
 log = logging.getLogger("kuberl.gateway")
 RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
 RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
-SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-MAX_REWARD = 1e6
 
 
 @dataclass
@@ -76,34 +73,6 @@ class GatewayStats:
 
     def as_dict(self, expired: int) -> dict[str, int]:
         return {**self.__dict__, "expired": expired}
-
-
-def error(status: int, message: str, kind: str, param: str | None = None,
-          headers: dict[str, str] | None = None) -> web.Response:
-    """An OpenAI-style error body."""
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                             status=status, headers=headers)
-
-
-def requested_tokens(body: dict[str, Any]) -> int | None:
-    """max_completion_tokens / max_tokens (None: as many as the session has left)."""
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
-    if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
-        raise chat.RequestError("max_tokens: must be a positive integer", "max_tokens")
-    return asked
-
-
-def stop_strings(body: dict[str, Any]) -> list[str]:
-    """The request's ``stop``: a string or up to 4 non-empty strings."""
-    stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and 0 < len(s) <= 64
-                                                                 for s in stops):
-        raise chat.RequestError("stop: a string or a list of up to 4 non-empty strings (≤ 64 characters)", "stop")
-    if body.get("n", 1) != 1:
-        raise chat.RequestError("n: one completion per call (each is a turn of one episode; start n sessions)",
-                                "n")
-    return stops
 
 
 class Gateway:
@@ -163,13 +132,13 @@ class Gateway:
             messages = chat.checked_messages(body.get("messages"))
             tools = body.get("tools")
             if tools is not None and not isinstance(tools, list):
-                raise chat.RequestError("tools: must be a list", "tools")
+                raise RequestError("tools: must be a list", "tools")
             prompt = chat.render(self.tokenizer, messages, tools)
             session = self._session(request)
             if isinstance(session, web.Response):
                 return session
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=True)
-        except chat.RequestError as err:
+        except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
         reply = chat.reply_of(self._text(ids), finish)
         if reply.calls:
@@ -184,13 +153,13 @@ class Gateway:
         try:
             prompt_text = body.get("prompt")
             if not isinstance(prompt_text, str) or not prompt_text:
-                raise chat.RequestError("prompt: a non-empty string is required", "prompt")
+                raise RequestError("prompt: a non-empty string is required", "prompt")
             session = self._session(request)
             if isinstance(session, web.Response):
                 return session
             prompt = chat.encode(self.tokenizer, prompt_text)
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
-        except chat.RequestError as err:
+        except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
         return web.json_response(chat.text_completion(self._text(ids), finish, self.config.model,
                                                       int(time.time()), counts))
@@ -215,7 +184,7 @@ class Gateway:
         body = await self._body(request)
         try:
             value = self._reward_of(body, self.table.group_of(session_id).key)
-        except chat.RequestError as err:
+        except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
         group = self.table.end(session_id, value)
         if group is not None:
@@ -234,13 +203,7 @@ class Gateway:
 
     def _session(self, request: web.Request) -> Session | web.Response:
         """The request's session (joining its group); a 429 response when no budget is left."""
-        session_id = request.headers.get(HEADER_SESSION, "")
-        if not SESSION_ID.match(session_id):
-            raise chat.RequestError(f"header {HEADER_SESSION}: required, 1-128 of [A-Za-z0-9._:-] (one id per "
-                                    "episode)", HEADER_SESSION)
-        key = request.headers.get(HEADER_GROUP)
-        if key is not None and not SESSION_ID.match(key):
-            raise chat.RequestError(f"header {HEADER_GROUP}: 1-128 of [A-Za-z0-9._:-]", HEADER_GROUP)
+        session_id, key = session_headers(request.headers)
         known = self.table.get(session_id) is not None
         session = self.table.join(session_id, key, time.monotonic(), self.controller.admit)
         if session is None:
@@ -249,7 +212,7 @@ class Gateway:
                               f"{RETRY_AFTER_SECONDS} s", "rate_limit_error",
                          headers={"Retry-After": str(RETRY_AFTER_SECONDS), "retry-after-ms": str(RETRY_AFTER_MS)})
         if session.ended:
-            raise chat.RequestError(f"header {HEADER_SESSION}: this session has ended", HEADER_SESSION)
+            raise RequestError(f"header {HEADER_SESSION}: this session has ended", HEADER_SESSION)
         self.stats.sessions += int(not known)
         return session
 
@@ -258,7 +221,7 @@ class Gateway:
         """One policy turn of ``session`` after ``prompt``: (its tokens, finish reason, (prompt, completion)
         token counts)."""
         if session.busy:
-            raise chat.RequestError(f"header {HEADER_SESSION}: this session has a call in flight; an episode's "
+            raise RequestError(f"header {HEADER_SESSION}: this session has a call in flight; an episode's "
                                     "calls come one after the other", HEADER_SESSION)
         session.busy = True
         try:
@@ -317,18 +280,14 @@ class Gateway:
 
     def _reward_of(self, body: dict[str, Any], key: str) -> float:
         if "reward" in body:
-            value = body["reward"]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                    or abs(value) > MAX_REWARD:
-                raise chat.RequestError(f"reward: a finite number within ±{MAX_REWARD:g} is required", "reward")
-            return float(value)
+            return reward_value(body["reward"])
         completion = body.get("completion")
         if not isinstance(completion, str):
-            raise chat.RequestError('give {"reward": number} or {"completion": text} (scored by spec.reward)',
+            raise RequestError('give {"reward": number} or {"completion": text} (scored by spec.reward)',
                                     "reward")
         task = self.tasks.task(key) if self.tasks is not None else None
         if task is None or self.config.reward is None:
-            raise chat.RequestError(f"completion: the session's group {key[:128]!r} is not a task of "
+            raise RequestError(f"completion: the session's group {key[:128]!r} is not a task of "
                                     "/v1/tasks/next; send {\"reward\": number}", "completion")
         return float(self.config.reward(task.prompt, completion, task.answer))
 
