@@ -298,7 +298,11 @@ def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_r
     values = {e["name"]: e for e in agent["env"]}
     port = service["spec"]["ports"][0]["port"]
     assert values["OPENAI_BASE_URL"]["value"] == f"http://{service['metadata']['name']}.team-a.svc:{port}/v1"
-    assert values["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "cpu-agent-gateway-api-token"
+    key = values["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert key["name"] == "cpu-agent-gateway-agent-token"  # not the pool's token: only the gateway takes it
+    (trainer,) = [p for p in pods if p["metadata"]["name"] == chosen[0]]
+    gateway_key = {e["name"]: e for e in container(trainer)["env"]}["KUBERL_AGENT_TOKEN"]
+    assert {k: v for k, v in gateway_key["valueFrom"]["secretKeyRef"].items() if k != "optional"} == key
     assert values["JUDGE_KEY"] == {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "k"}}}
     assert agent["command"] == ["python", "agents/calculator_agent.py", "--workers", "64"]
     assert agent["securityContext"]["allowPrivilegeEscalation"] is False

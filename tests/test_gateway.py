@@ -26,7 +26,8 @@ from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.weights import BroadcastSync, to_safetensors
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "gateway-test-token-0123456789"
+TOKEN = "gateway-test-token-0123456789"  # the pool's
+AGENT_TOKEN = "agent-test-token-9876543210"  # the gateway's: all an agent holds
 
 
 def load_agent() -> Any:
@@ -139,9 +140,9 @@ def served() -> Any:
     controller.start()
     gateway = Gateway(controller, tok, GatewayConfig("tiny-agent", group_size=2, max_new_tokens=24, temperature=1.0,
                                                      top_p=1.0, session_timeout=60),
-                      TOKEN, tasks=examples(DatasetSource(path="builtin:multiplication-tools"), 1))
+                      AGENT_TOKEN, tasks=examples(DatasetSource(path="builtin:multiplication-tools"), 1))
     gateway.start_in(gateway_port)
-    yield gateway, tok, model, openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=TOKEN,
+    yield gateway, tok, model, openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=AGENT_TOKEN,
                                              max_retries=10)
     gateway.stop()
     controller.stop()
@@ -236,6 +237,11 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
         client.post("/sessions/nobody/reward", body={"reward": 1.0}, cast_to=object)
     with pytest.raises(openai.AuthenticationError):
         client.with_options(api_key="wrong-token-0123456789").models.list()
+    with pytest.raises(openai.AuthenticationError):  # the pool's token is not the gateway's
+        client.with_options(api_key=TOKEN).models.list()
+    pool = openai.OpenAI(base_url=gateway.controller.client.replicas[0].url, api_key=AGENT_TOKEN, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):  # … nor the agent's the pool's: it cannot push weights
+        pool.post("/update_weights?version=99", body={}, cast_to=object)
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),

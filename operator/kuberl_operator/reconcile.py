@@ -17,7 +17,7 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kuberl.api import API_GROUP, GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
-from kuberl.api.contract import ANNOTATION_TEMPLATE_HASH, LABEL_POOL
+from kuberl.api.contract import ANNOTATION_TEMPLATE_HASH, LABEL_POOL, agent_token_secret_name
 from kuberl.api.spec import TrainerRuntime
 from kuberl.api.validation import schema_issues
 
@@ -107,10 +107,11 @@ def _updated_field(obj: Manifest) -> str | None:
     return "data" if obj["kind"] == "ConfigMap" else None
 
 
-def ensure_api_token(kube: Kube, owner: Manifest, experiment: str) -> None:
-    """The experiment's API token Secret (docs/architecture.md, "Who may call what"): created once
-    with a fresh random token, owned by ``owner``, never rewritten while it exists."""
-    ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32)))
+def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: str | None = None) -> None:
+    """The experiment's API token Secret (docs/architecture.md, "Who may call what"), or its token
+    ``name`` (the agent's): created once with a fresh random token, owned by ``owner``, never
+    rewritten while it exists."""
+    ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32), name))
 
 
 def _template_changed(stored: Manifest, desired: Manifest) -> bool:
@@ -287,6 +288,8 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
         return body
     try:
         ensure_api_token(kube, body, name)  # before the pods that read it
+        if exp.spec.agent is not None:
+            ensure_api_token(kube, body, name, agent_token_secret_name(name))
         stored = {c["kind"]: ensure(kube, c) for c in children}
     except NotOurs as err:
         write_status(kube, body, child_conflict_status(generation, str(err)))

@@ -23,12 +23,13 @@ class MissingToken(RuntimeError):
     pass
 
 
-def api_token(env: Mapping[str, str] | None = None) -> str:
-    """The token from ``KUBERL_API_TOKEN``; refuses to go on without one (or with a short one)."""
-    token = (os.environ if env is None else env).get(ENV_API_TOKEN, "")
+def api_token(env: Mapping[str, str] | None = None, name: str = ENV_API_TOKEN) -> str:
+    """The token from ``name`` (``KUBERL_API_TOKEN``; the gateway's: ``KUBERL_AGENT_TOKEN``); refuses to
+    go on without one (or with a short one)."""
+    token = (os.environ if env is None else env).get(name, "")
     if len(token) < MIN_TOKEN_CHARS:
-        raise MissingToken(f"{ENV_API_TOKEN} is unset or shorter than {MIN_TOKEN_CHARS} characters: the servers "
-                           "refuse to run without the experiment's API token (the operator sets it from the "
+        raise MissingToken(f"{name} is unset or shorter than {MIN_TOKEN_CHARS} characters: the servers "
+                           "refuse to run without the experiment's token (the operator sets it from the "
                            "experiment's Secret; kuberl run makes one)")
     return token
 

@@ -30,6 +30,7 @@ import yaml
 
 from .api import Accelerator, RLExperiment, resolve, validate_document
 from .api.contract import (
+    ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
     ENV_CHECKPOINT_URI,
     ENV_EXCHANGE_ADDR,
@@ -152,10 +153,11 @@ def restart_exited(procs: list[subprocess.Popen[bytes]], spawn: Any, kind: str, 
 
 
 def agent_env(spec: Any, base_env: dict[str, str], gateway_port: int) -> dict[str, str]:
-    """The agent's environment in a local run: the gateway as its OpenAI endpoint, the run's token as
-    its key, and ``spec.agent.env`` (values only: a Secret exists on a cluster alone)."""
-    env = {**base_env, ENV_OPENAI_BASE_URL: f"http://127.0.0.1:{gateway_port}/v1",
-           ENV_OPENAI_API_KEY: base_env[ENV_API_TOKEN]}
+    """The agent's environment in a local run: the gateway as its OpenAI endpoint, the run's agent
+    token as its key (not the pool's), and ``spec.agent.env`` (values only: a Secret exists on a
+    cluster alone)."""
+    env = {k: v for k, v in base_env.items() if k not in (ENV_API_TOKEN, ENV_AGENT_TOKEN)}
+    env |= {ENV_OPENAI_BASE_URL: f"http://127.0.0.1:{gateway_port}/v1", ENV_OPENAI_API_KEY: base_env[ENV_AGENT_TOKEN]}
     for n, var in enumerate(spec.agent.env):
         if var.value is None:
             raise RunError(f"spec.agent.env[{n}] ({var.name}): valueFrom reads a Secret, which exists on a cluster "
@@ -223,9 +225,10 @@ def load_experiment(path: Path, overrides: list[str]) -> RLExperiment:
 
 
 def local_env(spec: Any, curves: Path) -> dict[str, str]:
-    """What every process of a local run shares: a fresh API token, the p2p store's address (trainer
+    """What every process of a local run shares: fresh API and agent tokens, the p2p store's address (trainer
     rank 0 on this host, a port chosen once), one thread each, the pod IP, the curves' directory."""
-    env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_EXCHANGE_ADDR: "127.0.0.1",
+    env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_AGENT_TOKEN: secrets.token_urlsafe(32),
+           ENV_EXCHANGE_ADDR: "127.0.0.1",
            ENV_EXCHANGE_PORT: str(free_port()), ENV_THREADS: "1", "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1", ENV_TENSORBOARD_DIR: str(curves)}
     if spec.storage.endpoint:  # what a pod would get from the operator; the environment's own wins

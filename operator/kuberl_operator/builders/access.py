@@ -3,7 +3,8 @@
 Two locks, both per experiment: a NetworkPolicy (ingress to its pods only from the same
 experiment's pods, from the operator on the trainer's progress port, and from the metrics scraper's
 namespaces when configured) and an API token (a Secret the operator creates and owns) that every
-state-changing endpoint of the workload's servers requires.
+state-changing endpoint of the workload's servers requires. With spec.agent, a second token (its
+own Secret) is all the agent holds: the gateway accepts it, nothing else does.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_port
     }
 
 
-def api_token_secret(parent: Manifest, experiment: str, token: str) -> Manifest:
-    """The experiment's API token. Created once and never rewritten (``reconcile.ensure``)."""
+def api_token_secret(parent: Manifest, experiment: str, token: str, name: str | None = None) -> Manifest:
+    """The experiment's API token (``name``: another of its tokens, e.g. the agent's Secret
+    ``agent_token_secret_name``). Created once and never rewritten (``reconcile.ensure``)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": child_metadata(parent, api_token_secret_name(experiment), {LABEL_EXPERIMENT: experiment}),
+        "metadata": child_metadata(parent, name or api_token_secret_name(experiment), {LABEL_EXPERIMENT: experiment}),
         "stringData": {API_TOKEN_KEY: token},
     }

@@ -2,8 +2,8 @@
 
 The agent's pods carry the experiment's label (its NetworkPolicy lets them reach the gateway) and
 get ``OPENAI_BASE_URL`` (the gateway Service's DNS name) and ``OPENAI_API_KEY`` (the experiment's
-token, from its Secret). They run non-root, without privilege escalation or a service-account
-token, with a writable ``/tmp`` only.
+agent token, from its own Secret: the gateway accepts it, the inference pool does not). They run
+non-root, without privilege escalation or a service-account token, with a writable ``/tmp`` only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kuberl.api.contract import (
     MANAGED_BY,
     ROLE_AGENT,
     agent_deployment_name,
-    api_token_secret_name,
+    agent_token_secret_name,
     gateway_service_name,
     trainer_rank0_selector,
 )
@@ -58,7 +58,7 @@ def agent_resources(agent: AgentSpec) -> Manifest:
 
 
 def agent_env(agent: AgentSpec, experiment: str, namespace: str | None) -> list[Manifest]:
-    token = {"secretKeyRef": {"name": api_token_secret_name(experiment), "key": API_TOKEN_KEY}}
+    token = {"secretKeyRef": {"name": agent_token_secret_name(experiment), "key": API_TOKEN_KEY}}
     own = [{"name": ENV_OPENAI_BASE_URL, "value": gateway_url(experiment, namespace)},
            {"name": ENV_OPENAI_API_KEY, "valueFrom": token}]
     return own + [var.to_wire() for var in agent.env]

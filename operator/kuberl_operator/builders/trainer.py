@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from kuberl.api import TrainerJob
 from kuberl.api.contract import (
+    API_TOKEN_KEY,
     CONFIG_FILE,
     CONFIG_MOUNT,
+    ENV_AGENT_TOKEN,
     ENV_INFERENCE_SERVICE,
     ENV_ROLE,
     LABEL_ACCELERATOR,
@@ -21,6 +23,7 @@ from kuberl.api.contract import (
     PROGRESS_PORT,
     ROLE_TRAINER,
     TERMINATION_LOG,
+    agent_token_secret_name,
     trainer_pod_name,
 )
 from kuberl.api.spec import TrainerRuntime
@@ -69,11 +72,14 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     }
     if spec.inference_service:
         env[ENV_INFERENCE_SERVICE] = spec.inference_service
+    experiment = spec.experiment or name
+    agent_token = {"name": ENV_AGENT_TOKEN, "valueFrom": {"secretKeyRef": {  # the gateway's (spec.agent only)
+        "name": agent_token_secret_name(experiment), "key": API_TOKEN_KEY, "optional": True}}}
     container: Manifest = {
         "name": "trainer",
         "command": ["/bin/sh", "-c"],
         "args": [f"exec {TORCHRUN} -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"],
-        "env": env_list(env),
+        "env": [*env_list(env), agent_token],
         # Rank 0 leaves its final progress here; on a crash the log tail takes its place, so the
         # error reaches the TrainerJob / RLExperiment conditions (status.pod_health).
         "terminationMessagePath": TERMINATION_LOG,

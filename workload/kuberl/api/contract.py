@@ -47,6 +47,7 @@ ENV_ROLE = "KUBERL_ROLE"  # inference | trainer
 ENV_REPLICA = "KUBERL_REPLICA"  # inference replica index
 ENV_PORT = "KUBERL_PORT"  # inference server port
 ENV_API_TOKEN = "KUBERL_API_TOKEN"
+ENV_AGENT_TOKEN = "KUBERL_AGENT_TOKEN"  # the gateway's: the only token an agent holds (spec.agent)
 ENV_INFERENCE_SERVICE = "KUBERL_INFERENCE_SERVICE"  # the pool's headless Service (trainer side)
 ENV_INFERENCE_URLS = "KUBERL_INFERENCE_URLS"  # comma-separated replica URLs (local mode)
 ENV_PROGRESS_PORT = "KUBERL_PROGRESS_PORT"
@@ -82,6 +83,10 @@ def config_map_name(experiment: str) -> str:
 
 def api_token_secret_name(experiment: str) -> str:
     return f"{experiment}-api-token"
+
+
+def agent_token_secret_name(experiment: str) -> str:
+    return f"{experiment}-agent-token"
 
 
 def gateway_service_name(experiment: str) -> str:

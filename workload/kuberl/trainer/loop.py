@@ -20,6 +20,7 @@ import torch
 
 from ..api import resolve
 from ..api.contract import (
+    ENV_AGENT_TOKEN,
     ENV_CHECKPOINT_URI,
     ENV_GATEWAY_PORT,
     ENV_MAX_STEPS,
@@ -148,7 +149,7 @@ def _start_rollout(run: RunConfig, tokenizer: Any, first_step: int, data_positio
             model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
             session_timeout=spec.agent.session_timeout_seconds, reward=load_reward(spec.reward.function)),
-            api_token(), tasks=data)
+            api_token(name=ENV_AGENT_TOKEN), tasks=data)  # agents never hold the pool's token
         gateway.start_in(int(os.environ.get(ENV_GATEWAY_PORT, GATEWAY_PORT)))
     return controller, server, gateway
 
