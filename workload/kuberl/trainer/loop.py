@@ -261,7 +261,8 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
                     reward_last10=mean(tally.rewards[-10:]), max_staleness=s.controller.max_staleness_seen,
                     tokens_per_second=tally.trained_tokens / elapsed, step_seconds=tally.timeperf["step"][-1],
                     weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last)
-    s.curves.log(step + 1, {**(stats or {}), "train/reward": reward, "rollout/tool_calls_per_episode": tools,
+    gateway = {f"gateway/{k}": v for k, v in s.gateway.summary().items()} if s.gateway else {}
+    s.curves.log(step + 1, {**(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
                             "rollout/max_staleness":
                             s.controller.max_staleness_seen, "rollout/trained_tokens_per_second":
                             tally.trained_tokens / elapsed, **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items()
