@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 
-from kuberl.local import RunError, apply_overrides, run_local  # noqa: E402
+from kuberl.local import apply_overrides, run_local  # noqa: E402
+from kuberl.local_processes import RunError  # noqa: E402
 
 SETTINGS = {
     "dataset.path": "builtin:arithmetic-3digit",

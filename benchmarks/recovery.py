@@ -41,7 +41,7 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
     import torch.distributed as dist
     from moto.server import ThreadedMotoServer
 
-    from kuberl.local import free_port
+    from kuberl.local_processes import free_port
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
     from kuberl.trainer.actor import Actor
     from kuberl.trainer.algorithms import AlgorithmConfig

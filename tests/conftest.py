@@ -14,7 +14,7 @@ import torch.distributed as dist
 import yaml
 from moto.server import ThreadedMotoServer
 
-from kuberl.local import free_port
+from kuberl.local_processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

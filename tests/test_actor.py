@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from kuberl.collectives import exit_without_teardown
-from kuberl.local import free_port
+from kuberl.local_processes import free_port
 from kuberl.models.tiny import tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor, token_logprobs

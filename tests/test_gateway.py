@@ -21,7 +21,7 @@ from kuberl.api.spec import DatasetSource
 from kuberl.data.datasets import examples
 from kuberl.gateway import chat
 from kuberl.gateway.sessions import SessionTable
-from kuberl.local import free_port
+from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.weights import BroadcastSync, to_safetensors
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.local import RunError, run_local
+from kuberl.local import run_local
+from kuberl.local_processes import RunError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/cpu-tiny.yaml"

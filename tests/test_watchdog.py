@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from kuberl.local import free_port
+from kuberl.local_processes import free_port
 from kuberl.trainer.watchdog import EXIT_CODE, StepWatchdog
 
 

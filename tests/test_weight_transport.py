@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.fsdp import fully_shard
 
 from kuberl.collectives import exit_without_teardown
-from kuberl.local import free_port
+from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.weights.layouts import fsdp2_holdings, inference_needs
 from kuberl.weights.plan import RankTopology, plan

@@ -119,7 +119,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kuberl.local import RunError, run_local
+    from kuberl.local import run_local
+    from kuberl.local_processes import RunError
 
     try:
         summary = run_local(Path(args.file), args.set or [], args.max_steps,

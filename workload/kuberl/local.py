@@ -15,13 +15,12 @@ import json
 import os
 import secrets
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,12 +52,12 @@ from .api.contract import (
     LABEL_RANK,
     LABEL_ROLE,
 )
+from .api.resolve import InferencePlan, TrainerPlan
 from .display import ProgressDisplay
+from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, restart_exited, tail
 from .runconfig import write_run_config
 from .weights.discovery import format_labels
 
-REPLICA_RESTARTS = 5  # per replica, before the run fails
-KINDS = {"inference": "inference replica", "agent": "agent"}
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
 
 
@@ -68,10 +67,6 @@ def local_run_id(work: Path) -> str:
     if not path.is_file():
         path.write_text(f"local-{uuid.uuid4().hex}")
     return path.read_text().strip()
-
-
-class RunError(RuntimeError):
-    """A user-facing failure of `kuberl run`; the message says what to change."""
 
 
 def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -100,58 +95,6 @@ def pod_labels(work: Path, role: str, index: int) -> str:
     return str(path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Children:
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def spawn(self, args: list[str], env: dict[str, str], cores: list[int] | None, log: Path,
-              cwd: Path | None = None) -> subprocess.Popen[bytes]:
-        def pin() -> None:
-            if cores:
-                os.sched_setaffinity(0, cores)
-
-        out = open(log, "ab")  # a restarted process appends to its predecessor's log
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
-                                start_new_session=True, cwd=cwd)
-        self.procs.append(proc)
-        return proc
-
-    def terminate(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-
-def restart_exited(procs: list[subprocess.Popen[bytes]], spawn: Any, kind: str, logs: str, restarts: dict[str, int],
-                   limit: int, say: Any) -> None:
-    """Replace every process of ``procs`` that exited (``spawn(i)`` makes process i again), the way
-    a controller replaces a pod; past ``limit`` restarts of ``kind`` the run fails with the log's tail
-    (``logs``: the log path with ``{}`` for i)."""
-    for i, proc in enumerate(procs):
-        if proc.poll() is None:
-            continue
-        log = Path(logs.format(i))
-        if restarts[kind] >= limit:
-            raise RunError(f"{KINDS[kind]} {i} keeps failing (exit {proc.returncode}); last lines of {log}:\n"
-                           f"{_tail(log)}")
-        restarts[kind] += 1
-        say(f"{KINDS[kind]} {i} exited with code {proc.returncode}; restarting it")
-        procs[i] = spawn(i)
-
-
 def agent_env(spec: Any, base_env: dict[str, str], gateway_port: int) -> dict[str, str]:
     """The agent's environment in a local run: the gateway as its OpenAI endpoint, the run's agent
     token as its key (not the pool's), and ``spec.agent.env`` (values only: a Secret exists on a
@@ -177,10 +120,6 @@ def _progress(port: int) -> dict[str, Any] | None:
             return json.loads(resp.read())
     except (OSError, ValueError):
         return None
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
 def inference_python(engine: str) -> str:
@@ -236,106 +175,148 @@ def local_env(spec: Any, curves: Path) -> dict[str, str]:
     return env
 
 
-def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
-              workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
+@dataclass
+class LocalRun:
+    """One local run's processes and how each is started again: the operator's and a kubelet's part
+    for pods. Replicas and agents are replaced alone; a failed trainer rank restarts the whole gang
+    from the last checkpoint (up to ``spec.trainer.backoffLimit`` times)."""
+
+    obj: RLExperiment
+    inference: InferencePlan
+    trainer: TrainerPlan
+    work: Path
+    config: Path
+    manifest_dir: Path
+    checkpoints: str
+    max_steps: int | None
+    env: dict[str, str]
+    cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
+    children: Children = field(default_factory=Children)
+    restarts: dict[str, int] = field(default_factory=lambda: {"trainer": 0, "inference": 0, "agent": 0})
+    progress_port: int = field(default_factory=free_port)
+    gateway_port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        self.ports = [free_port() for _ in range(self.inference.replicas)]
+        self.python = inference_python(str(self.inference.engine))
+
+    @property
+    def spec(self) -> Any:
+        return self.obj.spec
+
+    @property
+    def pinned(self) -> bool:
+        """Each replica and trainer rank on a core of its own (when there are enough)."""
+        return len(self.cores) >= self.inference.replicas + self.trainer.world_size
+
+    @property
+    def summary_file(self) -> Path:
+        return self.work / "summary.json"
+
+    def replica(self, r: int) -> Process:
+        # vLLM binds its worker's OpenMP threads itself: to the replica's core, or not at all.
+        omp_bind = str(self.cores[r]) if self.pinned else "nobind"
+        return self.children.spawn(
+            [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r]),
+             "--host", "127.0.0.1"],
+            {**self.env, ENV_REPLICA: str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
+             ENV_PODINFO_LABELS: pod_labels(self.work, "inference", r)},
+            [self.cores[r]] if self.pinned else None, self.work / f"inference-{r}.log")
+
+    def gang(self) -> list[Process]:
+        """Every trainer rank, with torchrun's environment and a fresh rendezvous port."""
+        master_port, world = free_port(), self.trainer.world_size
+        ranks = []
+        for rank in range(world):
+            env = {**self.env, "RANK": str(rank), "LOCAL_RANK": str(rank % self.trainer.procs_per_node),
+                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                   ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in self.ports),
+                   ENV_PROGRESS_PORT: str(self.progress_port), ENV_SUMMARY_PATH: str(self.summary_file),
+                   ENV_GATEWAY_PORT: str(self.gateway_port), ENV_CHECKPOINT_URI: self.checkpoints,
+                   ENV_STAGING_DIR: str(self.work / "staging"), ENV_WEIGHTS_DIR: str(self.work / "weights"),
+                   ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank)}
+            if self.max_steps is not None:
+                env[ENV_MAX_STEPS] = str(self.max_steps)
+            core = [self.cores[self.inference.replicas + rank]] if self.pinned else None
+            ranks.append(self.children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(self.config)],
+                                             env, core, self.work / f"trainer-{rank}.log"))
+        return ranks
+
+    def agent(self, i: int) -> Process:
+        assert self.spec.agent is not None
+        return self.children.spawn(agent_command(self.spec.agent.command),
+                                   agent_env(self.spec, self.env, self.gateway_port), None,
+                                   self.work / f"agent-{i}.log", cwd=self.manifest_dir)
+
+    def restart_gang(self, ranks: list[Process], say: Callable[[str], None]) -> list[Process]:
+        """A rank failed: stop the others and start the gang again (it resumes from its checkpoint)."""
+        failed = next(p for p in ranks if p.poll() not in (None, 0))
+        for p in ranks:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        rank, limit = ranks.index(failed), self.spec.trainer.backoff_limit
+        if self.restarts["trainer"] >= limit:
+            log = self.work / f"trainer-{rank}.log"
+            raise RunError(f"the trainer failed {self.restarts['trainer'] + 1} time(s) (backoffLimit {limit}); last "
+                           f"lines of {log}:\n{tail(log)}")
+        self.restarts["trainer"] += 1
+        say(f"trainer rank {rank} exited with code {failed.returncode}; restarting the gang from the last checkpoint "
+            f"({self.restarts['trainer']}/{limit})")
+        return self.gang()
+
+    def supervise(self, display: ProgressDisplay, quiet: bool) -> None:
+        """Start every process and keep them running until every trainer rank has succeeded."""
+        say = display.message  # restarts are reported even with --quiet (which only hides the progress)
+        replicas = [self.replica(r) for r in range(self.inference.replicas)]
+        ranks = self.gang()
+        agents = [self.agent(i) for i in range(self.spec.agent.replicas if self.spec.agent else 0)]
+        say(f"{self.obj.metadata.name}: {len(replicas)} inference replica(s), {len(ranks)} trainer rank(s)"
+            f"{f', {len(agents)} agent(s) on the gateway' if agents else ''}"
+            f"{' pinned to separate cores' if self.pinned else ''}; logs in {self.work}; checkpoints to "
+            f"{self.checkpoints}")
+        while not all(p.poll() == 0 for p in ranks):
+            restart_exited(replicas, self.replica, "inference", str(self.work / "inference-{}.log"), self.restarts,
+                           REPLICA_RESTARTS * len(replicas), say)
+            restart_exited(agents, self.agent, "agent", str(self.work / "agent-{}.log"), self.restarts,
+                           REPLICA_RESTARTS * len(agents), say)
+            if any(p.poll() not in (None, 0) for p in ranks):
+                ranks = self.restart_gang(ranks, say)
+            progress = _progress(self.progress_port)
+            if progress and not quiet:
+                display.update(progress)
+            time.sleep(0.5)
+
+
+def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: Path | None,
+             spec_checkpoints: bool) -> LocalRun:
+    """The experiment in ``path``, its work dir and run config, its processes' environment."""
     obj = load_experiment(path, overrides)
-    spec = obj.spec
-    inference, trainer, _ = resolve(spec)
+    inference, trainer, _ = resolve(obj.spec)
     assert inference is not None and trainer is not None
     work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
     work.mkdir(parents=True, exist_ok=True)
-    config = write_run_config(work / "experiment.yaml", obj.metadata.name, spec, local_run_id(work))
-    checkpoints, curves = checkpoint_uri(spec, work, spec_checkpoints), work / "tensorboard"
-    world = trainer.world_size
-    cores = sorted(os.sched_getaffinity(0))
-    pinned = len(cores) >= inference.replicas + world
-    base_env = local_env(spec, curves)
-    ports = [free_port() for _ in range(inference.replicas)]
-    progress_port = free_port()
-    summary_file = work / "summary.json"
-    children = Children()
-    restarts = {"trainer": 0, "inference": 0, "agent": 0}
-    gateway_port = free_port()
+    config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work))
+    return LocalRun(obj, inference, trainer, work, config, path.resolve().parent,
+                    checkpoint_uri(obj.spec, work, spec_checkpoints), max_steps,
+                    local_env(obj.spec, work / "tensorboard"))
 
-    python = inference_python(str(inference.engine))
 
-    def spawn_replica(r: int) -> subprocess.Popen[bytes]:
-        # vLLM binds its worker's OpenMP threads itself: to the replica's core, or not at all.
-        omp_bind = str(cores[r]) if pinned else "nobind"
-        return children.spawn([python, "-m", "kuberl.inference", "--config", str(config), "--port",
-                               str(ports[r]), "--host", "127.0.0.1"],
-                              {**base_env, ENV_REPLICA: str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
-                               ENV_PODINFO_LABELS: pod_labels(work, "inference", r)},
-                              [cores[r]] if pinned else None, work / f"inference-{r}.log")
-
-    def spawn_gang() -> list[subprocess.Popen[bytes]]:
-        master_port = free_port()
-        ranks = []
-        for rank in range(world):
-            env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank % trainer.procs_per_node),
-                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                   ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in ports),
-                   ENV_PROGRESS_PORT: str(progress_port), ENV_SUMMARY_PATH: str(summary_file),
-                   ENV_GATEWAY_PORT: str(gateway_port),
-                   ENV_CHECKPOINT_URI: checkpoints,
-                   ENV_STAGING_DIR: str(work / "staging"),
-                   ENV_WEIGHTS_DIR: str(work / "weights"),
-                   ENV_PODINFO_LABELS: pod_labels(work, "trainer", rank)}
-            if max_steps is not None:
-                env[ENV_MAX_STEPS] = str(max_steps)
-            core = [cores[inference.replicas + rank]] if pinned else None
-            ranks.append(children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(config)], env,
-                                        core, work / f"trainer-{rank}.log"))
-        return ranks
-
-    def spawn_agent(i: int) -> subprocess.Popen[bytes]:
-        assert spec.agent is not None
-        return children.spawn(agent_command(spec.agent.command), agent_env(spec, base_env, gateway_port), None,
-                              work / f"agent-{i}.log", cwd=path.resolve().parent)
-
+def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
+              workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
+    """``kuberl run``: every process until training succeeds (or fails for good); the run summary."""
+    run = plan_run(path, overrides, max_steps, workdir, spec_checkpoints)
     display = ProgressDisplay(sys.stderr)
-    say = display.message  # restarts are reported even with --quiet (which only hides the progress)
-
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        replicas = [spawn_replica(r) for r in range(inference.replicas)]
-        ranks = spawn_gang()
-        agents = [spawn_agent(i) for i in range(spec.agent.replicas if spec.agent else 0)]
-        say(f"{obj.metadata.name}: {inference.replicas} inference replica(s), {world} trainer rank(s)"
-            f"{f', {len(agents)} agent(s) on the gateway' if agents else ''}"
-            f"{' pinned to separate cores' if pinned else ''}; logs in {work}; checkpoints to {checkpoints}")
-        while not all(p.poll() == 0 for p in ranks):
-            # a replica or an agent is replaced alone; training goes on
-            restart_exited(replicas, spawn_replica, "inference", str(work / "inference-{}.log"), restarts,
-                           REPLICA_RESTARTS * inference.replicas, say)
-            restart_exited(agents, spawn_agent, "agent", str(work / "agent-{}.log"), restarts,
-                           REPLICA_RESTARTS * len(agents), say)
-            failed = [p for p in ranks if p.poll() not in (None, 0)]
-            if failed:  # any rank failing restarts the whole gang from the last checkpoint
-                for p in ranks:
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGKILL)
-                        p.wait()
-                log = work / f"trainer-{ranks.index(failed[0])}.log"
-                if restarts["trainer"] >= spec.trainer.backoff_limit:
-                    raise RunError(f"the trainer failed {restarts['trainer'] + 1} time(s) (backoffLimit "
-                                   f"{spec.trainer.backoff_limit}); last lines of {log}:\n{_tail(log)}")
-                restarts["trainer"] += 1
-                say(f"trainer rank {ranks.index(failed[0])} exited with code {failed[0].returncode}; restarting the "
-                    f"gang from the last checkpoint ({restarts['trainer']}/{spec.trainer.backoff_limit})")
-                ranks = spawn_gang()
-            p = _progress(progress_port)
-            if p and not quiet:
-                display.update(p)
-            time.sleep(0.5)
+        run.supervise(display, quiet)
     finally:
         display.close()
         signal.signal(signal.SIGTERM, previous)
-        children.terminate()
-    summary = json.loads(summary_file.read_text())
-    summary["workdir"] = str(work)
-    say(f"training curves in {curves} (tensorboard --logdir {curves})")
-    summary["restarts"] = restarts
+        run.children.terminate()
+    summary = {**json.loads(run.summary_file.read_text()), "workdir": str(run.work), "restarts": run.restarts}
+    curves = run.env[ENV_TENSORBOARD_DIR]
+    display.message(f"training curves in {curves} (tensorboard --logdir {curves})")
     if summary_path:
         summary_path.write_text(json.dumps(summary, indent=2))
     return summary
