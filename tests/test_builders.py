@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kuberl.api import InferencePool, RLExperiment, TrainerJob
-from kuberl_operator.builders.experiment import InvalidSpec
+from kuberl_operator.builders.experiment import InvalidSpec, build_experiment_children
 from kuberl_operator.cli import main
 from kuberl_operator.render import render_resource
 from kuberl_operator.topology import label_value, topology_labels
@@ -313,3 +313,9 @@ def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_r
     assert all(labels.get(k) == v for k, v in policy["spec"]["ingress"][0]["from"][0]["podSelector"]
                ["matchLabels"].items())
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert deployment["spec"]["replicas"] == 1
+    finished = {**stored(doc), "status": {"phase": "Succeeded"}}  # nobody left to talk to: the agent stops
+    (stopped,) = by_kind(build_experiment_children(RLExperiment.model_validate(finished), finished), "Deployment")
+    doc["spec"]["suspend"] = True
+    (suspended,) = by_kind(render(doc), "Deployment")
+    assert stopped["spec"]["replicas"] == suspended["spec"]["replicas"] == 0

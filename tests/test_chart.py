@@ -159,13 +159,14 @@ def test_chart_readme_documents_every_top_level_value():
         assert f"`{key}" in readme, f"charts/kuberl/README.md does not document {key}"
 
 
-def test_checkov_passes_the_workload_checks_on_a_rendered_gpu_experiment(tmp_path):
-    """The objects `kuberl render` gives for the GPU example: cpu and memory requests, a memory limit,
-    a read-only root filesystem and a NetworkPolicy covering every pod (the hardening issue's list)."""
-    path = tmp_path / "gpu.yaml"
-    example = str(ROOT / "examples/gpu-gsm8k-grpo.yaml")
-    done = subprocess.run([sys.executable, "-m", "kuberl_operator.cli", "render", example, "--namespace", "team-a"],
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(("example", "workloads"), [("gpu-gsm8k-grpo.yaml", 3), ("cpu-agent-gateway.yaml", 3)])
+def test_checkov_passes_the_workload_checks_on_a_rendered_experiment(tmp_path, example, workloads):
+    """The objects `kuberl render` gives for an example (the GPU one; the agent one, with its
+    Deployment): cpu and memory requests, a memory limit, a read-only root filesystem and a
+    NetworkPolicy covering every pod (the hardening issue's list)."""
+    path = tmp_path / "rendered.yaml"
+    done = subprocess.run([sys.executable, "-m", "kuberl_operator.cli", "render", str(ROOT / "examples" / example),
+                           "--namespace", "team-a"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     path.write_text(done.stdout)
     checks = "CKV_K8S_10,CKV_K8S_12,CKV_K8S_13,CKV_K8S_22,CKV2_K8S_6"
@@ -174,7 +175,7 @@ def test_checkov_passes_the_workload_checks_on_a_rendered_gpu_experiment(tmp_pat
     report = json.loads(done.stdout)
     failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
     passed = {(c["check_id"], c["resource"]) for c in report["results"]["passed_checks"]}
-    pods = [d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Pod"]
-    assert failed == [] and len(pods) == 3
+    pods = [d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d["kind"] in ("Pod", "Deployment")]
+    assert failed == [] and len(pods) == workloads
     assert {check for check, _ in passed} == set(checks.split(","))
     assert len(passed) == 5 * len(pods)  # every check ran on every pod

@@ -64,7 +64,8 @@ def agent_env(agent: AgentSpec, experiment: str, namespace: str | None) -> list[
     return own + [var.to_wire() for var in agent.env]
 
 
-def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image: str) -> Manifest:
+def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image: str, running: bool) -> Manifest:
+    """``agent.replicas`` pods (none unless ``running``: a suspended or finished experiment's agent stops)."""
     namespace = parent["metadata"].get("namespace")
     labels = {LABEL_EXPERIMENT: experiment, LABEL_ROLE: ROLE_AGENT}
     container: Manifest = {
@@ -93,11 +94,12 @@ def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image:
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": child_metadata(parent, agent_deployment_name(experiment), labels),
-        "spec": {"replicas": agent.replicas, "selector": {"matchLabels": labels}, "template": template},
+        "spec": {"replicas": agent.replicas if running else 0, "selector": {"matchLabels": labels},
+                 "template": template},
     }
 
 
-def build_agent_children(parent: Manifest, experiment: str, agent: AgentSpec, image: str,
-                         kubeflow: bool) -> list[Manifest]:
+def build_agent_children(parent: Manifest, experiment: str, agent: AgentSpec, image: str, kubeflow: bool,
+                         running: bool = True) -> list[Manifest]:
     """The agent Deployment and the gateway Service (``image``: the trainer's, the default)."""
-    return [gateway_service(parent, experiment, kubeflow), agent_deployment(parent, experiment, agent, image)]
+    return [gateway_service(parent, experiment, kubeflow), agent_deployment(parent, experiment, agent, image, running)]

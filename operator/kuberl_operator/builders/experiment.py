@@ -26,6 +26,7 @@ from kuberl.api.contract import (
     trainer_job_name,
     trainer_rank0_host,
 )
+from kuberl.api.resources import Phase
 from kuberl.api.spec import Parallelism, TrainerRuntime
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
@@ -34,6 +35,8 @@ from ..accelerators import profile
 from .access import Peers, network_policy
 from .agent import build_agent_children
 from .common import Manifest, child_metadata
+
+FINISHED_PHASES = (Phase.SUCCEEDED, Phase.FAILED)  # an agent then has nobody left to talk to
 
 
 class InvalidSpec(ValueError):
@@ -115,7 +118,8 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
            "metadata": child_metadata(parent, job_name, labels), "spec": job_spec.to_wire()}
     policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT])
+    finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
     agent = [] if spec.agent is None else build_agent_children(
         parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,
-        spec.trainer.runtime == TrainerRuntime.KUBEFLOW)
+        spec.trainer.runtime == TrainerRuntime.KUBEFLOW, running=not (spec.suspend or finished))
     return [config_map, pool, job, policy, *agent]
