@@ -149,6 +149,21 @@ def served() -> Any:
     stop_inference()
 
 
+def scrape_gateway_counters(gateway: Any) -> dict[str, float]:
+    """The trainer's /metrics with the gateway's counts added, as rank 0 serves it."""
+    import urllib.request
+
+    from kuberl.trainer.progress import Progress, ProgressServer
+
+    server, port = ProgressServer(Progress()), free_port()
+    server.add_counters("gateway", gateway.summary)
+    server.start_in(gateway.controller.loop, port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        lines = reply.read().decode().splitlines()
+    return {name: float(value) for name, value in (line.split() for line in lines
+                                                    if line.startswith("kuberl_gateway_"))}
+
+
 def run_episodes(agent: Any, client: openai.OpenAI, n: int) -> list[float]:
     """``n`` agent episodes in parallel threads, each on the next task the gateway hands out."""
     from concurrent.futures import ThreadPoolExecutor
@@ -235,6 +250,8 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
     assert chunks[-1].choices[0].finish_reason in ("stop", "tool_calls", "length")
     with pytest.raises(openai.NotFoundError):
         client.post("/sessions/nobody/reward", body={"reward": 1.0}, cast_to=object)
+    metrics = scrape_gateway_counters(gateway)
+    assert metrics["kuberl_gateway_rejected"] == gateway.stats.rejected >= 2  # the 429s, for Prometheus
     with pytest.raises(openai.AuthenticationError):
         client.with_options(api_key="wrong-token-0123456789").models.list()
     with pytest.raises(openai.AuthenticationError):  # the pool's token is not the gateway's

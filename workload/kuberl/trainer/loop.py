@@ -151,6 +151,7 @@ def _start_rollout(run: RunConfig, tokenizer: Any, first_step: int, data_positio
             session_timeout=spec.agent.session_timeout_seconds, reward=load_reward(spec.reward.function)),
             api_token(name=ENV_AGENT_TOKEN), tasks=data)  # agents never hold the pool's token
         gateway.start_in(int(os.environ.get(ENV_GATEWAY_PORT, GATEWAY_PORT)))
+        server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
     return controller, server, gateway
 
 

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,13 @@ class ProgressServer:
                         for name in ("step", "version", "reward", "max_staleness", "tokens_per_second",
                                      "step_seconds", "weight_sync_seconds", "behav_logp_gap", "eval_reward",
                                  "eval_pass_at_k")}
+        self._sources: list[tuple[str, Callable[[], Mapping[str, int | float]]]] = []
+        self._counters: dict[str, Gauge] = {}
+
+    def add_counters(self, prefix: str, read: Callable[[], Mapping[str, int | float]]) -> None:
+        """Export ``read()``'s numbers as gauges ``kuberl_<prefix>_<name>`` on ``/metrics`` (``read``
+        runs on the server's event loop at every scrape, e.g. the agent gateway's counts)."""
+        self._sources.append((prefix, read))
 
     def update(self, **changes: object) -> None:
         with self.lock:
@@ -78,6 +86,12 @@ class ProgressServer:
                 for name, gauge in self._gauges.items():
                     value = getattr(self.progress, name)
                     gauge.set(value if value is not None else float("nan"))
+            for prefix, read in self._sources:
+                for name, value in read().items():
+                    key = f"kuberl_{prefix}_{name}"
+                    if key not in self._counters:
+                        self._counters[key] = Gauge(key, f"{prefix} {name}", registry=self.registry)
+                    self._counters[key].set(value)
             return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
         app = web.Application()
