@@ -42,6 +42,22 @@ def prefix_reaching(ids: list[int], decode: Callable[[list[int]], str], chars: i
     return ids[:low]
 
 
+def cut_turn(ids: list[int], decode: Callable[[list[int]], str], stops: Collection[str] = (),
+             at_call: bool = True) -> tuple[list[int], bool]:
+    """A turn's tokens: cut right after its first tool call (``at_call``) or before the first of
+    ``stops``, whichever comes first — a prefix of the sample, so its log-probs stay exact. Returns
+    (tokens, cut at a stop string)."""
+    text = decode(ids)
+    call_end = first_call_end(text) if at_call else None
+    stop_at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+    if stop_at is not None and (call_end is None or stop_at < call_end):
+        kept = prefix_reaching(ids, decode, stop_at) if stop_at > 0 else []
+        if kept and len(decode(kept)) > stop_at:  # its last token reaches into the stop string
+            kept = kept[:-1]
+        return kept, True
+    return (ids if call_end is None else prefix_reaching(ids, decode, call_end)), False
+
+
 @dataclass
 class Episode:
     """The tokens of one episode so far, with their log-probs, versions and loss mask."""
@@ -93,7 +109,7 @@ class ToolWorkflow:
             if budget <= 0:
                 return episode, unfinished
             (gen,) = await client.generate(prompt + episode.output_ids, 1, budget, self.temperature, self.top_p)
-            ids = self._cut_at_call(gen.output_ids)
+            ids, _ = cut_turn(gen.output_ids, self.decode)
             episode.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)])
             calls = parse_tool_calls(self.decode(ids))[:1]
             if not calls:
@@ -102,11 +118,6 @@ class ToolWorkflow:
             if turn < self.max_turns - 1:
                 episode.context(self.encode_text(TOOL_MESSAGE.format(self._answer(calls[0]))))
         return episode, unfinished  # out of turns while still calling tools
-
-    def _cut_at_call(self, ids: list[int]) -> list[int]:
-        """``ids`` up to the end of the first tool call in their text (all of them if none)."""
-        end = first_call_end(self.decode(ids))
-        return ids if end is None else prefix_reaching(ids, self.decode, end)
 
     def _answer(self, call: ToolCall) -> str:
         if call.name not in self.tools and call.error is None:

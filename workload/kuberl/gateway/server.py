@@ -33,8 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..agent.tools import first_call_end
-from ..agent.workflow import prefix_reaching
+from ..agent.workflow import cut_turn
 from ..api.contract import HEADER_SESSION
 from ..auth import require_token
 from ..data.datasets import Example
@@ -242,7 +241,7 @@ class Gateway:
             return [], FINISH_LENGTH, (len(context), 0)
         cfg = self.config
         (gen,) = await self.controller.client.generate(context, 1, budget, cfg.temperature, cfg.top_p)
-        ids, stopped = self._cut(gen.output_ids, stops, cut_at_call)
+        ids, stopped = cut_turn(gen.output_ids, self._text, stops, cut_at_call)
         finish = FINISH_STOP if stopped else gen.finish_reason or FINISH_LENGTH
         session.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish)
         self.stats.completions += 1
@@ -259,20 +258,6 @@ class Gateway:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-    def _cut(self, ids: list[int], stops: list[str], at_call: bool) -> tuple[list[int], bool]:
-        """The turn's tokens: cut right after its first tool call (``at_call``) or before the first stop
-        string, whichever comes first; a prefix of the sample, so its log-probs stay exact. (tokens,
-        cut at a stop string)."""
-        text = self._text(ids)
-        call_end = first_call_end(text) if at_call else None
-        stop_at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
-        if stop_at is not None and (call_end is None or stop_at < call_end):
-            kept = prefix_reaching(ids, self._text, stop_at) if stop_at > 0 else []
-            if kept and len(self._text(kept)) > stop_at:  # its last token reaches into the stop string
-                kept = kept[:-1]
-            return kept, True
-        return (ids if call_end is None else prefix_reaching(ids, self._text, call_end)), False
 
     def _text(self, ids: list[int]) -> str:
         eos = self.tokenizer.eos_token_id
