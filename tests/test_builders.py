@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from kuberl.api import InferencePool, RLExperiment, TrainerJob
+from kuberl.api.spec import AgentSpec
+from kuberl_operator.builders.agent import agent_resources
 from kuberl_operator.builders.experiment import InvalidSpec, build_experiment_children
 from kuberl_operator.cli import main
 from kuberl_operator.render import render_resource
@@ -308,6 +310,8 @@ def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_r
     assert agent["securityContext"]["allowPrivilegeEscalation"] is False
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert agent["resources"]["limits"]["memory"] == "2Gi"
+    big = agent_resources(AgentSpec(command=["a"], resources={"requests": {"memory": "6Gi"}}))
+    assert big["limits"]["memory"] == "6Gi"  # the default limit never falls below the request
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     (policy,) = by_kind(manifests, "NetworkPolicy")  # the agent's pods are let in: same experiment
     assert all(labels.get(k) == v for k, v in policy["spec"]["ingress"][0]["from"][0]["podSelector"]

@@ -24,7 +24,7 @@ from kuberl.api.contract import (
 )
 from kuberl.api.spec import AgentSpec
 
-from .common import RUN_AS_USER, Manifest, child_metadata
+from .common import RUN_AS_USER, Manifest, child_metadata, with_defaults
 
 AGENT_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
 AGENT_MEMORY_LIMIT = "2Gi"
@@ -48,12 +48,8 @@ def gateway_service(parent: Manifest, experiment: str, kubeflow: bool) -> Manife
 
 
 def agent_resources(agent: AgentSpec) -> Manifest:
-    """The user's requests/limits; cpu and memory requests and the memory limit have defaults."""
-    requests = dict(agent.resources.requests or {}) if agent.resources else {}
-    limits = dict(agent.resources.limits or {}) if agent.resources else {}
-    for name, floor in AGENT_REQUESTS.items():
-        requests.setdefault(name, limits.get(name, floor))
-    limits.setdefault("memory", AGENT_MEMORY_LIMIT)
+    """The user's requests/limits with the agent's defaults (``common.with_defaults``)."""
+    requests, limits = with_defaults(agent.resources, AGENT_REQUESTS, AGENT_MEMORY_LIMIT)
     return {"requests": requests, "limits": limits}
 
 

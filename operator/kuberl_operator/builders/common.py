@@ -18,7 +18,7 @@ from kuberl.api.contract import (
     PODINFO_MOUNT,
     api_token_secret_name,
 )
-from kuberl.api.spec import PodPlacement, SchedulingSpec, StorageSpec
+from kuberl.api.spec import PodPlacement, ResourceRequirements, SchedulingSpec, StorageSpec
 
 from ..accelerators import AcceleratorProfile
 
@@ -90,17 +90,24 @@ def quantity_value(quantity: str) -> float:
     return float(number) * _QUANTITY_SUFFIXES[quantity[len(number):]]
 
 
-def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devices: int) -> Manifest:
-    """User requests/limits plus the accelerator's extended resource (requests = limits); cpu and
-    memory requests default to ``DEFAULT_REQUESTS`` (or to the limit, when only a limit is given),
-    the memory limit to the accelerator's default (or to the request, when that is larger)."""
-    res = placement.resources
+def with_defaults(res: ResourceRequirements | None, floors: dict[str, str],
+                  memory_limit: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(requests, limits): the user's, with cpu and memory requests defaulting to ``floors`` (or to
+    the limit, when only a limit is given) and the memory limit to ``memory_limit`` (or to the
+    request, when that is larger: a limit is never below its request)."""
     requests = dict(res.requests or {}) if res else {}
     limits = dict(res.limits or {}) if res else {}
-    for name, floor in DEFAULT_REQUESTS.items():
+    for name, floor in floors.items():
         requests.setdefault(name, limits.get(name, floor))
     if "memory" not in limits:
-        limits["memory"] = max(accel.memory_limit, requests["memory"], key=quantity_value)
+        limits["memory"] = max(memory_limit, requests["memory"], key=quantity_value)
+    return requests, limits
+
+
+def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devices: int) -> Manifest:
+    """User requests/limits (``with_defaults``: ``DEFAULT_REQUESTS``, the accelerator's memory
+    limit) plus the accelerator's extended resource (requests = limits)."""
+    requests, limits = with_defaults(placement.resources, DEFAULT_REQUESTS, accel.memory_limit)
     if accel.resource:
         requests[accel.resource] = limits[accel.resource] = str(devices)
     out: Manifest = {}
