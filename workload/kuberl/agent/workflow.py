@@ -23,6 +23,7 @@ from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
 from ..rollout.client import InferenceClient
 from ..rollout.types import Group, Trajectory
+from ..rollout.workflow import without_eos
 from .tools import ToolCall, first_call_end, parse_tool_calls, run_tool
 
 TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" → "=444="
@@ -127,8 +128,7 @@ class ToolWorkflow:
     def _trajectory(self, prompt: list[int], ep: Episode, final: Generation, example: Example,
                     group_id: int) -> Trajectory:
         finished = final.finish_reason == FINISH_STOP and ep.mask[-1:] == [1]
-        turn = self._final_turn(ep)
-        text_ids = turn[:-1] if turn[-1:] == [self.eos_id] else turn
+        text_ids = without_eos(self._final_turn(ep), self.eos_id)
         reward = float(self.reward(example.prompt, self.decode(text_ids), example.answer)) if finished else 0.0
         return Trajectory(prompt, ep.output_ids, ep.logprobs, ep.versions, reward, group_id,
                           final.finish_reason or FINISH_LENGTH, info={"tool_calls": str(ep.tool_calls)},

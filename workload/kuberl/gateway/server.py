@@ -40,6 +40,7 @@ from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP
 from ..jsonbody import read_json
 from ..rollout.controller import RolloutController
+from ..rollout.workflow import without_eos
 from . import chat
 from .params import RequestError, error, requested_tokens, reward_value, session_headers, stop_strings
 from .sessions import Session, SessionGroup, SessionTable
@@ -260,8 +261,7 @@ class Gateway:
         return response
 
     def _text(self, ids: list[int]) -> str:
-        eos = self.tokenizer.eos_token_id
-        return self.tokenizer.decode(ids[:-1] if ids and ids[-1] == eos else ids, skip_special_tokens=True)
+        return self.tokenizer.decode(without_eos(ids, self.tokenizer.eos_token_id), skip_special_tokens=True)
 
     def _reward_of(self, body: dict[str, Any], key: str) -> float:
         if "reward" in body:

@@ -18,15 +18,18 @@ from .client import InferenceClient
 from .types import Group, Trajectory
 
 
+def without_eos(tokens: list[int], eos_id: int) -> list[int]:
+    """``tokens`` without a final end-of-sequence token (the text a reward or a reader sees)."""
+    return tokens[:-1] if tokens and tokens[-1] == eos_id else tokens
+
+
 def score(out: Generation, example: Example, decode: Callable[[list[int]], str], eos_id: int,
           reward: Callable[[str, str, str], float]) -> float:
     """One generation's reward: ``reward(prompt, completion, answer)`` for a finished answer (its EOS
     dropped), 0 for one the length limit cut off."""
     if out.finish_reason != FINISH_STOP:
         return 0.0
-    tokens = out.output_ids
-    return float(reward(example.prompt, decode(tokens[:-1] if tokens and tokens[-1] == eos_id else tokens),
-                        example.answer))
+    return float(reward(example.prompt, decode(without_eos(out.output_ids, eos_id)), example.answer))
 
 
 class RolloutWorkflow(Protocol):
