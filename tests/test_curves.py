@@ -28,14 +28,43 @@ def test_plain_lines_are_short_and_carry_eta_and_evaluation():
     assert len(hostile) < 200
 
 
+class FakeClock:
+    """A monotonic clock under the test's control; it starts where a host booted a moment ago would."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_a_display_that_is_not_a_terminal_prints_one_line_per_update_at_most_every_interval():
+    clock = FakeClock(0.0)  # time.monotonic() on a host booted less than `interval` ago
     stream = io.StringIO()
-    display = ProgressDisplay(stream, interval=3600)
+    display = ProgressDisplay(stream, interval=10, clock=clock)
     for step in range(1, 50):
         display.update(progress(step))
+        clock.now += 0.1  # 49 updates within 4.9 s: only the first is due
     display.close()  # the last update shows when the run ends
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("kuberl run: step 1/500") and "step 49/500" in lines[1]
+
+
+def test_a_display_prints_again_once_the_interval_has_passed_and_never_repeats_an_update():
+    clock = FakeClock(5.0)
+    stream = io.StringIO()
+    display = ProgressDisplay(stream, interval=10, clock=clock)
+    display.update(progress(1))
+    clock.now += 9.9
+    display.update(progress(2))  # not due yet
+    clock.now += 0.1
+    display.update(progress(3))  # 10 s after the first line
+    clock.now += 60
+    display.update(progress(3))  # the same update again: nothing new to say
+    display.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[3] for line in lines] == ["1/500", "3/500"], lines
+    assert "elapsed 0:00:10" in lines[1]
 
 
 def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a_pipe(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -37,13 +38,17 @@ def plain_line(p: dict[str, Any], elapsed: float) -> str:
 
 
 class ProgressDisplay:
-    def __init__(self, stream: TextIO = sys.stderr, interval: float = 10.0):
-        self.stream, self.interval = stream, interval
+    """``clock`` is any monotonic clock; its zero means nothing (``time.monotonic`` counts from the
+    host's boot), so the first update prints at once, whatever it reads."""
+
+    def __init__(self, stream: TextIO = sys.stderr, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stream, self.interval, self.clock = stream, interval, clock
         self.live = stream.isatty()
-        self.started = time.monotonic()
+        self.started = clock()
         self._bar: tqdm | None = None
         self._last: tuple[int, float | None] | None = None
-        self._printed = 0.0
+        self._printed: float | None = None  # when the last plain line was printed; None: never
         self._latest: dict[str, Any] | None = None
 
     def update(self, p: dict[str, Any]) -> None:
@@ -56,8 +61,9 @@ class ProgressDisplay:
                                       f"staleness<={p.get('max_staleness') or 0}", refresh=True)
             return
         self._latest = p
-        now, state = time.monotonic(), (step, p.get("eval_reward"))
-        if state != self._last and (now - self._printed >= self.interval or step >= total):
+        now, state = self.clock(), (step, p.get("eval_reward"))
+        due = self._printed is None or now - self._printed >= self.interval
+        if state != self._last and (due or step >= total):
             self._print(p, state, now)
 
     def _print(self, p: dict[str, Any], state: tuple[int, float | None], now: float) -> None:
@@ -78,4 +84,4 @@ class ProgressDisplay:
         elif self._latest is not None:
             state = (int(self._latest.get("step") or 0), self._latest.get("eval_reward"))
             if state != self._last:
-                self._print(self._latest, state, time.monotonic())
+                self._print(self._latest, state, self.clock())
