@@ -3,6 +3,7 @@ single-process training even when ranks hold different row counts and micro-batc
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from pathlib import Path
@@ -108,6 +109,34 @@ def test_behaviour_gap_measures_fresh_tokens_against_the_trainers_own_logprobs(w
     offset_share = 2.0 * len(trajs[1].output_ids) / fresh
     assert broken["mismatch/behav_logp_gap"] == pytest.approx(offset_share, abs=1e-4)
     assert collate(trajs, advs, 0).fresh_mask.sum() == 0  # no version given: nothing is fresh
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_entropy_is_the_mean_over_trained_tokens_of_the_policy_the_engine_samples(world_of_one, mini_batches):
+    """ppo_actor/entropy = mean over loss tokens of −Σ_v π(v) log π(v), π = softmax(logits / T):
+    computed here from the model's raw logits, with prompt and padding positions left out. (Each
+    update measures the weights it starts from; a tiny learning rate keeps them those measured here.)"""
+    trajs, advs = trajectories(10, seed=1)
+    temperature = 0.7
+    actor = Actor.create(tiny_qwen2(40, seed=5), CONFIG, lr=1e-9, temperature=temperature, mini_batches=mini_batches)
+    batch = collate(trajs, advs, 0)
+    with torch.no_grad():
+        logits = actor.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        probs = torch.softmax(logits.double() / temperature, dim=-1)
+        per_token = -(probs * probs.log()).sum(-1)
+    expected = float((per_token * batch.loss_mask).sum() / batch.loss_mask.sum())
+    stats = actor.train_step(batch, len(trajs))
+    assert stats["ppo_actor/entropy"] == pytest.approx(expected, rel=1e-5)
+    assert 0 < stats["ppo_actor/entropy"] < math.log(40)
+
+
+def test_a_policy_that_cannot_tell_tokens_apart_has_the_entropy_of_the_uniform_distribution(world_of_one):
+    trajs, advs = trajectories(4)
+    model = tiny_qwen2(40, seed=3, tied=False)
+    with torch.no_grad():  # every logit 0: π is uniform over the 40 tokens whatever the input
+        model.lm_head.weight.zero_()
+    stats = Actor.create(model, CONFIG, lr=1e-9, temperature=1.0).train_step(collate(trajs, advs, 0), 4)
+    assert stats["ppo_actor/entropy"] == pytest.approx(math.log(40), rel=1e-6)
 
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -72,7 +72,8 @@ def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a
     done = subprocess.run(
         [sys.executable, "-m", "kuberl_operator.cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "120",
          "--set", "algorithm.learningRate=3e-4", "--set", "evaluation.everySteps=60",
-         "--set", "evaluation.samplesPerPrompt=16", "--workdir", str(work)],  # 1,024 samples per evaluation
+         "--set", "evaluation.samplesPerPrompt=16", "--workdir", str(work),  # 1,024 samples per evaluation
+         "--summary", str(tmp_path / "summary.json")],
         capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -85,8 +86,12 @@ def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a
     events = EventAccumulator(str(work / "tensorboard"))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert {"train/reward", "eval/reward", "eval/pass@16", "ppo_actor/loss", "rollout/max_staleness",
-            "timeperf/step"} <= scalars, scalars
+    assert {"train/reward", "eval/reward", "eval/pass@16", "ppo_actor/loss", "ppo_actor/entropy",
+            "rollout/max_staleness", "timeperf/step"} <= scalars, scalars
+    entropies = [e.value for e in events.Scalars("ppo_actor/entropy")]
+    per_step = json.loads((tmp_path / "summary.json").read_text())  # stdout leaves per-step lists out
+    assert len(entropies) == 120 and per_step["entropies"] == [round(h, 4) for h in entropies]
+    assert 0 < summary["entropy_last10_mean"] < summary["entropy_first10_mean"]  # learning sharpens the policy
     assert [e.step for e in events.Scalars("eval/reward")] == [0, 60, 120]
     assert len(events.Scalars("train/reward")) == 120
     assert summary["tensorboard"] == str(work / "tensorboard")

@@ -130,7 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunError as err:
         print(f"kuberl run: {err}", file=sys.stderr)
         return 1
-    print(json.dumps({k: v for k, v in summary.items() if k != "rewards"}, indent=2))
+    per_step = ("rewards", "entropies")  # in --summary's file, too long for a terminal
+    print(json.dumps({k: v for k, v in summary.items() if k not in per_step}, indent=2))
     return 0
 
 

@@ -9,7 +9,9 @@ A step, for a batch of trajectories already split across data-parallel ranks:
    global mean);
 3. gradient clipping, AdamW step.
 
-Every step also measures ``mismatch/behav_logp_gap`` = mean |log π_prox − log π_behav| over the
+Every step also measures ``ppo_actor/entropy``, the policy's mean token entropy over the trained
+tokens of all ranks (nats; its fall to 0 is the usual sign of a collapsing policy), and
+``mismatch/behav_logp_gap`` = mean |log π_prox − log π_behav| over the
 tokens the engine sampled with the very weights being trained (``Batch.fresh_mask``), over all
 ranks: ≈ 0 when the inference engine serves the trainer's policy (see :func:`.loss.behaviour_gap`).
 
@@ -41,6 +43,9 @@ from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
 from .loss import behaviour_gap, ppo_loss
 
+TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
+"""Per-rank sums that :meth:`Actor.train_step` adds up over updates and ranks before dividing."""
+
 
 def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """FSDP2: each transformer block is a unit, then the root (embeddings, head).
@@ -69,10 +74,20 @@ def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     """log π(target) at every position, under the temperature-scaled policy (as the engine samples)."""
+    return token_logprobs_and_entropy(model, batch, temperature)[0]
+
+
+def token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch,
+                               temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(target), H(π)) at every position, under the temperature-scaled policy the engine
+    samples from; H = −Σ_v π(v) log π(v) over the vocabulary, detached (a diagnostic, not a loss)."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
     if temperature > 0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
 @dataclass
@@ -128,17 +143,18 @@ class Actor:
             with torch.no_grad():
                 prox = [[token_logprobs(self.model, c, self.temperature) for c in part] for part in chunks]
         stats: dict[str, float] = {}
-        gap_sum = fresh_tokens = 0.0
+        sums = dict.fromkeys(TOKEN_SUMS, 0.0)
         for part_chunks, part_prox, tokens in zip(chunks, prox, part_tokens, strict=True):
             part_stats = self._update(part_chunks, part_prox, global_rows / len(parts), tokens)
             for k, v in part_stats.items():
-                stats[k] = stats.get(k, 0.0) + v / len(parts)
-            gap_sum, fresh_tokens = gap_sum + part_stats["gap/sum"], fresh_tokens + part_stats["gap/tokens"]
-        for key in ("gap/sum", "gap/tokens"):
-            del stats[key]
-        gap_sum, fresh_tokens = all_reduce_many([gap_sum, fresh_tokens])
+                if k in sums:
+                    sums[k] += v
+                else:
+                    stats[k] = stats.get(k, 0.0) + v / len(parts)
+        gap_sum, fresh_tokens, entropy_sum, loss_tokens = all_reduce_many([sums[k] for k in TOKEN_SUMS])
         stats["mismatch/fresh_tokens"] = fresh_tokens
         stats["mismatch/behav_logp_gap"] = gap_sum / fresh_tokens if fresh_tokens else float("nan")
+        stats["ppo_actor/entropy"] = entropy_sum / loss_tokens if loss_tokens else float("nan")
         stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
 
@@ -146,7 +162,8 @@ class Actor:
                 local_tokens: float) -> dict[str, float]:
         """Accumulate the loss gradient over ``chunks`` (on ``device``; π_prox = sg(π_θ) when ``prox``
         is None), then step. ``local_tokens``: this rank's loss tokens in ``chunks``. The stats include
-        this rank's :func:`.loss.behaviour_gap` as ``gap/sum`` and ``gap/tokens``."""
+        this rank's sums in :data:`TOKEN_SUMS`: :func:`.loss.behaviour_gap` as ``gap/sum`` and
+        ``gap/tokens``, Σ mask · H as ``entropy/sum`` over ``entropy/tokens``."""
         world = world_size()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / world
@@ -160,14 +177,16 @@ class Actor:
             if self.reference is not None:
                 with torch.no_grad():
                     ref_logp = token_logprobs(self.reference, chunk, self.temperature)
-            logp = token_logprobs(self.model, chunk, self.temperature)
+            logp, entropy = token_logprobs_and_entropy(self.model, chunk, self.temperature)
             prox_logp = logp.detach() if prox is None else prox[i]
             gap = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
             out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
                            ref_logp=ref_logp, normalizer=normalizer)
             out.loss.backward()
             weighted = {k: v * (chunk.size / rows) for k, v in out.stats.items()}
-            for k, v in {**weighted, "gap/sum": gap[0], "gap/tokens": gap[1]}.items():
+            sums = {"gap/sum": gap[0], "gap/tokens": gap[1], "entropy/sum": (entropy * chunk.loss_mask).sum(),
+                    "entropy/tokens": chunk.loss_mask.sum()}
+            for k, v in {**weighted, **sums}.items():
                 stats[k] = stats[k] + v if k in stats else v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()

@@ -99,6 +99,7 @@ class Tally:
     steps_done: int
     start: float = field(default_factory=time.perf_counter)
     rewards: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)  # ppo_actor/entropy of each step that trained
     trained_tokens: int = 0
     token_staleness: int = 0
     dropped_groups: int = 0
@@ -257,11 +258,15 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
     tools = mean([float(t.info.get("tool_calls", 0)) for t in trajs]) if multi_turn else None
     if tools is not None:
         tally.tool_calls.append(tools)
+    entropy = stats.get("ppo_actor/entropy") if stats else None
+    if entropy is not None and not math.isnan(entropy):
+        tally.entropies.append(entropy)
     elapsed = time.perf_counter() - tally.start
     s.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                     reward_last10=mean(tally.rewards[-10:]), max_staleness=s.controller.max_staleness_seen,
                     tokens_per_second=tally.trained_tokens / elapsed, step_seconds=tally.timeperf["step"][-1],
-                    weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last)
+                    weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
+                    entropy=tally.entropies[-1] if tally.entropies else None)
     gateway = {f"gateway/{k}": v for k, v in s.gateway.summary().items()} if s.gateway else {}
     s.curves.log(step + 1, {**(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
                             "rollout/max_staleness":
@@ -270,9 +275,10 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
                                                                if v}})
     if stats is not None:
         gap = tally.gaps.last if tally.gaps.last is not None else math.nan
-        log.info("step %d/%d reward %.3f staleness≤%d loss %.4f gap %.2g wait %.2fs sync %.3fs%s", step + 1,
-                 s.max_steps, reward, s.controller.max_staleness_seen, stats["ppo_actor/loss"], gap, wait_s,
-                 previous_sync, "" if tools is None else f" tool calls/episode {tools:.2f}")
+        log.info("step %d/%d reward %.3f staleness≤%d loss %.4f entropy %.3f gap %.2g wait %.2fs sync %.3fs%s",
+                 step + 1, s.max_steps, reward, s.controller.max_staleness_seen, stats["ppo_actor/loss"],
+                 stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
+                 "" if tools is None else f" tool calls/episode {tools:.2f}")
 
 
 def evaluate(s: Session, steps_done: int, last: bool = False) -> None:
@@ -300,6 +306,8 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
         "batch_size": spec.algorithm.batch_size,
         "reward_first10_mean": mean(tally.rewards[:10]),
         "reward_last10_mean": mean(tally.rewards[-10:]),
+        "entropy_first10_mean": mean(tally.entropies[:10]),
+        "entropy_last10_mean": mean(tally.entropies[-10:]),
         "max_staleness_observed": s.controller.max_staleness_seen,
         "max_token_staleness_trained": tally.token_staleness,
         "final_version": s.controller.manager.version,  # what every replica confirmed it serves
@@ -316,6 +324,7 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
         "world_size": s.world,
         "replicas": len(s.controller.client.replicas),
         "rewards": [round(r, 4) for r in tally.rewards],
+        "entropies": [round(h, 4) for h in tally.entropies],
         "tool_calls_per_episode": [round(x, 3) for x in tally.tool_calls] if tally.tool_calls else None,
         "eval": [{"step": e.step, "version": e.version, "reward": round(e.reward, 4),
                   f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}

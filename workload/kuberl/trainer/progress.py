@@ -32,6 +32,7 @@ class Progress:
     step_seconds: float = 0.0
     weight_sync_seconds: float = 0.0  # the last exchange (it overlaps the next step)
     behav_logp_gap: float | None = None  # mean |log π_behav − log π_θ| at version lag 0 (trainer.loss)
+    entropy: float | None = None  # the policy's mean token entropy in the last step (ppo_actor/entropy)
     phase: str = "starting"
     last_checkpoint: str | None = None
     eval_step: int | None = None  # the last held-out evaluation (spec.evaluation)
@@ -49,7 +50,7 @@ class ProgressServer:
         self.registry = CollectorRegistry()
         self._gauges = {name: Gauge(f"kuberl_trainer_{name}", name, registry=self.registry)
                         for name in ("step", "version", "reward", "max_staleness", "tokens_per_second",
-                                     "step_seconds", "weight_sync_seconds", "behav_logp_gap", "eval_reward",
+                                     "step_seconds", "weight_sync_seconds", "behav_logp_gap", "entropy", "eval_reward",
                                  "eval_pass_at_k")}
         self._sources: list[tuple[str, Callable[[], Mapping[str, int | float]]]] = []
         self._counters: dict[str, Gauge] = {}

@@ -1,0 +1,119 @@
+"""Is the main example stable? ``kuberl run examples/cpu-tiny.yaml`` under several seeds.
+
+Per seed, and over all seeds: first-10 and last-10 training reward (mean over steps), peak and
+final held-out evaluation reward, the policy's token entropy at the start and the end, RL wall
+seconds. A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
+
+    python benchmarks/example_seeds.py [--seeds 0 1 2 3 4] [--set KEY=VALUE]... [--max-steps N]
+
+Runs one seed at a time (each run uses both cores: one replica, one trainer rank). Progress goes
+to stderr; the last stdout line is the JSON result:
+``{"seeds": [{"seed", "reward_first10_mean", "reward_last10_mean", "eval_peak", "eval_final",
+"rl_seconds", ...}, ...], "all": {...}, "settings": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"
+STABLE_MARGIN = 0.05  # eval_final ≥ eval_peak − this: the run ends where it peaked
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_seed(seed: int, settings: list[str], max_steps: int | None, workdir: Path) -> dict[str, Any]:
+    """One ``kuberl run`` of the example; its summary reduced to the numbers this benchmark reports."""
+    summary_path = workdir / "summary.json"
+    command = [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "-q", "--workdir", str(workdir),
+               "--summary", str(summary_path), "--set", f"seed={seed}"]
+    for setting in settings:
+        command += ["--set", setting]
+    if max_steps is not None:
+        command += ["--max-steps", str(max_steps)]
+    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise SystemExit(f"seed {seed}: kuberl run exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return seed_numbers(seed, json.loads(summary_path.read_text()))
+
+
+def seed_numbers(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed record: rewards, evaluation peak/final, entropy start/end, RL wall seconds."""
+    evals = [e["reward"] for e in summary.get("eval") or []]
+    entropies = summary.get("entropies") or []
+    return {
+        "seed": seed,
+        "reward_first10_mean": _round(summary["reward_first10_mean"]),
+        "reward_last10_mean": _round(summary["reward_last10_mean"]),
+        "reward_peak10_mean": _round(max(_windows(summary.get("rewards") or [], 10), default=None)),
+        "eval_first": _round(evals[0] if evals else None),
+        "eval_peak": _round(max(evals, default=None)),
+        "eval_final": _round(evals[-1] if evals else None),
+        "entropy_first10_mean": _round(summary.get("entropy_first10_mean")),
+        "entropy_last10_mean": _round(summary.get("entropy_last10_mean")),
+        "entropy_min": _round(min(entropies, default=None)),
+        "rl_seconds": _round(summary["wall_seconds"], 1),
+    }
+
+
+def _windows(values: list[float], width: int) -> list[float]:
+    return [statistics.fmean(values[i:i + width]) for i in range(0, max(len(values) - width + 1, 0))]
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def overall(seeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over seeds, the worst seed's numbers, and whether every seed ended where it peaked."""
+    def numbers(key: str) -> list[float]:
+        return [s[key] for s in seeds if s[key] is not None]
+
+    return {
+        "reward_first10_mean": _round(statistics.fmean(numbers("reward_first10_mean"))),
+        "reward_last10_mean": _round(statistics.fmean(numbers("reward_last10_mean"))),
+        "reward_last10_min": _round(min(numbers("reward_last10_mean"))),
+        "eval_peak_mean": _round(statistics.fmean(numbers("eval_peak"))) if numbers("eval_peak") else None,
+        "eval_final_mean": _round(statistics.fmean(numbers("eval_final"))) if numbers("eval_final") else None,
+        "worst_eval_drop": _round(max((s["eval_peak"] - s["eval_final"] for s in seeds
+                                       if s["eval_peak"] is not None), default=0.0)),
+        "ends_where_it_peaks": all(s["eval_final"] is None or s["eval_final"] >= s["eval_peak"] - STABLE_MARGIN
+                                   for s in seeds),
+        "rl_seconds_mean": _round(statistics.fmean(numbers("rl_seconds")), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to kuberl run --set (e.g. algorithm.learningRate=1e-4)")
+    parser.add_argument("--max-steps", type=int, default=None)
+    args = parser.parse_args()
+    results = []
+    for seed in args.seeds:
+        with tempfile.TemporaryDirectory(prefix=f"kuberl-seed{seed}-") as tmp:
+            result = run_seed(seed, args.settings, args.max_steps, Path(tmp))
+        log(f"seed {seed}: reward first10 {result['reward_first10_mean']} last10 {result['reward_last10_mean']} "
+            f"(peak10 {result['reward_peak10_mean']}), eval peak {result['eval_peak']} final {result['eval_final']}, "
+            f"entropy {result['entropy_first10_mean']} → {result['entropy_last10_mean']}, RL {result['rl_seconds']} s")
+        results.append(result)
+    summary = overall(results)
+    log(f"all: reward last10 mean {summary['reward_last10_mean']} (min {summary['reward_last10_min']}), "
+        f"eval peak {summary['eval_peak_mean']} final {summary['eval_final_mean']}, worst drop "
+        f"{summary['worst_eval_drop']}, ends where it peaks: {summary['ends_where_it_peaks']}")
+    print(json.dumps({"seeds": results, "all": summary, "settings": args.settings}))
+
+
+if __name__ == "__main__":
+    main()
