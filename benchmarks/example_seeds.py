@@ -4,7 +4,7 @@ Per seed, and over all seeds: first-10 and last-10 training reward (mean over st
 final held-out evaluation reward, the policy's token entropy at the start and the end, RL wall
 seconds. A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
 
-    python benchmarks/example_seeds.py [--seeds 0 1 2 3 4] [--set KEY=VALUE]... [--max-steps N]
+    python benchmarks/example_seeds.py [--seeds 0 1 2 3 4] [--set KEY=VALUE]... [--max-steps N] [--keep DIR]
 
 Runs one seed at a time (each run uses both cores: one replica, one trainer rank). Progress goes
 to stderr; the last stdout line is the JSON result:
@@ -99,11 +99,17 @@ def main() -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to kuberl run --set (e.g. algorithm.learningRate=1e-4)")
     parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--keep", metavar="DIR", help="keep each seed's work dir (logs, TensorBoard) as DIR/seed-N")
     args = parser.parse_args()
     results = []
     for seed in args.seeds:
-        with tempfile.TemporaryDirectory(prefix=f"kuberl-seed{seed}-") as tmp:
-            result = run_seed(seed, args.settings, args.max_steps, Path(tmp))
+        if args.keep:
+            workdir = Path(args.keep) / f"seed-{seed}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            result = run_seed(seed, args.settings, args.max_steps, workdir)
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"kuberl-seed{seed}-") as tmp:
+                result = run_seed(seed, args.settings, args.max_steps, Path(tmp))
         log(f"seed {seed}: reward first10 {result['reward_first10_mean']} last10 {result['reward_last10_mean']} "
             f"(peak10 {result['reward_peak10_mean']}), eval peak {result['eval_peak']} final {result['eval_final']}, "
             f"entropy {result['entropy_first10_mean']} → {result['entropy_last10_mean']}, RL {result['rl_seconds']} s")

@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
+import torch
 import torch.distributed as dist
 import yaml
 from moto.server import ThreadedMotoServer
@@ -66,6 +67,39 @@ def uri(request, tmp_path):
     bucket = f"b{request.node.name.lower().replace('[', '-').replace(']', '').replace('_', '-')}"[:60]
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
     return f"s3://{bucket}/runs/exp1/"
+
+
+TOOL_SFT_STEPS = 150  # enough that most episodes call the calculator and copy its answer
+
+
+@pytest.fixture(scope="session")
+def tool_warmed_weights(tmp_path_factory) -> Path:
+    """The tiny model (seed 0) after SFT on ``builtin:multiplication-tools`` demonstrations: trained
+    once per test run (it takes most of a minute on one core) and kept under the run's temp dir."""
+    from kuberl.api.spec import DatasetSource
+    from kuberl.data.datasets import examples
+    from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+    from kuberl.trainer.sft import sft_warmup
+
+    path = tmp_path_factory.getbasetemp() / "tool-warmed-tiny-qwen2.pt"
+    if not path.exists():
+        tok = char_tokenizer()
+        model = tiny_qwen2(len(tok), seed=0)
+        sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), TOOL_SFT_STEPS, 64,
+                   2e-3)
+        torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.fixture
+def tool_warmed_model(tool_warmed_weights):
+    """A fresh copy of the tool-warmed tiny model and its tokenizer (tests may train or change it)."""
+    from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    model.load_state_dict(torch.load(tool_warmed_weights, weights_only=True))
+    return model, tok
 
 
 @pytest.fixture(scope="module")

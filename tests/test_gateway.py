@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -118,7 +119,7 @@ def serve_in_thread(app: Any, port: int) -> Any:
 
 
 @pytest.fixture(scope="module")
-def served() -> Any:
+def served(tool_warmed_weights) -> Any:
     """A tool-call-warmed tiny model behind the real inference server, a rollout controller whose
     episodes come from outside (batch = 1 group of 2, η = 0), and the gateway in front."""
     from kuberl.gateway.server import Gateway, GatewayConfig
@@ -127,11 +128,10 @@ def served() -> Any:
     from kuberl.rollout.client import InferenceClient
     from kuberl.rollout.controller import RolloutController
     from kuberl.rollout.staleness import StalenessManager
-    from kuberl.trainer.sft import sft_warmup
 
     tok = char_tokenizer()
     model = tiny_qwen2(len(tok), seed=0)
-    sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), 150, 64, 2e-3)
+    model.load_state_dict(torch.load(tool_warmed_weights, weights_only=True))
     engine = TorchEngine(copy.deepcopy(model).eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     inference_port, gateway_port = free_port(), free_port()
     stop_inference = serve_in_thread(build_app(engine, tok, TOKEN), inference_port)

@@ -53,26 +53,22 @@ def test_tool_output_tokens_are_never_trained_on(world_of_one):
     assert any(not torch.equal(unmasked_a[n], unmasked_b[n]) for n in unmasked_a)
 
 
-async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answer():
+async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answer(tool_warmed_model):
     """A tiny model warm-started on tool demonstrations, served by the real inference server: its
     episodes call the calculator, the tool's answer sits in them as masked context, and the final
     turn is what the reward judges."""
     from aiohttp.test_utils import TestServer
 
     from kuberl.agent.workflow import TOOL_MESSAGE, ToolWorkflow
-    from kuberl.api.spec import DatasetSource
-    from kuberl.data.datasets import Example, examples
+    from kuberl.data.datasets import Example
     from kuberl.inference.engine import TorchEngine
     from kuberl.inference.server import build_app
-    from kuberl.models.tiny import char_tokenizer
     from kuberl.rewards import exact_match
     from kuberl.rollout.client import InferenceClient
     from kuberl.rollout.evaluation import evaluate
-    from kuberl.trainer.sft import encode, sft_warmup
+    from kuberl.trainer.sft import encode
 
-    tok = char_tokenizer()
-    model = tiny_qwen2(len(tok), seed=0)
-    sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), 150, 64, 2e-3)
+    model, tok = tool_warmed_model
     engine = TorchEngine(model.eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     server = TestServer(build_app(engine, tok, "test-token-0123456789"))
     await server.start_server()
