@@ -174,20 +174,20 @@ def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
 def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):
     """examples/cpu-agent.yaml, shortened: multi-turn episodes with a calculator tool; the share of
     right final answers rises, and the episodes keep calling the tool."""
-    steps = 100
+    steps = 60  # 10 steps = 1,280 episodes a window: the reward's noise there is ≈ 0.015
     summary = run_local(ROOT / "examples/cpu-agent.yaml", [], steps, None, workdir=tmp_path / "run", quiet=True)
     rewards, calls = summary["rewards"], summary["tool_calls_per_episode"]
     assert len(rewards) == len(calls) == steps
-    gain = statistics.fmean(rewards[-20:]) - statistics.fmean(rewards[:20])
+    gain = statistics.fmean(rewards[-10:]) - statistics.fmean(rewards[:10])
     assert gain >= 0.2, f"no real improvement in {steps} steps: {rewards}"
-    assert statistics.fmean(calls[-20:]) >= 0.8  # it still asks the calculator
+    assert statistics.fmean(calls[-10:]) >= 0.8  # it still asks the calculator
 
 
 def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
     """examples/cpu-agent-gateway.yaml, shortened: kuberl run starts the agent (the openai package,
     examples/agents/calculator_agent.py) against the run's gateway; every trained episode came
     through it, the calculator is called, and the share of right answers rises."""
-    steps = 40
+    steps = 30
     summary = run_local(ROOT / "examples/cpu-agent-gateway.yaml", [], steps, None, workdir=tmp_path / "run",
                         quiet=True)
     rewards, gateway = summary["rewards"], summary["gateway"]
