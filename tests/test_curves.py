@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kuberl.display import ProgressDisplay, plain_line
@@ -89,6 +90,9 @@ def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a
     assert {"train/reward", "eval/reward", "eval/pass@16", "ppo_actor/loss", "ppo_actor/entropy",
             "rollout/max_staleness", "timeperf/step"} <= scalars, scalars
     entropies = [e.value for e in events.Scalars("ppo_actor/entropy")]
+    learning_rates = [e.value for e in events.Scalars("ppo_actor/learning_rate")]  # the example's cosine schedule
+    assert learning_rates[0] == pytest.approx(3e-4) and learning_rates[-1] < 0.15 * 3e-4
+    assert learning_rates == sorted(learning_rates, reverse=True)
     per_step = json.loads((tmp_path / "summary.json").read_text())  # stdout leaves per-step lists out
     assert len(entropies) == 120 and per_step["entropies"] == [round(h, 4) for h in entropies]
     assert 0 < summary["entropy_last10_mean"] < summary["entropy_first10_mean"]  # learning sharpens the policy

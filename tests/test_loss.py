@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from kuberl.trainer.algorithms import AlgorithmConfig, advantages, keep_group
+from kuberl.trainer.algorithms import AlgorithmConfig, advantages, keep_group, learning_rate_at
 from kuberl.trainer.loss import ppo_loss
 
 
@@ -118,3 +119,16 @@ def test_batch_advantages_whiten_over_the_whole_batch_and_dapo_filters():
     assert len(trajs) == 6 and dropped == 0
     trajs, advs, dropped = build_batch([group(1, 0), group(1, 1)], cfg("dapo"))
     assert len(trajs) == 2 and dropped == 1 and advs == pytest.approx([1, -1], rel=1e-4)
+
+
+def test_learning_rate_schedules_by_hand():
+    assert [learning_rate_at(s, 100, 1e-3, "constant", 0.1) for s in (0, 50, 99)] == [1e-3] * 3
+    assert learning_rate_at(0, 100, 1e-3, "linear", 0.1) == pytest.approx(1e-3)
+    assert learning_rate_at(50, 100, 1e-3, "linear", 0.1) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert learning_rate_at(25, 100, 1e-3, "cosine", 0.0) == pytest.approx(1e-3 * (1 + math.sqrt(0.5)) / 2)
+    assert learning_rate_at(100, 100, 1e-3, "cosine", 0.2) == pytest.approx(2e-4)  # the floor, not below
+    assert learning_rate_at(500, 100, 1e-3, "linear", 0.2) == pytest.approx(2e-4)  # steps past the end stay there
+    cosine = [learning_rate_at(s, 40, 1.0, "cosine", 0.1) for s in range(41)]
+    assert all(a >= b for a, b in itertools.pairwise(cosine))  # never rises
+    with pytest.raises(ValueError, match="learningRateSchedule"):
+        learning_rate_at(0, 10, 1.0, "step", 0.1)

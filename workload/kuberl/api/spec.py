@@ -41,6 +41,12 @@ class AlgorithmName(StrEnum):
     PPO = "ppo"
 
 
+class LearningRateSchedule(StrEnum):
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
 class WeightSyncMode(StrEnum):
     P2P = "p2p"
     BROADCAST = "broadcast"
@@ -162,6 +168,12 @@ class AlgorithmSpec(ApiModel):
     group_size: Positive = Field(8, description="samples per prompt")
     batch_size: Positive = Field(256, description="trajectories per training step")
     learning_rate: float = Field(1.0e-6, gt=0)
+    learning_rate_schedule: LearningRateSchedule = Field(
+        LearningRateSchedule.CONSTANT,
+        description="the learning rate at step s of S = maxSteps: learningRate · (m + (1 − m) · d(s / S)), "
+                    "d(x) = 1 (constant), 1 − x (linear) or (1 + cos πx) / 2 (cosine), m = minLearningRateRatio")
+    min_learning_rate_ratio: float = Field(
+        0.1, ge=0, le=1, description="m: where linear and cosine schedules end, as a share of learningRate")
     clip: ClipSpec = Field(default_factory=ClipSpec)
     kl_coef: float = Field(
         0.0, ge=0, description="weight of KL(π_θ ‖ π_ref) in the loss; π_ref is the policy RL starts from"

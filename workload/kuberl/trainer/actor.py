@@ -117,6 +117,11 @@ class Actor:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device)
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate of the next updates (the trainer sets it every step from its schedule)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def freeze_reference(self) -> None:
         """π_ref := the current policy (both are sharded alike, so each rank copies its own shards)."""
         if self.reference is None:

@@ -17,6 +17,7 @@ message rather than silently running something else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -89,3 +90,15 @@ def build_batch(groups: list[Group], config: AlgorithmConfig) -> tuple[list[Traj
         return [], [], len(groups)
     trajs = [t for i in kept for t in groups[i].trajectories]
     return trajs, advantages(rewards[kept], config).flatten().tolist(), len(groups) - len(kept)
+
+
+def learning_rate_at(step: int, total_steps: int, base: float, schedule: str, min_ratio: float) -> float:
+    """The learning rate of training step ``step`` (0-based) of ``total_steps``:
+    base · (m + (1 − m) · d(x)), x = step / total_steps, m = ``min_ratio``, d(x) = 1 (``constant``),
+    1 − x (``linear``) or (1 + cos πx) / 2 (``cosine``). A function of the step alone, so a resumed
+    run continues the schedule exactly where the checkpoint left it."""
+    x = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    decay = {"constant": 1.0, "linear": 1.0 - x, "cosine": (1.0 + math.cos(math.pi * x)) / 2}
+    if schedule not in decay:
+        raise ValueError(f"algorithm.learningRateSchedule {schedule!r}; allowed: {', '.join(decay)}")
+    return base * (min_ratio + (1.0 - min_ratio) * decay[schedule])

@@ -45,7 +45,7 @@ from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..weights import make_weight_sync
 from .actor import Actor
-from .algorithms import AlgorithmConfig, build_batch
+from .algorithms import AlgorithmConfig, build_batch, learning_rate_at
 from .batch import collate
 from .checkpointing import Checkpointer, TrainerState
 from .curves import Curves
@@ -222,16 +222,20 @@ def take_batch(s: Session, step: int) -> tuple[list[Trajectory], list[float], fl
 
 
 def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]) -> dict[str, float] | None:
-    """One decoupled-PPO step on this rank's rows (a rank without rows trains on a masked filler so
-    the collectives line up); None when every group was filtered out."""
+    """One decoupled-PPO step on this rank's rows at the schedule's learning rate (a rank without rows
+    trains on a masked filler so the collectives line up); None when every group was filtered out."""
     if not trajs:
         log.warning("step %d: every group was filtered out (no reward variance); skipping", step)
         return None
+    algo = s.run.spec.algorithm
+    lr = learning_rate_at(step, s.max_steps, algo.learning_rate, str(algo.learning_rate_schedule),
+                          algo.min_learning_rate_ratio)
+    s.actor.set_learning_rate(lr)
     local = list(range(s.rank, len(trajs), s.world)) or [0]
     batch = collate([trajs[i] for i in local], [advs[i] for i in local], s.tokenizer.pad_token_id, version=step)
     if s.rank >= len(trajs):
         batch = batch.masked()
-    return s.actor.train_step(batch, len(trajs))
+    return {**s.actor.train_step(batch, len(trajs)), "ppo_actor/learning_rate": lr}
 
 
 def push_weights(s: Session, step: int, tally: Tally) -> float:
