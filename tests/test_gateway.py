@@ -108,7 +108,7 @@ def serve_in_thread(app: Any, port: int) -> Any:
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)  # a stand-in: calls in flight are cancelled at stop
 
     async def start() -> None:
         await runner.setup()
@@ -317,3 +317,63 @@ def test_a_real_chat_template_turns_a_tool_episode_into_one_masked_trajectory():
     context = [i for i, m in zip(trajectory.output_ids, trajectory.trained, strict=True) if m == 0]
     assert tok.decode(context) == "<|im_end|>\n<|im_start|>tool\n19<|im_end|>\n<|im_start|>assistant\n"
     assert trajectory.trained_tokens == len(ids) + len(final) and trajectory.oldest_version == 3
+
+
+def test_stopping_the_gateway_with_calls_in_flight_ends_them_at_once():
+    """The end of a run with agents still calling (issue 23): a completion waiting on a replica that
+    does not answer must not hold the gateway's stop (the trainer's last act) past a few seconds."""
+    import asyncio
+
+    from aiohttp import web
+
+    from kuberl.gateway.server import Gateway, GatewayConfig
+    from kuberl.rollout.client import InferenceClient
+    from kuberl.rollout.controller import RolloutController
+    from kuberl.rollout.staleness import StalenessManager
+
+    generating = threading.Event()
+
+    async def never_answers(request: web.Request) -> web.Response:
+        generating.set()
+        await asyncio.sleep(3600)
+        return web.json_response({})
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    replica = web.Application()
+    replica.router.add_get("/health", healthy)
+    replica.router.add_post("/generate", never_answers)
+    inference_port, gateway_port = free_port(), free_port()
+    stop_replica = serve_in_thread(replica, inference_port)
+    controller = RolloutController(InferenceClient([f"http://127.0.0.1:{inference_port}"], TOKEN), None, None,
+                                   StalenessManager(batch_size=1, max_staleness=0, max_concurrent=4))
+    controller.start()
+    gateway = Gateway(controller, char_tokenizer(), GatewayConfig("tiny", group_size=1, max_new_tokens=4,
+                                                                  temperature=1.0, top_p=1.0, session_timeout=60),
+                      AGENT_TOKEN)
+    gateway.start_in(gateway_port)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=AGENT_TOKEN, max_retries=0,
+                           timeout=120)
+    outcome: list[BaseException | object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "3+4="}],
+                                                          extra_headers={"X-KubeRL-Session": "episode-1"}))
+        except BaseException as err:  # what the agent sees is checked below
+            outcome.append(err)
+
+    agent = threading.Thread(target=call, daemon=True)
+    agent.start()
+    try:
+        assert generating.wait(30), f"the completion never reached the replica: {outcome}"
+        started = time.monotonic()
+        gateway.stop()
+        stopped_after = time.monotonic() - started
+        agent.join(30)
+    finally:
+        controller.stop()
+        stop_replica()
+    assert stopped_after < 10, f"stop took {stopped_after:.1f} s"
+    assert not agent.is_alive() and outcome and isinstance(outcome[0], openai.APIError), outcome

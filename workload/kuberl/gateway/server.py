@@ -47,6 +47,7 @@ from .sessions import Session, SessionGroup, SessionTable
 from .tasks import TaskDealer
 
 log = logging.getLogger("kuberl.gateway")
+SHUTDOWN_SECONDS = 2.0  # how long stop() lets calls in flight finish before it cancels them
 RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
 RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
 
@@ -97,7 +98,9 @@ class Gateway:
         return self.stats.as_dict(self.table.expired)
 
     async def _start(self, port: int) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)  # agents poll; counts are in summary()
+        # agents poll (counts are in summary()); calls still in flight when the run ends are cancelled
+        # after SHUTDOWN_SECONDS rather than aiohttp's 60 s, which outlasted stop()'s own timeout
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
         await self._runner.setup()
         await web.TCPSite(self._runner, os.environ.get("POD_IP") or "0.0.0.0", port).start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
