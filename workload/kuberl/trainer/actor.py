@@ -72,19 +72,25 @@ def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(values, numbers, strict=True))
 
 
+def _log_policy(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
+    """log π(v) for every vocabulary entry at every position, [B, L−1, V], under the
+    temperature-scaled policy the engine samples from."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     """log π(target) at every position, under the temperature-scaled policy (as the engine samples)."""
-    return token_logprobs_and_entropy(model, batch, temperature)[0]
+    return _log_policy(model, batch, temperature).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
 
 def token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch,
                                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log π(target), H(π)) at every position, under the temperature-scaled policy the engine
-    samples from; H = −Σ_v π(v) log π(v) over the vocabulary, detached (a diagnostic, not a loss)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
+    """(log π(target), H(π)) at every position; H = −Σ_v π(v) log π(v) over the vocabulary, detached
+    (a diagnostic, not a loss term)."""
+    logp_all = _log_policy(model, batch, temperature)
     with torch.no_grad():
         entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp_all.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), entropy
