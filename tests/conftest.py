@@ -91,15 +91,20 @@ def tool_warmed_weights(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def tool_warmed_model(tool_warmed_weights):
-    """A fresh copy of the tool-warmed tiny model and its tokenizer (tests may train or change it)."""
+def load_tool_warmed(weights: Path) -> tuple[Any, Any]:
+    """A fresh copy of the tool-warmed tiny model (from ``tool_warmed_weights``) and its tokenizer."""
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
     tok = char_tokenizer()
     model = tiny_qwen2(len(tok), seed=0)
-    model.load_state_dict(torch.load(tool_warmed_weights, weights_only=True))
+    model.load_state_dict(torch.load(weights, weights_only=True))
     return model, tok
+
+
+@pytest.fixture
+def tool_warmed_model(tool_warmed_weights):
+    """The tool-warmed tiny model and its tokenizer, a fresh copy per test (tests may train or change it)."""
+    return load_tool_warmed(tool_warmed_weights)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from typing import Any
 
 import openai
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,8 +22,10 @@ from kuberl.data.datasets import examples
 from kuberl.gateway import chat
 from kuberl.gateway.sessions import SessionTable
 from kuberl.local_processes import free_port
-from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.models.tiny import char_tokenizer
 from kuberl.weights import BroadcastSync, to_safetensors
+
+from .conftest import load_tool_warmed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "gateway-test-token-0123456789"  # the pool's
@@ -129,9 +130,7 @@ def served(tool_warmed_weights) -> Any:
     from kuberl.rollout.controller import RolloutController
     from kuberl.rollout.staleness import StalenessManager
 
-    tok = char_tokenizer()
-    model = tiny_qwen2(len(tok), seed=0)
-    model.load_state_dict(torch.load(tool_warmed_weights, weights_only=True))
+    model, tok = load_tool_warmed(tool_warmed_weights)
     engine = TorchEngine(copy.deepcopy(model).eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     inference_port, gateway_port = free_port(), free_port()
     stop_inference = serve_in_thread(build_app(engine, tok, TOKEN), inference_port)
