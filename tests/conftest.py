@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
+from filelock import FileLock
 from moto.server import ThreadedMotoServer
 
 from kuberl.local_processes import free_port
@@ -69,6 +70,17 @@ def uri(request, tmp_path):
     return f"s3://{bucket}/runs/exp1/"
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # one core per xdist worker: two workers' torch threads would fight over two cores
+
+
+def run_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test run's temp dir, shared by every pytest-xdist worker (each worker's own base temp dir
+    is a child of it); the base temp dir itself without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 TOOL_SFT_STEPS = 150  # enough that most episodes call the calculator and copy its answer
 
 
@@ -81,13 +93,15 @@ def tool_warmed_weights(tmp_path_factory) -> Path:
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
     from kuberl.trainer.sft import sft_warmup
 
-    path = tmp_path_factory.getbasetemp() / "tool-warmed-tiny-qwen2.pt"
-    if not path.exists():
-        tok = char_tokenizer()
-        model = tiny_qwen2(len(tok), seed=0)
-        sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), TOOL_SFT_STEPS, 64,
-                   2e-3)
-        torch.save(model.state_dict(), path)
+    path = run_temp_dir(tmp_path_factory) / "tool-warmed-tiny-qwen2.pt"
+    with FileLock(f"{path}.lock"):  # one worker trains it, the others wait and load it
+        if not path.exists():
+            tok = char_tokenizer()
+            model = tiny_qwen2(len(tok), seed=0)
+            sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), TOOL_SFT_STEPS,
+                       64, 2e-3)
+            torch.save(model.state_dict(), f"{path}.partial")
+            os.replace(f"{path}.partial", path)
     return path
 
 

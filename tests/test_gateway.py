@@ -4,10 +4,12 @@ the client's own retry gets through once the trainer has caught up."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,10 +121,11 @@ def serve_in_thread(app: Any, port: int) -> Any:
     return lambda: asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
 
 
-@pytest.fixture(scope="module")
-def served(tool_warmed_weights) -> Any:
-    """A tool-call-warmed tiny model behind the real inference server, a rollout controller whose
-    episodes come from outside (batch = 1 group of 2, η = 0), and the gateway in front."""
+@contextlib.contextmanager
+def gateway_over(model: Any, tok: Any, batch_size: int = 1, max_staleness: int = 0) -> Iterator[Any]:
+    """``model`` behind the real inference server, a rollout controller whose episodes come from
+    outside (``batch_size`` groups of 2 a step, η = ``max_staleness``), and the gateway in front:
+    yields (gateway, an openai client holding the agent's token)."""
     from kuberl.gateway.server import Gateway, GatewayConfig
     from kuberl.inference.engine import TorchEngine
     from kuberl.inference.server import build_app
@@ -130,22 +133,51 @@ def served(tool_warmed_weights) -> Any:
     from kuberl.rollout.controller import RolloutController
     from kuberl.rollout.staleness import StalenessManager
 
-    model, tok = load_tool_warmed(tool_warmed_weights)
     engine = TorchEngine(copy.deepcopy(model).eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     inference_port, gateway_port = free_port(), free_port()
     stop_inference = serve_in_thread(build_app(engine, tok, TOKEN), inference_port)
     controller = RolloutController(InferenceClient([f"http://127.0.0.1:{inference_port}"], TOKEN), None, None,
-                                   StalenessManager(batch_size=1, max_staleness=0, max_concurrent=4))
+                                   StalenessManager(batch_size=batch_size, max_staleness=max_staleness,
+                                                    max_concurrent=4))
     controller.start()
     gateway = Gateway(controller, tok, GatewayConfig("tiny-agent", group_size=2, max_new_tokens=24, temperature=1.0,
                                                      top_p=1.0, session_timeout=60),
                       AGENT_TOKEN, tasks=examples(DatasetSource(path="builtin:multiplication-tools"), 1))
     gateway.start_in(gateway_port)
-    yield gateway, tok, model, openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=AGENT_TOKEN,
-                                             max_retries=10)
-    gateway.stop()
-    controller.stop()
-    stop_inference()
+    try:
+        yield gateway, openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=AGENT_TOKEN,
+                                     max_retries=10)
+    finally:
+        gateway.stop()
+        controller.stop()
+        stop_inference()
+
+
+@pytest.fixture(scope="module")
+def served(tool_warmed_weights) -> Any:
+    """The tool-call-warmed tiny model behind the gateway (``gateway_over``: batch = 1 group of 2, η = 0)."""
+    model, tok = load_tool_warmed(tool_warmed_weights)
+    with gateway_over(model, tok) as (gateway, client):
+        yield gateway, tok, model, client
+
+
+def test_a_history_longer_than_the_models_context_gets_400_naming_messages():
+    """The replica refuses a prompt with no room left in the model's context (400); the agent gets that
+    400 naming its messages, not a 500, and the gateway keeps serving."""
+    from kuberl.models.tiny import tiny_qwen2
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    with gateway_over(model, tok, batch_size=4, max_staleness=4) as (_, client):
+        ask = {"model": "tiny-agent", "max_tokens": 4}
+        headers = {"X-KubeRL-Session": "long", "X-KubeRL-Group": "g"}
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**ask, messages=[{"role": "user", "content": "12*34=" * 60}],
+                                           extra_headers=headers)
+        assert "messages" in str(refused.value) and "context" in str(refused.value)
+        short = client.chat.completions.create(**ask, messages=[{"role": "user", "content": "12*34="}],
+                                               extra_headers={**headers, "X-KubeRL-Session": "short"})
+        assert short.choices[0].message.role == "assistant"
 
 
 def scrape_gateway_counters(gateway: Any) -> dict[str, float]:

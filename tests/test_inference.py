@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 
 import pytest
 import torch
@@ -162,7 +163,7 @@ async def test_pause_racing_the_engine_loop_never_loses_requests(tok):
             engine.resume()
             outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
             assert all(o.finish_reason in ("stop", "length", "abort") for o in outs)
-        assert engine.healthy
+        assert engine.health() is None
     finally:
         await engine.stop()
 
@@ -180,7 +181,78 @@ async def test_hostile_generate_bodies_get_400_and_the_engine_lives(tok, body):
         deep = await client.post("/generate", data="[" * 100_000 + "]" * 100_000)
         assert deep.status == 400
         ok = await client.post("/generate", json={"input_ids": prompt(tok, "1+1="), "max_new_tokens": 2})
-        assert ok.status == 200 and engine.healthy and (await client.get("/health")).status == 200
+        assert ok.status == 200 and engine.health() is None and (await client.get("/health")).status == 200
+
+
+async def greedy_logprobs(client, ids: list[int]) -> list[float]:
+    r = await client.post("/generate", json={"input_ids": ids, "max_new_tokens": 8, "temperature": 0})
+    assert r.status == 200, await r.text()
+    return (await r.json())["outputs"][0]["logprobs"]
+
+
+@pytest.mark.parametrize("break_it", ["missing", "wrong shape"])
+async def test_a_bad_weight_update_is_refused_whole_and_the_old_weights_stay_served(tok, break_it):
+    engine = make_engine(tok)
+    update = {k: v.contiguous().clone() for k, v in tiny_qwen2(len(tok), seed=7).state_dict().items()}
+    last = sorted(update)[-1]  # every other tensor is fine: a partial load would change the outputs
+    if break_it == "missing":
+        del update[last]
+    else:
+        update[last] = torch.zeros(3, 3)
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
+        ids = prompt(tok, "12+34=")
+        before = await greedy_logprobs(client, ids)
+        r = await client.post("/update_weights?version=3", data=save_safetensors(update))
+        assert r.status == 400 and break_it in await r.text() and last in await r.text()
+        assert engine.version == 0 and await greedy_logprobs(client, ids) == before
+
+
+async def test_a_prompt_that_fills_the_context_gets_400_and_one_that_nearly_does_stops_at_it(tok):
+    engine = make_engine(tok)
+    room = engine.max_model_len
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
+        full = await client.post("/generate", json={"input_ids": [5] * room, "max_new_tokens": 1})
+        assert full.status == 400 and "input_ids" in await full.text() and str(room) in await full.text()
+        near = await client.post("/generate", json={"input_ids": [5] * (room - 2), "max_new_tokens": 50})
+        (out,) = (await near.json())["outputs"]
+        assert near.status == 200 and len(out["output_ids"]) <= 2 and out["finish_reason"] in ("stop", "length")
+
+
+def crash(*_: object) -> None:
+    raise RuntimeError("device lost")
+
+
+async def test_a_crashed_engine_answers_503_at_once_and_reports_it_on_health(tok):
+    model = tiny_qwen2(len(tok), seed=0)
+    model.register_forward_pre_hook(crash)
+    engine = TorchEngine(model, tok.eos_token_id, tok.pad_token_id)
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
+        body = {"input_ids": prompt(tok, "1+1="), "max_new_tokens": 2}
+        first = await asyncio.wait_for(client.post("/generate", json=body), timeout=10)
+        assert first.status == 503 and "device lost" in await first.text()
+        later = await asyncio.wait_for(client.post("/generate", json=body), timeout=5)  # not queued for nobody
+        assert later.status == 503
+        health = await client.get("/health")
+        assert health.status == 503 and (await health.json())["status"] == "engine stopped"
+
+
+async def test_a_hung_engine_fails_its_health_check_until_it_steps_again(tok):
+    now = [1000.0]  # the engine reads this clock: the test decides when 60 s have passed
+    entered, release = threading.Event(), threading.Event()
+    model = tiny_qwen2(len(tok), seed=0)
+    model.register_forward_pre_hook(lambda *_: (entered.set(), release.wait(30)) and None)
+    engine = TorchEngine(model, tok.eos_token_id, tok.pad_token_id, stall_seconds=60, clock=lambda: now[0])
+    async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:
+        call = asyncio.create_task(client.post("/generate", json={"input_ids": prompt(tok, "1+1="),
+                                                                   "max_new_tokens": 1}))
+        assert await asyncio.to_thread(entered.wait, 10)
+        assert (await client.get("/health")).status == 200  # a step in progress, not stalled yet
+        now[0] += 61
+        hung = await client.get("/health")
+        assert hung.status == 503 and "hung" in (await hung.json())["status"]
+        release.set()
+        assert (await call).status == 200
+        assert (await client.get("/health")).status == 200
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,15 +1,19 @@
-"""The rollout client against real inference servers: balancing, abort → resume, pause under load."""
+"""The rollout client against real inference servers: balancing, abort → resume, pause under load,
+and containment — a replica that answers 5xx, hangs or refuses never fails the rollout."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
+import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kuberl.inference.engine import TorchEngine
 from kuberl.inference.server import build_app
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
-from kuberl.rollout.client import InferenceClient
+from kuberl.rollout.client import InferenceClient, Rejected
 from kuberl.weights import to_safetensors
 
 TOKEN = "test-token-0123456789"
@@ -69,3 +73,68 @@ async def test_aborted_requests_resume_on_the_same_replica_with_mixed_versions()
     finally:
         for s, _ in servers:
             await s.close()
+
+
+def answering_500() -> web.Application:
+    """A replica whose engine is broken behind a live HTTP server: every route answers 500."""
+    async def fail(request: web.Request) -> web.Response:
+        return web.Response(status=500, text="engine step failed")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fail)
+    return app
+
+
+async def test_a_replica_answering_500_leaves_rotation_and_the_rollout_goes_on_with_the_other():
+    tok = char_tokenizer()
+    broken = TestServer(answering_500())
+    await broken.start_server()
+    (good, engine), = await start_servers(1, tok)
+    try:
+        async with InferenceClient([str(broken.make_url("/")), str(good.make_url("/"))], TOKEN) as client:
+            prompt = [tok.bos_token_id, *tok("2+3=", add_special_tokens=False).input_ids]
+            outs = await asyncio.wait_for(asyncio.gather(*(client.generate(prompt, 2, 5, 1.0, 1.0)
+                                                           for _ in range(12))), timeout=30)
+            assert client.replicas[0].needs_weights and not client.replicas[1].needs_weights
+        assert all(len(group) == 2 and all(o.output_ids for o in group) for group in outs)
+        assert engine.generated_tokens == sum(len(o.output_ids) for group in outs for o in group)
+    finally:
+        await broken.close()
+        await good.close()
+
+
+async def test_requests_on_a_hung_replica_move_to_a_healthy_one():
+    tok = char_tokenizer()
+    release = threading.Event()
+    hung_model = tiny_qwen2(len(tok), seed=0)
+    hung_model.register_forward_pre_hook(lambda *_: release.wait(60) and None)
+    hung = TorchEngine(hung_model, tok.eos_token_id, tok.pad_token_id, stall_seconds=0.5)
+    hung_server = TestServer(build_app(hung, tok, TOKEN))
+    await hung_server.start_server()
+    (good, engine), = await start_servers(1, tok)
+    try:
+        async with InferenceClient([str(hung_server.make_url("/")), str(good.make_url("/"))], TOKEN,
+                                   health_interval=0.2, health_timeout=2.0) as client:
+            client.replicas[1].in_flight = 1  # the first request goes to the hung replica
+            prompt = [tok.bos_token_id, *tok("2+3=", add_special_tokens=False).input_ids]
+            (out,) = await asyncio.wait_for(client.generate(prompt, 1, 4, 1.0, 1.0), timeout=30)
+            client.replicas[1].in_flight = 0
+            assert client.replicas[0].needs_weights  # out of rotation
+        assert out.output_ids and engine.generated_tokens == len(out.output_ids) and hung.generated_tokens == 0
+    finally:
+        release.set()
+        await hung_server.close()
+        await good.close()
+
+
+async def test_a_request_the_replica_refuses_is_raised_at_once_not_retried():
+    tok = char_tokenizer()
+    (server, engine), = await start_servers(1, tok)
+    try:
+        async with InferenceClient([str(server.make_url("/"))], TOKEN) as client:
+            with pytest.raises(Rejected) as err:
+                await asyncio.wait_for(client.generate([5] * engine.max_model_len, 1, 4, 1.0, 1.0), timeout=10)
+            assert err.value.status == 400 and "input_ids" in err.value.reason
+            assert not client.replicas[0].needs_weights  # the replica is fine: it stays in rotation
+    finally:
+        await server.close()

@@ -167,4 +167,4 @@ def test_an_incomplete_update_is_refused_before_anything_is_paused(twins: Twins)
     version = twins.vllm.version
     with pytest.raises(ValueError, match="missing"):
         twins.run(twins.vllm.load_weights(state, version + 1))
-    assert twins.vllm.version == version and twins.vllm.healthy and not twins.vllm.paused
+    assert twins.vllm.version == version and twins.vllm.health() is None and not twins.vllm.paused

@@ -64,7 +64,8 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
         probe = {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": 10}
         container["readinessProbe"] = {**probe, "failureThreshold": 3}
         container["startupProbe"] = {**probe, "failureThreshold": 180}
-        # /health is 503 once the engine is gone (loop crashed, a weight load failed part-way):
+        # /health is 503 once the engine is gone (loop crashed, a weight load failed part-way) or hangs
+        # (work waiting, no engine step for 60 s):
         # the kubelet replaces the replica, and the pool goes on with the others meanwhile.
         container["livenessProbe"] = {**probe, "failureThreshold": 6}
     labels = {

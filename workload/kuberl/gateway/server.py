@@ -39,6 +39,7 @@ from ..auth import require_token
 from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP
 from ..jsonbody import read_json
+from ..rollout.client import Rejected
 from ..rollout.controller import RolloutController
 from ..rollout.workflow import without_eos
 from . import chat
@@ -244,7 +245,11 @@ class Gateway:
             session.policy([], [], [], FINISH_LENGTH)
             return [], FINISH_LENGTH, (len(context), 0)
         cfg = self.config
-        (gen,) = await self.controller.client.generate(context, 1, budget, cfg.temperature, cfg.top_p)
+        try:
+            (gen,) = await self.controller.client.generate(context, 1, budget, cfg.temperature, cfg.top_p)
+        except Rejected as err:  # e.g. a history longer than the model's context
+            field = "messages" if cut_at_call else "prompt"
+            raise RequestError(f"{field}: {err.reason}", field) from err
         ids, stopped = cut_turn(gen.output_ids, self._text, stops, cut_at_call)
         finish = FINISH_STOP if stopped else gen.finish_reason or FINISH_LENGTH
         session.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish)

@@ -27,6 +27,11 @@ class SamplingParams:
 FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT)
 
 
+class EngineDown(RuntimeError):
+    """The engine cannot serve (its loop or core is gone, or its weights are unknown): the request is
+    answered 503 at once instead of waiting for work nobody will do."""
+
+
 @dataclass
 class Generation:
     """One completion, and its wire form in ``POST /generate``'s reply (one type on both sides)."""
@@ -85,11 +90,13 @@ class Engine(Protocol):
     generated_tokens: int
     aborted: int
     vocab_size: int  # token ids must lie in [0, vocab_size)
+    max_model_len: int  # prompt + generated tokens of one sequence never exceed this
 
     def start(self) -> None: ...
     async def stop(self) -> None: ...
-    @property
-    def healthy(self) -> bool: ...
+    def health(self) -> str | None:
+        """None when the engine serves; otherwise why it cannot (what ``/health`` answers with 503)."""
+        ...
     @property
     def paused(self) -> bool: ...
     @property

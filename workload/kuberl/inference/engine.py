@@ -7,10 +7,16 @@ distribution the token was sampled from) and the weight version that produced it
 
 ``pause()`` aborts in-flight requests: they complete with ``finish_reason="abort"`` and the
 tokens generated so far, so the client can resume them (prompt + partial output) under the next
-weights. New requests wait while paused. ``load_weights()`` swaps the parameters and bumps the
-version atomically between steps, without interrupting anything. No KV cache: each step
-recomputes the whole (short) sequences, which is simple and exact for the small models this
-engine is for.
+weights. New requests wait while paused. ``load_weights()`` checks the whole update against the
+model first, then swaps the parameters and bumps the version atomically between steps, without
+interrupting anything. No KV cache: each step recomputes the whole (short) sequences, which is
+simple and exact for the small models this engine is for; a sequence never grows past the model's
+``max_position_embeddings`` (``max_model_len``).
+
+Health: the engine is healthy while its loop runs and, when work is waiting, makes progress — a
+step (or the wake-up that found the work) no older than ``stall_seconds``. A crashed loop fails
+every waiting request and refuses new ones at once (``EngineDown``); a hung one is reported
+by ``health()`` so that the liveness probe restarts it.
 """
 
 from __future__ import annotations
@@ -18,14 +24,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from ..devices import WIRE_DTYPE
-from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineDown, Generation, SamplingParams
 
 log = logging.getLogger("kuberl.inference")
+STALL_SECONDS = 60.0  # work waiting and no engine step for this long: the engine is hung
+
+
+def update_mismatch(expected: Mapping[str, torch.Size], given: Mapping[str, torch.Size],
+                    complete: bool = True) -> str | None:
+    """Why an update with tensors of shapes ``given`` cannot replace parameters of shapes ``expected``
+    (missing names when ``complete``, unknown names, wrong shapes), or None when it fits. Checked
+    before any tensor is touched: a refused update leaves the old weights served whole."""
+    missing = sorted(set(expected) - set(given)) if complete else []
+    unknown = sorted(set(given) - set(expected))
+    wrong = [f"{n} {tuple(given[n])} (expected {tuple(expected[n])})" for n in sorted(set(given) & set(expected))
+             if tuple(given[n]) != tuple(expected[n])]
+    if not (missing or unknown or wrong):
+        return None
+    parts = [f"{label} {items[:5]}{'…' if len(items) > 5 else ''} ({len(items)})"
+             for label, items in (("missing", missing), ("unexpected", unknown), ("wrong shape", wrong)) if items]
+    return "weights do not match the model: " + "; ".join(parts)
+
 
 @dataclass
 class _Request:
@@ -56,10 +82,14 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
 
 
 class TorchEngine:
-    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, max_batch: int = 256, seed: int = 0):
+    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, max_batch: int = 256, seed: int = 0,
+                 stall_seconds: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.model = model.eval()
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.max_model_len = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2**31 - 1))
         self.eos_id, self.pad_id, self.max_batch = eos_id, pad_id, max_batch
+        self.stall_seconds, self._clock = stall_seconds, clock
+        self._progress_at = clock()  # the last engine step, or the moment waiting work was found
         self.version = 0
         self.generated_tokens = 0
         self.aborted = 0
@@ -76,9 +106,14 @@ class TorchEngine:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="torch-engine")
         self._task.add_done_callback(self._on_loop_exit)
 
-    @property
-    def healthy(self) -> bool:
-        return self._task is not None and not self._task.done()
+    def health(self) -> str | None:
+        """None when healthy; otherwise why not (stopped, or hung with work waiting)."""
+        if self._task is None or self._task.done():
+            return "engine stopped"
+        idle = self._clock() - self._progress_at
+        if self.in_flight and not self._paused and idle > self.stall_seconds:
+            return f"engine hung: no step for {idle:.0f} s with {self.in_flight} requests waiting"
+        return None
 
     def _on_loop_exit(self, task: asyncio.Task[None]) -> None:
         """A crashed engine fails every waiting request loudly instead of leaving it hanging."""
@@ -90,11 +125,11 @@ class TorchEngine:
         log.error("engine loop crashed: %r", err)
         for req in self._queue + self._active:
             if not req.future.done():
-                req.future.set_exception(RuntimeError(f"inference engine crashed: {err!r}"))
+                req.future.set_exception(EngineDown(f"inference engine crashed: {err!r}"))
         self._queue, self._active = [], []
 
     async def stop(self) -> None:
-        if self._task:
+        if self._task and not self._task.done():  # a crashed loop was logged by _on_loop_exit
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -110,6 +145,8 @@ class TorchEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
+        if self._task is None or self._task.done():
+            raise EngineDown("inference engine stopped")
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         self._queue.append(_Request(list(prompt_ids), params, future))
         self._wake.set()
@@ -137,10 +174,12 @@ class TorchEngine:
         records the new version. (This engine keeps no KV cache, so continuing is exact; an engine
         with a cache of old-weight keys/values pauses with abort first and lets the client resume.)
         """
+        expected = {name: t.shape for name, t in self.model.state_dict().items()}
+        problem = update_mismatch(expected, {name: t.shape for name, t in state.items()})
+        if problem:
+            raise ValueError(problem)
         async with self._step_lock:
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if missing or unexpected:
-                raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            self.model.load_state_dict(state)
             self.version = version
 
     def parameter_layout(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
@@ -151,6 +190,10 @@ class TorchEngine:
         """Copy ``tensors`` into the parameters of the same names and set the version, between two
         engine steps (the p2p path: names are parameter names, tied weights appear once)."""
         params = dict(self.model.named_parameters())
+        problem = update_mismatch({n: p.shape for n, p in params.items()}, {n: t.shape for n, t in tensors.items()},
+                                  complete=False)
+        if problem:
+            raise ValueError(problem)
         async with self._step_lock:
             with torch.no_grad():
                 for name, tensor in tensors.items():
@@ -163,6 +206,7 @@ class TorchEngine:
             if self._paused or not (self._queue or self._active):
                 self._wake.clear()
                 await self._wake.wait()
+                self._progress_at = self._clock()
                 continue
             room = self.max_batch - len(self._active)
             self._active += self._queue[:room]
@@ -183,8 +227,10 @@ class TorchEngine:
                     self.generated_tokens += 1
                     if tok == self.eos_id:
                         self._finish(req, FINISH_STOP)
-                    elif len(req.out.output_ids) >= req.params.max_new_tokens:
+                    elif len(req.out.output_ids) >= req.params.max_new_tokens or len(
+                            req.prompt_ids) + len(req.out.output_ids) >= self.max_model_len:
                         self._finish(req, FINISH_LENGTH)
+                self._progress_at = self._clock()
                 self._active = [r for r in self._active if not r.future.done()]
 
     @torch.no_grad()

@@ -11,7 +11,7 @@
     GET  /topology        {"node", "fabric", "zone"} of this pod (from its labels)
     POST /weights/p2p/join     this replica's part of the p2p plan (kuberl.weights.p2p)
     POST /weights/p2p/receive  ?version=N: receive it from the trainer ranks, swap it in
-    GET  /health          200 when ready
+    GET  /health          200 when ready; 503 once the engine stopped or hangs with work waiting
     GET  /metrics         Prometheus text format
 
 Every route but the read-only ``OPEN_PATHS`` needs the experiment's API token (``kuberl.auth``);
@@ -34,7 +34,7 @@ from ..api.base import shown
 from ..auth import require_token
 from ..jsonbody import bad_request, read_json
 from ..weights.discovery import own_topology, to_json
-from .contract import Engine, GenerateReply, SamplingParams
+from .contract import Engine, EngineDown, GenerateReply, SamplingParams
 from .p2p_receiver import NotJoined, P2PReceiver
 
 log = logging.getLogger("kuberl.inference")
@@ -73,9 +73,12 @@ def _float(body: dict[str, Any], key: str, default: float, low: float, high: flo
     return float(value)
 
 
-def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None) -> tuple[list[int], SamplingParams, int]:
+def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None,
+                   max_model_len: int = 2**31 - 1) -> tuple[list[int], SamplingParams, int]:
     """A /generate body → (prompt ids, sampling params, n); ValueError naming the field otherwise.
-    Token ids must be in [0, vocab_size): anything else would crash the engine's forward pass."""
+    Token ids must be in [0, vocab_size): anything else would crash the engine's forward pass. The
+    prompt must leave room for one new token in the engine's context (``max_model_len``); generation
+    ends there (finish_reason length) whatever ``max_new_tokens`` asks."""
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     if "input_ids" in body:
@@ -92,6 +95,9 @@ def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None) -> tuple[l
             raise ValueError("prompt: encodes to no tokens")
     else:
         raise ValueError("give input_ids (a list of token ids) or prompt (text)")
+    if len(ids) >= max_model_len:
+        field = "input_ids" if "input_ids" in body else "prompt"
+        raise ValueError(f"{field}: {len(ids)} tokens leave no room in this model's context of {max_model_len}")
     params = SamplingParams(
         max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
         temperature=_float(body, "temperature", 1.0, 0.0, 100.0),
@@ -109,11 +115,14 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
     async def generate(request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            ids, params, n = parse_generate(body, engine.vocab_size, tokenizer)
+            ids, params, n = parse_generate(body, engine.vocab_size, tokenizer, engine.max_model_len)
         except ValueError as err:
             raise bad_request(str(err)) from err
         metrics.requests.inc()
-        outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
+        try:
+            outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
+        except EngineDown as err:
+            raise web.HTTPServiceUnavailable(text=str(err)) from err
         return web.json_response(GenerateReply(engine.version, list(outs)).to_json())
 
     async def pause(request: web.Request) -> web.Response:
@@ -168,8 +177,9 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
         return web.json_response({"version": engine.version, "paused": engine.paused})
 
     async def health(request: web.Request) -> web.Response:
-        if not engine.healthy:
-            return web.json_response({"status": "engine stopped", "version": engine.version}, status=503)
+        problem = engine.health()
+        if problem is not None:
+            return web.json_response({"status": problem, "version": engine.version}, status=503)
         return web.json_response({"status": "ok", "version": engine.version})
 
     async def prometheus(request: web.Request) -> web.Response:

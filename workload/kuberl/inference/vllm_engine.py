@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .contract import Generation, SamplingParams
+from .contract import EngineDown, Generation, SamplingParams
 
 log = logging.getLogger("kuberl.inference")
 
@@ -118,6 +118,7 @@ class VLLMEngine:
         self._aliases = aliases or {}
         embedding = layout.get("model.embed_tokens.weight")  # HF decoder-only naming
         self.vocab_size = int(embedding[0][0]) if embedding else 2**31 - 1
+        self.max_model_len = int(getattr(getattr(llm, "model_config", None), "max_model_len", 2**31 - 1))
         self.owned_dirs = owned_dirs or []  # removed when the engine stops
         self.version = 0
         self.generated_tokens = 0
@@ -141,9 +142,10 @@ class VLLMEngine:
         for directory in self.owned_dirs:
             shutil.rmtree(directory, ignore_errors=True)
 
-    @property
-    def healthy(self) -> bool:
-        return not self.llm.errored and self._broken is None
+    def health(self) -> str | None:
+        if self.llm.errored:
+            return "vLLM engine core errored"
+        return self._broken
 
     @property
     def paused(self) -> bool:
@@ -170,8 +172,9 @@ class VLLMEngine:
             raise ValueError("prompt_ids must not be empty")
         while not self._open.is_set():  # re-check: the gate may close again before we run
             await self._open.wait()
-        if self._broken is not None:
-            raise RuntimeError(self._broken)
+        problem = self.health()
+        if problem is not None:
+            raise EngineDown(problem)
         request_id = f"kuberl-{next(self._ids)}"
         self._active.add(request_id)
         self._drained.clear()

@@ -1,13 +1,16 @@
 """Client of the inference pool: load-balanced generate, pause/resume, weight pushes.
 
 A request goes to the replica with the fewest requests in flight. If it comes back aborted (the
-replica paused for a weight update), it is resubmitted to the *same* replica as prompt + the
-tokens generated so far, with the remaining token budget; the pieces are concatenated, so each
-token keeps the version that wrote it.
+replica paused for a weight update), it is resubmitted as prompt + the tokens generated so far,
+with the remaining token budget; the pieces are concatenated, so each token keeps the version
+that wrote it.
 
-Elastic pool: a replica that cannot be reached (during a request or a weight push) is taken out
-of rotation; once it answers again it first gets the newest weights, then requests. Training
-goes on with the remaining replicas meanwhile.
+Containment: a replica that cannot be reached, answers 5xx (its engine crashed or is broken), or
+fails its ``/health`` check (a hung engine; probed every ``health_interval`` seconds, failing after
+``health_timeout``) is taken out of rotation, and the requests it holds are sent to another
+replica — a fault of one replica never fails the rollout. Once it answers again it first gets
+the newest weights, then requests. A 4xx is the request's own fault (:class:`Rejected`): it is
+raised to the caller, not retried.
 """
 
 from __future__ import annotations
@@ -28,12 +31,29 @@ log = logging.getLogger("kuberl.rollout")
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
 
 
+class ReplicaFault(RuntimeError):
+    """The replica, not the request, failed (5xx, or it left rotation): retry on another replica."""
+
+
+class Rejected(RuntimeError):
+    """The replica refused the request itself (HTTP 4xx): no replica would answer it differently.
+    ``reason``: the replica's own message (it names the field), without the replica's address."""
+
+    def __init__(self, status: int, message: str, reason: str):
+        super().__init__(message)
+        self.status, self.reason = status, reason
+
+
+REPLICA_ERRORS = (OSError, TimeoutError, aiohttp.ClientError, ReplicaFault)
+
+
 @dataclass
 class Replica:
     url: str
     in_flight: int = 0
     down_until: float = 0.0
     needs_weights: bool = False  # restarted or missed a push: not used until it has the newest
+    left: asyncio.Event = field(default_factory=asyncio.Event)  # set when it leaves rotation (then replaced)
 
 
 @dataclass
@@ -41,11 +61,14 @@ class InferenceClient:
     urls: list[str]
     token: str = field(repr=False)  # the experiment's API token, sent with every request (kuberl.auth)
     timeout: float = 600.0
+    health_interval: float = 2.0
+    health_timeout: float = 10.0
     replicas: list[Replica] = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
     _latest: tuple[WeightPayload, int] | None = field(default=None, init=False)
     _rejoining: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _watcher: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -58,9 +81,13 @@ class InferenceClient:
         self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                               headers=headers)
         self._control = aiohttp.ClientSession(timeout=timeout, headers=headers)
+        self._watcher = asyncio.create_task(self._watch(), name="replica-health")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         for session in (self._session, self._control):
             if session:
                 await session.close()
@@ -82,10 +109,41 @@ class InferenceClient:
         return min(alive, key=lambda r: r.in_flight) if alive else None
 
     def _lost(self, replica: Replica, err: BaseException) -> None:
+        """Take ``replica`` out of rotation; requests waiting on it go elsewhere (``_on``)."""
         if not replica.needs_weights:
-            log.warning("replica %s unreachable (%s); out of rotation until it is back", replica.url, err)
+            log.warning("replica %s failed (%s); out of rotation until it is back", replica.url, err)
         replica.needs_weights = True
         replica.down_until = time.monotonic() + 1.0
+        replica.left.set()
+        replica.left = asyncio.Event()
+
+    async def _on(self, replica: Replica, path: str, **kwargs: Any) -> dict[str, Any]:
+        """POST ``path`` to ``replica``; ReplicaFault as soon as the replica leaves rotation."""
+        left = replica.left
+        request = asyncio.ensure_future(self._post(replica, path, **kwargs))
+        gone = asyncio.ensure_future(left.wait())
+        try:
+            done, _ = await asyncio.wait({request, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not request.done():
+                request.cancel()
+        if request not in done:
+            raise ReplicaFault(f"{replica.url} left rotation with this request in flight")
+        return request.result()
+
+    async def _watch(self) -> None:
+        """Probe every replica in rotation each ``health_interval``; one that is not healthy leaves."""
+        while True:
+            await asyncio.sleep(self.health_interval)
+            await asyncio.gather(*(self._probe(r) for r in self.replicas if not r.needs_weights))
+
+    async def _probe(self, replica: Replica) -> None:
+        try:
+            await self._get(replica, "/health", timeout=aiohttp.ClientTimeout(total=self.health_timeout))
+        except REPLICA_ERRORS as err:
+            if not replica.needs_weights:
+                self._lost(replica, err)
 
     async def _rejoin(self) -> None:
         """Give replicas that are back the newest weights, then put them back in rotation."""
@@ -102,7 +160,7 @@ class InferenceClient:
                     await self._send_weights(replica, *self._latest)
                     replica.needs_weights = False
                     log.info("replica %s is back with the newest weights", replica.url)
-                except (OSError, TimeoutError, aiohttp.ClientError) as err:
+                except REPLICA_ERRORS as err:
                     replica.down_until = time.monotonic() + 1.0
                     log.debug("replica %s not back yet: %s", replica.url, err)
 
@@ -111,9 +169,17 @@ class InferenceClient:
         if session is None:
             raise RuntimeError("use `async with InferenceClient(...)`")
         async with session.post(replica.url + path, **kwargs) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{replica.url}{path}: HTTP {resp.status}: {await resp.text()}")
+            return await self._answer(replica, path, resp)
+
+    @staticmethod
+    async def _answer(replica: Replica, path: str, resp: aiohttp.ClientResponse) -> dict[str, Any]:
+        if resp.status == 200:
             return await resp.json()
+        reason = (await resp.text())[:2000]
+        message = f"{replica.url}{path}: HTTP {resp.status}: {reason}"
+        if resp.status >= 500:
+            raise ReplicaFault(message)
+        raise Rejected(resp.status, message, reason)
 
     async def topologies(self) -> list[dict[str, str]]:
         """Each replica's place (node / fabric / zone from its pod labels), in replica order."""
@@ -130,13 +196,11 @@ class InferenceClient:
         await asyncio.gather(*(self._post(r, f"/weights/p2p/receive?version={version}", control=True)
                                for r in self.replicas))  # fmt: skip
 
-    async def _get(self, replica: Replica, path: str) -> dict[str, Any]:
+    async def _get(self, replica: Replica, path: str, **kwargs: Any) -> dict[str, Any]:
         if self._control is None:
             raise RuntimeError("use `async with InferenceClient(...)`")
-        async with self._control.get(replica.url + path) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{replica.url}{path}: HTTP {resp.status}: {await resp.text()}")
-            return await resp.json()
+        async with self._control.get(replica.url + path, **kwargs) as resp:
+            return await self._answer(replica, path, resp)
 
     async def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -155,6 +219,15 @@ class InferenceClient:
     async def generate(self, input_ids: list[int], n: int, max_new_tokens: int, temperature: float,
                        top_p: float) -> list[Generation]:
         """``n`` completions of ``input_ids``; aborted ones are resumed until they finish."""
+        outputs = await self._generate(input_ids, n, max_new_tokens, temperature, top_p)
+        return list(await asyncio.gather(*(
+            self._complete(input_ids, o, max_new_tokens, temperature, top_p) for o in outputs)))
+
+    async def _generate(self, input_ids: list[int], n: int, max_new_tokens: int, temperature: float,
+                        top_p: float) -> list[Generation]:
+        """One ``/generate`` on the least busy healthy replica, retried on another while replicas fail."""
+        body = {"input_ids": input_ids, "n": n, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                "top_p": top_p}
         while True:
             await self._rejoin()
             replica = self._pick()
@@ -163,27 +236,23 @@ class InferenceClient:
                 continue
             replica.in_flight += n
             try:
-                body = {"input_ids": input_ids, "n": n, "max_new_tokens": max_new_tokens,
-                        "temperature": temperature, "top_p": top_p}
-                reply = GenerateReply.from_json(await self._post(replica, "/generate", json=body))
-                outputs = reply.outputs
+                reply = GenerateReply.from_json(await self._on(replica, "/generate", json=body))
                 if self._latest is not None and reply.version < self._latest[1] - 1:
                     self._lost(replica, RuntimeError(f"serves version {reply.version}, restarted?"))
-                return list(await asyncio.gather(*(
-                    self._complete(replica, input_ids, o, max_new_tokens, temperature, top_p) for o in outputs)))
-            except (TimeoutError, aiohttp.ClientConnectionError) as err:
+                return reply.outputs
+            except REPLICA_ERRORS as err:
                 self._lost(replica, err)
                 await asyncio.sleep(0.2)
             finally:
                 replica.in_flight -= n
 
-    async def _complete(self, replica: Replica, input_ids: list[int], out: Generation, budget: int,
-                        temperature: float, top_p: float) -> Generation:
-        """Resume an aborted generation (the replica paused for a weight update) until it finishes."""
+    async def _complete(self, input_ids: list[int], out: Generation, budget: int, temperature: float,
+                        top_p: float) -> Generation:
+        """Resume an aborted generation (its replica paused for a weight update) until it finishes."""
         while out.finish_reason == FINISH_ABORT and len(out.output_ids) < budget:
-            body = {"input_ids": input_ids + out.output_ids, "n": 1, "max_new_tokens": budget - len(out.output_ids),
-                    "temperature": temperature, "top_p": top_p}
-            out = out.then(GenerateReply.from_json(await self._post(replica, "/generate", json=body)).outputs[0])
+            (more,) = await self._generate(input_ids + out.output_ids, 1, budget - len(out.output_ids),
+                                           temperature, top_p)
+            out = out.then(more)
         if out.finish_reason == FINISH_ABORT:
             out.finish_reason = FINISH_LENGTH
         return out
@@ -209,7 +278,7 @@ class InferenceClient:
         async def push(replica: Replica) -> None:
             try:
                 await self._send_weights(replica, payload, version)
-            except (TimeoutError, aiohttp.ClientConnectionError) as err:
+            except REPLICA_ERRORS as err:
                 self._lost(replica, err)
 
         await asyncio.gather(*(push(r) for r in self.replicas if not r.needs_weights))
