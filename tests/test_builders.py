@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from kuberl.api import InferencePool, RLExperiment, TrainerJob
+from kuberl.api.contract import GATEWAY_PORT, LABEL_EXPERIMENT, MASTER_PORT, PROGRESS_PORT
 from kuberl.api.spec import AgentSpec
 from kuberl_operator.builders.agent import agent_resources
 from kuberl_operator.builders.experiment import InvalidSpec, build_experiment_children
@@ -16,6 +17,7 @@ from kuberl_operator.render import render_resource
 from kuberl_operator.topology import label_value, topology_labels
 
 from .conftest import EXAMPLES, MINIMAL, load_example
+from .netpol import PodRef, allowed
 
 
 def stored(doc: dict, uid: str = "uid-1") -> dict:
@@ -283,6 +285,29 @@ def test_quantity_values(text, value):
     assert quantity_value(text) == value
 
 
+def test_agent_pods_reach_the_gateway_port_and_nothing_else_of_their_experiment():
+    """The agent runs model-driven code: under the experiment's NetworkPolicy it may open the gateway
+    port on trainer rank 0 and nothing else — not the torch stores (29500, 29501), not a gloo socket,
+    not a replica — while the workload's own pods still reach each other, and another experiment's
+    pods reach nothing."""
+    manifests = render(load_example("cpu-agent-gateway.yaml"))
+    policies = by_kind(manifests, "NetworkPolicy")
+    pods = {p["metadata"]["name"]: PodRef(p["metadata"]["labels"]) for p in by_kind(manifests, "Pod")}
+    rank0, replica = pods["cpu-agent-gateway-trainer-n0"], pods["cpu-agent-gateway-inference-r0-h0"]
+    (deployment,) = by_kind(manifests, "Deployment")
+    agent = PodRef(deployment["spec"]["template"]["metadata"]["labels"])
+    serving = container(by_kind(manifests, "Pod")[0])["ports"][0]["containerPort"]
+    assert allowed(policies, agent, rank0, GATEWAY_PORT)
+    for port in (MASTER_PORT, MASTER_PORT + 1, PROGRESS_PORT, 43121):  # stores, progress, a gloo socket
+        assert not allowed(policies, agent, rank0, port), port
+    assert not allowed(policies, agent, replica, serving)
+    assert allowed(policies, rank0, replica, serving) and allowed(policies, replica, rank0, MASTER_PORT + 1)
+    assert allowed(policies, rank0, rank0, 43121)  # a second rank's gloo socket, here on the same pod
+    stranger = PodRef({**rank0.labels, LABEL_EXPERIMENT: "someone-else"})
+    assert not any(allowed(policies, stranger, target, port) for target in (rank0, replica)
+                   for port in (MASTER_PORT, GATEWAY_PORT, serving))
+
+
 def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_rank_0():
     """spec.agent: the Deployment's env points at the Service, whose selector picks exactly the
     trainer's rank-0 pod among everything the experiment renders; secrets stay references."""
@@ -313,9 +338,6 @@ def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_r
     big = agent_resources(AgentSpec(command=["a"], resources={"requests": {"memory": "6Gi"}}))
     assert big["limits"]["memory"] == "6Gi"  # the default limit never falls below the request
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    (policy,) = by_kind(manifests, "NetworkPolicy")  # the agent's pods are let in: same experiment
-    assert all(labels.get(k) == v for k, v in policy["spec"]["ingress"][0]["from"][0]["podSelector"]
-               ["matchLabels"].items())
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert deployment["spec"]["replicas"] == 1
     finished = {**stored(doc), "status": {"phase": "Succeeded"}}  # nobody left to talk to: the agent stops

@@ -1,8 +1,9 @@
 """Who may reach an experiment's pods (docs/architecture.md, "Who may call what").
 
 Two locks, both per experiment: a NetworkPolicy (ingress to its pods only from the same
-experiment's pods, from the operator on the trainer's progress port, and from the metrics scraper's
-namespaces when configured) and an API token (a Secret the operator creates and owns) that every
+experiment's inference and trainer pods, from its agent pods on the gateway port alone, from the
+operator on the trainer's progress port, and from the metrics scraper's namespaces when configured)
+and an API token (a Secret the operator creates and owns) that every
 state-changing endpoint of the workload's servers requires. With spec.agent, a second token (its
 own Secret) is all the agent holds: the gateway accepts it, nothing else does.
 """
@@ -15,8 +16,13 @@ from dataclasses import dataclass, field
 
 from kuberl.api.contract import (
     API_TOKEN_KEY,
+    GATEWAY_PORT,
     LABEL_EXPERIMENT,
+    LABEL_ROLE,
     PROGRESS_PORT,
+    ROLE_AGENT,
+    ROLE_INFERENCE,
+    ROLE_TRAINER,
     api_token_secret_name,
     network_policy_name,
 )
@@ -47,11 +53,19 @@ class Peers:
 
 
 def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_ports: list[int]) -> Manifest:
-    """Ingress to ``experiment``'s pods: from its own pods (any port), from the operator's pods on
-    ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. Egress stays open: the
-    pods read models and data from S3 and write checkpoints there."""
+    """Ingress to ``experiment``'s pods: from its inference and trainer pods (any port: collectives,
+    stores, weight exchange), from its agent pods on ``GATEWAY_PORT`` only (the agent runs
+    model-driven code: it must not reach a torch store or a gloo/NCCL socket), from the operator's
+    pods on ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. Egress stays open:
+    the pods read models and data from S3 and write checkpoints there."""
     own = {LABEL_EXPERIMENT: experiment}
-    ingress: list[Manifest] = [{"from": [{"podSelector": {"matchLabels": own}}]}]
+    workload = {"matchLabels": own,
+                "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [ROLE_INFERENCE, ROLE_TRAINER]}]}
+    ingress: list[Manifest] = [
+        {"from": [{"podSelector": workload}]},
+        {"from": [{"podSelector": {"matchLabels": {**own, LABEL_ROLE: ROLE_AGENT}}}],
+         "ports": [{"port": GATEWAY_PORT, "protocol": "TCP"}]},
+    ]
     if peers.operator_namespace and peers.operator_labels:
         ingress.append({
             "from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: peers.operator_namespace}},
