@@ -12,13 +12,20 @@ import celpy
 import jsonschema
 import pytest
 import yaml
+from pydantic import ValidationError
 
-from kuberl.api import validate_document
+from kuberl.api import InferencePool, validate_document
 
 from .conftest import MINIMAL, ROOT
 
-CRD = yaml.safe_load((ROOT / "crds/kuberl.io_rlexperiments.yaml").read_text())
-ROOT_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+def crd_schema(plural: str) -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / f"crds/kuberl.io_{plural}.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+ROOT_SCHEMA = crd_schema("rlexperiments")
+POOL_SCHEMA = crd_schema("inferencepools")
 
 
 def rules(schema: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str, str]]:
@@ -62,14 +69,15 @@ def _nodes(doc: Any, path: tuple[str, ...]) -> list[Any]:
     return _nodes(doc.get(head) if isinstance(doc, dict) else None, rest)
 
 
-def cel_failures(doc: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+def cel_failures(doc: dict[str, Any], old: dict[str, Any] | None = None,
+                 schema: dict[str, Any] = ROOT_SCHEMA) -> list[str]:
     """Messages of the rules that evaluate to false (the API server would refuse the object).
     Transition rules (those using ``oldSelf``) run only on an update, i.e. when ``old`` is given."""
-    doc = with_defaults(ROOT_SCHEMA, doc)
-    old = with_defaults(ROOT_SCHEMA, old) if old is not None else None
+    doc = with_defaults(schema, doc)
+    old = with_defaults(schema, old) if old is not None else None
     env = celpy.Environment()
     failed = []
-    for path, rule, message in rules(ROOT_SCHEMA):
+    for path, rule, message in rules(schema):
         if "oldSelf" in rule:  # transition rules: on an update, where the object and its old self are
             pairs = [(_at(doc, path), _at(old, path))] if old is not None and "[]" not in path else []
         else:
@@ -134,12 +142,12 @@ def test_model_path_is_immutable_on_update_only():
     assert cel_failures(tuned, old=doc) == []  # other fields may change
 
 
-def openapi_failures(doc: dict[str, Any]) -> list[str]:
+def openapi_failures(doc: dict[str, Any], schema: dict[str, Any] = ROOT_SCHEMA) -> list[str]:
     """What the API server's OpenAPI validation refuses (bounds, patterns, types), via jsonschema:
     a structural schema is OpenAPI v3.0, i.e. JSON Schema draft 4 plus x-kubernetes-* extensions."""
-    validator = jsonschema.Draft4Validator(ROOT_SCHEMA)
+    validator = jsonschema.Draft4Validator(schema)
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message[:80]}" for e in validator.iter_errors(
-        with_defaults(ROOT_SCHEMA, doc))]
+        with_defaults(schema, doc))]
 
 
 @pytest.mark.parametrize(("case", "field"), [
@@ -155,3 +163,29 @@ def test_the_crd_itself_refuses_what_cannot_work_and_kuberl_validate_agrees(case
     _, issues = validate_document(case)
     assert any(i.path.startswith(field) for i in issues), (field, issues)
     assert openapi_failures(experiment()) == [] and cel_failures(experiment()) == []
+
+
+def pool(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "kuberl.io/v1alpha1", "kind": "InferencePool",
+            "metadata": {"name": "big", "namespace": "team-a"}, "spec": {"engine": "torch", **spec}}
+
+
+@pytest.mark.parametrize(("spec", "fits"), [
+    ({"replicas": 1024, "hostsPerReplica": 1000}, False),  # each field within its own bound, 1,024,000 pods
+    ({"replicas": 2, "hostsPerReplica": 513}, False),
+    ({"hostsPerReplica": 10**6}, False),
+    ({"replicas": 1024}, True),
+    ({"replicas": 4, "hostsPerReplica": 256}, True),
+])
+def test_a_pool_is_bounded_in_pods_by_the_crd_and_by_the_model_the_operator_reads(spec, fits):
+    """One object must not make the operator build a million pods: the CRD refuses it (OpenAPI bound
+    or CEL rule) and so does the model every reconcile parses it with, naming the fields."""
+    doc = pool(**spec)
+    refused = openapi_failures(doc, POOL_SCHEMA) + cel_failures(doc, schema=POOL_SCHEMA)
+    assert bool(refused) != fits, refused
+    if fits:
+        InferencePool.model_validate(doc)
+        return
+    with pytest.raises(ValidationError) as err:
+        InferencePool.model_validate(doc)
+    assert "hostsPerReplica" in str(err.value) or "hosts_per_replica" in str(err.value)

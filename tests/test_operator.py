@@ -216,6 +216,22 @@ async def test_invalid_spec_creates_nothing_and_names_the_field(tmp_path):
         assert api.list(GROUP, "inferencepools", "team-a") == [] and pods(api, "team-a") == []
 
 
+async def test_a_pool_of_a_million_pods_is_refused_naming_the_field_and_others_are_served(tmp_path):
+    """The emulator stores what a real API server's CRD rules would refuse: the operator itself must
+    refuse a standalone pool of 1,024 × 1,000 pods before it builds a single one, and go on serving."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        huge = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "InferencePool", "metadata": {"name": "huge"},
+                "spec": {"engine": "torch", "replicas": 1024, "hostsPerReplica": 1000}}
+        await api.create(GROUP, "inferencepools", "team-a", huge)
+        refused = await eventually(lambda: condition(api.get(GROUP, "inferencepools", "team-a", "huge"), "SpecValid"),
+                                   what="SpecValid condition on the pool")
+        assert refused["status"] == "False" and "hostsPerReplica" in refused["message"]
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="the next experiment's pods")
+        assert not pods(api, "team-a", "kuberl.io/inference-pool=huge")
+
+
 async def test_operator_restart_creates_no_duplicates(tmp_path):
     async with emulated_cluster(tmp_path) as cluster:
         api = cluster.api

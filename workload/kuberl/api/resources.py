@@ -11,9 +11,9 @@ import re
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from .base import GROUP_VERSION, ApiModel
+from .base import GROUP_VERSION, ApiModel, cel
 from .spec import (
     MAX_DEVICES_PER_NODE,
     MAX_PODS,
@@ -95,13 +95,20 @@ CONFIG_REVISION = ("hash of the run config in the ConfigMap (set by the RLExperi
 
 
 class InferencePoolSpec(PodPlacement):
+    """A pool of ``replicas × hostsPerReplica`` pods, at most ``MAX_PODS``: the operator builds every pod
+    of a pool in memory, so one object's size is bounded before it reaches the operator."""
+
+    model_config = PodPlacement.model_config | {
+        "json_schema_extra": cel((f"self.replicas * self.hostsPerReplica <= {MAX_PODS}",
+                                  f"replicas * hostsPerReplica: at most {MAX_PODS} pods per pool"))
+    }
     experiment: str | None = Field(None, description="owning RLExperiment, if any")
     config_map: str | None = Field(None, description="ConfigMap with the rendered run config")
     engine: Engine = Engine.VLLM
     replicas: int = Field(1, ge=1, le=MAX_PODS)
     tensor_parallel: int = Field(1, ge=1)
     pipeline_parallel: int = Field(1, ge=1)
-    hosts_per_replica: int = Field(1, ge=1)
+    hosts_per_replica: int = Field(1, ge=1, le=MAX_PODS)
     accelerators_per_host: int = Field(1, ge=1, description="devices per pod")
     port: int = Field(8000, ge=1024, le=65535)
     trainer_address: str | None = Field(
@@ -112,6 +119,13 @@ class InferencePoolSpec(PodPlacement):
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
+
+    @model_validator(mode="after")
+    def _bounded_pods(self) -> InferencePoolSpec:
+        if self.replicas * self.hosts_per_replica > MAX_PODS:
+            raise ValueError(f"replicas × hostsPerReplica = {self.replicas} × {self.hosts_per_replica} pods; at most "
+                             f"{MAX_PODS} per pool")
+        return self
 
 
 class TrainerJobSpec(PodPlacement):
