@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
 import pytest
 
 from kuberl.api.contract import LABEL_REPLICA
-from kuberl_operator.progress import fetch, progress_status
+from kuberl_operator.progress import fetch_all, progress_status
 from kuberl_operator.status import experiment_status, job_status, merge_conditions, pod_health, pool_status
 
 
@@ -152,10 +158,14 @@ def serve_once_per_path(replies: dict[str, tuple[int, dict[str, str], bytes]]):
     return server
 
 
+def fetch_one(url: str, timeout: float = 2.0) -> Any:
+    return asyncio.run(fetch_all([url], timeout))[0]
+
+
 def test_an_oversized_progress_reply_is_ignored():
     server = serve_once_per_path({"/progress": (200, {}, b'{"step": 1, "pad": "' + b"x" * (1 << 20) + b'"}')})
     try:
-        assert fetch(f"http://127.0.0.1:{server.server_port}/progress") is None
+        assert fetch_one(f"http://127.0.0.1:{server.server_port}/progress") is None
     finally:
         server.shutdown()
 
@@ -165,7 +175,50 @@ def test_a_redirecting_progress_reply_is_not_followed():
                                   "/elsewhere": (200, {}, b'{"step": 5}')})
     try:
         base = f"http://127.0.0.1:{server.server_port}"
-        assert fetch(f"{base}/elsewhere") == {"step": 5}
-        assert fetch(f"{base}/progress") is None
+        assert fetch_one(f"{base}/elsewhere") == {"step": 5}
+        assert fetch_one(f"{base}/progress") is None
     finally:
         server.shutdown()
+
+
+def dripping_server(seconds: float) -> tuple[int, threading.Event]:
+    """A trainer stand-in that answers 200 and then one byte every 0.2 s for ``seconds``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            conn, _ = listener.accept()
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    def drip(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and not stop.is_set():
+                time.sleep(0.2)
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], stop
+
+
+def test_a_trainer_dripping_its_reply_costs_one_deadline_and_delays_no_other_experiment():
+    """The deadline covers the whole reply (a byte every 0.2 s never resets it), and experiments are
+    polled together: a dripping trainer next to a healthy one, both answered within about one deadline."""
+    port, stop = dripping_server(seconds=30)
+    good = serve_once_per_path({"/progress": (200, {}, b'{"step": 7}')})
+    try:
+        start = time.monotonic()
+        replies = asyncio.run(fetch_all([f"http://127.0.0.1:{port}/progress",
+                                         f"http://127.0.0.1:{good.server_port}/progress"], timeout=1.0))
+        took = time.monotonic() - start
+        assert replies == [None, {"step": 7}]
+        assert took < 10, f"a dripping reply held the poll for {took:.1f} s"  # it would drip for 30 s
+    finally:
+        stop.set()
+        good.shutdown()

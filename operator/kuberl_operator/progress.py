@@ -9,7 +9,10 @@ the poller sees exactly the namespaces the operator watches. The URL is
 ``http://{ip}:{port}/progress`` with rank 0's pod IP (the pod binds only that address);
 ``KUBERL_PROGRESS_URL`` overrides it with a template using {ip}, {host} (rank 0's DNS name),
 {pod}, {job}, {namespace}, {name} and {port} (an operator running outside the cluster, or tests).
-Replies are capped in size (``MAX_REPLY_BYTES``) and time, and redirects are not followed.
+Replies are capped in size (``MAX_REPLY_BYTES``) and in time — one deadline for the whole reply
+(``FETCH_SECONDS``), so a trainer that drips a byte at a time cannot hold the poller — and redirects
+are not followed. Every experiment is polled concurrently (at most ``CONCURRENT_FETCHES`` at once):
+one slow trainer delays no other experiment's status.
 """
 
 from __future__ import annotations
@@ -18,12 +21,11 @@ import asyncio
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes.client import ApiException
 
 from kuberl.api import API_GROUP, API_VERSION, RLExperiment
@@ -86,27 +88,42 @@ def progress_status(payload: Any) -> Manifest:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A pod answering with a redirect does not get to send the operator elsewhere."""
-
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl!r} refused", headers, fp)
+FETCH_SECONDS = 2.0
+CONCURRENT_FETCHES = 64
 
 
-NO_REDIRECTS = urllib.request.build_opener(_RefuseRedirects)
-
-
-def fetch(url: str, timeout: float = 2.0) -> Manifest | None:
-    """GET the progress JSON; None (with the reason logged) when the trainer is not reachable yet."""
+async def fetch(session: aiohttp.ClientSession, url: str, timeout: float = FETCH_SECONDS) -> Manifest | None:
+    """GET the progress JSON within ``timeout`` seconds in all (connect, headers and body); None
+    (with the reason logged) when the trainer is not reachable yet, answers something else than
+    200 (a redirect is not followed), too much, or too slowly."""
     try:
-        with NO_REDIRECTS.open(url, timeout=timeout) as resp:
-            body = resp.read(MAX_REPLY_BYTES + 1)
+        async with asyncio.timeout(timeout):
+            async with session.get(url, allow_redirects=False) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                body = b""
+                while len(body) <= MAX_REPLY_BYTES and (chunk := await resp.content.read(MAX_REPLY_BYTES + 1)):
+                    body += chunk
         if len(body) > MAX_REPLY_BYTES:
             raise ValueError(f"reply larger than {MAX_REPLY_BYTES} bytes")
         return json.loads(body)
-    except (OSError, ValueError, RecursionError) as err:
-        log.debug("progress from %s unavailable: %s", url, err)
+    except (OSError, ValueError, RecursionError, TimeoutError, aiohttp.ClientError) as err:
+        log.debug("progress from %s unavailable: %r", url, err)
         return None
+
+
+async def fetch_all(urls: list[str], timeout: float = FETCH_SECONDS,
+                    concurrency: int = CONCURRENT_FETCHES) -> list[Manifest | None]:
+    """``fetch`` every URL, ``concurrency`` at a time: the round takes about the slowest reply
+    (at most ``timeout``) per ``concurrency`` experiments, not the sum of them."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(session: aiohttp.ClientSession, url: str) -> Manifest | None:
+        async with gate:
+            return await fetch(session, url, timeout)
+
+    async with aiohttp.ClientSession() as session:
+        return list(await asyncio.gather(*(one(session, url) for url in urls)))
 
 
 def termination_progress(pod: Manifest | None) -> Manifest | None:
@@ -146,19 +163,29 @@ def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) 
     return Target(namespace, name, is_kubeflow({"spec": spec}), (status or {}).get("progress"))
 
 
-def poll_once(kube: Kube, targets: Iterable[Target], pod_ips: Mapping[tuple[str, str], str],
-              template: str | None = None) -> int:
+async def poll_once(kube: Kube, targets: Iterable[Target], pod_ips: Mapping[tuple[str, str], str],
+                    template: str | None = None) -> int:
     """Update every target whose progress changed; returns how many were patched. One experiment's
-    unreachable trainer or failed write never costs the others their update."""
-    patched = 0
+    unreachable or slow trainer, or failed write, never costs the others their update."""
+    polled: list[tuple[Target, str]] = []
     for target in targets:
         rank0 = trainer_rank0_pod(trainer_job_name(target.name), target.kubeflow)
         url = progress_url(target.name, target.namespace, pod_ips.get((target.namespace, rank0)), template,
                            target.kubeflow)
-        payload = fetch(url) if url else None
+        if url:
+            polled.append((target, url))
+    changed = []
+    for (target, _), payload in zip(polled, await fetch_all([url for _, url in polled]), strict=True):
         progress = progress_status(payload) if payload is not None else {}
-        if not progress or progress == target.progress:
-            continue
+        if progress and progress != target.progress:
+            changed.append((target, progress))
+    return await asyncio.to_thread(write_progress, kube, changed)
+
+
+def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> int:
+    """Patch each experiment's ``status.progress``; returns how many were written."""
+    patched = 0
+    for target, progress in changed:
         try:
             kube.patch(f"{API_GROUP}/{API_VERSION}", RLExperiment.KIND, target.namespace, target.name,
                        {"status": {"progress": progress}}, "status")
@@ -179,7 +206,7 @@ async def poll_forever(kube: Kube, interval: float, targets: Callable[[], list[T
     template = os.environ.get("KUBERL_PROGRESS_URL")
     while True:
         try:
-            await asyncio.to_thread(poll_once, kube, targets(), pod_ips(), template)
+            await poll_once(kube, targets(), pod_ips(), template)
         except Exception:
             log.exception("progress polling failed; retrying in %.0fs", interval)
         await asyncio.sleep(interval)
