@@ -70,8 +70,41 @@ def uri(request, tmp_path):
     return f"s3://{bucket}/runs/exp1/"
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)  # one core per xdist worker: two workers' torch threads would fight over two cores
+def share_cores_among_xdist_workers() -> None:
+    """Under pytest-xdist with at least two cores per worker, worker i keeps cores 2i and 2i + 1 (its
+    training runs pin their processes inside them, instead of every worker's runs on cores 0 and 1);
+    with fewer, the workers share every core. Torch in the worker's own process uses one thread per
+    core it may expect to have."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2 * count:
+        index = int(worker.removeprefix("gw"))
+        os.sched_setaffinity(0, cores[2 * index:2 * index + 2])
+        torch.set_num_threads(2)
+    else:
+        torch.set_num_threads(max(1, len(cores) // count))
+
+
+share_cores_among_xdist_workers()
+
+
+# Tests that run whole training runs (a minute or more each), then modules of such runs, longest first
+# (pieces of a test id). They are collected first so that pytest-xdist (scripts/test: -n auto
+# --dist load) starts them at once on every core and fills the gaps with the short tests, instead
+# of leaving one long run to the end.
+LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
+              "test_s3_model_data_and_checkpoints", "test_kubectl_apply_trains", "test_vllm_local.py",
+              "test_local_run.py", "test_curves.py", "test_gateway.py", "test_actor.py", "test_weight_transport.py",
+              "test_multiturn.py", "test_fuzz.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, piece in enumerate(LONG_FIRST) if piece in item.nodeid), len(LONG_FIRST))
+
+    items.sort(key=rank)
 
 
 def run_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
