@@ -135,6 +135,22 @@ async def test_state_changing_endpoints_need_the_api_token(tok, headers):
             assert (await client.get(path)).status == 200, path
 
 
+async def test_an_authorization_header_that_is_not_utf8_gets_401_not_500(tok):
+    engine = make_engine(tok)
+    server = TestServer(build_app(engine, tok, TOKEN))
+    await server.start_server()
+    try:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"POST /pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe" + TOKEN.encode()
+                     + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        status_line = await asyncio.wait_for(reader.readline(), timeout=10)
+        writer.close()
+        assert status_line.split()[1] == b"401", status_line
+        assert not engine.paused
+    finally:
+        await server.close()
+
+
 async def test_json_bodies_are_capped(tok):
     engine = make_engine(tok)
     async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:

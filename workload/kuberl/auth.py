@@ -40,9 +40,14 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def authorized(header: str | None, token: str) -> bool:
-    """``header`` is ``Bearer <token>`` (compared in constant time)."""
+    """``header`` is ``Bearer <token>`` (compared in constant time). A header that is not text (bytes
+    that are not UTF-8 reach aiohttp's handlers as lone surrogates) is simply not the token."""
     scheme, _, presented = (header or "").partition(" ")
-    return scheme == AUTH_SCHEME and hmac.compare_digest(presented.encode(), token.encode())
+    try:
+        presented_bytes = presented.encode()
+    except UnicodeEncodeError:
+        return False
+    return scheme == AUTH_SCHEME and hmac.compare_digest(presented_bytes, token.encode())
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
