@@ -151,6 +151,29 @@ async def test_an_authorization_header_that_is_not_utf8_gets_401_not_500(tok):
         await server.close()
 
 
+async def test_a_file_update_reads_only_from_the_shared_weights_directory(tok, tmp_path):
+    """``/update_weights?path=`` (disk mode) reads the file the trainer wrote to the shared directory
+    and nothing else of the pod: not a file elsewhere, not one linked from inside; none at all in
+    another mode."""
+    shared, update = tmp_path / "weights", tiny_qwen2(len(tok), seed=5).state_dict()
+    shared.mkdir()
+    state = {k: v.contiguous().clone() for k, v in update.items()}
+    (tmp_path / "elsewhere.safetensors").write_bytes(save_safetensors(state))
+    (shared / "weights-v00000009.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    (shared / "weights-v00000003.safetensors").write_bytes(save_safetensors(state))
+    engine = make_engine(tok)
+    for directory, path, status in [(shared, tmp_path / "elsewhere.safetensors", 400),
+                                    (shared, shared / "weights-v00000009.safetensors", 400),
+                                    (shared, shared / ".." / "elsewhere.safetensors", 400),
+                                    (None, shared / "weights-v00000003.safetensors", 400),
+                                    (shared, shared / "weights-v00000003.safetensors", 200)]:
+        app = build_app(engine, tok, TOKEN, directory)
+        async with TestClient(TestServer(app), headers=bearer(TOKEN)) as client:
+            r = await client.post("/update_weights", params={"version": "3", "path": str(path)})
+            assert r.status == status, (path, await r.text())
+            assert engine.version == (3 if status == 200 else 0)
+
+
 async def test_json_bodies_are_capped(tok):
     engine = make_engine(tok)
     async with TestClient(TestServer(build_app(engine, tok, TOKEN)), headers=bearer(TOKEN)) as client:

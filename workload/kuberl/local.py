@@ -220,6 +220,7 @@ class LocalRun:
             [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r]),
              "--host", "127.0.0.1"],
             {**self.env, ENV_REPLICA: str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
+             ENV_WEIGHTS_DIR: str(self.work / "weights"),
              ENV_PODINFO_LABELS: pod_labels(self.work, "inference", r)},
             [self.cores[r]] if self.pinned else None, self.work / f"inference-{r}.log")
 

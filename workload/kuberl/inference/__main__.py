@@ -13,6 +13,7 @@ from aiohttp import web
 from ..api.contract import ENV_PORT, ENV_REPLICA, ENV_THREADS
 from ..auth import MissingToken, api_token
 from ..runconfig import load_run_config
+from ..weights import disk_directory
 from .server import build_app
 
 
@@ -44,6 +45,8 @@ def main() -> None:
         raise SystemExit(str(err)) from err
     run = load_run_config(args.config)
     replica = int(os.environ.get(ENV_REPLICA, "0"))
+    sync = run.spec.weight_sync
+    weights_dir = disk_directory(sync.directory) if str(sync.mode) == "disk" else None
     if str(run.inference.engine) == "vllm":
         from .vllm_engine import require_vllm, vllm_engine_for
 
@@ -51,12 +54,13 @@ def main() -> None:
 
         async def make_app() -> web.Application:
             engine, tokenizer = vllm_engine_for(run, replica)  # starts vLLM's engine core in the loop
-            return build_app(engine, tokenizer, token)
+            return build_app(engine, tokenizer, token, weights_dir)
 
         web.run_app(make_app(), host=args.host, port=args.port, print=None, handle_signals=True)
         return
     engine, tokenizer = torch_engine_for(run, replica)
-    web.run_app(build_app(engine, tokenizer, token), host=args.host, port=args.port, print=None, handle_signals=True)
+    web.run_app(build_app(engine, tokenizer, token, weights_dir), host=args.host, port=args.port, print=None,
+                handle_signals=True)
 
 
 if __name__ == "__main__":

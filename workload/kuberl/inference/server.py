@@ -6,7 +6,7 @@
     POST /pause           abort in-flight requests (they return partial tokens, finish "abort")
     POST /resume
     POST /update_weights  body: safetensors bytes of the full state dict; ?version=N
-                          (or ?version=N&path=FILE: read them from a shared volume, disk mode)
+                          (or ?version=N&path=FILE: read them from disk mode's shared directory)
     GET  /version         {"version": N}
     GET  /topology        {"node", "fabric", "zone"} of this pod (from its labels)
     POST /weights/p2p/join     this replica's part of the p2p plan (kuberl.weights.p2p)
@@ -106,8 +106,23 @@ def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None,
     return ids, params, _int(body, "n", 1, 1, MAX_SAMPLES)
 
 
-def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Application:
-    """The HTTP contract above over ``engine``; ``token``: the experiment's API token."""
+def weights_file(path: str, directory: Path | None) -> Path:
+    """The file ``/update_weights?path=`` names, if it lies in disk mode's shared ``directory`` (after
+    resolving links); ValueError otherwise — a replica reads no other file of its pod on request."""
+    if directory is None:
+        raise ValueError("path=: this replica takes weights by file only in weightSync.mode disk")
+    resolved, root = Path(path).resolve(), directory.resolve()
+    if not resolved.is_relative_to(root):
+        raise ValueError(f"path={path!r}: not in the shared weights directory {str(root)!r}")
+    if not resolved.is_file():
+        raise ValueError(f"path={path!r}: no such file here (disk mode needs a volume shared with the trainer)")
+    return resolved
+
+
+def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Path | None = None) -> web.Application:
+    """The HTTP contract above over ``engine``; ``token``: the experiment's API token; ``weights_dir``:
+    disk mode's shared directory, the only place ``/update_weights?path=`` may read from (None: no
+    file updates)."""
     metrics = Metrics()
     receiver = P2PReceiver(engine)
     app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS)])
@@ -138,9 +153,11 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str) -> web.Applicat
         except (KeyError, ValueError) as err:
             raise bad_request("query parameter version=N is required") from err
         path = request.query.get("path")
-        if path is not None and not Path(path).is_file():
-            raise bad_request(f"path={path!r}: no such file here (disk mode needs a volume shared with the trainer)")
-        state = load_file(path) if path is not None else load_safetensors(await request.read())
+        try:
+            file = weights_file(path, weights_dir) if path is not None else None
+        except ValueError as err:
+            raise bad_request(str(err)) from err
+        state = load_file(file) if file is not None else load_safetensors(await request.read())
         try:
             await engine.load_weights(state, version)
         except ValueError as err:

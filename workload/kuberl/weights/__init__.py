@@ -103,16 +103,22 @@ class DiskSync(BroadcastSync):
         return str(path)
 
 
+def disk_directory(directory: str | None) -> Path:
+    """Disk mode's shared directory, the same for the trainer that writes and the replicas that read:
+    ``$KUBERL_WEIGHTS_DIR`` (local mode's work dir), else ``directory`` (``spec.weightSync.directory``),
+    else ``/tmp/kuberl-weights``."""
+    return Path(os.environ.get(ENV_WEIGHTS_DIR) or directory or "/tmp/kuberl-weights")
+
+
 def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1,
                      directory: str | None = None) -> WeightSync:
-    """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``: disk
-    mode's shared directory (``spec.weightSync.directory``); ``$KUBERL_WEIGHTS_DIR`` (local mode's
-    work dir) takes precedence."""
+    """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``:
+    ``spec.weightSync.directory`` (see ``disk_directory``)."""
     broadcast = BroadcastSync(controller)
     if mode == "p2p":
         return P2PSync(controller, rank, world, fallback=broadcast)
     if mode == "disk":
-        return DiskSync(controller, Path(os.environ.get(ENV_WEIGHTS_DIR) or directory or "/tmp/kuberl-weights"))
+        return DiskSync(controller, disk_directory(directory))
     if mode != "broadcast":
         raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
     return broadcast
