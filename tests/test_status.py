@@ -6,12 +6,14 @@ import asyncio
 import socket
 import threading
 import time
+from random import Random
 from typing import Any
 
 import pytest
 
 from kuberl.api.contract import LABEL_REPLICA
 from kuberl_operator.progress import fetch_all, progress_status
+from kuberl_operator.retry import Backoff
 from kuberl_operator.status import experiment_status, job_status, merge_conditions, pod_health, pool_status
 
 
@@ -222,3 +224,16 @@ def test_a_trainer_dripping_its_reply_costs_one_deadline_and_delays_no_other_exp
     finally:
         stop.set()
         good.shutdown()
+
+
+def test_retries_of_objects_that_failed_together_spread_out_between_half_and_the_whole_delay():
+    backoff = Backoff(base=1.0, cap=300.0, random=Random(7))
+    delays = [backoff.failed(("exp", str(i)))[1] for i in range(100)]  # 100 objects, first failure each
+    assert all(0.5 <= d < 1.0 for d in delays) and len({round(d, 3) for d in delays}) > 50
+    key = ("exp", "0")
+    for attempt in range(2, 12):
+        got, delay = backoff.failed(key)
+        full = min(300.0, 2.0 ** (attempt - 1))
+        assert got == attempt and full / 2 <= delay < full
+    assert backoff.failed(key, retry_after=1000.0)[1] == 1000.0  # never sooner than the server asks
+    assert backoff.succeeded(key) and not backoff.succeeded(key)

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
+from random import Random
 
 import urllib3.exceptions
 from kubernetes.client import ApiException
@@ -57,10 +58,13 @@ def classify(err: BaseException) -> Failure:
     return Failure(False, "InternalError", f"{type(err).__name__}: {err}"[:MESSAGE_CHARS])
 
 
-def backoff_seconds(attempt: int, retry_after: float | None = None, base: float = 1.0, cap: float = 300.0) -> float:
-    """Delay before retry number ``attempt`` (1, 2, ...): min(cap, base · 2^(attempt − 1)), and never
-    sooner than the server's Retry-After."""
-    delay = min(cap, base * 2 ** min(attempt - 1, 32))
+def backoff_seconds(attempt: int, retry_after: float | None = None, base: float = 1.0, cap: float = 300.0,
+                    jitter: float = 1.0) -> float:
+    """Delay before retry number ``attempt`` (1, 2, ...): d · (1 + jitter) / 2 with
+    d = min(cap, base · 2^(attempt − 1)) and ``jitter`` drawn from [0, 1) ("equal jitter": between
+    d/2 and d, so objects that failed together do not all retry together), and never sooner than
+    the server's Retry-After."""
+    delay = min(cap, base * 2 ** min(attempt - 1, 32)) * (1.0 + jitter) / 2
     return max(delay, retry_after or 0.0)
 
 
@@ -70,6 +74,7 @@ class Backoff:
 
     base: float = 1.0
     cap: float = 300.0
+    random: Random = field(default_factory=Random)
     _attempts: dict[tuple[str, ...], int] = field(default_factory=dict)
 
     @staticmethod
@@ -82,7 +87,7 @@ class Backoff:
         """Count a failure; returns (attempt number, seconds until the retry)."""
         self._attempts[key] = self._attempts.get(key, 0) + 1
         attempt = self._attempts[key]
-        return attempt, backoff_seconds(attempt, retry_after, self.base, self.cap)
+        return attempt, backoff_seconds(attempt, retry_after, self.base, self.cap, self.random.random())
 
     def succeeded(self, key: tuple[str, ...]) -> bool:
         """Forget ``key``'s failures; True if it had any (it just recovered)."""
