@@ -128,6 +128,8 @@ def test_rbac_is_least_privilege_and_covers_what_the_operator_touches(variant):
             continue
         missing = {v for v in VERBS_USED.get(kind, FULL_VERBS) if (plural, v) not in granted}
         assert not missing, f"the operator uses {kind} but RBAC lacks {sorted(missing)}"
+    for owner in ("RLExperiment", "InferencePool", "TrainerJob"):  # owner references with blockOwnerDeletion
+        assert (f"{PLURALS[owner]}/finalizers", "update") in granted, f"{owner}/finalizers update"
     if variant != "defaults":  # namespaced: full rights only inside the watched namespaces
         cluster = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
         assert {res for r in cluster for res in r["resources"]} == {"nodes", "namespaces", "customresourcedefinitions"}

@@ -48,6 +48,11 @@ app.kubernetes.io/component: operator
 - apiGroups: [kuberl.io]
   resources: [rlexperiments/status, inferencepools/status, trainerjobs/status]
   verbs: [get, update, patch]
+# Children carry blockOwnerDeletion: under OwnerReferencesPermissionEnforcement (OpenShift's default)
+# setting it needs update on the owner's finalizers.
+- apiGroups: [kuberl.io]
+  resources: [rlexperiments/finalizers, inferencepools/finalizers, trainerjobs/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods, services, configmaps]
   verbs: [get, list, watch, create, patch, delete]
