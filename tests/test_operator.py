@@ -232,6 +232,31 @@ async def test_a_pool_of_a_million_pods_is_refused_naming_the_field_and_others_a
         assert not pods(api, "team-a", "kuberl.io/inference-pool=huge")
 
 
+async def test_a_pool_naming_another_experiment_gets_nothing_of_it(tmp_path):
+    """spec.experiment is not a key to someone else's experiment: a pool that names a running
+    experiment — with no owner, or with a copy of the victim's own owner reference — is refused
+    (SpecValid=False naming the field) and gets no pod, so none of the victim's label, network
+    admission or API token Secret; the victim's own pool keeps running."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="the victim's pods")
+        own = api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference")
+        thief = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "InferencePool",
+                 "metadata": {"name": "thief", "ownerReferences": own["metadata"]["ownerReferences"]},
+                 "spec": {**own["spec"], "image": "attacker/image:latest"}}
+        await api.create(GROUP, "inferencepools", "team-a", thief)
+        bare = {**thief, "metadata": {"name": "bare-thief"}}
+        await api.create(GROUP, "inferencepools", "team-a", bare)
+        for name in ("thief", "bare-thief"):
+            refused = await eventually(lambda n=name: condition(api.get(GROUP, "inferencepools", "team-a", n),
+                                                                "SpecValid"), what=f"SpecValid on {name}")
+            assert refused["status"] == "False" and "spec.experiment" in refused["message"]
+            assert not pods(api, "team-a", f"kuberl.io/inference-pool={name}")
+        assert len(pods(api, "team-a")) == 2
+        assert condition(api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference"), "SpecValid") is None
+
+
 async def test_operator_restart_creates_no_duplicates(tmp_path):
     async with emulated_cluster(tmp_path) as cluster:
         api = cluster.api

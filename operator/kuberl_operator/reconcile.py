@@ -17,7 +17,13 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kuberl.api import API_GROUP, GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
-from kuberl.api.contract import ANNOTATION_TEMPLATE_HASH, LABEL_POOL, agent_token_secret_name
+from kuberl.api.contract import (
+    ANNOTATION_TEMPLATE_HASH,
+    LABEL_POOL,
+    agent_token_secret_name,
+    inference_pool_name,
+    trainer_job_name,
+)
 from kuberl.api.spec import TrainerRuntime
 from kuberl.api.validation import schema_issues
 
@@ -176,17 +182,40 @@ def _report_conflict(kube: Kube, body: Manifest, err: NotOurs) -> None:
     log.warning("%s %s/%s: %s", body["kind"], meta.get("namespace"), meta["name"], err)
 
 
+def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> str | None:
+    """Why a pool or job may not act for ``experiment`` (its ``spec.experiment``), or None when it may:
+    only the experiment's own child — named as the experiment names its pool or job, its controller
+    owner reference naming that RLExperiment with the uid it has now — gets the experiment's label,
+    network admission and token. A free-text field never links a user's object to someone else's
+    experiment (and the child's name is taken: a copy cannot have it)."""
+    if not experiment:
+        return None
+    meta = body["metadata"]
+    owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
+    own_name = inference_pool_name(experiment) if body["kind"] == InferencePool.KIND else trainer_job_name(experiment)
+    if meta["name"] == own_name and owner.get("kind") == RLExperiment.KIND and owner.get("name") == experiment:
+        current = kube.get(GROUP_VERSION, RLExperiment.KIND, meta.get("namespace"), experiment)
+        if current is not None and current["metadata"].get("uid") == owner.get("uid"):
+            return None
+    return (f"spec.experiment: {experiment!r} is set by an RLExperiment on the pool and job it creates; this "
+            f"{body['kind']} is not a child of it (leave spec.experiment unset for a standalone one)")
+
+
 def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest) -> Any:
     """The pool or job as a model; None (with an InvalidSpec status naming the field) when its spec
-    breaks the schema: a standalone object the CRD would have refused, or one from an older schema."""
+    breaks the schema (a standalone object the CRD would have refused, or one from an older schema)
+    or names an experiment it is not a child of (``claim_problem``)."""
     try:
-        return kind.model_validate(body)
+        model = kind.model_validate(body)
+        message = claim_problem(kube, body, model.spec.experiment)
     except ValidationError as err:
-        message = "; ".join(str(i) for i in schema_issues(err))
-        write_status(kube, body, invalid_spec_status(body["metadata"].get("generation"), message))
-        log.warning("%s %s/%s is invalid: %s", kind.KIND, body["metadata"].get("namespace"),
-                    body["metadata"]["name"], message)
-        return None
+        model, message = None, "; ".join(str(i) for i in schema_issues(err))
+    if message is None:
+        return model
+    write_status(kube, body, invalid_spec_status(body["metadata"].get("generation"), message))
+    log.warning("%s %s/%s is invalid: %s", kind.KIND, body["metadata"].get("namespace"), body["metadata"]["name"],
+                message)
+    return None
 
 
 def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
