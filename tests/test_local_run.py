@@ -97,15 +97,16 @@ def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
     assert "resumed from the checkpoint of step 8" in (work / "trainer-0.log").read_text()
 
 
-def _log_has(path: Path, text: str) -> bool:
-    return path.exists() and text in path.read_text(errors="replace")
+def _log_has(path: Path, text: str, after: int = 0) -> bool:
+    """``text`` is in the log at ``path`` past its first ``after`` characters."""
+    return path.exists() and text in path.read_text(errors="replace")[after:]
 
 
 @pytest.mark.parametrize("mode", ["p2p", "broadcast"])
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
-    """Kill the inference replica: it is replaced while training goes on (p2p falls back to
-    broadcast). Kill the trainer after a checkpoint: the gang restarts from it. The run still ends
-    with every step trained."""
+    """Kill the inference replica: it is replaced while training goes on (p2p re-sends that version by
+    broadcast, then re-forms its group with the new replica and goes on in p2p). Kill the trainer
+    after a checkpoint: the gang restarts from it. The run still ends with every step trained."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
@@ -120,18 +121,21 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
         assert len(pids) == 1, pids
         os.kill(pids[0], signal.SIGKILL)
 
-    def wait_for(path: Path, text: str) -> None:
+    def wait_for(path: Path, text: str, after: int = 0) -> None:
         deadline = time.monotonic() + 120
-        while not _log_has(path, text):
+        while not _log_has(path, text, after):
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.monotonic() < deadline, f"{text!r} not in {path} within 120 s"
             time.sleep(0.2)
 
     try:
         wait_for(work / "trainer-0.log", "step 3/40")
+        replica_log = len((work / "inference-0.log").read_text(errors="replace"))
         kill("inference")
         if mode == "p2p":
-            wait_for(work / "trainer-0.log", "continuing in broadcast mode")
+            wait_for(work / "trainer-0.log", "goes by broadcast")
+            wait_for(work / "trainer-0.log", "p2p weight exchange (group 1)")  # the new replica is in it …
+            wait_for(work / "inference-0.log", "over p2p", after=replica_log)  # … and takes versions through it
         wait_for(work / "trainer-0.log", "checkpoint step 20")
         kill("trainer")
         _, stderr = proc.communicate(timeout=300)
@@ -155,8 +159,8 @@ def test_p2p_weight_exchange_with_two_trainer_ranks_and_two_replicas(tmp_path):
                                   "model.sftWarmup.steps=5"], 12, None, quiet=True, workdir=work)
     assert summary["final_version"] == 12 and summary["world_size"] == 2 and summary["replicas"] == 2
     trainer_log = (work / "trainer-0.log").read_text()
-    assert "p2p weight exchange: 2 trainer ranks → 2 replicas" in trainer_log
-    assert "continuing in broadcast mode" not in trainer_log
+    assert "p2p weight exchange (group 0): 2 trainer ranks → 2 replicas" in trainer_log
+    assert "goes by broadcast" not in trainer_log
     for r in range(2):
         assert "received weights version 12 over p2p" in (work / f"inference-{r}.log").read_text()
 

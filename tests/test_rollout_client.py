@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from kuberl.inference.engine import TorchEngine
 from kuberl.inference.server import build_app
+from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.client import InferenceClient, Rejected
 from kuberl.weights import to_safetensors
@@ -138,3 +139,22 @@ async def test_a_request_the_replica_refuses_is_raised_at_once_not_retried():
             assert not client.replicas[0].needs_weights  # the replica is fine: it stays in rotation
     finally:
         await server.close()
+
+
+async def test_a_replica_still_starting_is_waited_for_not_taken_out_of_rotation():
+    """Before a replica's server listens, the health probes find nobody: that is a replica starting
+    (vLLM takes a minute), not one that failed — it must not lose its place (in p2p mode a replica
+    out of rotation waits for weights only the trainer can send)."""
+    tok = char_tokenizer()
+    port = free_port()
+    async with InferenceClient([f"http://127.0.0.1:{port}"], TOKEN, health_interval=0.05) as client:
+        await asyncio.sleep(0.5)  # ten probes find nothing listening
+        engine = TorchEngine(tiny_qwen2(len(tok), seed=0), tok.eos_token_id, tok.pad_token_id)
+        server = TestServer(build_app(engine, tok, TOKEN), port=port)
+        await server.start_server()
+        try:
+            await client.wait_ready(timeout=30)
+            await asyncio.sleep(0.3)  # and a few more that find it healthy
+            assert not client.replicas[0].needs_weights
+        finally:
+            await server.close()

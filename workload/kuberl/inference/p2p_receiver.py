@@ -38,7 +38,7 @@ class P2PReceiver:
         self._staging: dict[str, torch.Tensor] = {}
 
     def join(self, body: dict[str, Any]) -> None:
-        """``{"rank", "world", "transfers"}``; replaces any earlier group. The group's store is
+        """``{"rank", "world", "transfers", "generation"}``; replaces any earlier group. The group's store is
         trainer rank 0 at the address this pod's environment names (``exchange_address``), never
         one a request names: a request cannot make a replica connect anywhere else."""
         self._rank = int(body["rank"])
@@ -50,8 +50,11 @@ class P2PReceiver:
         self._staging = {name: torch.empty(layout[name][0], dtype=layout[name][1])
                          for name in {t.dest for t in self._transfers}}
         store, port = exchange_address()
+        self._executor.shutdown(wait=False)  # an earlier group may still wait for a member that is gone
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._group = self._executor.submit(open_group, store, port, self._rank, int(body["world"]),
-                                            bind_host=os.environ.get("POD_IP", ""))
+                                            bind_host=os.environ.get("POD_IP", ""),
+                                            generation=int(body.get("generation", 0)))
         log.info("joining the p2p exchange group as rank %d of %s (%d transfers)", self._rank, body["world"],
                  len(self._transfers))  # fmt: skip
 

@@ -53,6 +53,7 @@ class Replica:
     in_flight: int = 0
     down_until: float = 0.0
     needs_weights: bool = False  # restarted or missed a push: not used until it has the newest
+    answered: bool = False  # its /health has said 200 once: from then on, not answering means it is gone
     left: asyncio.Event = field(default_factory=asyncio.Event)  # set when it leaves rotation (then replaced)
 
 
@@ -139,10 +140,15 @@ class InferenceClient:
             await asyncio.gather(*(self._probe(r) for r in self.replicas if not r.needs_weights))
 
     async def _probe(self, replica: Replica) -> None:
+        """A replica that says it is unhealthy (any answer but 200) leaves rotation; one that does not
+        answer leaves only if it answered before (a replica still starting does not listen yet)."""
         try:
             await self._get(replica, "/health", timeout=aiohttp.ClientTimeout(total=self.health_timeout))
+            replica.answered = True
+        except (ReplicaFault, Rejected) as err:
+            self._lost(replica, err)
         except REPLICA_ERRORS as err:
-            if not replica.needs_weights:
+            if replica.answered:
                 self._lost(replica, err)
 
     async def _rejoin(self) -> None:
@@ -192,9 +198,15 @@ class InferenceClient:
 
     async def receive_p2p(self, version: int) -> None:
         """Every replica receives ``version`` from the trainer ranks and swaps it in; any failure raises
-        (the exchange group is then unusable: the trainer falls back to broadcast)."""
+        (the exchange group is then unusable: the trainer re-sends the version by broadcast and
+        re-forms the group). Once all have it, every replica serves the newest weights: each is in
+        rotation, and a whole-state payload kept from an earlier broadcast is dropped (it is older
+        now: a replica that comes back waits for the trainer rather than serve it)."""
         await asyncio.gather(*(self._post(r, f"/weights/p2p/receive?version={version}", control=True)
                                for r in self.replicas))  # fmt: skip
+        self._latest = None
+        for replica in self.replicas:
+            replica.needs_weights = False
 
     async def _get(self, replica: Replica, path: str, **kwargs: Any) -> dict[str, Any]:
         if self._control is None:
@@ -209,6 +221,7 @@ class InferenceClient:
                 try:
                     async with self.session.get(replica.url + "/health") as resp:
                         if resp.status == 200:
+                            replica.answered = True
                             break
                 except aiohttp.ClientError:
                     pass

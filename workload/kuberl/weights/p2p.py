@@ -14,11 +14,12 @@ then swaps it in between two engine steps and reports), and every rank sends its
 ``wait()`` returns the seconds of the exchange once every replica serves the version.
 
 If an exchange fails (a replica died or restarted: the group cannot be reused), the trainer ranks
-agree on it (an all-reduce), log a warning, and run the rest of the experiment in ``broadcast``
-mode, starting by re-sending the failed version; replicas that come back then catch up through
-the pool's elastic path. When every replica restarted before an exchange could fail, rollout
-starves; the trainer then calls ``recover`` (same fall-back). Re-forming the p2p group with a
-replaced replica is future work.
+agree on it (an all-reduce), log a warning and re-send that version by ``broadcast`` (a replaced
+replica catches up through the pool's elastic path); the next push re-forms the group with the
+replicas that are there (a new plan, a new ``generation`` of the group over the same store) and
+goes on in p2p. While a replica cannot be reached for the set-up, that version goes by broadcast
+too and the set-up is tried again at the next. When every replica restarted before an exchange
+could fail, rollout starves; the trainer then calls ``recover`` (broadcast now, p2p again next).
 """
 
 from __future__ import annotations
@@ -80,44 +81,65 @@ def plan_for(metas: Any, trainers: list[RankTopology], replicas: list[RankTopolo
 class P2PSync:
     def __init__(self, control: ReplicaControl | None, rank: int, world: int, fallback: Any):
         self.control, self.rank, self.world = control, rank, world
-        self.fallback = fallback  # a BroadcastSync over the same control, used once p2p failed
-        self.failed = False
+        self.fallback = fallback  # a BroadcastSync over the same control: versions p2p could not carry
+        self.generation = 0  # groups formed so far; a broken one is never reused
         self._pg: Any = None
         self._mine: list[Transfer] = []
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._pending: Future[float] | None = None
         self._last: tuple[WeightSource, int] | None = None
 
-    def _set_up(self, source: WeightSource) -> None:
+    def _replicas_of_rank0(self, schedule_for: Any) -> list[dict[str, str]] | None:
+        """Rank 0: every replica's topology, each joined to this generation's group; None when a
+        replica cannot be reached (then nobody opens the group)."""
+        if self.control is None:
+            return None
+        try:
+            replicas = self.control.replica_topologies()
+            schedule = schedule_for(replicas)
+            world = self.world + len(replicas)
+            self.control.join_p2p([
+                {"rank": self.world + i, "world": world, "generation": self.generation,
+                 "transfers": [transfer_to_json(t) for t in schedule.for_rank(self.world + i)]}
+                for i in range(len(replicas))
+            ])  # fmt: skip
+        except Exception as err:  # every rank must hear the outcome: broadcast below
+            log.warning("p2p weight exchange: a replica is not reachable (%s); this version goes by broadcast", err)
+            return None
+        return replicas
+
+    def _set_up(self, source: WeightSource) -> bool:
+        """Form this generation's group; False (on every rank) when a replica could not join."""
         metas = param_metas(source.named_parameters())
         trainers = all_gather(own_topology())
-        replicas = broadcast_from_rank0(self.control.replica_topologies() if self.control else None)
-        replica_topology = [from_json(t) for t in replicas]
-        schedule = plan_for(metas, trainers, replica_topology)
-        host, port = exchange_address()
-        world = self.world + len(replica_topology)
-        if self.control is not None:
-            self.control.join_p2p([
-                {"rank": self.world + i, "world": world,
-                 "transfers": [transfer_to_json(t) for t in schedule.for_rank(self.world + i)]}
-                for i in range(len(replica_topology))
-            ])  # fmt: skip
-            places = [to_json(t) for t in trainers + replica_topology]
-            log.info("p2p weight exchange: %d trainer ranks → %d replicas, %d transfers, %.1f MB per replica; "
-                     "topology %s", self.world, len(replica_topology), len(schedule.transfers),
+
+        def schedule_for(replicas: list[dict[str, str]]) -> Plan:
+            return plan_for(metas, trainers, [from_json(t) for t in replicas])
+
+        replicas = broadcast_from_rank0(self._replicas_of_rank0(schedule_for) if self.rank == 0 else None)
+        if replicas is None:
+            self.generation += 1  # replicas that did join wait in a group that will never form
+            return False
+        schedule = schedule_for(replicas)
+        if self.rank == 0:
+            places = [to_json(t) for t in trainers] + replicas
+            log.info("p2p weight exchange (group %d): %d trainer ranks → %d replicas, %d transfers, %.1f MB per "
+                     "replica; topology %s", self.generation, self.world, len(replicas), len(schedule.transfers),
                      max(schedule.bytes_received().values()) / 1e6, places)  # fmt: skip
-        self._pg = open_group(host, port, self.rank, world, bind_host=os.environ.get("POD_IP", ""))
+        host, port = exchange_address()
+        self._pg = open_group(host, port, self.rank, self.world + len(replicas), generation=self.generation,
+                              bind_host=os.environ.get("POD_IP", ""))
         self._mine = schedule.for_rank(self.rank)
+        return True
 
     def push(self, source: WeightSource, version: int) -> None:
-        if self.failed:
-            return self.fallback.push(source, version)
         self.wait()
-        if self._pg is None:
-            self._set_up(source)
+        self._last = (source, version)
+        if self._pg is None and not self._set_up(source):
+            self.fallback.push(source, version)
+            return
         # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
         snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
-        self._last = (source, version)
         self._pending = self._executor.submit(self._exchange, snapshot, version)
 
     def _exchange(self, snapshot: dict[str, torch.Tensor], version: int) -> float:
@@ -126,35 +148,31 @@ class P2PSync:
         return receiving.result() if receiving is not None else stats.seconds
 
     def wait(self) -> float:
-        if self.failed:
-            return self.fallback.wait()
+        seconds = self.fallback.wait()
         pending, self._pending = self._pending, None
         if pending is None:
-            return 0.0
+            return seconds
         error: BaseException | None = None
         try:
-            seconds = pending.result()
+            seconds += pending.result()
         except Exception as err:  # every rank must reach the agreement below, whatever went wrong
-            error, seconds = err, 0.0
+            error = err
         if not all_reduce(1.0 if error else 0.0, dist.ReduceOp.MAX):
             return seconds
         log.warning("p2p weight exchange failed (%s)", error or "on another trainer rank")
         assert self._last is not None
-        source, version = self._last
-        self._fall_back(source, version)
-        return self.fallback.wait()
+        self._fall_back(*self._last)
+        return seconds + self.fallback.wait()
 
     def recover(self, source: WeightSource, version: int) -> None:
-        """The pool lost its weights (every replica restarted and left the group): broadcast from now on."""
+        """The pool lost its weights (every replica restarted and left the group): broadcast this
+        version now; the next push re-forms the group."""
         self.wait()
-        if self.failed:
-            self.fallback.recover(source, version)
-        else:
-            self._fall_back(source, version)
-            self.fallback.wait()
+        self._fall_back(source, version)
+        self.fallback.wait()
 
     def _fall_back(self, source: WeightSource, version: int) -> None:
-        log.warning("continuing in broadcast mode from version %d", version)
-        self.failed = True
+        log.warning("version %d goes by broadcast; the p2p group is re-formed at the next push", version)
         self._pg = None  # a group with a dead member cannot be reused
+        self.generation += 1
         self.fallback.push(source, version)

@@ -64,16 +64,33 @@ def transfer_from_json(row: list[Any]) -> Transfer:
                     int(nbytes))  # fmt: skip
 
 
+_SERVED_STORES: dict[tuple[str, int], dist.TCPStore] = {}  # rank 0's store, kept across generations
+
+
+def _exchange_store(host: str, port: int, rank: int, timeout: timedelta) -> dist.TCPStore:
+    """Rank 0 serves the store once per process (its port stays bound for every later group);
+    the other ranks connect to it."""
+    if rank != 0:
+        return dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
+    if (host, port) not in _SERVED_STORES:
+        _SERVED_STORES[(host, port)] = dist.TCPStore(host, port, None, is_master=True, timeout=timeout,
+                                                     wait_for_workers=False)
+    return _SERVED_STORES[(host, port)]
+
+
 def open_group(
-    store_host: str, store_port: int, rank: int, world: int, *, bind_host: str = "", timeout_s: float = 300.0
+    store_host: str, store_port: int, rank: int, world: int, *, bind_host: str = "", timeout_s: float = 300.0,
+    generation: int = 0,
 ) -> dist.ProcessGroup:
     """Join the exchange world (rank 0 hosts the store); blocks until all ``world`` ranks joined.
 
-    ``bind_host`` is the address this rank's gloo device listens on (the pod IP; default: what
-    the hostname resolves to, or ``GLOO_SOCKET_IFNAME``).
+    ``generation`` numbers the groups formed over one store: a group re-formed after a member was
+    replaced rendezvouses under its own key prefix, apart from the broken one. ``bind_host`` is the
+    address this rank's gloo device listens on (the pod IP; default: what the hostname resolves
+    to, or ``GLOO_SOCKET_IFNAME``).
     """
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(store_host, store_port, world, is_master=rank == 0, timeout=timeout)
+    store = dist.PrefixStore(f"kuberl-exchange-{generation}", _exchange_store(store_host, store_port, rank, timeout))
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
     options._devices = [
