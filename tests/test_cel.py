@@ -113,6 +113,10 @@ CASES = {
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
     "agent env with neither": experiment(agent={"command": ["a"], "env": [{"name": "X"}]}),
+    "agent env with the experiment's API token": experiment(agent={"command": ["a"], "env": [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "demo-api-token", "key": "token"}}}]}),
+    "agent env with another experiment's secret": experiment(agent={"command": ["a"], "env": [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "judge-api-key", "key": "token"}}}]}),
     **{f"example {p.stem}": d for p in sorted((ROOT / "examples").glob("*.yaml"))
        for d in yaml.safe_load_all(p.read_text()) if d and d.get("kind") == "RLExperiment"},
 }

@@ -81,8 +81,11 @@ def config_map_name(experiment: str) -> str:
     return f"{experiment}-config"
 
 
+API_TOKEN_SUFFIX = "-api-token"
+
+
 def api_token_secret_name(experiment: str) -> str:
-    return f"{experiment}-api-token"
+    return f"{experiment}{API_TOKEN_SUFFIX}"
 
 
 def agent_token_secret_name(experiment: str) -> str:

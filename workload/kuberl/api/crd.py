@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from .base import API_GROUP, API_VERSION
+from .contract import API_TOKEN_SUFFIX
 from .resources import DNS1035_LABEL, EXPERIMENT_NAME_MAX, KINDS, Resource
 
 _DROP = {"title", "discriminator"}
@@ -125,12 +126,15 @@ def openapi_schema(model: type[Resource], part: str) -> dict[str, Any]:
     return node
 
 
-NAME_RULES = {  # the API server checks what the pydantic model checks (RLExperiment._name_fits_every_child)
+NAME_RULES = {  # the API server checks what the pydantic model checks (RLExperiment's validators)
     "RLExperiment": [
         {"rule": f"self.metadata.name.size() <= {EXPERIMENT_NAME_MAX}",
          "message": f"metadata.name: at most {EXPERIMENT_NAME_MAX} characters (children add '-inference')"},
         {"rule": f"self.metadata.name.matches('{DNS1035_LABEL}')",
          "message": "metadata.name: must start with a letter (Service names derive from it)"},
+        {"rule": "!has(self.spec.agent) || !has(self.spec.agent.env) || self.spec.agent.env.all(e, "
+                 f"!has(e.valueFrom) || e.valueFrom.secretKeyRef.name != self.metadata.name + '{API_TOKEN_SUFFIX}')",
+         "message": "spec.agent.env: the experiment's API token Secret is not the agent's to read"},
     ],
 }
 

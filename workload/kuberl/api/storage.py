@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+from .contract import api_token_secret_name
 from .resolve import FieldIssue
 from .spec import RLExperimentSpec, VolumeMount, WeightSyncMode
 
@@ -44,8 +45,14 @@ def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
     return out
 
 
-def cluster_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
-    issues: list[FieldIssue] = []
+def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
+    """Rules for the pods of experiment ``experiment`` on a cluster (Secrets, claims, mounts)."""
+    token = api_token_secret_name(experiment)
+    issues = [FieldIssue(f"spec.agent.env[{i}].valueFrom.secretKeyRef.name",
+                         f"{token!r} is the experiment's API token (it steers the trainer and the pool); the agent "
+                         "gets only its own (OPENAI_API_KEY)")
+              for i, var in enumerate(spec.agent.env if spec.agent else [])
+              if var.value_from is not None and var.value_from.secret_key_ref.name == token]
     storage = spec.storage
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:

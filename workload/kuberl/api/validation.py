@@ -61,7 +61,7 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
     if isinstance(obj, RLExperiment):
         _, trainer, issues = resolve(obj.spec)
         issues += unsupported_issues(obj.spec, trainer.backend if trainer else None)
-        issues += cluster_issues(obj.spec) if cluster else []
+        issues += cluster_issues(obj.spec, obj.metadata.name) if cluster else []
         if issues:
             return None, issues
     return obj, []
