@@ -91,9 +91,9 @@ share_cores_among_xdist_workers()
 
 
 # Tests that run whole training runs (a minute or more each), then modules of such runs, longest first
-# (pieces of a test id). They are collected first so that pytest-xdist (scripts/test: -n auto
-# --dist load) starts them at once on every core and fills the gaps with the short tests, instead
-# of leaving one long run to the end.
+# (pieces of a test id). They are collected first so that pytest-xdist (scripts/test: --dist load
+# --maxschedchunk 1, i.e. the next test to the next free worker) starts them at once on every core
+# and fills the gaps with the short tests, instead of leaving one long run to the end.
 LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
               "test_s3_model_data_and_checkpoints", "test_kubectl_apply_trains", "test_vllm_local.py",
               "test_local_run.py", "test_curves.py", "test_gateway.py", "test_actor.py", "test_weight_transport.py",

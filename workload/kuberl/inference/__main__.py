@@ -16,6 +16,8 @@ from ..runconfig import load_run_config
 from ..weights import disk_directory
 from .server import build_app
 
+SHUTDOWN_SECONDS = 2.0  # on SIGTERM, requests in flight get this long (the rollout client resumes them elsewhere)
+
 
 def torch_engine_for(run: Any, replica: int) -> tuple[Any, Any]:
     from ..devices import accelerator_device, compute_dtype
@@ -56,11 +58,12 @@ def main() -> None:
             engine, tokenizer = vllm_engine_for(run, replica)  # starts vLLM's engine core in the loop
             return build_app(engine, tokenizer, token, weights_dir)
 
-        web.run_app(make_app(), host=args.host, port=args.port, print=None, handle_signals=True)
+        web.run_app(make_app(), host=args.host, port=args.port, print=None, handle_signals=True,
+                    shutdown_timeout=SHUTDOWN_SECONDS)
         return
     engine, tokenizer = torch_engine_for(run, replica)
     web.run_app(build_app(engine, tokenizer, token, weights_dir), host=args.host, port=args.port, print=None,
-                handle_signals=True)
+                handle_signals=True, shutdown_timeout=SHUTDOWN_SECONDS)
 
 
 if __name__ == "__main__":

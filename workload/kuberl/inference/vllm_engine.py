@@ -138,9 +138,9 @@ class VLLMEngine:
         pass  # the AsyncLLM was started when it was built; its output loop starts with a request
 
     async def stop(self) -> None:
-        self.llm.shutdown()
-        for directory in self.owned_dirs:
+        for directory in self.owned_dirs:  # first: the engine is stopping, and its shutdown may not return
             shutil.rmtree(directory, ignore_errors=True)
+        self.llm.shutdown()
 
     def health(self) -> str | None:
         if self.llm.errored:
