@@ -130,12 +130,13 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
 
     try:
         wait_for(work / "trainer-0.log", "step 3/40")
-        replica_log = len((work / "inference-0.log").read_text(errors="replace"))
+        replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
+                                    for role in ("inference", "trainer"))
         kill("inference")
         if mode == "p2p":
-            wait_for(work / "trainer-0.log", "goes by broadcast")
-            wait_for(work / "trainer-0.log", "p2p weight exchange (group 1)")  # the new replica is in it …
-            wait_for(work / "inference-0.log", "over p2p", after=replica_log)  # … and takes versions through it
+            wait_for(work / "trainer-0.log", "goes by broadcast", after=trainer_log)
+            wait_for(work / "trainer-0.log", "p2p weight exchange (group", after=trainer_log)  # re-formed …
+            wait_for(work / "inference-0.log", "over p2p", after=replica_log)  # … with the new replica in it
         wait_for(work / "trainer-0.log", "checkpoint step 20")
         kill("trainer")
         _, stderr = proc.communicate(timeout=300)
