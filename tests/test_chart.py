@@ -25,6 +25,7 @@ VARIANTS = {
     "defaults": [],
     "namespaced-everything-on": [
         "--set", "watchNamespaces={team-a,team-b}", "--set", "monitoring.podMonitor.enabled=true",
+        "--set", "workloadNetworkPolicy.metricsNamespaceLabels.kubernetes\\.io/metadata\\.name=monitoring",
         "--set", "monitoring.grafanaDashboard.enabled=true", "--set", "integrations.kubeflowTraining=true",
         "--set", "integrations.volcano=true", "--set", "integrations.coscheduling=true",
         "--set", "image.digest=sha256:" + "a" * 64,
@@ -134,6 +135,11 @@ def test_rbac_is_least_privilege_and_covers_what_the_operator_touches(variant):
         cluster = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
         assert {res for r in cluster for res in r["resources"]} == {"nodes", "namespaces", "customresourcedefinitions"}
         assert {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"} == {"team-a", "team-b"}
+
+
+def test_a_pod_monitor_that_the_network_policies_would_block_is_refused_naming_the_value():
+    done = helm("template", "kuberl", str(CHART), "--set", "monitoring.podMonitor.enabled=true")
+    assert done.returncode != 0 and "workloadNetworkPolicy.metricsNamespaceLabels" in done.stderr
 
 
 def test_values_schema_rejects_a_bad_value_and_names_it():
