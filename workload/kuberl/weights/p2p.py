@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -89,7 +90,7 @@ class P2PSync:
         self._pending: Future[float] | None = None
         self._last: tuple[WeightSource, int] | None = None
 
-    def _replicas_of_rank0(self, schedule_for: Any) -> list[dict[str, str]] | None:
+    def _replicas_of_rank0(self, schedule_for: Callable[[list[dict[str, str]]], Plan]) -> list[dict[str, str]] | None:
         """Rank 0: every replica's topology, each joined to this generation's group; None when a
         replica cannot be reached (then nobody opens the group)."""
         if self.control is None:
@@ -166,8 +167,11 @@ class P2PSync:
 
     def recover(self, source: WeightSource, version: int) -> None:
         """The pool lost its weights (every replica restarted and left the group): broadcast this
-        version now; the next push re-forms the group."""
+        version now, unless it just went by broadcast (its exchange failed in ``wait``, or the group
+        could not be formed for it); the next push re-forms the group."""
         self.wait()
+        if self._pg is None and self._last is not None and self._last[1] == version:
+            return  # the pool client holds it and hands it to each replica that comes back
         self._fall_back(source, version)
         self.fallback.wait()
 
