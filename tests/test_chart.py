@@ -73,7 +73,7 @@ def test_rendered_objects_validate_against_the_kubernetes_api_schemas(variant, t
         dashboard = next(d for d in docs if d["kind"] == "ConfigMap")
         panels = json.loads(dashboard["data"]["kuberl.json"])["panels"]
         exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
-        for metric in ("kuberl_trainer_reward", "kuberl_trainer_max_staleness", "kuberl_trainer_tokens_per_second",
+        for metric in ("kuberl_trainer_reward", "kuberl_trainer_observed_staleness", "kuberl_trainer_tokens_per_second",
                        "kuberl_trainer_weight_sync_seconds", "kuberl_trainer_step_seconds"):  # fmt: skip
             assert metric in exprs
 

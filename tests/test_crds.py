@@ -51,7 +51,7 @@ def test_names_columns_and_defaults():
     }
     rlx = crds["RLExperiment"]["spec"]["versions"][0]
     assert [c["name"] for c in rlx["additionalPrinterColumns"]] == [
-        "Phase", "Step", "Version", "Reward", "Staleness", "Eval", "Age",
+        "Phase", "Step", "Version", "Reward", "Observed-Staleness", "Eval", "Age",
     ]
     assert rlx["subresources"] == {"status": {}}
     spec = rlx["schema"]["openAPIV3Schema"]["properties"]["spec"]

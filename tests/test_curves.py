@@ -11,21 +11,26 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from kuberl.api import Progress
 from kuberl.display import ProgressDisplay, plain_line
 
 from .conftest import ROOT
 
 
-def progress(step: int, **extra) -> dict:
-    return {"step": step, "max_steps": 500, "reward": 0.5, "max_staleness": 2, "tokens_per_second": 2950.0,
-            "first_step": 0, **extra}
+def progress(step: int, **extra) -> Progress:
+    """A trainer's /progress reply as ``kuberl run`` reads it."""
+    reply = {"step": step, "maxSteps": 500, "reward": 0.5, "observedStaleness": 2, "tokensPerSecond": 2950.0,
+             "firstStep": 0, **extra}
+    parsed = Progress.from_reply(reply)
+    assert parsed is not None
+    return parsed
 
 
 def test_plain_lines_are_short_and_carry_eta_and_evaluation():
-    line = plain_line(progress(120, eval_reward=0.61), elapsed=30.0)
+    line = plain_line(progress(120, evalReward=0.61), elapsed=30.0)
     assert "\r" not in line and len(line) < 200
     assert "step 120/500 (24%)" in line and "eval 0.610" in line and "eta 0:01:35" in line
-    hostile = plain_line(progress(10**12, reward=float("nan"), max_staleness=10**30, tokens_per_second=1e300), 1e9)
+    hostile = plain_line(progress(10**12, reward=float("nan"), observedStaleness=10**30, tokensPerSecond=1e300), 1e9)
     assert len(hostile) < 200
 
 
@@ -88,7 +93,7 @@ def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a
     events.Reload()
     scalars = set(events.Tags()["scalars"])
     assert {"train/reward", "eval/reward", "eval/pass@16", "ppo_actor/loss", "ppo_actor/entropy",
-            "rollout/max_staleness", "timeperf/step"} <= scalars, scalars
+            "rollout/observed_staleness", "timeperf/step"} <= scalars, scalars
     entropies = [e.value for e in events.Scalars("ppo_actor/entropy")]
     learning_rates = [e.value for e in events.Scalars("ppo_actor/learning_rate")]  # the example's cosine schedule
     assert learning_rates[0] == pytest.approx(3e-4) and learning_rates[-1] < 0.15 * 3e-4

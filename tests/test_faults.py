@@ -85,7 +85,8 @@ async def test_the_progress_poller_works_when_only_watched_namespaces_may_be_lis
     RBAC would answer); the poller reads its indices instead, so team-a's progress still arrives."""
     import socket
 
-    from kuberl.trainer.progress import Progress, ProgressServer
+    from kuberl.api import Progress
+    from kuberl.trainer.progress import ProgressServer
 
     from .harness import bind, set_pod
 

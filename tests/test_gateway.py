@@ -184,7 +184,8 @@ def scrape_gateway_counters(gateway: Any) -> dict[str, float]:
     """The trainer's /metrics with the gateway's counts added, as rank 0 serves it."""
     import urllib.request
 
-    from kuberl.trainer.progress import Progress, ProgressServer
+    from kuberl.api import Progress
+    from kuberl.trainer.progress import ProgressServer
 
     server, port = ProgressServer(Progress()), free_port()
     server.add_counters("gateway", gateway.summary)

@@ -48,11 +48,11 @@ async def test_kubectl_apply_get_and_delete(tmp_path):
                          what="Running")
         # Stand-in for the trainer's progress, which the operator copies into status.progress.
         await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny",
-                        {"status": {"progress": {"step": 12, "version": 12, "reward": 0.625, "maxStaleness": 2}}},
+                        {"status": {"progress": {"step": 12, "version": 12, "reward": 0.625, "observedStaleness": 2}}},
                         subresource="status")
 
         table = (await kubectl(cfg, "get", "rlx", "-n", "team-a")).splitlines()
-        assert table[0].split() == ["NAME", "PHASE", "STEP", "VERSION", "REWARD", "STALENESS", "EVAL", "AGE"]
+        assert table[0].split() == ["NAME", "PHASE", "STEP", "VERSION", "REWARD", "OBSERVED-STALENESS", "EVAL", "AGE"]
         assert table[1].split()[:6] == ["cpu-tiny", "Running", "12", "12", "0.625", "2"]
 
         kinds = await kubectl(cfg, "get", "kuberl", "-n", "team-a", "-o", "name")

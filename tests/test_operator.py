@@ -312,7 +312,8 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
     import asyncio
     import socket
 
-    from kuberl.trainer.progress import Progress, ProgressServer
+    from kuberl.api import Progress
+    from kuberl.trainer.progress import ProgressServer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -331,11 +332,11 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
             await bind(api, pod, "node-a")
             await set_pod(api, pod, "Running", ready=True)
         for step, reward in ((3, 0.25), (7, 0.5)):
-            server.update(step=step, version=step, reward=reward, max_staleness=2)
+            server.update(step=step, version=step, reward=reward, observed_staleness=2)
             await eventually(lambda s=step: get_rlx(api, "cpu-tiny")["status"].get("progress", {}).get("step") == s,
                              what=f"progress step {step}")
         assert get_rlx(api, "cpu-tiny")["status"]["progress"] == {
-            "step": 7, "version": 7, "reward": 0.5, "maxStaleness": 2}
+            "step": 7, "version": 7, "reward": 0.5, "observedStaleness": 2, "maxSteps": 100, "phase": "running"}
         assert get_rlx(api, "cpu-tiny")["status"]["phase"] == "Running"  # the experiment's sync keeps it
     await runner.cleanup()
 

@@ -106,9 +106,9 @@ def test_progress_url_and_status_mapping():
     assert progress_url("exp", "team-a", None, host, kubeflow=True) == \
         "http://exp-trainer-master-0.team-a.svc:8080/progress"
     assert progress_url("exp", "ns", None, "http://127.0.0.1:9/{name}/{namespace}") == "http://127.0.0.1:9/exp/ns"
-    assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "max_staleness": 1,
-                            "last_checkpoint": None, "phase": "running"}) == {
-        "step": 3, "version": 3, "reward": 0.1235, "maxStaleness": 1}
+    assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "observedStaleness": 1,
+                            "lastCheckpoint": None, "phase": "running", "maxStaleness": 2}) == {
+        "step": 3, "version": 3, "reward": 0.1235, "observedStaleness": 1, "phase": "running"}
 
 
 def test_gang_restart_decision():

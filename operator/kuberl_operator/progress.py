@@ -1,4 +1,4 @@
-"""Training progress into ``RLExperiment.status.progress`` (the STEP / VERSION / REWARD / STALENESS
+"""Training progress into ``RLExperiment.status.progress`` (the STEP / VERSION / REWARD / OBSERVED-STALENESS
 columns of ``kubectl get rlx``).
 
 Trainer rank 0 serves ``GET /progress`` (``kuberl.trainer.progress``); the operator polls it for
@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 from kubernetes.client import ApiException
 
-from kuberl.api import API_GROUP, API_VERSION, RLExperiment
+from kuberl.api import API_GROUP, API_VERSION, Progress, RLExperiment
 from kuberl.api.contract import PROGRESS_PORT, trainer_job_name, trainer_rank0_host, trainer_rank0_pod
 
 from .kube import Kube
@@ -59,33 +59,11 @@ MAX_REPLY_BYTES = 64 * 1024
 
 
 def progress_status(payload: Any) -> Manifest:
-    """The trainer's /progress JSON → ``status.progress`` (camelCase). Only well-typed values are
-    kept (a number where a number belongs, a short string for the checkpoint URI): whatever a pod
-    answers, the status never carries anything else."""
-    if not isinstance(payload, dict):
-        return {}
-
-    def number(key: str, digits: int | None = None) -> float | int | None:
-        value = payload.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) > 1e15:
-            return None
-        return round(float(value), digits) if digits is not None else int(value)
-
-    checkpoint = payload.get("last_checkpoint")
-    fields = {
-        "step": number("step"),
-        "version": number("version"),
-        "reward": number("reward", 4),
-        "rewardFirst10": number("reward_first10", 4),
-        "rewardLast10": number("reward_last10", 4),
-        "maxStaleness": number("max_staleness"),
-        "behavLogpGap": number("behav_logp_gap", 4),
-        "evalStep": number("eval_step"),
-        "evalReward": number("eval_reward", 4),
-        "evalPassAtK": number("eval_pass_at_k", 4),
-        "lastCheckpoint": checkpoint if isinstance(checkpoint, str) and len(checkpoint) <= 1024 else None,
-    }
-    return {k: v for k, v in fields.items() if v is not None}
+    """The trainer's /progress JSON → ``status.progress``: ``kuberl.api.Progress``'s wire form, any
+    value that is not what its field allows left out — whatever a pod answers, the status carries
+    nothing else."""
+    progress = Progress.from_reply(payload)
+    return progress.to_wire() if progress is not None else {}
 
 
 FETCH_SECONDS = 2.0

@@ -11,6 +11,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from .api.progress import Progress
+
 MAX_LINE = 160
 
 
@@ -23,16 +25,16 @@ def _number(value: Any, digits: int = 3) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.{digits}f}"
 
 
-def plain_line(p: dict[str, Any], elapsed: float) -> str:
+def plain_line(p: Progress, elapsed: float) -> str:
     """One progress update as a line (never 200 characters or more): step, reward, last evaluation,
-    staleness, speed, elapsed, ETA."""
-    done, total = int(p.get("step") or 0), max(int(p.get("max_steps") or 1), 1)
-    first = int(p.get("first_step") or 0)
+    observed staleness, speed, elapsed, ETA."""
+    done, total = p.step or 0, max(p.max_steps or 1, 1)
+    first = p.first_step or 0
     rate = (done - first) / elapsed if elapsed > 0 and done > first else 0.0
     eta = _clock((total - done) / rate) if rate else "-"
-    evaluation = f" eval {_number(p.get('eval_reward'))}" if p.get("eval_reward") is not None else ""
-    line = (f"step {done}/{total} ({100 * done // total}%) reward {_number(p.get('reward'))}{evaluation} "
-            f"staleness<={float(p.get('max_staleness') or 0):.4g} {float(p.get('tokens_per_second') or 0):.4g} tok/s "
+    evaluation = f" eval {_number(p.eval_reward)}" if p.eval_reward is not None else ""
+    line = (f"step {done}/{total} ({100 * done // total}%) reward {_number(p.reward)}{evaluation} "
+            f"staleness {p.observed_staleness or 0:.4g} {p.tokens_per_second or 0:.4g} tok/s "
             f"elapsed {_clock(elapsed)} eta {eta}")
     return line[:MAX_LINE]
 
@@ -49,24 +51,24 @@ class ProgressDisplay:
         self._bar: tqdm | None = None
         self._last: tuple[int, float | None] | None = None
         self._printed: float | None = None  # when the last plain line was printed; None: never
-        self._latest: dict[str, Any] | None = None
+        self._latest: Progress | None = None
 
-    def update(self, p: dict[str, Any]) -> None:
-        step, total = int(p.get("step") or 0), int(p.get("max_steps") or 0)
+    def update(self, p: Progress) -> None:
+        step, total = p.step or 0, p.max_steps or 0
         if self.live:
             if self._bar is None:
                 self._bar = tqdm(total=total, initial=step, file=self.stream, unit="step", dynamic_ncols=True)
             self._bar.n = step
-            self._bar.set_postfix_str(f"reward {_number(p.get('reward'))} eval {_number(p.get('eval_reward'))} "
-                                      f"staleness<={p.get('max_staleness') or 0}", refresh=True)
+            self._bar.set_postfix_str(f"reward {_number(p.reward)} eval {_number(p.eval_reward)} "
+                                      f"staleness {p.observed_staleness or 0}", refresh=True)
             return
         self._latest = p
-        now, state = self.clock(), (step, p.get("eval_reward"))
+        now, state = self.clock(), (step, p.eval_reward)
         due = self._printed is None or now - self._printed >= self.interval
         if state != self._last and (due or step >= total):
             self._print(p, state, now)
 
-    def _print(self, p: dict[str, Any], state: tuple[int, float | None], now: float) -> None:
+    def _print(self, p: Progress, state: tuple[int, float | None], now: float) -> None:
         print(f"kuberl run: {plain_line(p, now - self.started)}", file=self.stream, flush=True)
         self._last, self._printed = state, now
 
@@ -82,6 +84,6 @@ class ProgressDisplay:
         if self._bar is not None:
             self._bar.close()
         elif self._latest is not None:
-            state = (int(self._latest.get("step") or 0), self._latest.get("eval_reward"))
+            state = (self._latest.step or 0, self._latest.eval_reward)
             if state != self._last:
                 self._print(self._latest, state, self.clock())

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from .api import Accelerator, RLExperiment, resolve, validate_document
+from .api import Accelerator, Progress, RLExperiment, resolve, validate_document
 from .api.contract import (
     ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
@@ -114,10 +114,11 @@ def agent_command(command: list[str]) -> list[str]:
     return [sys.executable if command[0] in ("python", "python3") else command[0], *command[1:]]
 
 
-def _progress(port: int) -> dict[str, Any] | None:
+def _progress(port: int) -> Progress | None:
+    """Trainer rank 0's ``/progress``; None while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=1) as resp:
-            return json.loads(resp.read())
+            return Progress.from_reply(json.loads(resp.read()))
     except (OSError, ValueError):
         return None
 

@@ -2,6 +2,7 @@
 
 from .allocation import Allocation, AllocationError, Dims, parse_allocation
 from .base import API_GROUP, API_VERSION, GROUP_VERSION
+from .progress import Progress
 from .resolve import EXTENDED_RESOURCE, FieldIssue, InferencePlan, TrainerPlan, resolve
 from .resources import (
     KINDS,
@@ -10,7 +11,6 @@ from .resources import (
     InferencePoolSpec,
     InferencePoolStatus,
     Phase,
-    Progress,
     Resource,
     RLExperiment,
     RLExperimentStatus,

@@ -28,7 +28,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, str]]] = {
         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
         {"name": "Version", "type": "integer", "jsonPath": ".status.progress.version"},
         {"name": "Reward", "type": "number", "jsonPath": ".status.progress.reward"},
-        {"name": "Staleness", "type": "integer", "jsonPath": ".status.progress.maxStaleness"},
+        {"name": "Observed-Staleness", "type": "integer", "jsonPath": ".status.progress.observedStaleness"},
         {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evalReward"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],

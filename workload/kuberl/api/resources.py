@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import GROUP_VERSION, ApiModel, cel
+from .progress import Progress
 from .spec import (
     MAX_DEVICES_PER_NODE,
     MAX_PODS,
@@ -46,22 +47,6 @@ class Condition(ApiModel):
     message: str = ""
     last_transition_time: str | None = None
     observed_generation: int | None = None
-
-
-class Progress(ApiModel):
-    step: int | None = None
-    version: int | None = None
-    reward: float | None = None
-    reward_first10: float | None = Field(None, description="mean reward of the first 10 steps")
-    reward_last10: float | None = Field(None, description="mean reward of the last 10 steps (compare: learning?)")
-    max_staleness: int | None = None
-    behav_logp_gap: float | None = Field(
-        None, description="mean |log π_behaviour − log π_trainer| of tokens sampled by the weights being trained: "
-                          "≈ 0 when the inference pool serves the trainer's policy; above 0.2 the trainer warns")
-    last_checkpoint: str | None = None
-    eval_step: int | None = Field(None, description="training steps before the last held-out evaluation")
-    eval_reward: float | None = Field(None, description="mean reward of the last held-out evaluation")
-    eval_pass_at_k: float | None = Field(None, description="pass@k of the last held-out evaluation")
 
 
 class BaseStatus(ApiModel):

@@ -45,7 +45,7 @@ class RolloutController:
         self._error: BaseException | None = None
         self.episodes = 0
         self.generated_tokens = 0
-        self.max_staleness_seen = 0
+        self.observed_staleness = 0
 
     # -- called from the trainer thread ----------------------------------------------------------
     def start(self) -> None:
@@ -143,7 +143,7 @@ class RolloutController:
                     raise RuntimeError(f"rollout failed: {self._error}") from self._error
                 batch = self.buffer.take_batch(groups, version)
                 if batch is not None:
-                    self.max_staleness_seen = max([self.max_staleness_seen,
+                    self.observed_staleness = max([self.observed_staleness,
                                                    *(version - g.oldest_version for g in batch)])
                     return batch
                 self._fill()  # dropped stale groups reopen slots

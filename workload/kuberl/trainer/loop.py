@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..api import resolve
+from ..api import Progress, resolve
 from ..api.contract import (
     ENV_AGENT_TOKEN,
     ENV_CHECKPOINT_URI,
@@ -51,7 +51,7 @@ from .checkpointing import Checkpointer, TrainerState
 from .curves import Curves
 from .evaluations import Evaluations
 from .loss import BehaviourGapMonitor
-from .progress import Progress, ProgressServer
+from .progress import ProgressServer
 from .sft import sft_warmup
 from .watchdog import StepWatchdog
 from .workflows import make_workflow
@@ -267,20 +267,20 @@ def report(s: Session, step: int, trajs: list[Trajectory], stats: dict[str, floa
         tally.entropies.append(entropy)
     elapsed = time.perf_counter() - tally.start
     s.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
-                    reward_last10=mean(tally.rewards[-10:]), max_staleness=s.controller.max_staleness_seen,
+                    reward_last10=mean(tally.rewards[-10:]), observed_staleness=s.controller.observed_staleness,
                     tokens_per_second=tally.trained_tokens / elapsed, step_seconds=tally.timeperf["step"][-1],
                     weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
                     entropy=tally.entropies[-1] if tally.entropies else None)
     gateway = {f"gateway/{k}": v for k, v in s.gateway.summary().items()} if s.gateway else {}
     s.curves.log(step + 1, {**(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
-                            "rollout/max_staleness":
-                            s.controller.max_staleness_seen, "rollout/trained_tokens_per_second":
+                            "rollout/observed_staleness":
+                            s.controller.observed_staleness, "rollout/trained_tokens_per_second":
                             tally.trained_tokens / elapsed, **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items()
                                                                if v}})
     if stats is not None:
         gap = tally.gaps.last if tally.gaps.last is not None else math.nan
-        log.info("step %d/%d reward %.3f staleness≤%d loss %.4f entropy %.3f gap %.2g wait %.2fs sync %.3fs%s",
-                 step + 1, s.max_steps, reward, s.controller.max_staleness_seen, stats["ppo_actor/loss"],
+        log.info("step %d/%d reward %.3f observed staleness %d loss %.4f entropy %.3f gap %.2g wait %.2fs sync %.3fs%s",
+                 step + 1, s.max_steps, reward, s.controller.observed_staleness, stats["ppo_actor/loss"],
                  stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
                  "" if tools is None else f" tool calls/episode {tools:.2f}")
 
@@ -312,7 +312,7 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
         "reward_last10_mean": mean(tally.rewards[-10:]),
         "entropy_first10_mean": mean(tally.entropies[:10]),
         "entropy_last10_mean": mean(tally.entropies[-10:]),
-        "max_staleness_observed": s.controller.max_staleness_seen,
+        "observed_staleness": s.controller.observed_staleness,
         "max_token_staleness_trained": tally.token_staleness,
         "final_version": s.controller.manager.version,  # what every replica confirmed it serves
         **tally.gaps.summary(),
@@ -324,7 +324,7 @@ def summarize(s: Session, tally: Tally) -> dict[str, object]:
         "stale_groups_dropped": s.controller.buffer.dropped,
         "filtered_groups": tally.dropped_groups,
         "sft_warmup_final_loss": s.sft_losses[-1] if s.sft_losses else None,
-        "max_staleness": spec.rollout.max_staleness,
+        "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
         "world_size": s.world,
         "replicas": len(s.controller.client.replicas),
         "rewards": [round(r, 4) for r in tally.rewards],

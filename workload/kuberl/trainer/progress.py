@@ -9,49 +9,28 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from ..api.progress import Progress
+
 log = logging.getLogger("kuberl.trainer")
-
-
-@dataclass
-class Progress:
-    step: int = 0
-    first_step: int = 0  # where this process started (a resumed run): rates and ETAs count from here
-    max_steps: int = 0
-    version: int = 0
-    reward: float | None = None
-    reward_first10: float | None = None
-    reward_last10: float | None = None
-    max_staleness: int = 0
-    tokens_per_second: float = 0.0
-    step_seconds: float = 0.0
-    weight_sync_seconds: float = 0.0  # the last exchange (it overlaps the next step)
-    behav_logp_gap: float | None = None  # mean |log π_behav − log π_θ| at version lag 0 (trainer.loss)
-    entropy: float | None = None  # the policy's mean token entropy in the last step (ppo_actor/entropy)
-    phase: str = "starting"
-    last_checkpoint: str | None = None
-    eval_step: int | None = None  # the last held-out evaluation (spec.evaluation)
-    eval_reward: float | None = None
-    eval_pass_at_k: float | None = None
-    rewards: list[float] = field(default_factory=list)
+GAUGES = ("step", "version", "reward", "observed_staleness", "tokens_per_second", "step_seconds",
+          "weight_sync_seconds", "behav_logp_gap", "entropy", "eval_reward", "eval_pass_at_k")
 
 
 class ProgressServer:
-    """Serves a ``Progress`` that the trainer thread updates under a lock."""
+    """Serves a ``Progress`` (``kuberl.api.progress``, camelCase) that the trainer thread updates under
+    a lock; its numbers are also gauges ``kuberl_trainer_<field>`` on ``/metrics``."""
 
     def __init__(self, progress: Progress):
         self.progress = progress
         self.lock = threading.Lock()
         self.registry = CollectorRegistry()
-        self._gauges = {name: Gauge(f"kuberl_trainer_{name}", name, registry=self.registry)
-                        for name in ("step", "version", "reward", "max_staleness", "tokens_per_second",
-                                     "step_seconds", "weight_sync_seconds", "behav_logp_gap", "entropy", "eval_reward",
-                                 "eval_pass_at_k")}
+        self._gauges = {name: Gauge(f"kuberl_trainer_{name}", field.description or name, registry=self.registry)
+                        for name, field in Progress.model_fields.items() if name in GAUGES}
         self._sources: list[tuple[str, Callable[[], Mapping[str, int | float]]]] = []
         self._counters: dict[str, Gauge] = {}
 
@@ -61,14 +40,14 @@ class ProgressServer:
         self._sources.append((prefix, read))
 
     def update(self, **changes: object) -> None:
+        """Apply ``changes`` (``Progress`` field names; see ``Progress.merged``)."""
         with self.lock:
-            for key, value in changes.items():
-                setattr(self.progress, key, value)
+            self.progress = self.progress.merged(**changes)
 
     def snapshot(self) -> dict[str, object]:
-        """The ``/progress`` body (everything but the per-step reward list)."""
+        """The ``/progress`` body: the wire form of ``Progress``."""
         with self.lock:
-            return {k: v for k, v in asdict(self.progress).items() if k != "rewards"}
+            return self.progress.to_wire()
 
     def write_termination_message(self, path: Path) -> None:
         """Leave the final progress where the kubelet reads a container's termination message

@@ -1,0 +1,87 @@
+"""Training progress: one type for trainer rank 0's ``GET /progress``, its termination message,
+``RLExperiment.status.progress`` and ``kuberl run``'s display.
+
+camelCase on the wire (snake_case names are accepted too). Every number is bounded and finite and
+every float is rounded to 4 digits, so a status patch happens when training moved, not when a
+float's last bit did. ``observed_staleness`` is the largest version lag of any sample trained so far;
+the bound it never exceeds is the spec's ``rollout.maxStaleness`` (η).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, Strict, ValidationError
+
+from .base import ApiModel
+
+log = logging.getLogger("kuberl.api")
+
+LARGEST = 10**15
+MAX_CHECKPOINT_URI = 1024
+
+Count = Annotated[int, Strict(), Field(ge=0, le=LARGEST)]
+Number = Annotated[float, Strict(), Field(ge=-LARGEST, le=LARGEST, allow_inf_nan=False),
+                   AfterValidator(lambda value: round(value, 4))]
+TrainerPhase = Literal["starting", "running", "succeeded"]
+
+
+class Progress(ApiModel):
+    """Where a run is. Every field may be missing (a trainer that has not reported it yet)."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}  # a newer trainer's extra fields are not an error
+
+    step: Count | None = Field(None, description="training steps done")
+    first_step: Count | None = Field(None, description="the step this trainer process started from (a resume); "
+                                                       "rates and ETAs count from here")
+    max_steps: Count | None = Field(None, description="steps the run will train")
+    version: Count | None = Field(None, description="policy version pushed to the pool (v = weights after v steps)")
+    reward: Number | None = Field(None, description="mean reward of the last step's batch")
+    reward_first10: Number | None = Field(None, description="mean reward of the first 10 steps")
+    reward_last10: Number | None = Field(None, description="mean reward of the last 10 steps (compare: learning?)")
+    observed_staleness: Count | None = Field(
+        None, description="largest version lag of a sample trained so far (never above rollout.maxStaleness)")
+    tokens_per_second: Number | None = Field(None, description="trained tokens per second of this process")
+    step_seconds: Number | None = Field(None, description="wall seconds of the last step")
+    weight_sync_seconds: Number | None = Field(None, description="the last weight exchange (it overlaps the next step)")
+    behav_logp_gap: Number | None = Field(
+        None, description="mean |log π_behaviour − log π_trainer| of tokens sampled by the weights being trained: "
+                          "≈ 0 when the inference pool serves the trainer's policy; above 0.2 the trainer warns")
+    entropy: Number | None = Field(None, description="the policy's mean token entropy in the last step")
+    phase: TrainerPhase | None = Field(None, description="the trainer's own phase")
+    last_checkpoint: str | None = Field(None, max_length=MAX_CHECKPOINT_URI)
+    eval_step: Count | None = Field(None, description="training steps before the last held-out evaluation")
+    eval_reward: Number | None = Field(None, description="mean reward of the last held-out evaluation")
+    eval_pass_at_k: Number | None = Field(None, description="pass@k of the last held-out evaluation")
+
+    @classmethod
+    def from_reply(cls, payload: Any) -> Progress | None:
+        """What a trainer answered (untrusted: ``/progress``, a termination message) → ``Progress``,
+        each value that is not what its field allows left out; None unless ``payload`` is a mapping."""
+        if not isinstance(payload, dict):
+            return None
+        return cls.model_validate(cls._allowed(payload, logging.DEBUG))
+
+    def merged(self, **changes: Any) -> Progress:
+        """This progress with ``changes`` (field names) applied; a value its field does not allow (a NaN
+        reward) is left out with a warning, never raised into the training loop. A name that is no
+        field is a programming error (KeyError)."""
+        unknown = set(changes) - set(type(self).model_fields)
+        if unknown:
+            raise KeyError(f"Progress has no field {sorted(unknown)}")
+        return type(self).model_validate({**self.model_dump(exclude_none=True),
+                                          **type(self)._allowed(changes, logging.WARNING)})
+
+    @classmethod
+    def _allowed(cls, values: dict[str, Any], level: int) -> dict[str, Any]:
+        """The items of ``values`` that validate on their own; the others logged at ``level``."""
+        kept: dict[str, Any] = {}
+        for key, value in values.items():
+            try:
+                cls.model_validate({key: value})
+            except ValidationError as err:
+                log.log(level, "progress value %.40r of %.40r left out: %s", value, key, err.errors()[0]["msg"])
+                continue
+            kept[key] = value
+        return kept
