@@ -52,9 +52,9 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-                      KUBERL_S3_ENDPOINT=f"http://127.0.0.1:{port}", MASTER_ADDR="127.0.0.1",
+                      AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))  # fmt: skip
-    boto3.client("s3", endpoint_url=os.environ["KUBERL_S3_ENDPOINT"]).create_bucket(Bucket="bench")
+    boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"]).create_bucket(Bucket="bench")
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         actor = Actor.create(tiny_qwen2(len(char_tokenizer()), 0), AlgorithmConfig(name="grpo", group_size=4),
@@ -70,7 +70,7 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
             checkpointer.maybe_save(actor, step, step, step * 128)
             seconds.append(time.perf_counter() - start)
             log(f"  checkpoint {step}: {seconds[-1]:.3f} s")
-        client = boto3.client("s3", endpoint_url=os.environ["KUBERL_S3_ENDPOINT"])
+        client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"])
         keys = client.list_objects_v2(Bucket="bench", Prefix=f"cpu-tiny/step-{saves:08d}/")["Contents"]
         size = sum(k["Size"] for k in keys)
         start = time.perf_counter()

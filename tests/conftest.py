@@ -55,7 +55,7 @@ def s3_endpoint():
 @pytest.fixture
 def aws_env(monkeypatch, s3_endpoint):
     for key, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                       "AWS_DEFAULT_REGION": "us-east-1", "KUBERL_S3_ENDPOINT": s3_endpoint}.items():
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": s3_endpoint}.items():
         monkeypatch.setenv(key, value)
     return s3_endpoint
 

@@ -100,8 +100,8 @@ def test_s3_unreachable_fails_clearly_and_keeps_local_state(tmp_path, monkeypatc
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("KUBERL_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    manager = CheckpointManager(open_store("s3://bucket/p/", max_attempts=2))
+    nothing_listens = f"http://127.0.0.1:{free_port()}"
+    manager = CheckpointManager(open_store("s3://bucket/p/", max_attempts=2, endpoint=nothing_listens))
     stage = staging(tmp_path, 7)
     with pytest.raises(CheckpointError, match=r"s3://bucket/p/") as err:
         manager.save(stage, 7)

@@ -26,8 +26,8 @@ def test_labels_file_parses_go_quoted_values_and_round_trips():
 def test_node_name_env_stands_in_until_the_operator_labels_the_pod(tmp_path):
     path = tmp_path / "labels"
     path.write_text('kuberl.io/role="inference"\n')
-    assert own_topology(path, {"NODE_NAME": "node-a"}) == RankTopology("node-a")
+    assert own_topology(path, "node-a") == RankTopology("node-a")
     path.write_text(KUBELET_FILE)
-    assert own_topology(path, {"NODE_NAME": "node-a"}).node == "gpu-node-3"
+    assert own_topology(path, "node-a").node == "gpu-node-3"
     with pytest.raises(ValueError, match=r"kuberl\.io/node"):
         topology_from_labels({})

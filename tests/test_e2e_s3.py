@@ -61,7 +61,7 @@ def manifest(path: Path, endpoint: str) -> tuple[Path, str]:
 
 async def test_s3_model_data_and_checkpoints_survive_a_deleted_trainer_pod(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
-    for key in (*KEYS, "AWS_SESSION_TOKEN", "AWS_PROFILE", "KUBERL_S3_ENDPOINT"):
+    for key in (*KEYS, "AWS_SESSION_TOKEN", "AWS_PROFILE", "KUBERL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(key, raising=False)  # nothing may reach the pods but the Secret
     port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

@@ -9,8 +9,7 @@ clients send it on every request. The token is never logged.
 from __future__ import annotations
 
 import hmac
-import os
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 
 from aiohttp import web
 
@@ -23,10 +22,9 @@ class MissingToken(RuntimeError):
     pass
 
 
-def api_token(env: Mapping[str, str] | None = None, name: str = ENV_API_TOKEN) -> str:
-    """The token from ``name`` (``KUBERL_API_TOKEN``; the gateway's: ``KUBERL_AGENT_TOKEN``); refuses to
-    go on without one (or with a short one)."""
-    token = (os.environ if env is None else env).get(name, "")
+def checked_token(token: str, name: str = ENV_API_TOKEN) -> str:
+    """``token`` as the process got it from ``name`` (``KUBERL_API_TOKEN``; the gateway's:
+    ``KUBERL_AGENT_TOKEN``); refuses to go on without one (or with a short one)."""
     if len(token) < MIN_TOKEN_CHARS:
         raise MissingToken(f"{name} is unset or shorter than {MIN_TOKEN_CHARS} characters: the servers "
                            "refuse to run without the experiment's token (the operator sets it from the "

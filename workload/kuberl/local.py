@@ -31,23 +31,14 @@ from .api import Accelerator, Progress, RLExperiment, resolve, validate_document
 from .api.contract import (
     ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
-    ENV_CHECKPOINT_URI,
     ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
-    ENV_GATEWAY_PORT,
-    ENV_INFERENCE_URLS,
-    ENV_MAX_STEPS,
     ENV_OPENAI_API_KEY,
     ENV_OPENAI_BASE_URL,
     ENV_PODINFO_LABELS,
-    ENV_PROGRESS_PORT,
     ENV_REPLICA,
     ENV_S3_ENDPOINT,
-    ENV_STAGING_DIR,
-    ENV_SUMMARY_PATH,
-    ENV_TENSORBOARD_DIR,
     ENV_THREADS,
-    ENV_WEIGHTS_DIR,
     LABEL_NODE,
     LABEL_RANK,
     LABEL_ROLE,
@@ -56,9 +47,11 @@ from .api.resolve import InferencePlan, TrainerPlan
 from .display import ProgressDisplay
 from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, restart_exited, tail
 from .runconfig import write_run_config
+from .settings import inherited_environment
 from .weights.discovery import format_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
+SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
 
 
 def local_run_id(work: Path) -> str:
@@ -128,7 +121,8 @@ def inference_python(engine: str) -> str:
     ``$KUBERL_VLLM_PYTHON`` or the repository's ``.venv-vllm`` (``scripts/setup --vllm``)."""
     if engine != "vllm":
         return sys.executable
-    candidates = [os.environ.get("KUBERL_VLLM_PYTHON", ""), str(REPO_ROOT / ".venv-vllm" / "bin" / "python")]
+    candidates = [inherited_environment().get("KUBERL_VLLM_PYTHON", ""),
+                  str(REPO_ROOT / ".venv-vllm" / "bin" / "python")]
     for candidate in filter(None, candidates):
         if os.access(candidate, os.X_OK):
             return candidate
@@ -164,13 +158,14 @@ def load_experiment(path: Path, overrides: list[str]) -> RLExperiment:
     return obj
 
 
-def local_env(spec: Any, curves: Path) -> dict[str, str]:
-    """What every process of a local run shares: fresh API and agent tokens, the p2p store's address (trainer
-    rank 0 on this host, a port chosen once), one thread each, the pod IP, the curves' directory."""
-    env = {**os.environ, ENV_API_TOKEN: secrets.token_urlsafe(32), ENV_AGENT_TOKEN: secrets.token_urlsafe(32),
-           ENV_EXCHANGE_ADDR: "127.0.0.1",
+def local_env(spec: Any) -> dict[str, str]:
+    """What every process of a local run shares, as a pod's environment would carry it: fresh API and
+    agent tokens, the p2p store's address (trainer rank 0 on this host, a port chosen once), one
+    thread each, the pod IP."""
+    env = {**inherited_environment(), ENV_API_TOKEN: secrets.token_urlsafe(32),
+           ENV_AGENT_TOKEN: secrets.token_urlsafe(32), ENV_EXCHANGE_ADDR: "127.0.0.1",
            ENV_EXCHANGE_PORT: str(free_port()), ENV_THREADS: "1", "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1", ENV_TENSORBOARD_DIR: str(curves)}
+           "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1"}
     if spec.storage.endpoint:  # what a pod would get from the operator; the environment's own wins
         env.setdefault(ENV_S3_ENDPOINT, spec.storage.endpoint)
     return env
@@ -189,16 +184,15 @@ class LocalRun:
     config: Path
     manifest_dir: Path
     checkpoints: str
-    max_steps: int | None
     env: dict[str, str]
+    ports: list[int]  # each replica's
+    progress_port: int
+    gateway_port: int
     cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
     children: Children = field(default_factory=Children)
     restarts: dict[str, int] = field(default_factory=lambda: {"trainer": 0, "inference": 0, "agent": 0})
-    progress_port: int = field(default_factory=free_port)
-    gateway_port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
-        self.ports = [free_port() for _ in range(self.inference.replicas)]
         self.python = inference_python(str(self.inference.engine))
 
     @property
@@ -212,7 +206,7 @@ class LocalRun:
 
     @property
     def summary_file(self) -> Path:
-        return self.work / "summary.json"
+        return self.work / SUMMARY
 
     def replica(self, r: int) -> Process:
         # vLLM binds its worker's OpenMP threads itself: to the replica's core, or not at all.
@@ -221,7 +215,6 @@ class LocalRun:
             [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r]),
              "--host", "127.0.0.1"],
             {**self.env, ENV_REPLICA: str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
-             ENV_WEIGHTS_DIR: str(self.work / "weights"),
              ENV_PODINFO_LABELS: pod_labels(self.work, "inference", r)},
             [self.cores[r]] if self.pinned else None, self.work / f"inference-{r}.log")
 
@@ -232,13 +225,7 @@ class LocalRun:
         for rank in range(world):
             env = {**self.env, "RANK": str(rank), "LOCAL_RANK": str(rank % self.trainer.procs_per_node),
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                   ENV_INFERENCE_URLS: ",".join(f"http://127.0.0.1:{p}" for p in self.ports),
-                   ENV_PROGRESS_PORT: str(self.progress_port), ENV_SUMMARY_PATH: str(self.summary_file),
-                   ENV_GATEWAY_PORT: str(self.gateway_port), ENV_CHECKPOINT_URI: self.checkpoints,
-                   ENV_STAGING_DIR: str(self.work / "staging"), ENV_WEIGHTS_DIR: str(self.work / "weights"),
                    ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank)}
-            if self.max_steps is not None:
-                env[ENV_MAX_STEPS] = str(self.max_steps)
             core = [self.cores[self.inference.replicas + rank]] if self.pinned else None
             ranks.append(self.children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(self.config)],
                                              env, core, self.work / f"trainer-{rank}.log"))
@@ -292,16 +279,22 @@ class LocalRun:
 
 def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: Path | None,
              spec_checkpoints: bool) -> LocalRun:
-    """The experiment in ``path``, its work dir and run config, its processes' environment."""
+    """The experiment in ``path``, its work dir, its ports, its run config (with the settings only a
+    local run has: ``kuberl.settings.RUN_CONFIG_FIELDS``) and its processes' environment."""
     obj = load_experiment(path, overrides)
     inference, trainer, _ = resolve(obj.spec)
     assert inference is not None and trainer is not None
     work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
     work.mkdir(parents=True, exist_ok=True)
-    config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work))
-    return LocalRun(obj, inference, trainer, work, config, path.resolve().parent,
-                    checkpoint_uri(obj.spec, work, spec_checkpoints), max_steps,
-                    local_env(obj.spec, work / "tensorboard"))
+    ports, progress_port, gateway_port = [free_port() for _ in range(inference.replicas)], free_port(), free_port()
+    checkpoints = checkpoint_uri(obj.spec, work, spec_checkpoints)
+    settings = {"checkpoint_uri": checkpoints, "max_steps": max_steps, "tensorboard_dir": work / "tensorboard",
+                "staging_dir": work / "staging", "weights_dir": work / "weights", "summary_path": work / SUMMARY,
+                "progress_port": progress_port, "gateway_port": gateway_port,
+                "inference_urls": [f"http://127.0.0.1:{p}" for p in ports]}
+    config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)
+    return LocalRun(obj, inference, trainer, work, config, path.resolve().parent, checkpoints, local_env(obj.spec),
+                    ports, progress_port, gateway_port)
 
 
 def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
@@ -317,7 +310,7 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
         signal.signal(signal.SIGTERM, previous)
         run.children.terminate()
     summary = {**json.loads(run.summary_file.read_text()), "workdir": str(run.work), "restarts": run.restarts}
-    curves = run.env[ENV_TENSORBOARD_DIR]
+    curves = run.work / "tensorboard"
     display.message(f"training curves in {curves} (tensorboard --logdir {curves})")
     if summary_path:
         summary_path.write_text(json.dumps(summary, indent=2))

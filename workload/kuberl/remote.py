@@ -3,7 +3,7 @@
 ``local_copy(uri)`` returns a local path for an ``s3://bucket/prefix/`` (every object under it, e.g.
 a Hugging Face model directory: config, safetensors shards, tokenizer files) or an
 ``s3://bucket/key`` (one object, e.g. a JSONL dataset). Layout of the cache
-(``$KUBERL_CACHE_DIR``, default ``/tmp/kuberl-cache``)::
+(``settings.cache_dir``: ``$KUBERL_CACHE_DIR``, default ``/tmp/kuberl-cache``)::
 
     s3/<bucket>/<prefix or key>           the files
     s3/<bucket>/<prefix or key>.kuberl-complete.json   written last: key → [size, etag]
@@ -16,7 +16,7 @@ download is redone, and so is one whose objects changed in the bucket. Object ke
 escape the cache directory (``..``, absolute) are refused.
 
 Credentials come from the standard AWS chain (in a pod: env filled from the experiment's
-``credentialsSecret``); ``KUBERL_S3_ENDPOINT`` points at an S3-compatible store.
+``credentialsSecret``); ``settings.s3_endpoint`` points at an S3-compatible store.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
-from .api.contract import ENV_CACHE_DIR
 from .checkpoint.store import CheckpointError, S3Store
+from .settings import Settings
 
 log = logging.getLogger("kuberl.remote")
 
@@ -42,10 +42,6 @@ COMPLETE_SUFFIX = ".kuberl-complete.json"
 
 class RemoteError(RuntimeError):
     """An s3:// source could not be listed, downloaded or verified; the message names the URI."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(ENV_CACHE_DIR) or "/tmp/kuberl-cache")
 
 
 def split_s3(uri: str) -> tuple[str, str]:
@@ -91,22 +87,22 @@ def _verify(path: Path, size: int, etag: str, uri: str) -> None:
         raise RemoteError(f"{uri}: content does not match the store's checksum (ETag {etag})")
 
 
-def local_copy(uri: str, store: S3Store | None = None) -> Path:
+def local_copy(uri: str, settings: Settings, store: S3Store | None = None) -> Path:
     """The local path of ``uri`` (a prefix ending in ``/`` → a directory; otherwise one file),
-    downloading it first unless a verified copy is already in the cache."""
+    downloading it first unless a verified copy is already in the cache (``settings.cache_dir``)."""
     try:
-        return _local_copy(uri, store)
+        return _local_copy(uri, settings, store)
     except CheckpointError as err:  # the store's own error names the URI and the cause
         raise RemoteError(str(err)) from err
 
 
-def _local_copy(uri: str, store: S3Store | None) -> Path:
+def _local_copy(uri: str, settings: Settings, store: S3Store | None) -> Path:
     bucket, key = split_s3(uri)
     is_prefix = key == "" or key.endswith("/")
-    target = cache_root() / "s3" / bucket / key
+    target = settings.cache_dir / "s3" / bucket / key
     stem = str(target).rstrip("/")  # the record and the lock sit beside the file or directory
     record = Path(stem + COMPLETE_SUFFIX)
-    store = store or S3Store(bucket, "")
+    store = store or S3Store(bucket, "", endpoint=settings.s3_endpoint)
     with _exclusive(Path(stem + ".lock")):
         listing = {k: list(info) for k, info in store.list_objects(key).items() if is_prefix or k == key}
         if not listing:

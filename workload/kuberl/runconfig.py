@@ -1,17 +1,21 @@
 """The run config every workload process reads: the ConfigMap the operator renders, or the file
-`kuberl run` writes — ``{"experiment": name, "namespace": ns, "runId": id, "spec": {...}}``.
+`kuberl run` writes — ``{"experiment": name, "namespace": ns, "runId": id, "spec": {...}}``, and from
+`kuberl run` a ``settings`` section (its directories, ports and step limit: ``kuberl.settings``).
 ``runId`` (the RLExperiment's UID; a per-work-dir id in local mode) marks the run's checkpoints:
 a run never loads another run's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from .api.resolve import InferencePlan, resolve
 from .api.spec import RLExperimentSpec
+from .settings import run_config_section
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,7 @@ class RunConfig:
     experiment: str
     spec: RLExperimentSpec
     run_id: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # kuberl.settings.RUN_CONFIG_FIELDS
 
     @property
     def inference(self) -> InferencePlan:
@@ -34,10 +39,13 @@ def load_run_config(path: str | Path) -> RunConfig:
     doc = yaml.safe_load(Path(path).read_text())
     run_id = doc.get("runId")
     return RunConfig(experiment=doc.get("experiment", "local"), spec=RLExperimentSpec.model_validate(doc["spec"]),
-                     run_id=str(run_id) if run_id else None)
+                     run_id=str(run_id) if run_id else None, settings=doc.get("settings") or {})
 
 
-def write_run_config(path: Path, experiment: str, spec: RLExperimentSpec, run_id: str | None = None) -> Path:
-    doc = {"experiment": experiment, **({"runId": run_id} if run_id else {}), "spec": spec.to_wire()}
+def write_run_config(path: Path, experiment: str, spec: RLExperimentSpec, run_id: str | None = None,
+                     settings: Mapping[str, Any] | None = None) -> Path:
+    """The run config file; ``settings``: what ``kuberl run`` sets for every process (``kuberl.settings``)."""
+    doc = {"experiment": experiment, **({"runId": run_id} if run_id else {}), "spec": spec.to_wire(),
+           **({"settings": run_config_section(settings)} if settings else {})}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -25,6 +25,7 @@ from kuberl.api.contract import (
     TERMINATION_LOG,
     agent_token_secret_name,
     trainer_pod_name,
+    trainer_rank0_host,
 )
 from kuberl.api.spec import TrainerRuntime
 
@@ -50,12 +51,6 @@ def job_selector(job: TrainerJob) -> dict[str, str]:
     return {LABEL_JOB: job.metadata.name, LABEL_ROLE: ROLE_TRAINER}
 
 
-def master_address(job: TrainerJob) -> str:
-    name, ns = job.metadata.name, job.metadata.namespace
-    host = f"{trainer_pod_name(name, 0)}.{name}"
-    return f"{host}.{ns}.svc" if ns else host
-
-
 def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     """Pod for node rank ``rank``: torchrun with torch-distributed env, one process per device."""
     spec, name = job.spec, job.metadata.name
@@ -63,7 +58,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     env = {
         **accel.env,
         ENV_ROLE: ROLE_TRAINER,
-        "MASTER_ADDR": master_address(job),
+        "MASTER_ADDR": trainer_rank0_host(name, job.metadata.namespace),
         "MASTER_PORT": str(MASTER_PORT),
         "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
         "NNODES": str(spec.nodes),

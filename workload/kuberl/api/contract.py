@@ -30,6 +30,7 @@ PODINFO_MOUNT = "/etc/kuberl/podinfo"
 PODINFO_LABELS = f"{PODINFO_MOUNT}/labels"  # downward API: the pod's own labels, key="value" per line
 MASTER_PORT = 29500  # the trainer gang's torch.distributed store; + 1: the p2p weight exchange's
 PROGRESS_PORT = 8080  # trainer rank 0's GET /progress (polled by the operator)
+INFERENCE_PORT = 8000  # an inference replica's HTTP port when the spec does not say (spec.inference.port)
 GATEWAY_PORT = 8090  # trainer rank 0's OpenAI-compatible gateway (spec.agent)
 HEADER_SESSION = "X-KubeRL-Session"  # an agent's episode, on each of its gateway calls
 HEADER_GROUP = "X-KubeRL-Group"  # the GRPO group an episode belongs to (e.g. the task)
@@ -42,29 +43,22 @@ API_TOKEN_KEY = "token"
 AUTH_HEADER = "Authorization"
 AUTH_SCHEME = "Bearer"
 
-# Environment of the workload's processes, set by the operator's builders or by kuberl run.
+# Environment of the workload's processes, set by the operator's builders (kuberl run sets the same);
+# read once per process by kuberl.settings. What only kuberl run varies (its ports, directories, step
+# limit) goes into the run config's settings section instead (kuberl.settings.RUN_CONFIG_FIELDS).
 ENV_ROLE = "KUBERL_ROLE"  # inference | trainer
 ENV_REPLICA = "KUBERL_REPLICA"  # inference replica index
 ENV_PORT = "KUBERL_PORT"  # inference server port
 ENV_API_TOKEN = "KUBERL_API_TOKEN"
 ENV_AGENT_TOKEN = "KUBERL_AGENT_TOKEN"  # the gateway's: the only token an agent holds (spec.agent)
 ENV_INFERENCE_SERVICE = "KUBERL_INFERENCE_SERVICE"  # the pool's headless Service (trainer side)
-ENV_INFERENCE_URLS = "KUBERL_INFERENCE_URLS"  # comma-separated replica URLs (local mode)
-ENV_PROGRESS_PORT = "KUBERL_PROGRESS_PORT"
-ENV_SUMMARY_PATH = "KUBERL_SUMMARY_PATH"
 ENV_TERMINATION_LOG = "KUBERL_TERMINATION_LOG"
-ENV_CHECKPOINT_URI = "KUBERL_CHECKPOINT_URI"  # overrides spec.checkpoint.uri (local mode)
-ENV_STAGING_DIR = "KUBERL_STAGING_DIR"
-ENV_WEIGHTS_DIR = "KUBERL_WEIGHTS_DIR"
 ENV_EXCHANGE_ADDR = "KUBERL_EXCHANGE_ADDR"
 ENV_EXCHANGE_PORT = "KUBERL_EXCHANGE_PORT"
 ENV_PODINFO_LABELS = "KUBERL_PODINFO_LABELS"  # overrides PODINFO_LABELS (local mode)
-ENV_MAX_STEPS = "KUBERL_MAX_STEPS"
 ENV_THREADS = "KUBERL_THREADS"
 ENV_S3_ENDPOINT = "KUBERL_S3_ENDPOINT"
 ENV_CACHE_DIR = "KUBERL_CACHE_DIR"
-ENV_TENSORBOARD_DIR = "KUBERL_TENSORBOARD_DIR"  # where rank 0 writes its curves (local mode: the work dir)
-ENV_GATEWAY_PORT = "KUBERL_GATEWAY_PORT"
 ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"  # the agent's: the gateway, read by the OpenAI client libraries
 ENV_OPENAI_API_KEY = "OPENAI_API_KEY"  # the agent's: the experiment's API token
 
@@ -106,6 +100,12 @@ def network_policy_name(experiment: str) -> str:
 
 def inference_pod_name(pool: str, replica: int, host: int) -> str:
     return f"{pool}-r{replica}-h{host}"
+
+
+def inference_replica_host(pool: str, replica: int) -> str:
+    """A replica's DNS name (its first host's pod under the pool's headless Service), relative to the
+    namespace: where the trainer sends the replica's requests."""
+    return f"{inference_pod_name(pool, replica, 0)}.{pool}"
 
 
 def trainer_pod_name(job: str, rank: int) -> str:

@@ -3,7 +3,8 @@
 Keys are ``/``-separated paths relative to the checkpoint URI. S3 goes through boto3 (multipart
 uploads above 8 MiB, retries with backoff in botocore's ``standard`` mode); credentials come only
 from the standard AWS chain (in a pod: the environment filled from ``checkpoint.credentialsSecret``)
-and are never logged. ``KUBERL_S3_ENDPOINT`` points at an S3-compatible endpoint (MinIO, Ceph, tests).
+and are never logged. ``endpoint`` (``KUBERL_S3_ENDPOINT`` in a pod: ``kuberl.settings``) points at an
+S3-compatible endpoint (MinIO, Ceph, tests); without one, boto3's own (``AWS_ENDPOINT_URL_S3``, else AWS).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
-
-from ..api.contract import ENV_S3_ENDPOINT
 
 
 class CheckpointError(RuntimeError):
@@ -87,6 +86,7 @@ class S3Store:
     prefix: str
     max_attempts: int = 8
     client: Any = field(default=None, repr=False)
+    endpoint: str | None = None  # an S3-compatible endpoint (settings.s3_endpoint); None: boto3's own chain
 
     def __post_init__(self) -> None:
         if self.client is None:
@@ -94,7 +94,7 @@ class S3Store:
             from botocore.config import Config
 
             self.client = boto3.client(
-                "s3", endpoint_url=os.environ.get(ENV_S3_ENDPOINT) or None,
+                "s3", endpoint_url=self.endpoint or None,
                 config=Config(retries={"max_attempts": self.max_attempts, "mode": "standard"},
                               connect_timeout=5, read_timeout=60),
             )

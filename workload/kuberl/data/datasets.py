@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..api.spec import DatasetSource
 from ..remote import RemoteError, local_copy
+from ..settings import DEFAULTS, Settings
 
 
 class DatasetError(ValueError):
@@ -82,18 +83,19 @@ def read_jsonl(path: Path, prompt_key: str, answer_key: str) -> list[Example]:
     return out
 
 
-def dataset_file(uri: str) -> Path:
+def dataset_file(uri: str, settings: Settings) -> Path:
     """A local JSONL file: ``file://`` / plain paths as they are, ``s3://bucket/key`` via the cache."""
     if uri.startswith("s3://"):
         try:
-            return local_copy(uri)
+            return local_copy(uri, settings)
         except RemoteError as err:
             raise DatasetError(f"spec.dataset.path: {err}") from err  # the error names the URI
     return Path(uri.removeprefix("file://"))
 
 
-def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Example]:
-    """Endless deterministic stream starting after ``position`` examples."""
+def examples(source: DatasetSource, seed: int, position: int = 0, settings: Settings = DEFAULTS) -> Iterator[Example]:
+    """Endless deterministic stream starting after ``position`` examples (an s3:// file through
+    ``settings``' cache and endpoint)."""
     rng = random.Random(seed)
     if source.path.startswith("builtin:"):
         name = source.path.removeprefix("builtin:")
@@ -104,7 +106,7 @@ def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Ex
             ex = make(rng)
             if i >= position:
                 yield ex
-    rows = read_jsonl(dataset_file(source.path), source.prompt_key, source.answer_key)
+    rows = read_jsonl(dataset_file(source.path, settings), source.prompt_key, source.answer_key)
     i = 0
     while True:
         order = list(range(len(rows)))
@@ -118,9 +120,10 @@ def examples(source: DatasetSource, seed: int, position: int = 0) -> Iterator[Ex
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation stream of a builtin dataset: another seed than training's
 
 
-def evaluation_examples(source: DatasetSource, prompts: int, seed: int) -> list[Example]:
+def evaluation_examples(source: DatasetSource, prompts: int, seed: int, settings: Settings = DEFAULTS
+                        ) -> list[Example]:
     """The evaluation set: a JSONL file's first ``prompts`` rows in file order, or a builtin
     dataset's first ``prompts`` examples under another seed than the training stream's."""
     if source.path.startswith("builtin:"):
         return list(itertools.islice(examples(source, seed + EVAL_SEED_OFFSET), prompts))
-    return read_jsonl(dataset_file(source.path), source.prompt_key, source.answer_key)[:prompts]
+    return read_jsonl(dataset_file(source.path, settings), source.prompt_key, source.answer_key)[:prompts]

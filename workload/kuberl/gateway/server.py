@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,8 +87,9 @@ class Gateway:
         self._runner: web.AppRunner | None = None
 
     # -- lifecycle (on the controller's loop) ---------------------------------------------------
-    def start_in(self, port: int) -> None:
-        self.controller.call(self._start(port), timeout=30)
+    def start_in(self, port: int, host: str = "") -> None:
+        """Serve on ``host`` (the pod's IP; "": every address) and ``port``."""
+        self.controller.call(self._start(port, host), timeout=30)
 
     def stop(self) -> None:
         self.controller.call(self._stop(), timeout=30)
@@ -98,12 +98,12 @@ class Gateway:
         """Sessions, completions, 429s, groups delivered, prefix breaks, sessions expired."""
         return self.stats.as_dict(self.table.expired)
 
-    async def _start(self, port: int) -> None:
+    async def _start(self, port: int, host: str) -> None:
         # agents poll (counts are in summary()); calls still in flight when the run ends are cancelled
         # after SHUTDOWN_SECONDS rather than aiohttp's 60 s, which outlasted stop()'s own timeout
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
         await self._runner.setup()
-        await web.TCPSite(self._runner, os.environ.get("POD_IP") or "0.0.0.0", port).start()
+        await web.TCPSite(self._runner, host or "0.0.0.0", port).start()
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
         log.info("gateway on port %d (model %r)", port, self.config.model)
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from ..weights.p2p import exchange_address
+from ..settings import Settings
 from ..weights.transport import open_group, run_exchange, transfer_from_json
 from .contract import Engine
 
@@ -29,8 +28,10 @@ class NotJoined(RuntimeError):
 
 
 class P2PReceiver:
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, settings: Settings):
+        """``settings``: where the exchange group's store listens (``exchange_address``: trainer rank 0,
+        as the operator names it in this pod's environment) and this pod's IP."""
+        self.engine, self.settings = engine, settings
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._group: Future[Any] | None = None
         self._rank = 0
@@ -39,8 +40,8 @@ class P2PReceiver:
 
     def join(self, body: dict[str, Any]) -> None:
         """``{"rank", "world", "transfers", "generation"}``; replaces any earlier group. The group's store is
-        trainer rank 0 at the address this pod's environment names (``exchange_address``), never
-        one a request names: a request cannot make a replica connect anywhere else."""
+        trainer rank 0 at the address this pod's settings name, never one a request names: a request
+        cannot make a replica connect anywhere else."""
         self._rank = int(body["rank"])
         self._transfers = [transfer_from_json(row) for row in body["transfers"]]
         layout = self.engine.parameter_layout()
@@ -49,11 +50,11 @@ class P2PReceiver:
             raise ValueError(f"the plan sends tensors this engine does not have: {unknown[:5]}")
         self._staging = {name: torch.empty(layout[name][0], dtype=layout[name][1])
                          for name in {t.dest for t in self._transfers}}
-        store, port = exchange_address()
+        store, port = self.settings.exchange_address
         self._executor.shutdown(wait=False)  # an earlier group may still wait for a member that is gone
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._group = self._executor.submit(open_group, store, port, self._rank, int(body["world"]),
-                                            bind_host=os.environ.get("POD_IP", ""),
+                                            bind_host=self.settings.bind_host,
                                             generation=int(body.get("generation", 0)))
         log.info("joining the p2p exchange group as rank %d of %s (%d transfers)", self._rank, body["world"],
                  len(self._transfers))  # fmt: skip

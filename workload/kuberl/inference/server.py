@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from ..api.base import shown
 from ..auth import require_token
 from ..jsonbody import bad_request, read_json
+from ..settings import Settings
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, EngineDown, GenerateReply, SamplingParams
 from .p2p_receiver import NotJoined, P2PReceiver
@@ -119,12 +120,15 @@ def weights_file(path: str, directory: Path | None) -> Path:
     return resolved
 
 
-def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Path | None = None) -> web.Application:
+def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Path | None = None,
+              settings: Settings | None = None) -> web.Application:
     """The HTTP contract above over ``engine``; ``token``: the experiment's API token; ``weights_dir``:
     disk mode's shared directory, the only place ``/update_weights?path=`` may read from (None: no
-    file updates)."""
+    file updates); ``settings``: this pod's (the p2p exchange's address, its place; default: a bare
+    process next to trainer rank 0)."""
+    settings = settings or Settings()
     metrics = Metrics()
-    receiver = P2PReceiver(engine)
+    receiver = P2PReceiver(engine, settings)
     app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS)])
 
     async def generate(request: web.Request) -> web.Response:
@@ -167,7 +171,7 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Pa
         return web.json_response({"version": engine.version})
 
     async def topology(request: web.Request) -> web.Response:
-        return web.json_response(to_json(own_topology()))
+        return web.json_response(to_json(own_topology(settings.podinfo_labels, settings.node_name)))
 
     async def p2p_join(request: web.Request) -> web.Response:
         body = await read_json(request)

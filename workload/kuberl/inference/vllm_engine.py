@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from ..settings import DEFAULTS, Settings
 from .contract import EngineDown, Generation, SamplingParams
 
 log = logging.getLogger("kuberl.inference")
@@ -281,7 +282,7 @@ def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict
     return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout, aliases)
 
 
-def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
+def vllm_engine_for(run: Any, replica: int, settings: Settings = DEFAULTS) -> tuple[VLLMEngine, Any]:
     """The engine and tokenizer for one replica of ``run`` (a :class:`~kuberl.runconfig.RunConfig`).
 
     A builtin model is built in code (same seed as the trainer's) and saved to a scratch directory
@@ -291,16 +292,16 @@ def vllm_engine_for(run: Any, replica: int) -> tuple[VLLMEngine, Any]:
     from ..models.loading import BUILTIN, load_model, load_tokenizer, local_dir
 
     spec = run.spec
-    tokenizer = load_tokenizer(spec.model)
+    tokenizer = load_tokenizer(spec.model, settings)
     dtype = dtype_name(compute_dtype(spec.model.dtype, spec.inference.accelerator))  # the trainer's
     if spec.model.path in BUILTIN:
         model_dir = _scratch_dir("kuberl-model-")
-        model, _ = load_model(spec.model, spec.seed)
+        model, _ = load_model(spec.model, spec.seed, settings)
         model.save_pretrained(model_dir)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        model_dir = str(local_dir(spec.model.path, "spec.model.path"))
+        model_dir = str(local_dir(spec.model.path, "spec.model.path", settings))
         with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=WIRE_DTYPE)
     on_cpu = str(spec.inference.accelerator) == "cpu"

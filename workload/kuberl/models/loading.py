@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..api.spec import ModelSource
 from ..remote import RemoteError, local_copy
+from ..settings import DEFAULTS, Settings
 from .tiny import char_tokenizer, tiny_qwen2
 
 BUILTIN = {"builtin:tiny-qwen2"}
@@ -24,11 +25,11 @@ class ModelLoadError(ValueError):
     """The model or tokenizer named in spec.model cannot be loaded; the message says why."""
 
 
-def local_dir(uri: str, field: str) -> Path:
+def local_dir(uri: str, field: str, settings: Settings) -> Path:
     """The local directory of a ``file://`` / plain path, or of an ``s3://`` prefix (downloaded once)."""
     if uri.startswith("s3://"):
         try:
-            return local_copy(uri if uri.endswith("/") else uri + "/")
+            return local_copy(uri if uri.endswith("/") else uri + "/", settings)
         except RemoteError as err:
             raise ModelLoadError(f"{field}: {err}") from err  # the error names the URI
     path = Path(uri.removeprefix("file://"))
@@ -40,24 +41,27 @@ def local_dir(uri: str, field: str) -> Path:
     return path
 
 
-def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
+def load_tokenizer(source: ModelSource, settings: Settings = DEFAULTS) -> PreTrainedTokenizerBase:
     uri = source.tokenizer or source.path
     if uri in BUILTIN:
         return char_tokenizer()
     field = "spec.model.tokenizer" if source.tokenizer else "spec.model.path"
-    tok = AutoTokenizer.from_pretrained(local_dir(uri, field), padding_side="left")
+    tok = AutoTokenizer.from_pretrained(local_dir(uri, field, settings), padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_model(source: ModelSource, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy model (float32, train mode off) and its tokenizer."""
-    tokenizer = load_tokenizer(source)
+def load_model(source: ModelSource, seed: int, settings: Settings = DEFAULTS
+               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy model (float32, train mode off) and its tokenizer (an s3:// source through
+    ``settings``' cache and endpoint)."""
+    tokenizer = load_tokenizer(source, settings)
     if source.path in BUILTIN:
         model = tiny_qwen2(len(tokenizer), seed)
     else:
         # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
-        model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path"), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path", settings),
+                                                     dtype=torch.float32)
     model.eval()
     return model, tokenizer

@@ -93,10 +93,11 @@ class Checkpointer:
     """
 
     def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int, local_rank: int = 0,
-                 run_id: str | None = None):
+                 run_id: str | None = None, s3_endpoint: str | None = None):
         self.every, self.staging, self.rank, self.local_rank = every, staging, rank, local_rank
         self.run_id = run_id
-        self.manager = CheckpointManager(open_store(uri), keep) if uri and local_rank == 0 else None
+        self.manager = (CheckpointManager(open_store(uri, endpoint=s3_endpoint), keep) if uri and local_rank == 0
+                        else None)
         self.enabled = uri is not None
 
     def resume(self, actor: Actor) -> TrainerState | None:

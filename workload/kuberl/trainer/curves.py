@@ -1,7 +1,7 @@
 """Rank 0's training curves as TensorBoard event files (``torch.utils.tensorboard``).
 
 Every step's training, rollout, timing and evaluation metrics go to ``logdir``: ``kuberl run``'s
-work dir (``KUBERL_TENSORBOARD_DIR``), or in a pod ``/tmp/kuberl-tensorboard``, copied next to the
+work dir (``settings.tensorboard_dir``), or in a pod ``/tmp/kuberl-tensorboard``, copied next to the
 checkpoints (``<checkpoint uri>tensorboard/``, S3 included) at every checkpoint and at the end, so
 ``tensorboard --logdir s3://bucket/prefix/tensorboard/`` shows a run whose pods are long gone.
 """
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..api.contract import ENV_TENSORBOARD_DIR
 from ..checkpoint import CheckpointError, Store, open_store
+from ..settings import Settings
 
 log = logging.getLogger("kuberl.trainer")
 POD_LOGDIR = Path("/tmp/kuberl-tensorboard")
@@ -30,12 +29,13 @@ class Curves:
         self.writer = SummaryWriter(str(logdir))
 
     @staticmethod
-    def for_run(checkpoint_uri: str | None) -> Curves:
-        """Where this process's curves go: ``KUBERL_TENSORBOARD_DIR`` as it is, else the pod's
-        scratch, published to the checkpoint store."""
-        if os.environ.get(ENV_TENSORBOARD_DIR):
-            return Curves(Path(os.environ[ENV_TENSORBOARD_DIR]), None)
-        return Curves(POD_LOGDIR, open_store(checkpoint_uri) if checkpoint_uri else None)
+    def for_run(checkpoint_uri: str | None, settings: Settings) -> Curves:
+        """Where this process's curves go: ``settings.tensorboard_dir`` as it is (a local run's work
+        dir), else the pod's scratch, published to the checkpoint store."""
+        if settings.tensorboard_dir is not None:
+            return Curves(settings.tensorboard_dir, None)
+        store = open_store(checkpoint_uri, endpoint=settings.s3_endpoint) if checkpoint_uri else None
+        return Curves(POD_LOGDIR, store)
 
     @property
     def location(self) -> str:

@@ -12,18 +12,19 @@ from ..api.spec import RLExperimentSpec
 from ..data.datasets import evaluation_examples
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
+from ..settings import Settings
 from .workflows import make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 
 
 class Evaluations:
-    def __init__(self, spec: RLExperimentSpec, controller: RolloutController, tokenizer: Any):
+    def __init__(self, spec: RLExperimentSpec, controller: RolloutController, tokenizer: Any, settings: Settings):
         ev = spec.evaluation
         assert ev is not None
         self.every = ev.every_steps
         self.controller = controller
-        self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed)
+        self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed, settings)
         self.k = ev.samples_per_prompt
         self.workflow = make_workflow(  # the run's own episodes (with its tools), the evaluation's settings
             spec, tokenizer, group_size=self.k, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,

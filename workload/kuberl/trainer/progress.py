@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -57,7 +56,8 @@ class ProgressServer:
         except OSError as err:  # not in a pod (local mode, tests): nothing reads it anyway
             log.debug("no termination message written to %s: %s", path, err)
 
-    async def start(self, port: int) -> web.AppRunner:
+    async def start(self, port: int, host: str = "") -> web.AppRunner:
+        """Serve on ``host`` (the pod's IP; "": every address) and ``port``."""
         async def progress(request: web.Request) -> web.Response:
             return web.json_response(self.snapshot())
 
@@ -79,8 +79,8 @@ class ProgressServer:
         app.router.add_get("/metrics", metrics)
         runner = web.AppRunner(app)
         await runner.setup()
-        await web.TCPSite(runner, os.environ.get("POD_IP") or "0.0.0.0", port).start()  # read-only routes
+        await web.TCPSite(runner, host or "0.0.0.0", port).start()  # read-only routes
         return runner
 
-    def start_in(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
-        asyncio.run_coroutine_threadsafe(self.start(port), loop).result(30)
+    def start_in(self, loop: asyncio.AbstractEventLoop, port: int, host: str = "") -> None:
+        asyncio.run_coroutine_threadsafe(self.start(port, host), loop).result(30)

@@ -20,7 +20,6 @@ accounts for.
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import save as save_safetensors
 
-from ..api.contract import ENV_WEIGHTS_DIR
+from ..settings import Settings
 from .p2p import P2PSync, WeightSource
 
 log = logging.getLogger("kuberl.weights")
@@ -103,22 +102,22 @@ class DiskSync(BroadcastSync):
         return str(path)
 
 
-def disk_directory(directory: str | None) -> Path:
+def disk_directory(directory: str | None, settings: Settings) -> Path:
     """Disk mode's shared directory, the same for the trainer that writes and the replicas that read:
-    ``$KUBERL_WEIGHTS_DIR`` (local mode's work dir), else ``directory`` (``spec.weightSync.directory``),
+    ``settings.weights_dir`` (local mode's work dir), else ``directory`` (``spec.weightSync.directory``),
     else ``/tmp/kuberl-weights``."""
-    return Path(os.environ.get(ENV_WEIGHTS_DIR) or directory or "/tmp/kuberl-weights")
+    return settings.weights_dir or Path(directory or "/tmp/kuberl-weights")
 
 
-def make_weight_sync(mode: str, controller: Any | None, rank: int = 0, world: int = 1,
+def make_weight_sync(mode: str, controller: Any | None, settings: Settings, rank: int = 0, world: int = 1,
                      directory: str | None = None) -> WeightSync:
     """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``:
     ``spec.weightSync.directory`` (see ``disk_directory``)."""
     broadcast = BroadcastSync(controller)
     if mode == "p2p":
-        return P2PSync(controller, rank, world, fallback=broadcast)
+        return P2PSync(controller, rank, world, broadcast, settings)
     if mode == "disk":
-        return DiskSync(controller, disk_directory(directory))
+        return DiskSync(controller, disk_directory(directory, settings))
     if mode != "broadcast":
         raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
     return broadcast

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..api.contract import ENV_PODINFO_LABELS, LABEL_FABRIC, LABEL_NODE, LABEL_ZONE, PODINFO_LABELS
+from ..api.contract import LABEL_FABRIC, LABEL_NODE, LABEL_ZONE
 from .plan import RankTopology
 
 
@@ -43,12 +43,11 @@ def topology_from_labels(labels: Mapping[str, str], fallback_node: str = "") -> 
     return RankTopology(node=node, fabric=labels.get(LABEL_FABRIC, ""), zone=labels.get(LABEL_ZONE, ""))
 
 
-def own_topology(labels_file: Path | None = None, env: Mapping[str, str] | None = None) -> RankTopology:
-    """This process's place: its pod labels, else ``NODE_NAME``, else the host name (bare processes)."""
-    env = os.environ if env is None else env
-    path = labels_file or Path(env.get(ENV_PODINFO_LABELS, PODINFO_LABELS))
-    labels = parse_labels(path.read_text()) if path.is_file() else {}
-    return topology_from_labels(labels, env.get("NODE_NAME") or os.uname().nodename)
+def own_topology(labels_file: Path, node_name: str = "") -> RankTopology:
+    """This process's place: its pod labels (``labels_file``, the downward API's), else ``node_name``
+    (``NODE_NAME``), else the host name (bare processes)."""
+    labels = parse_labels(labels_file.read_text()) if labels_file.is_file() else {}
+    return topology_from_labels(labels, node_name or os.uname().nodename)
 
 
 def to_json(t: RankTopology) -> dict[str, str]:

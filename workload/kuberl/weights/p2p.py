@@ -25,7 +25,6 @@ could fail, rollout starves; the trainer then calls ``recover`` (broadcast now, 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -33,8 +32,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from ..api.contract import ENV_EXCHANGE_ADDR, ENV_EXCHANGE_PORT
 from ..collectives import all_gather, all_reduce, broadcast_from_rank0
+from ..settings import Settings
 from .discovery import from_json, own_topology, to_json
 from .layouts import fsdp2_holdings, inference_needs
 from .plan import Plan, RankTopology, Transfer, plan
@@ -63,14 +62,6 @@ class ReplicaControl(Protocol):
     def receive_p2p(self, version: int) -> Future[float]: ...
 
 
-def exchange_address() -> tuple[str, int]:
-    """Where the exchange group's store listens: trainer rank 0 (``MASTER_ADDR``; on inference pods
-    ``KUBERL_EXCHANGE_ADDR``, which the operator sets to rank 0's DNS name), ``MASTER_PORT`` + 1."""
-    host = os.environ.get(ENV_EXCHANGE_ADDR) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    port = int(os.environ.get(ENV_EXCHANGE_PORT) or int(os.environ.get("MASTER_PORT", "29500")) + 1)
-    return host, port
-
-
 def plan_for(metas: Any, trainers: list[RankTopology], replicas: list[RankTopology]) -> Plan:
     """FSDP2 shards over the trainer ranks → every replica (one rank each: the torch engine has no TP)."""
     n = len(trainers)
@@ -80,8 +71,9 @@ def plan_for(metas: Any, trainers: list[RankTopology], replicas: list[RankTopolo
 
 
 class P2PSync:
-    def __init__(self, control: ReplicaControl | None, rank: int, world: int, fallback: Any):
-        self.control, self.rank, self.world = control, rank, world
+    def __init__(self, control: ReplicaControl | None, rank: int, world: int, fallback: Any, settings: Settings):
+        """``settings``: where the group's store listens (``exchange_address``), this pod's IP and place."""
+        self.control, self.rank, self.world, self.settings = control, rank, world, settings
         self.fallback = fallback  # a BroadcastSync over the same control: versions p2p could not carry
         self.generation = 0  # groups formed so far; a broken one is never reused
         self._pg: Any = None
@@ -112,7 +104,7 @@ class P2PSync:
     def _set_up(self, source: WeightSource) -> bool:
         """Form this generation's group; False (on every rank) when a replica could not join."""
         metas = param_metas(source.named_parameters())
-        trainers = all_gather(own_topology())
+        trainers = all_gather(own_topology(self.settings.podinfo_labels, self.settings.node_name))
 
         def schedule_for(replicas: list[dict[str, str]]) -> Plan:
             return plan_for(metas, trainers, [from_json(t) for t in replicas])
@@ -127,9 +119,9 @@ class P2PSync:
             log.info("p2p weight exchange (group %d): %d trainer ranks → %d replicas, %d transfers, %.1f MB per "
                      "replica; topology %s", self.generation, self.world, len(replicas), len(schedule.transfers),
                      max(schedule.bytes_received().values()) / 1e6, places)  # fmt: skip
-        host, port = exchange_address()
+        host, port = self.settings.exchange_address
         self._pg = open_group(host, port, self.rank, self.world + len(replicas), generation=self.generation,
-                              bind_host=os.environ.get("POD_IP", ""))
+                              bind_host=self.settings.bind_host)
         self._mine = schedule.for_rank(self.rank)
         return True
 

@@ -1,0 +1,240 @@
+"""Rank 0's services, as one object: the rollout controller (its own thread and event loop), the
+progress endpoint, the agent gateway, the training curves and the held-out evaluations.
+
+``RankZeroServices`` is rank 0's; every other rank gets ``NoServices``, which does nothing, so the
+training loop calls the same verbs on every rank and never asks which one it is (torchtitan's
+metrics logger does the same on non-logging ranks). A new rank-0 service goes here: started in
+``RankZeroServices.start``, fed in ``report`` / ``evaluate`` / ``checkpointed``, stopped in ``finish``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import Progress
+from ..data.datasets import examples
+from ..gateway.server import Gateway, GatewayConfig
+from ..rewards import load_reward
+from ..rollout.client import InferenceClient
+from ..rollout.controller import RolloutController
+from ..rollout.evaluation import EvalResult
+from ..rollout.staleness import StalenessManager
+from ..rollout.types import Trajectory
+from ..runconfig import RunConfig
+from ..settings import Settings
+from .algorithms import AlgorithmConfig, build_batch
+from .curves import Curves
+from .evaluations import Evaluations
+from .loss import BehaviourGapMonitor
+from .progress import ProgressServer
+from .workflows import make_workflow
+
+log = logging.getLogger("kuberl.trainer")
+EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
+Batch = tuple[list[Trajectory], list[float], float, int]  # trajectories, advantages, seconds waited, groups filtered
+
+
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+@dataclass
+class Tally:
+    """What the steps add up, for the progress line, ``/progress`` and the summary."""
+
+    gaps: BehaviourGapMonitor
+    steps_done: int
+    start: float = field(default_factory=time.perf_counter)
+    rewards: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)  # ppo_actor/entropy of each step that trained
+    trained_tokens: int = 0
+    token_staleness: int = 0
+    dropped_groups: int = 0
+    tool_calls: list[float] = field(default_factory=list)  # mean tool calls per episode, per step
+    timeperf: dict[str, list[float]] = field(default_factory=lambda: {
+        "wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [], "step": []})
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.trained_tokens / max(time.perf_counter() - self.start, 1e-9)
+
+
+class NoServices:
+    """Every rank but 0: no rollout, no endpoints, no curves; each verb does nothing."""
+
+    control: RolloutController | None = None  # what the weight exchange talks to the pool through
+    data_position = 0  # dataset examples handed out so far (rank 0's count goes into checkpoints)
+
+    def next_batch(self, groups: int, step: int, config: AlgorithmConfig) -> Batch | None:
+        return None
+
+    def report(self, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
+               previous_sync: float, tally: Tally) -> None:
+        return None
+
+    def checkpointed(self, uri: str | None) -> None:
+        return None
+
+    def evaluate(self, steps_done: int, last: bool = False) -> None:
+        return None
+
+    def finish(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any] | None:
+        return None
+
+
+class RankZeroServices(NoServices):
+    def __init__(self, run: RunConfig, settings: Settings, controller: RolloutController, server: ProgressServer,
+                 gateway: Gateway | None, curves: Curves, evaluations: Evaluations | None, max_steps: int):
+        self.run, self.settings, self.max_steps = run, settings, max_steps
+        self.controller, self.server, self.gateway = controller, server, gateway
+        self.curves, self.evaluations = curves, evaluations
+        self.control = controller
+
+    @classmethod
+    def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, data_position: int,
+              max_steps: int, urls: list[str]) -> RankZeroServices:
+        """The rollout controller on its own loop, admission restored to the resumed version, the
+        progress endpoint, and with ``spec.agent`` the gateway the agent's episodes come through
+        (instead of the dataset's, through the run's workflow); curves and evaluations."""
+        spec, algo = run.spec, run.spec.algorithm
+        manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
+                                   max(1, spec.rollout.max_concurrent // algo.group_size))
+        manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
+        data = examples(spec.dataset, spec.seed, data_position, settings)
+        workflow = None if spec.agent else make_workflow(
+            spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
+            max_new_tokens=spec.rollout.max_new_tokens, reward_function=spec.reward.function)
+        controller = RolloutController(InferenceClient(urls, settings.api_token), workflow,
+                                       None if spec.agent else data, manager)
+        controller.episodes = data_position
+        controller.start()
+        server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step,
+                                         max_steps=max_steps, phase="running"))
+        server.start_in(controller.loop, settings.progress_port, settings.bind_host)
+        gateway = None
+        if spec.agent is not None:
+            gateway = Gateway(controller, tokenizer, GatewayConfig(
+                model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
+                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+                session_timeout=spec.agent.session_timeout_seconds, reward=load_reward(spec.reward.function)),
+                settings.agent_token, tasks=data)  # agents never hold the pool's token
+            gateway.start_in(settings.gateway_port, settings.bind_host)
+            server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
+        curves = Curves.for_run(settings.checkpoint_uri or spec.checkpoint.uri, settings)
+        evaluations = Evaluations(spec, controller, tokenizer, settings) if spec.evaluation is not None else None
+        return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps)
+
+    @property
+    def data_position(self) -> int:  # type: ignore[override]
+        return self.controller.episodes
+
+    def next_batch(self, groups: int, step: int, config: AlgorithmConfig) -> Batch | None:
+        """The step's groups from the rollout buffer as a batch; None when the pool is starved."""
+        wait_start = time.perf_counter()
+        taken = self.controller.take(groups, step)
+        if taken is None:
+            return None
+        trajs, advs, dropped = build_batch(taken, config)
+        return trajs, advs, time.perf_counter() - wait_start, dropped
+
+    def report(self, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
+               previous_sync: float, tally: Tally) -> None:
+        """The step's log line, ``/progress`` and curves."""
+        reward = mean([t.reward for t in trajs]) or 0.0
+        tally.rewards.append(reward)
+        multi_turn = bool(self.run.spec.rollout.tools or self.run.spec.agent)
+        tools = mean([float(t.info.get("tool_calls", 0)) for t in trajs]) if multi_turn else None
+        if tools is not None:
+            tally.tool_calls.append(tools)
+        entropy = stats.get("ppo_actor/entropy") if stats else None
+        if entropy is not None and not math.isnan(entropy):
+            tally.entropies.append(entropy)
+        staleness = self.controller.observed_staleness
+        self.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
+                           reward_last10=mean(tally.rewards[-10:]), observed_staleness=staleness,
+                           tokens_per_second=tally.tokens_per_second, step_seconds=tally.timeperf["step"][-1],
+                           weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
+                           entropy=tally.entropies[-1] if tally.entropies else None)
+        gateway = {f"gateway/{k}": v for k, v in self.gateway.summary().items()} if self.gateway else {}
+        self.curves.log(step + 1, {
+            **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
+            "rollout/observed_staleness": staleness, "rollout/trained_tokens_per_second": tally.tokens_per_second,
+            **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items() if v}})
+        if stats is not None:
+            gap = tally.gaps.last if tally.gaps.last is not None else math.nan
+            log.info("step %d/%d reward %.3f observed staleness %d loss %.4f entropy %.3f gap %.2g wait %.2fs "
+                     "sync %.3fs%s", step + 1, self.max_steps, reward, staleness, stats["ppo_actor/loss"],
+                     stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
+                     "" if tools is None else f" tool calls/episode {tools:.2f}")
+
+    def checkpointed(self, uri: str | None) -> None:
+        """A checkpoint was saved (``uri``; None: none was due): say so and publish the curves next to it."""
+        if uri is not None:
+            self.server.update(last_checkpoint=uri)
+            self.curves.publish()
+
+    def evaluate(self, steps_done: int, last: bool = False) -> None:
+        """Start the held-out evaluation when due; report those that finished."""
+        if self.evaluations is not None:
+            self.evaluations.maybe_start(steps_done, last)
+            self._record(self.evaluations.finished())
+
+    def _record(self, results: list[EvalResult]) -> None:
+        for result in results:
+            self.server.update(eval_step=result.step, eval_reward=result.reward, eval_pass_at_k=result.pass_at_k)
+            self.curves.log(result.step, result.metrics())
+
+    def finish(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any]:
+        """After the last step: the last evaluation, the curves closed, the summary and the final progress
+        (the termination message the operator reads), then every service stopped. Returns the summary."""
+        if self.evaluations is not None:
+            self._record(self.evaluations.wait(timeout=EVAL_WAIT_SECONDS))
+        self.curves.close()
+        log.info("training curves: %s (tensorboard --logdir %s)", self.curves.location, self.curves.location)
+        summary = self.summarize(tally, first_step, sft_losses, world)
+        self.server.update(phase="succeeded")
+        self.server.write_termination_message(self.settings.termination_log)
+        if self.gateway is not None:
+            self.gateway.stop()
+        self.controller.stop()
+        return summary
+
+    def summarize(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any]:
+        """The run summary (``summary.json``, the termination message's source)."""
+        spec, wall, controller = self.run.spec, time.perf_counter() - tally.start, self.controller
+        return {
+            "steps": tally.steps_done,
+            "resumed_from_step": first_step,
+            "batch_size": spec.algorithm.batch_size,
+            "reward_first10_mean": mean(tally.rewards[:10]),
+            "reward_last10_mean": mean(tally.rewards[-10:]),
+            "entropy_first10_mean": mean(tally.entropies[:10]),
+            "entropy_last10_mean": mean(tally.entropies[-10:]),
+            "observed_staleness": controller.observed_staleness,
+            "max_token_staleness_trained": tally.token_staleness,
+            "final_version": controller.manager.version,  # what every replica confirmed it serves
+            **tally.gaps.summary(),
+            "wall_seconds": round(wall, 3),
+            "trained_tokens_per_second": round(tally.trained_tokens / wall, 1),
+            "generated_tokens_per_second": round(controller.generated_tokens / wall, 1),
+            "weight_sync_seconds_mean": round(mean(tally.timeperf["weight_sync"]) or 0.0, 4),
+            **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
+            "stale_groups_dropped": controller.buffer.dropped,
+            "filtered_groups": tally.dropped_groups,
+            "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
+            "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
+            "world_size": world,
+            "replicas": len(controller.client.replicas),
+            "rewards": [round(r, 4) for r in tally.rewards],
+            "entropies": [round(h, 4) for h in tally.entropies],
+            "tool_calls_per_episode": [round(x, 3) for x in tally.tool_calls] if tally.tool_calls else None,
+            "eval": [{"step": e.step, "version": e.version, "reward": round(e.reward, 4),
+                      f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}
+                     for e in (self.evaluations.history if self.evaluations else [])],
+            "tensorboard": self.curves.location,
+            "gateway": self.gateway.summary() if self.gateway else None,
+        }
