@@ -35,7 +35,7 @@ def log(msg: str) -> None:
 def run_seed(seed: int, settings: list[str], max_steps: int | None, workdir: Path) -> dict[str, Any]:
     """One ``kuberl run`` of the example; its summary reduced to the numbers this benchmark reports."""
     summary_path = workdir / "summary.json"
-    command = [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "-q", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "-q", "--workdir", str(workdir),
                "--summary", str(summary_path), "--set", f"seed={seed}"]
     for setting in settings:
         command += ["--set", setting]

@@ -123,7 +123,7 @@ def mutate_text(text: str, rng: random.Random) -> str:
 
 
 def check_manifest(text: str, tmp: Path) -> None:
-    from kuberl_operator.cli import check_file
+    from kuberl_cli.main import check_file
     from kuberl_operator.render import render_resource
 
     path = tmp / "case.yaml"

@@ -48,7 +48,7 @@ async def main() -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         async with emulated_cluster(Path(tmp)) as cluster:
             api = cluster.api
-            operator = subprocess.Popen([sys.executable, "-m", "kuberl_operator.cli", "operator"],
+            operator = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "operator"],
                                         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             await asyncio.sleep(8)  # started and listed everything

@@ -87,7 +87,7 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
 
 def restart_numbers(tmp: Path) -> dict[str, float]:
     work = tmp / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "kuberl_operator.cli", "run", str(ROOT / "examples/cpu-tiny.yaml"),
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"),
                              "--max-steps", "40", "-q", "--workdir", str(work), "--set", "checkpoint.everySteps=10"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     trainer_log = work / "trainer-0.log"

@@ -173,7 +173,7 @@ def test_checkov_passes_the_workload_checks_on_a_rendered_experiment(tmp_path, e
     Deployment): cpu and memory requests, a memory limit, a read-only root filesystem and a
     NetworkPolicy covering every pod (the hardening issue's list)."""
     path = tmp_path / "rendered.yaml"
-    done = subprocess.run([sys.executable, "-m", "kuberl_operator.cli", "render", str(ROOT / "examples" / example),
+    done = subprocess.run([sys.executable, "-m", "kuberl_cli", "render", str(ROOT / "examples" / example),
                            "--namespace", "team-a"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     path.write_text(done.stdout)

@@ -76,7 +76,7 @@ def test_a_display_prints_again_once_the_interval_has_passed_and_never_repeats_a
 def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a_pipe(tmp_path):
     work = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "kuberl_operator.cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "120",
+        [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "120",
          "--set", "algorithm.learningRate=3e-4", "--set", "evaluation.everySteps=60",
          "--set", "evaluation.samplesPerPrompt=16", "--workdir", str(work),  # 1,024 samples per evaluation
          "--summary", str(tmp_path / "summary.json")],
@@ -122,7 +122,7 @@ def test_local_mode_checkpoints_to_the_manifests_s3_uri_when_asked(tmp_path, aws
 
     boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
     done = subprocess.run(
-        [sys.executable, "-m", "kuberl_operator.cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "10",
+        [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "10",
          "--set", "checkpoint.uri=s3://local-run/tiny/", "--set", "checkpoint.everySteps=5", "--spec-checkpoints",
          "--workdir", str(tmp_path / "run")], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -24,6 +24,7 @@ from kuberl.data.datasets import examples
 from kuberl.gateway import chat
 from kuberl.gateway.sessions import SessionTable
 from kuberl.local_processes import free_port
+from kuberl.models.text import TextCodec
 from kuberl.models.tiny import char_tokenizer
 from kuberl.weights import BroadcastSync, to_safetensors
 
@@ -307,7 +308,7 @@ def test_hostile_messages_get_a_request_error_naming_the_field(messages):
     names the field), never another exception (a 500)."""
     tok = char_tokenizer()
     try:
-        ids = chat.render(tok, chat.checked_messages(messages), None)
+        ids = chat.render(TextCodec(tok), chat.checked_messages(messages), None)
     except chat.RequestError as err:
         assert err.param is not None and str(err).startswith(err.param.split("[")[0])
     else:
@@ -335,12 +336,12 @@ def test_a_real_chat_template_turns_a_tool_episode_into_one_masked_trajectory():
     user = {"role": "user", "content": "what is the sum of these numbers 12+7"}
     written = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+7"}}</tool_call>'
     ids = tok(written, add_special_tokens=False).input_ids
-    session.context(chat.render(tok, [user], None))
+    session.context(chat.render(TextCodec(tok), [user], None))
     session.policy(ids, [-0.5] * len(ids), [3] * len(ids), "stop")
     reply = chat.reply_of(tok.decode(ids), "stop")
     assert reply.finish_reason == "tool_calls" and reply.calls[0].arguments == {"expression": "12+7"}
     messages = [user, chat.openai_message(reply), {"role": "tool", "content": "19", "tool_call_id": "c"}]
-    session.context(chat.render(tok, messages, None))
+    session.context(chat.render(TextCodec(tok), messages, None))
     final = [*tok("19", add_special_tokens=False).input_ids, tok.eos_token_id]
     session.policy(final, [-0.1] * len(final), [4] * len(final), "stop")
     session.reward = 1.0

@@ -70,7 +70,7 @@ def test_bad_override_names_the_field(tmp_path):
 def test_ctrl_c_stops_every_process(tmp_path):
     work = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "--max-steps", "100000",
+        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "100000",
          "--workdir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
@@ -109,7 +109,7 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     after a checkpoint: the gang restarts from it. The run still ends with every step trained."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kuberl_operator.cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
+        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
          "--workdir", str(work), "--summary", str(summary), "--set", "checkpoint.everySteps=5",
          "--set", "model.sftWarmup.steps=5", "--set", f"weightSync.mode={mode}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,

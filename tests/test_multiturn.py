@@ -63,18 +63,18 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
     from kuberl.data.datasets import Example
     from kuberl.inference.engine import TorchEngine
     from kuberl.inference.server import build_app
+    from kuberl.models.text import TextCodec
     from kuberl.rewards import exact_match
     from kuberl.rollout.client import InferenceClient
     from kuberl.rollout.evaluation import evaluate
-    from kuberl.trainer.sft import encode
 
     model, tok = tool_warmed_model
     engine = TorchEngine(model.eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     server = TestServer(build_app(engine, tok, "test-token-0123456789"))
     await server.start_server()
-    workflow = ToolWorkflow(encode_prompt=lambda p: encode(tok, p),
-                            encode_text=lambda t: tok(t, add_special_tokens=False).input_ids,
-                            decode=lambda ids: tok.decode(ids), eos_id=tok.eos_token_id, reward=exact_match,
+    codec = TextCodec(tok)
+    workflow = ToolWorkflow(encode_prompt=codec.encode_prompt, encode_text=codec.encode_text,
+                            decode=codec.decode, eos_id=codec.eos_id, reward=exact_match,
                             tools=["calculator"], group_size=8, max_new_tokens=24, max_turns=3, temperature=0.5)
     try:
         async with InferenceClient([str(server.make_url("/"))], "test-token-0123456789") as client:

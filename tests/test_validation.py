@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kuberl.api import RLExperiment, resolve, validate_document
-from kuberl_operator.cli import main
+from kuberl_cli.main import main
 
 from .conftest import EXAMPLES, MINIMAL
 
@@ -166,7 +166,7 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "kuberl_operator.cli", "render", str(EXAMPLES / "cpu-tiny.yaml")]
+    command = [sys.executable, "-m", "kuberl_cli", "render", str(EXAMPLES / "cpu-tiny.yaml")]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # before the command can write anything

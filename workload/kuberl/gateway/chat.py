@@ -22,7 +22,7 @@ from ..agent.tools import ToolCall, call_text, first_call_span, parse_tool_calls
 from ..agent.workflow import TOOL_MESSAGE
 from ..api.base import shown
 from ..inference.contract import FINISH_LENGTH
-from ..trainer.sft import encode
+from ..models.text import TextCodec
 from .params import RequestError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -106,18 +106,15 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+def render(codec: TextCodec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
     """The prompt tokens for ``messages``, ending where the assistant's next turn begins."""
-    if getattr(tokenizer, "chat_template", None):
-        converted = template_messages(messages)
+    if codec.has_chat_template:
         try:
-            text = tokenizer.apply_chat_template(converted, tools=tools or None, tokenize=False,
-                                                 add_generation_prompt=True)
+            return codec.render_chat(template_messages(messages), tools)
         except Exception as err:  # the template is the model's code: whatever it raises is about the request
             raise RequestError(f"messages: the model's chat template cannot render them ({shown(str(err))})",
                                "messages") from err
-        return list(tokenizer(text, add_special_tokens=False).input_ids)
-    return encode(tokenizer, plain_text(messages))
+    return codec.encode_prompt(plain_text(messages))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from transformers import PreTrainedTokenizerBase
 
 from ..agent.workflow import cut_turn
 from ..api.contract import HEADER_SESSION
@@ -38,6 +39,7 @@ from ..auth import require_token
 from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP
 from ..jsonbody import read_json
+from ..models.text import TextCodec
 from ..rollout.client import Rejected
 from ..rollout.controller import RolloutController
 from ..rollout.workflow import without_eos
@@ -77,9 +79,10 @@ class GatewayStats:
 
 
 class Gateway:
-    def __init__(self, controller: RolloutController, tokenizer: Any, config: GatewayConfig, token: str,
-                 tasks: Iterator[Example] | None = None):
-        self.controller, self.tokenizer, self.config, self.token = controller, tokenizer, config, token
+    def __init__(self, controller: RolloutController, tokenizer: PreTrainedTokenizerBase, config: GatewayConfig,
+                 token: str, tasks: Iterator[Example] | None = None):
+        self.controller, self.config, self.token = controller, config, token
+        self.codec = TextCodec(tokenizer)
         self.table = SessionTable(config.group_size, config.session_timeout)
         self.tasks = TaskDealer(tasks, config.group_size) if tasks is not None else None
         self.stats = GatewayStats()
@@ -137,7 +140,7 @@ class Gateway:
             tools = body.get("tools")
             if tools is not None and not isinstance(tools, list):
                 raise RequestError("tools: must be a list", "tools")
-            prompt = chat.render(self.tokenizer, messages, tools)
+            prompt = chat.render(self.codec, messages, tools)
             session = self._session(request)
             if isinstance(session, web.Response):
                 return session
@@ -161,7 +164,7 @@ class Gateway:
             session = self._session(request)
             if isinstance(session, web.Response):
                 return session
-            prompt = chat.encode(self.tokenizer, prompt_text)
+            prompt = self.codec.encode_prompt(prompt_text)
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
@@ -269,7 +272,7 @@ class Gateway:
         return response
 
     def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(without_eos(ids, self.tokenizer.eos_token_id), skip_special_tokens=True)
+        return self.codec.tokenizer.decode(without_eos(ids, self.codec.eos_id), skip_special_tokens=True)
 
     def _reward_of(self, body: dict[str, Any], key: str) -> float:
         if "reward" in body:

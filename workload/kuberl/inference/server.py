@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from ..api.base import shown
 from ..auth import require_token
 from ..jsonbody import bad_request, read_json
+from ..models.text import TextCodec
 from ..settings import Settings
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, EngineDown, GenerateReply, SamplingParams
@@ -90,8 +91,7 @@ def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None,
     elif isinstance(body.get("prompt"), str) and tokenizer is not None:
         if len(body["prompt"]) > 4 * MAX_PROMPT_TOKENS:
             raise ValueError(f"prompt: longer than {4 * MAX_PROMPT_TOKENS} characters")
-        ids = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + tokenizer(
-            body["prompt"], add_special_tokens=False).input_ids
+        ids = TextCodec(tokenizer).encode_prompt(body["prompt"])
         if not ids:
             raise ValueError("prompt: encodes to no tokens")
     else:

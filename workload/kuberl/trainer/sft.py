@@ -6,33 +6,30 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.datasets import Example
+from ..models.text import TextCodec
 
 
-def encode(tokenizer, prompt: str) -> list[int]:
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return bos + tokenizer(prompt, add_special_tokens=False).input_ids
-
-
-def sft_warmup(model: torch.nn.Module, tokenizer, data: Iterator[Example], steps: int, batch_size: int,
-               lr: float, rank: int = 0, world: int = 1) -> list[float]:
+def sft_warmup(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
+               batch_size: int, lr: float, rank: int = 0, world: int = 1) -> list[float]:
     """Train on ``steps`` batches of prompt+answer+eos (loss on the answer only); returns the losses."""
     if steps <= 0:
         return []
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     model.train()
+    codec = TextCodec(tokenizer)
     for _ in range(steps):
         examples = [next(data) for _ in range(batch_size)][rank::world]
         rows = []
         for ex in examples:
             for prompt, completion in ex.demonstrations or ((ex.prompt, ex.answer),):
-                p = encode(tokenizer, prompt)
-                a = [*tokenizer(completion, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+                p, a = codec.encode_prompt(prompt), codec.encode_answer(completion)
                 rows.append((p, a))
         width = max(len(p) + len(a) for p, a in rows)
-        ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        ids = torch.full((len(rows), width), codec.pad_id, dtype=torch.long)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
         attn = torch.zeros((len(rows), width), dtype=torch.long)
         for i, (p, a) in enumerate(rows):

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from transformers import PreTrainedTokenizerBase
+
 from ..agent.workflow import ToolWorkflow
 from ..api.spec import RLExperimentSpec
+from ..models.text import TextCodec
 from ..rewards import load_reward
 from ..rollout.workflow import RLVRWorkflow
-from .sft import encode
 
 
-def make_workflow(spec: RLExperimentSpec, tokenizer: Any, *, group_size: int, temperature: float,
+def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *, group_size: int, temperature: float,
                   max_new_tokens: int, reward_function: str) -> RLVRWorkflow | ToolWorkflow:
     """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools."""
-    rollout = spec.rollout
+    rollout, codec = spec.rollout, TextCodec(tokenizer)
     common: dict[str, Any] = {
-        "decode": lambda ids: tokenizer.decode(ids), "eos_id": tokenizer.eos_token_id,
+        "decode": codec.decode, "eos_id": codec.eos_id,
         "reward": load_reward(reward_function), "group_size": group_size, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "top_p": rollout.top_p,
     }
     if not rollout.tools:
-        return RLVRWorkflow(encode=lambda p: encode(tokenizer, p), **common)
-    return ToolWorkflow(encode_prompt=lambda p: encode(tokenizer, p),
-                        encode_text=lambda t: tokenizer(t, add_special_tokens=False).input_ids,
+        return RLVRWorkflow(encode=codec.encode_prompt, **common)
+    return ToolWorkflow(encode_prompt=codec.encode_prompt, encode_text=codec.encode_text,
                         tools=[str(t) for t in rollout.tools], max_turns=rollout.max_turns, **common)

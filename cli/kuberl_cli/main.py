@@ -136,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_argocd(args: argparse.Namespace) -> int:
-    from .argocd import argocd_cm_snippet
+    from kuberl_operator.argocd import argocd_cm_snippet
 
     Path(args.out).write_text(argocd_cm_snippet())
     print(f"wrote {args.out}", file=sys.stderr)
