@@ -39,13 +39,16 @@ class Outcome:
     leftover_pods: list[str] = field(default_factory=list)
 
 
-def manifest(path: Path, steps: int, example: Path = EXAMPLE) -> tuple[Path, str]:
-    """``example`` (the CPU example) with ``steps`` training steps, written to ``path``; returns it
-    and the experiment's name."""
+def manifest(path: Path, steps: int, example: Path = EXAMPLE,
+             algorithm: dict[str, object] | None = None, sft_steps: int | None = None) -> tuple[Path, str]:
+    """``example`` (the CPU example) with ``steps`` training steps (and other ``algorithm`` fields,
+    ``sft_steps`` warm-up steps when given), written to ``path``; returns it and the experiment's name."""
     docs = [d for d in yaml.safe_load_all(example.read_text()) if d]
     for doc in docs:
         if doc.get("kind") == "RLExperiment":
-            doc["spec"]["algorithm"]["maxSteps"] = steps
+            doc["spec"]["algorithm"] |= {**(algorithm or {}), "maxSteps": steps}
+            if sft_steps is not None:
+                doc["spec"]["model"]["sftWarmup"]["steps"] = sft_steps
             name = doc["metadata"]["name"]
     path.write_text(yaml.safe_dump_all(docs))
     return path, name

@@ -93,7 +93,9 @@ async def test_the_users_agent_deployment_trains_the_policy_through_the_gateway_
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         with kubelet_stand_in(cluster, tmp_path) as node_dir:
             example = ROOT / "examples/cpu-agent-gateway.yaml"
-            path, name = scenario.manifest(tmp_path / "agent.yaml", AGENT_STEPS, example)
+            # the wiring is under test here, not learning (tests/test_local_run.py has that): half the
+            # example's episodes per step, a shorter warm-up
+            path, name = scenario.manifest(tmp_path / "agent.yaml", AGENT_STEPS, example, {"batchSize": 64}, 20)
             kubectl = kubectl_for(cluster)
             lines: list[str] = []
             deployments: list[str] = []
