@@ -13,6 +13,7 @@ from typing import Any
 
 from kuberl.api import Phase
 from kuberl.api.contract import LABEL_REPLICA
+from kuberl.api.roles import gang_may_restart
 
 Manifest = dict[str, Any]
 
@@ -146,7 +147,7 @@ def gang_restart_reason(pods: list[Manifest], restarts: int, backoff_limit: int)
     checkpoint — at most ``backoff_limit`` times. Deterministic problems (a bad image or config)
     would fail again, so they never restart; past the limit the job fails (``job_status``).
     """
-    if restarts >= backoff_limit:
+    if not gang_may_restart(restarts, backoff_limit):
         return None
     for health in sorted((pod_health(p) for p in pods), key=lambda h: h.name):
         if health.phase == "Failed" and not health.deterministic_failure:

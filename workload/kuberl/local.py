@@ -36,7 +36,6 @@ from .api.contract import (
     ENV_OPENAI_API_KEY,
     ENV_OPENAI_BASE_URL,
     ENV_PODINFO_LABELS,
-    ENV_REPLICA,
     ENV_S3_ENDPOINT,
     ENV_THREADS,
     LABEL_NODE,
@@ -44,6 +43,7 @@ from .api.contract import (
     LABEL_ROLE,
 )
 from .api.resolve import InferencePlan, TrainerPlan
+from .api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
 from .display import ProgressDisplay
 from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, restart_exited, tail
 from .runconfig import write_run_config
@@ -51,6 +51,25 @@ from .settings import inherited_environment
 from .weights.discovery import format_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
+# How a local process's environment differs from its pod's (tests/test_local_run.py checks both ways):
+# hosts and ports that are this machine's; what the pod gets from elsewhere.
+LOCAL_MAPPINGS = {
+    "MASTER_ADDR": "127.0.0.1 (pod: trainer rank 0's DNS name)",
+    "MASTER_PORT": "a free port, new for each gang (pod: 29500)",
+    "KUBERL_PORT": "a free port per replica (pod: spec.inference.port)",
+    "KUBERL_EXCHANGE_ADDR": "127.0.0.1, for every process (pod: inference pods only; trainers use MASTER_ADDR)",
+    "KUBERL_EXCHANGE_PORT": "a free port, for every process (pod: inference pods only, MASTER_PORT + 1)",
+    "KUBERL_INFERENCE_SERVICE": "absent: the run config's settings carry the replicas' URLs",
+}
+LOCAL_ONLY = {  # variables a local process has and its pod does not
+    "RANK": "torchrun sets it in the pod", "LOCAL_RANK": "torchrun sets it in the pod",
+    "KUBERL_PODINFO_LABELS": "the pod reads the downward-API file at its default path",
+    "KUBERL_THREADS": "1, the pod's default", "PYTHONUNBUFFERED": "logs line by line",
+    "VLLM_CPU_OMP_THREADS_BIND": "the replica's core (the pod: its own CPU set)",
+}
+POD_ONLY = {  # downward-API facts a pod has and a local process does not need
+    "POD_NAME": "", "POD_NAMESPACE": "", "NODE_NAME": "the local labels file names the node",
+}
 SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
 
 
@@ -208,27 +227,41 @@ class LocalRun:
     def summary_file(self) -> Path:
         return self.work / SUMMARY
 
-    def replica(self, r: int) -> Process:
+    @property
+    def exchange(self) -> tuple[str, int]:
+        """The p2p exchange store (trainer rank 0 on this host, a port chosen once for the run)."""
+        return self.env[ENV_EXCHANGE_ADDR], int(self.env[ENV_EXCHANGE_PORT])
+
+    def replica_env(self, r: int) -> dict[str, str]:
+        """Replica ``r``'s environment: the pod's (``kuberl.api.roles``), on this host's ports."""
         # vLLM binds its worker's OpenMP threads itself: to the replica's core, or not at all.
         omp_bind = str(self.cores[r]) if self.pinned else "nobind"
+        shared = {k: v for k, v in self.env.items() if k != ENV_AGENT_TOKEN}  # the gateway's: trainers only
+        return {**shared, **inference_env(r, self.ports[r], self.exchange), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
+                ENV_PODINFO_LABELS: pod_labels(self.work, "inference", r)}
+
+    def rank_env(self, rank: int, master_port: int) -> dict[str, str]:
+        """Trainer rank ``rank``'s environment: its node's (``kuberl.api.roles``, rendezvous on this
+        host) with what torchrun would add for it."""
+        procs = self.trainer.procs_per_node
+        node = trainer_node_env(("127.0.0.1", master_port), self.trainer.nodes, procs, rank // procs, None)
+        return {**self.env, **torchrun_process_env(node, rank % procs),
+                ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank)}
+
+    def replica(self, r: int) -> Process:
         return self.children.spawn(
-            [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r]),
-             "--host", "127.0.0.1"],
-            {**self.env, ENV_REPLICA: str(r), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
-             ENV_PODINFO_LABELS: pod_labels(self.work, "inference", r)},
-            [self.cores[r]] if self.pinned else None, self.work / f"inference-{r}.log")
+            [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r])],
+            self.replica_env(r), [self.cores[r]] if self.pinned else None, self.work / f"inference-{r}.log")
 
     def gang(self) -> list[Process]:
         """Every trainer rank, with torchrun's environment and a fresh rendezvous port."""
-        master_port, world = free_port(), self.trainer.world_size
+        master_port = free_port()
         ranks = []
-        for rank in range(world):
-            env = {**self.env, "RANK": str(rank), "LOCAL_RANK": str(rank % self.trainer.procs_per_node),
-                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                   ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank)}
+        for rank in range(self.trainer.world_size):
             core = [self.cores[self.inference.replicas + rank]] if self.pinned else None
             ranks.append(self.children.spawn([sys.executable, "-m", "kuberl.trainer", "--config", str(self.config)],
-                                             env, core, self.work / f"trainer-{rank}.log"))
+                                             self.rank_env(rank, master_port), core,
+                                             self.work / f"trainer-{rank}.log"))
         return ranks
 
     def agent(self, i: int) -> Process:
@@ -245,7 +278,7 @@ class LocalRun:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         rank, limit = ranks.index(failed), self.spec.trainer.backoff_limit
-        if self.restarts["trainer"] >= limit:
+        if not gang_may_restart(self.restarts["trainer"], limit):
             log = self.work / f"trainer-{rank}.log"
             raise RunError(f"the trainer failed {self.restarts['trainer'] + 1} time(s) (backoffLimit {limit}); last "
                            f"lines of {log}:\n{tail(log)}")

@@ -6,11 +6,6 @@ from kuberl.api import InferencePool
 from kuberl.api.contract import (
     CONFIG_FILE,
     CONFIG_MOUNT,
-    ENV_EXCHANGE_ADDR,
-    ENV_EXCHANGE_PORT,
-    ENV_PORT,
-    ENV_REPLICA,
-    ENV_ROLE,
     LABEL_ACCELERATOR,
     LABEL_EXPERIMENT,
     LABEL_HOST,
@@ -21,6 +16,7 @@ from kuberl.api.contract import (
     ROLE_INFERENCE,
     inference_pod_name,
 )
+from kuberl.api.roles import inference_env
 
 from ..accelerators import profile
 from .common import (
@@ -44,14 +40,8 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
     pod_name = inference_pod_name(name, replica, host)
     # Engine, parallel degrees and the rest come from the run config (the ConfigMap); the env only
     # says who this pod is (docs/architecture.md, "The contract").
-    env = {
-        **accel.env,
-        ENV_ROLE: ROLE_INFERENCE,
-        ENV_REPLICA: str(replica),
-        ENV_PORT: str(spec.port),
-    }
-    if spec.trainer_address:  # the p2p exchange store (kuberl.weights.p2p.exchange_address)
-        env |= {ENV_EXCHANGE_ADDR: spec.trainer_address, ENV_EXCHANGE_PORT: str(MASTER_PORT + 1)}
+    exchange = (spec.trainer_address, MASTER_PORT + 1) if spec.trainer_address else None  # the p2p store
+    env = {**accel.env, **inference_env(replica, spec.port, exchange)}
     container: Manifest = {
         "name": "inference",
         "command": ["python", "-m", "kuberl.inference"],

@@ -12,8 +12,6 @@ from kuberl.api.contract import (
     CONFIG_FILE,
     CONFIG_MOUNT,
     ENV_AGENT_TOKEN,
-    ENV_INFERENCE_SERVICE,
-    ENV_ROLE,
     LABEL_ACCELERATOR,
     LABEL_EXPERIMENT,
     LABEL_JOB,
@@ -27,6 +25,7 @@ from kuberl.api.contract import (
     trainer_pod_name,
     trainer_rank0_host,
 )
+from kuberl.api.roles import trainer_node_env
 from kuberl.api.spec import TrainerRuntime
 
 from ..accelerators import profile
@@ -55,18 +54,8 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
     """Pod for node rank ``rank``: torchrun with torch-distributed env, one process per device."""
     spec, name = job.spec, job.metadata.name
     accel = profile(spec.accelerator)
-    env = {
-        **accel.env,
-        ENV_ROLE: ROLE_TRAINER,
-        "MASTER_ADDR": trainer_rank0_host(name, job.metadata.namespace),
-        "MASTER_PORT": str(MASTER_PORT),
-        "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
-        "NNODES": str(spec.nodes),
-        "NODE_RANK": str(rank),
-        "NPROC_PER_NODE": str(spec.procs_per_node),
-    }
-    if spec.inference_service:
-        env[ENV_INFERENCE_SERVICE] = spec.inference_service
+    master = (trainer_rank0_host(name, job.metadata.namespace), MASTER_PORT)
+    env = {**accel.env, **trainer_node_env(master, spec.nodes, spec.procs_per_node, rank, spec.inference_service)}
     experiment = spec.experiment or name
     agent_token = {"name": ENV_AGENT_TOKEN, "valueFrom": {"secretKeyRef": {  # the gateway's (spec.agent only)
         "name": agent_token_secret_name(experiment), "key": API_TOKEN_KEY, "optional": True}}}
