@@ -106,7 +106,8 @@ def _log_has(path: Path, text: str, after: int = 0) -> bool:
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     """Kill the inference replica: it is replaced while training goes on (p2p re-sends that version by
     broadcast, then re-forms its group with the new replica and goes on in p2p). Kill the trainer
-    after a checkpoint: the gang restarts from it. The run still ends with every step trained."""
+    after a checkpoint: the gang restarts from it. The run still ends with every step trained, and every
+    prompt handed out trained exactly once or still pending."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
@@ -149,6 +150,10 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     assert result["restarts"] == {"trainer": 1, "inference": 1, "agent": 0}
     assert result["resumed_from_step"] >= 20 and result["final_version"] == 40
     assert result["max_token_staleness_trained"] <= 2
+    prompts = result["prompts"]  # the prompt ledger, carried through the trainer's crash by the checkpoint
+    assert prompts["skipped"] == 0 and prompts["trained"] == 40 * 16  # 16 prompts a step, each trained once
+    assert prompts["trained"] + prompts["pending"] == prompts["cursor"]  # none handed out and then lost
+    assert prompts["reissued"] >= 1  # those in flight at the checkpoint went out again after the restart
     assert "restarting the gang from the last checkpoint" in stderr.decode()
     assert processes_mentioning(str(work)) == []
 

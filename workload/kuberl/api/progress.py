@@ -51,6 +51,11 @@ class Progress(ApiModel):
     entropy: Number | None = Field(None, description="the policy's mean token entropy in the last step")
     phase: TrainerPhase | None = Field(None, description="the trainer's own phase")
     last_checkpoint: str | None = Field(None, max_length=MAX_CHECKPOINT_URI)
+    prompts_trained: Count | None = Field(None, description="dataset prompts trained so far, each exactly once")
+    prompts_reissued: Count | None = Field(
+        None, description="prompts handed out again: their group was too stale, their episode failed, or a "
+                          "restart found them pending in the checkpoint")
+    prompts_skipped: Count | None = Field(None, description="prompts given up after failing repeatedly (else 0)")
     eval_step: Count | None = Field(None, description="training steps before the last held-out evaluation")
     eval_reward: Number | None = Field(None, description="mean reward of the last held-out evaluation")
     eval_pass_at_k: Number | None = Field(None, description="pass@k of the last held-out evaluation")

@@ -11,6 +11,7 @@ reopens its slot). Nothing staler than η is ever trained on.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -30,6 +31,13 @@ class RolloutBuffer(Generic[T]):
     manager: StalenessManager
     items: deque[T] = field(default_factory=deque)
     dropped: int = 0
+    on_drop: Callable[[T], None] | None = None  # told of each item dropped as too stale
+
+    def _drop(self, item: T) -> None:
+        self.dropped += 1
+        self.manager.drop_accepted()  # the slot it held reopens for a fresh rollout
+        if self.on_drop is not None:
+            self.on_drop(item)
 
     def put(self, item: T) -> None:
         self.items.append(item)
@@ -40,9 +48,7 @@ class RolloutBuffer(Generic[T]):
     def take_batch(self, size: int, version: int) -> list[T] | None:
         """``size`` items fresh enough for training at ``version``, or None if not enough yet."""
         while self.items and version - self.items[0].oldest_version > self.manager.max_staleness:
-            self.items.popleft()
-            self.dropped += 1
-            self.manager.accepted -= 1  # the slot it held reopens for a fresh rollout
+            self._drop(self.items.popleft())
         fresh = [i for i in self.items if version - i.oldest_version <= self.manager.max_staleness]
         if len(fresh) < size:
             return None
@@ -51,8 +57,7 @@ class RolloutBuffer(Generic[T]):
         stale = [i for i in self.items if id(i) not in keep and version - i.oldest_version > self.manager.max_staleness]
         for item in stale:
             self.items.remove(item)
-            self.dropped += 1
-            self.manager.accepted -= 1
+            self._drop(item)
         for item in batch:
             self.items.remove(item)
         return batch

@@ -2,8 +2,10 @@
 
 The loop keeps as many episodes running as admission allows (``StalenessManager``, counted in
 groups), puts finished groups in the ``RolloutBuffer`` and hands batches to the trainer thread.
-Episodes come from the dataset through the run's workflow, or (``data=None``) from outside: the
-agent gateway (``kuberl.gateway``) runs on this loop and uses ``admit`` / ``deliver``.
+Episodes come from the dataset through the run's workflow, each prompt handed out and accounted for
+by the ``PromptLedger`` (trained exactly once: a stale or failed group gives its prompt back), or
+(``prompts=None``) from outside: the agent gateway (``kuberl.gateway``) runs on this loop and uses
+``admit`` / ``deliver``.
 Generation never waits for training unless staleness would exceed η; with η = 0 it is
 synchronous RL. Weight updates are pushed to every replica while generation goes on; then the
 version bumps and admission reopens.
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -24,6 +26,7 @@ from ..data.datasets import Example
 from .buffer import RolloutBuffer
 from .client import InferenceClient
 from .evaluation import EvalResult, evaluate
+from .ledger import PromptLedger
 from .staleness import StalenessManager
 from .types import Group
 from .workflow import RolloutWorkflow
@@ -33,10 +36,10 @@ R = TypeVar("R")
 
 
 class RolloutController:
-    def __init__(self, client: InferenceClient, workflow: RolloutWorkflow | None, data: Iterator[Example] | None,
+    def __init__(self, client: InferenceClient, workflow: RolloutWorkflow | None, prompts: PromptLedger | None,
                  manager: StalenessManager):
-        self.client, self.workflow, self.data, self.manager = client, workflow, data, manager
-        self.buffer: RolloutBuffer[Group] = RolloutBuffer(manager)
+        self.client, self.workflow, self.prompts, self.manager = client, workflow, prompts, manager
+        self.buffer: RolloutBuffer[Group] = RolloutBuffer(manager, on_drop=self._give_back)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="rollout", daemon=True)
         self._changed: asyncio.Condition | None = None
@@ -54,6 +57,10 @@ class RolloutController:
 
     def call(self, coro: Coroutine[Any, Any, R], timeout: float | None = None) -> R:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def prompt_state(self) -> dict[str, Any] | None:
+        """The prompt ledger's state as of now (``PromptLedger.state``; None: episodes come from outside)."""
+        return self.call(self._prompt_state())
 
     def take(self, groups: int, version: int) -> list[Group] | None:
         """Block until ``groups`` groups fresh enough for ``version`` are ready; None when the pool is
@@ -117,21 +124,34 @@ class RolloutController:
 
     def _fill(self) -> None:
         """Start dataset episodes while admission allows (none when episodes come from outside)."""
-        if self.data is None or self.workflow is None:
+        if self.prompts is None or self.workflow is None:
             return
         while (group_id := self.admit()) is not None:
-            task = self.loop.create_task(self._episode(self.workflow, next(self.data), group_id))
+            index, example = self.prompts.hand_out()
+            task = self.loop.create_task(self._episode(self.workflow, index, example, group_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _episode(self, workflow: RolloutWorkflow, example: Example, group_id: int) -> None:
+    async def _episode(self, workflow: RolloutWorkflow, index: int, example: Example, group_id: int) -> None:
         try:
             group = await workflow.run_episode(self.client, example, group_id)
         except Exception as err:  # surfaces in the trainer thread on the next take()
             log.exception("episode failed")
             self._error = err
             group = None
+        if group is not None:
+            group.prompt = index
+        elif self.prompts is not None:
+            self.prompts.give_back(index)
         await self.deliver(group)
+
+    def _give_back(self, group: Group) -> None:
+        """A group dropped as too stale: its prompt is handed out again."""
+        if self.prompts is not None and group.prompt is not None:
+            self.prompts.give_back(group.prompt)
+
+    async def _prompt_state(self) -> dict[str, Any] | None:
+        return self.prompts.state() if self.prompts is not None else None
 
     async def _take(self, groups: int, version: int) -> list[Group] | None:
         assert self._changed is not None
@@ -143,6 +163,9 @@ class RolloutController:
                     raise RuntimeError(f"rollout failed: {self._error}") from self._error
                 batch = self.buffer.take_batch(groups, version)
                 if batch is not None:
+                    for group in batch:
+                        if self.prompts is not None and group.prompt is not None:
+                            self.prompts.mark_trained(group.prompt)
                     self.observed_staleness = max([self.observed_staleness,
                                                    *(version - g.oldest_version for g in batch)])
                     return batch

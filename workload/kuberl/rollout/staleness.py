@@ -55,6 +55,12 @@ class StalenessManager:
         else:
             self.rejected += 1
 
+    def drop_accepted(self) -> None:
+        """An accepted rollout was dropped before training (too stale): its slot reopens."""
+        if self.accepted <= 0:
+            raise RuntimeError("drop_accepted() without an accepted rollout")
+        self.accepted -= 1
+
     def set_version(self, version: int) -> None:
         if version < self.version:
             raise ValueError(f"policy version went backwards: {self.version} → {version}")

@@ -55,6 +55,7 @@ class Group:
     """The G trajectories of one prompt, rewarded; the unit of admission and of advantages."""
 
     trajectories: list[Trajectory]
+    prompt: int | None = None  # its prompt's place in the dataset stream (kuberl.rollout.ledger); None: an agent's
 
     @property
     def oldest_version(self) -> int:

@@ -15,6 +15,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,12 +39,15 @@ SHARDS_DIR = "dcp"
 class TrainerState:
     step: int
     version: int
-    data_position: int
+    data_position: int  # dataset examples handed out (an agent run's tasks); the ledger's cursor otherwise
     rng: str = ""  # base64 of torch.get_rng_state()
+    prompts: dict[str, Any] | None = None  # kuberl.rollout.ledger.PromptLedger.state() (None: older checkpoints)
 
     @classmethod
-    def capture(cls, step: int, version: int, data_position: int) -> TrainerState:
-        return cls(step, version, data_position, base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode())
+    def capture(cls, step: int, version: int, data_position: int,
+                prompts: dict[str, Any] | None = None) -> TrainerState:
+        rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+        return cls(step, version, data_position, rng, prompts)
 
     def restore_rng(self) -> None:
         if self.rng:
@@ -125,12 +129,14 @@ class Checkpointer:
         barrier()
         return load_trainer(actor, where)
 
-    def maybe_save(self, actor: Actor, step: int, version: int, data_position: int) -> str | None:
-        """Checkpoint after ``step`` steps when it is due; returns the checkpoint URI on rank 0."""
+    def maybe_save(self, actor: Actor, step: int, version: int, data_position: int,
+                   prompts: dict[str, Any] | None = None) -> str | None:
+        """Checkpoint after ``step`` steps when it is due, with the data position and the prompt ledger
+        as of now (``TrainerState``); returns the checkpoint URI on rank 0."""
         if not self.enabled or step % self.every:
             return None
         staging = self.staging / f"save-{step}"
-        save_trainer(actor, TrainerState.capture(step, version, data_position), staging)
+        save_trainer(actor, TrainerState.capture(step, version, data_position, prompts), staging)
         barrier()  # this node's files are all written
         started = time.perf_counter()
         entries = self.manager.upload_files(staging, step) if self.manager is not None else {}

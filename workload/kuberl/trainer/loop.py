@@ -104,8 +104,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     first_step = resumed.step if resumed else 0
     max_steps = settings.max_steps if settings.max_steps is not None else spec.algorithm.max_steps
-    position = resumed.data_position if resumed else 0
-    services = (RankZeroServices.start(run, settings, tokenizer, first_step, position, max_steps, urls)
+    services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls)
                 if rank == 0 else NoServices())
     sync = make_weight_sync(str(spec.weight_sync.mode), services.control, settings, rank, world,
                             spec.weight_sync.directory)
@@ -185,7 +184,7 @@ def train(run: RunConfig, settings: Settings, rank: int, world: int, device: tor
         previous_sync = push_weights(s, step, tally)
         tally.timeperf["step"].append(time.perf_counter() - step_start)
         tally.steps_done = step + 1
-        s.services.checkpointed(s.checkpointer.maybe_save(s.actor, step + 1, step + 1, s.services.data_position))
+        s.services.checkpointed(s.checkpointer.maybe_save(s.actor, step + 1, step + 1, *s.services.data_state()))
         watchdog.beat()  # the step and its checkpoint are done
         s.services.report(step, trajs, stats, wait_s, previous_sync, tally)
         s.services.evaluate(step + 1, last=step + 1 == s.max_steps)

@@ -22,11 +22,13 @@ from ..rewards import load_reward
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
+from ..rollout.ledger import PromptLedger
 from ..rollout.staleness import StalenessManager
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
 from .algorithms import AlgorithmConfig, build_batch
+from .checkpointing import TrainerState
 from .curves import Curves
 from .evaluations import Evaluations
 from .loss import BehaviourGapMonitor
@@ -63,11 +65,23 @@ class Tally:
         return self.trained_tokens / max(time.perf_counter() - self.start, 1e-9)
 
 
+def prompt_summary(state: dict[str, Any] | None) -> dict[str, int] | None:
+    """The ledger in the summary: counts, with the pending prompts counted rather than listed."""
+    if state is None:
+        return None
+    return {"cursor": state["cursor"], "trained": state["trained"], "reissued": state["reissued"],
+            "skipped": state["skipped"], "pending": len(state["pending"])}
+
+
 class NoServices:
     """Every rank but 0: no rollout, no endpoints, no curves; each verb does nothing."""
 
     control: RolloutController | None = None  # what the weight exchange talks to the pool through
-    data_position = 0  # dataset examples handed out so far (rank 0's count goes into checkpoints)
+
+    def data_state(self) -> tuple[int, dict[str, Any] | None]:
+        """What a checkpoint keeps of the data: the position in the stream and the prompt ledger
+        (rank 0's count; the other ranks' is never read)."""
+        return 0, None
 
     def next_batch(self, groups: int, step: int, config: AlgorithmConfig) -> Batch | None:
         return None
@@ -95,22 +109,28 @@ class RankZeroServices(NoServices):
         self.control = controller
 
     @classmethod
-    def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, data_position: int,
+    def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, resumed: TrainerState | None,
               max_steps: int, urls: list[str]) -> RankZeroServices:
-        """The rollout controller on its own loop, admission restored to the resumed version, the
+        """The rollout controller on its own loop, admission restored to the resumed version and the
+        dataset's prompts to the resumed ledger (those pending at the checkpoint come first), the
         progress endpoint, and with ``spec.agent`` the gateway the agent's episodes come through
         (instead of the dataset's, through the run's workflow); curves and evaluations."""
         spec, algo = run.spec, run.spec.algorithm
         manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
                                    max(1, spec.rollout.max_concurrent // algo.group_size))
         manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
-        data = examples(spec.dataset, spec.seed, data_position, settings)
+        position = resumed.data_position if resumed else 0
+        prompts, tasks = None, None
+        if spec.agent is None:
+            kept = resumed.prompts if resumed and resumed.prompts else {"cursor": position, "pending": []}
+            prompts = PromptLedger.restore(kept, examples(spec.dataset, spec.seed, 0, settings))
+        else:
+            tasks = examples(spec.dataset, spec.seed, position, settings)
         workflow = None if spec.agent else make_workflow(
             spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
             max_new_tokens=spec.rollout.max_new_tokens, reward_function=spec.reward.function)
-        controller = RolloutController(InferenceClient(urls, settings.api_token), workflow,
-                                       None if spec.agent else data, manager)
-        controller.episodes = data_position
+        controller = RolloutController(InferenceClient(urls, settings.api_token), workflow, prompts, manager)
+        controller.episodes = position
         controller.start()
         server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step,
                                          max_steps=max_steps, phase="running"))
@@ -121,16 +141,16 @@ class RankZeroServices(NoServices):
                 model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
                 temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                 session_timeout=spec.agent.session_timeout_seconds, reward=load_reward(spec.reward.function)),
-                settings.agent_token, tasks=data)  # agents never hold the pool's token
+                settings.agent_token, tasks=tasks)  # agents never hold the pool's token
             gateway.start_in(settings.gateway_port, settings.bind_host)
             server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
         curves = Curves.for_run(settings.checkpoint_uri or spec.checkpoint.uri, settings)
         evaluations = Evaluations(spec, controller, tokenizer, settings) if spec.evaluation is not None else None
         return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps)
 
-    @property
-    def data_position(self) -> int:  # type: ignore[override]
-        return self.controller.episodes
+    def data_state(self) -> tuple[int, dict[str, Any] | None]:
+        prompts = self.controller.prompt_state()
+        return (prompts["cursor"] if prompts else self.controller.episodes), prompts
 
     def next_batch(self, groups: int, step: int, config: AlgorithmConfig) -> Batch | None:
         """The step's groups from the rollout buffer as a batch; None when the pool is starved."""
@@ -153,12 +173,14 @@ class RankZeroServices(NoServices):
         entropy = stats.get("ppo_actor/entropy") if stats else None
         if entropy is not None and not math.isnan(entropy):
             tally.entropies.append(entropy)
-        staleness = self.controller.observed_staleness
+        staleness, prompts = self.controller.observed_staleness, self.controller.prompt_state() or {}
         self.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                            reward_last10=mean(tally.rewards[-10:]), observed_staleness=staleness,
                            tokens_per_second=tally.tokens_per_second, step_seconds=tally.timeperf["step"][-1],
                            weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
-                           entropy=tally.entropies[-1] if tally.entropies else None)
+                           entropy=tally.entropies[-1] if tally.entropies else None,
+                           prompts_trained=prompts.get("trained"), prompts_reissued=prompts.get("reissued"),
+                           prompts_skipped=prompts.get("skipped"))
         gateway = {f"gateway/{k}": v for k, v in self.gateway.summary().items()} if self.gateway else {}
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
@@ -224,6 +246,7 @@ class RankZeroServices(NoServices):
             "weight_sync_seconds_mean": round(mean(tally.timeperf["weight_sync"]) or 0.0, 4),
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
             "stale_groups_dropped": controller.buffer.dropped,
+            "prompts": prompt_summary(controller.prompt_state()),
             "filtered_groups": tally.dropped_groups,
             "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
             "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
