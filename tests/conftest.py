@@ -71,16 +71,15 @@ def uri(request, tmp_path):
 
 
 def share_cores_among_xdist_workers() -> None:
-    """Under pytest-xdist with at least two cores per worker, worker i keeps cores 2i and 2i + 1 (its
-    training runs pin their processes inside them, instead of every worker's runs on cores 0 and 1);
-    with fewer, the workers share every core. Torch in the worker's own process uses one thread per
-    core it may expect to have."""
+    """Under pytest-xdist, worker i keeps cores 2i and 2i + 1 when the machine has them (its training
+    runs pin their processes inside them, instead of every worker's runs on cores 0 and 1); a worker
+    past the last pair (scripts/test starts one more than there are pairs) shares every core. Torch in
+    the worker's own process uses one thread per core it may expect to have."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker:
         return
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) >= 2 * count:
-        index = int(worker.removeprefix("gw"))
+    cores, index = sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw"))
+    if len(cores) >= 4 and len(cores) >= 2 * (index + 1):
         os.sched_setaffinity(0, cores[2 * index:2 * index + 2])
         torch.set_num_threads(2)
     else:
