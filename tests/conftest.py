@@ -93,10 +93,12 @@ share_cores_among_xdist_workers()
 # (pieces of a test id). They are collected first so that pytest-xdist (scripts/test: --dist load
 # --maxschedchunk 1, i.e. the next test to the next free worker) starts them at once on every core
 # and fills the gaps with the short tests, instead of leaving one long run to the end.
+# The three kubelet stand-in tests (test_e2e*.py) run one at a time (test_e2e.host_node): they are
+# spread out so that a worker rarely waits for another's.
 LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
-              "test_s3_model_data_and_checkpoints", "test_kubectl_apply_trains", "test_vllm_local.py",
-              "test_local_run.py", "test_curves.py", "test_gateway.py", "test_actor.py", "test_weight_transport.py",
-              "test_multiturn.py", "test_fuzz.py")
+              "test_vllm_local.py", "test_s3_model_data_and_checkpoints", "test_cpu_example_learns",
+              "test_killed_processes", "test_kubectl_apply_trains", "test_local_run.py", "test_curves.py",
+              "test_gateway.py", "test_actor.py", "test_weight_transport.py", "test_multiturn.py", "test_fuzz.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,11 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from e2e import scenario
+from filelock import FileLock
 
 from .harness import ROOT, Cluster, emulated_cluster, running_operator
 from .test_kubectl import kubectl_binary
@@ -28,6 +30,16 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                        reason="the kubelet stand-in gives each pod a mount namespace: needs root and unshare"),
 ]  # fmt: skip
+
+
+@pytest.fixture
+def host_node() -> Iterator[None]:
+    """One kubelet stand-in at a time on this host, for the whole test (taken before its cluster
+    starts): every stand-in gives its pods the IPs 127.0.100.N, and torchrun's store listens on every
+    address at 29500, so two at once (pytest-xdist workers, or two test runs) would take each other's
+    ports. On a cluster each pod has its own network namespace."""
+    with FileLock(Path(tempfile.gettempdir()) / "kuberl-kubelet-stand-in.lock"):
+        yield
 
 
 @contextlib.contextmanager
@@ -66,6 +78,7 @@ def processes_under(path: Path) -> list[int]:
     return out
 
 
+@pytest.mark.usefixtures("host_node")
 async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
@@ -85,6 +98,7 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
 AGENT_STEPS = 8
 
 
+@pytest.mark.usefixtures("host_node")
 async def test_the_users_agent_deployment_trains_the_policy_through_the_gateway_service(tmp_path, monkeypatch):
     """spec.agent on the emulator: the operator makes the agent's Deployment and the gateway's
     Service; the Deployment's pod (examples/agents/calculator_agent.py, the openai client) reaches the

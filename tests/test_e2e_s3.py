@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import boto3
+import pytest
 import yaml
 from e2e import scenario
 from moto.server import ThreadedMotoServer
@@ -22,7 +23,7 @@ from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
 from .harness import emulated_cluster, running_operator
-from .test_e2e import kubectl_for, kubelet_stand_in
+from .test_e2e import host_node, kubectl_for, kubelet_stand_in  # noqa: F401 (host_node: a fixture)
 from .test_e2e import pytestmark as e2e_marks
 
 pytestmark = e2e_marks
@@ -59,6 +60,7 @@ def manifest(path: Path, endpoint: str) -> tuple[Path, str]:
     return path, name
 
 
+@pytest.mark.usefixtures("host_node")
 async def test_s3_model_data_and_checkpoints_survive_a_deleted_trainer_pod(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
     for key in (*KEYS, "AWS_SESSION_TOKEN", "AWS_PROFILE", "KUBERL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3"):
