@@ -90,13 +90,14 @@ share_cores_among_xdist_workers()
 
 
 # Tests that run whole training runs (a minute or more each), then modules of such runs, longest first
-# (pieces of a test id). They are collected first so that pytest-xdist (scripts/test: --dist load
-# --maxschedchunk 1, i.e. the next test to the next free worker) starts them at once on every core
-# and fills the gaps with the short tests, instead of leaving one long run to the end.
-# The three kubelet stand-in tests (test_e2e*.py) run one at a time (test_e2e.host_node): they are
-# spread out so that a worker rarely waits for another's.
+# (pieces of a test id). They are collected first, so that the workers start on them at once and the
+# short tests fill the gaps. pytest-xdist hands out the first quarter of the list round-robin (test i
+# to worker i mod n) and the rest one at a time to whichever worker is free (scripts/test: --dist load
+# --maxschedchunk 1). The three kubelet stand-in tests (test_e2e*.py) run one at a time on a host
+# (test_e2e.host_node), so they sit three places apart: with scripts/test's three workers on two cores
+# they go to the same worker, one after the other, and nobody waits for the lock.
 LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
-              "test_vllm_local.py", "test_s3_model_data_and_checkpoints", "test_cpu_example_learns",
+              "test_vllm_local.py", "test_cpu_example_learns", "test_s3_model_data_and_checkpoints",
               "test_killed_processes", "test_kubectl_apply_trains", "test_local_run.py", "test_curves.py",
               "test_gateway.py", "test_actor.py", "test_weight_transport.py", "test_multiturn.py", "test_fuzz.py")
 
