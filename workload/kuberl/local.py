@@ -51,7 +51,7 @@ from .settings import inherited_environment
 from .weights.discovery import format_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
-# How a local process's environment differs from its pod's (tests/test_local_run.py checks both ways):
+# How a local process's environment differs from its pod's (tests/test_roles.py checks both ways):
 # hosts and ports that are this machine's; what the pod gets from elsewhere.
 LOCAL_MAPPINGS = {
     "MASTER_ADDR": "127.0.0.1 (pod: trainer rank 0's DNS name)",

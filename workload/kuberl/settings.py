@@ -73,6 +73,11 @@ class Settings:
     gateway_port: int = GATEWAY_PORT
     inference_urls: tuple[str, ...] = ()  # the replicas' URLs; (): the pool's DNS names
 
+    def checkpoint_location(self, spec_uri: str | None) -> str | None:
+        """Where checkpoints (and the published curves) go: the run config's (a local run's work dir),
+        else ``spec.checkpoint.uri``."""
+        return self.checkpoint_uri or spec_uri
+
     @property
     def exchange_address(self) -> tuple[str, int]:
         """Where the p2p exchange group's store listens: trainer rank 0, ``master_port`` + 1."""

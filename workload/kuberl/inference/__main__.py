@@ -55,7 +55,7 @@ def main() -> None:
         require_vllm()  # fail before binding the port
 
         async def make_app() -> web.Application:
-            engine, tokenizer = vllm_engine_for(run, settings.replica, settings)  # starts vLLM's engine core
+            engine, tokenizer = vllm_engine_for(run, settings)  # starts vLLM's engine core
             return build_app(engine, tokenizer, token, weights_dir, settings)
 
         web.run_app(make_app(), host=host, port=port, print=None, handle_signals=True,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..settings import DEFAULTS, Settings
+from ..settings import Settings
 from .contract import EngineDown, Generation, SamplingParams
 
 log = logging.getLogger("kuberl.inference")
@@ -282,8 +282,8 @@ def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict
     return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout, aliases)
 
 
-def vllm_engine_for(run: Any, replica: int, settings: Settings = DEFAULTS) -> tuple[VLLMEngine, Any]:
-    """The engine and tokenizer for one replica of ``run`` (a :class:`~kuberl.runconfig.RunConfig`).
+def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
+    """The engine and tokenizer for replica ``settings.replica`` of ``run`` (a :class:`~kuberl.runconfig.RunConfig`).
 
     A builtin model is built in code (same seed as the trainer's) and saved to a scratch directory
     for vLLM to load; a ``file://`` model is served from its own directory."""
@@ -307,7 +307,7 @@ def vllm_engine_for(run: Any, replica: int, settings: Settings = DEFAULTS) -> tu
     on_cpu = str(spec.inference.accelerator) == "cpu"
     engine = build_vllm_engine(
         model_dir, tokenizer.eos_token_id, hf_parameter_layout(model), tied_aliases(model),
-        seed=spec.seed + 1000 * replica,
+        seed=spec.seed + 1000 * settings.replica,
         dtype=dtype, eager=on_cpu, cpu_kv_cache_gib=1 if on_cpu else None,
         tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
     )  # fmt: skip

@@ -89,7 +89,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     config = algorithm_config(run)
     actor = Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                          spec.algorithm.mini_batches, device, compute_dtype(spec.model.dtype, spec.trainer.accelerator))
-    checkpointer = Checkpointer(settings.checkpoint_uri or spec.checkpoint.uri, spec.checkpoint.every_steps,
+    checkpointer = Checkpointer(settings.checkpoint_location(spec.checkpoint.uri), spec.checkpoint.every_steps,
                                 spec.checkpoint.keep, settings.staging_dir, rank, settings.local_rank, run.run_id,
                                 settings.s3_endpoint)
     resumed: TrainerState | None = checkpointer.resume(actor)

@@ -144,7 +144,7 @@ class RankZeroServices(NoServices):
                 settings.agent_token, tasks=tasks)  # agents never hold the pool's token
             gateway.start_in(settings.gateway_port, settings.bind_host)
             server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
-        curves = Curves.for_run(settings.checkpoint_uri or spec.checkpoint.uri, settings)
+        curves = Curves.for_run(settings.checkpoint_location(spec.checkpoint.uri), settings)
         evaluations = Evaluations(spec, controller, tokenizer, settings) if spec.evaluation is not None else None
         return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps)
 
