@@ -45,7 +45,7 @@ from .api.contract import (
 from .api.resolve import InferencePlan, TrainerPlan
 from .api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
 from .display import ProgressDisplay
-from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, restart_exited, tail
+from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
 from .runconfig import write_run_config
 from .settings import inherited_environment
 from .weights.discovery import format_labels
@@ -278,13 +278,13 @@ class LocalRun:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         rank, limit = ranks.index(failed), self.spec.trainer.backoff_limit
+        log = self.work / f"trainer-{rank}.log"
         if not gang_may_restart(self.restarts["trainer"], limit):
-            log = self.work / f"trainer-{rank}.log"
             raise RunError(f"the trainer failed {self.restarts['trainer'] + 1} time(s) (backoffLimit {limit}); last "
                            f"lines of {log}:\n{tail(log)}")
         self.restarts["trainer"] += 1
         say(f"trainer rank {rank} exited with code {failed.returncode}; restarting the gang from the last checkpoint "
-            f"({self.restarts['trainer']}/{limit})")
+            f"({self.restarts['trainer']}/{limit}); last lines of {log}:\n{indented(tail(log, 5))}")
         return self.gang()
 
     def supervise(self, display: ProgressDisplay, quiet: bool) -> None:

@@ -71,9 +71,14 @@ def restart_exited(procs: list[Process], spawn: Callable[[int], Process], kind: 
             raise RunError(f"{what} {i} keeps failing (exit {proc.returncode}); last lines of {log}:\n"
                            f"{tail(log)}")
         restarts[kind] += 1
-        say(f"{what} {i} exited with code {proc.returncode}; restarting it")
+        say(f"{what} {i} exited with code {proc.returncode}; restarting it; last lines of {log}:\n"
+            f"{indented(tail(log, 5))}")
         procs[i] = spawn(i)
 
 
 def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def indented(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
