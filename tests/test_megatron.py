@@ -1,22 +1,49 @@
-"""The Megatron-core backend's verifiable parts: HF ↔ Megatron conversion (pure), and a real
-megatron-core GPTModel built on CPU, loaded from HF weights and exported back bit for bit.
-Its forward pass needs CUDA (megatron-core's rotary embedding); that test runs where CUDA is."""
+"""The Megatron-core backend on CPU: HF ↔ Megatron conversion (pure), the tensor-parallel split, and
+a real megatron-core GPTModel (through ``kuberl.megatron.cpu.cpu_shim``) loaded from HF weights,
+exported back bit for bit, giving the HF model's logits, and — with tensor parallelism 2 in two
+processes over gloo — the FSDP actor's log-probs, entropy, decoupled-PPO loss and gradients."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from kuberl.collectives import exit_without_teardown
+from kuberl.local_processes import free_port
 from kuberl.megatron.convert import AttentionShape, fuse_qkv, hf_to_megatron, megatron_to_hf, split_qkv
+from kuberl.megatron.tensor_parallel import Split, shard, unshard
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.rollout.types import Trajectory
+from kuberl.trainer.actor import token_logprobs_and_entropy
+from kuberl.trainer.algorithms import AlgorithmConfig
+from kuberl.trainer.batch import Batch, collate
+from kuberl.trainer.loss import ppo_loss
 
 
-def qwen2() -> torch.nn.Module:
-    return tiny_qwen2(len(char_tokenizer()), seed=3)
+def qwen2(tied: bool = True) -> torch.nn.Module:
+    return tiny_qwen2(len(char_tokenizer()), seed=3, tied=tied)
+
+
+def random_batch(vocab: int, seed: int, rows: int = 4) -> Batch:
+    """Trajectories of random tokens and lengths (so the batch is right-padded), random behaviour
+    log-probs and advantages of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for _ in range(rows):
+        prompt, output = int(torch.randint(2, 6, (1,), generator=g)), int(torch.randint(3, 9, (1,), generator=g))
+        ids = torch.randint(3, vocab, (prompt + output,), generator=g).tolist()
+        behav = (-torch.rand(output, generator=g) * 4).tolist()
+        trajs.append(Trajectory(ids[:prompt], ids[prompt:], behav, [0] * output))
+    advantages = (torch.randn(rows, generator=g)).tolist()
+    return collate(trajs, advantages, pad_id=0, version=0)
 
 
 def llama_untied_gqa() -> torch.nn.Module:
@@ -56,6 +83,26 @@ def test_qkv_is_interleaved_by_query_group():
     assert all(torch.equal(a, b) for a, b in zip(split_qkv(fused, shape), (q, k, v), strict=True))
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 4), cols=st.integers(1, 5), size=st.sampled_from([1, 2, 4]), dim=st.sampled_from([0, 1]),
+       gated=st.booleans())
+def test_unshard_inverts_shard(rows, cols, size, dim, gated):
+    shape = [rows * size * (2 if gated and dim == 0 else 1), cols * size * (2 if gated and dim == 1 else 1)]
+    full = torch.arange(shape[0] * shape[1], dtype=torch.float32).reshape(shape)
+    split = Split(dim, gated)
+    pieces = [shard(full, split, r, size) for r in range(size)]
+    assert all(p.shape[dim] == full.shape[dim] // size for p in pieces)
+    assert torch.equal(unshard(pieces, split), full)
+    if gated and size > 1:  # each rank holds a slice of the gate half and of the up half
+        gate, up = full.chunk(2, dim=dim)
+        assert torch.equal(pieces[0], torch.cat([gate.chunk(size, dim)[0], up.chunk(size, dim)[0]], dim))
+
+
+def test_a_dimension_that_does_not_split_is_refused():
+    with pytest.raises(ValueError, match="does not split over 2 tensor-parallel ranks"):
+        shard(torch.zeros(3, 4), Split(0), 0, 2)
+
+
 def test_bad_configs_are_refused():
     model = llama_untied_gqa()
     state = model.state_dict()
@@ -83,10 +130,12 @@ def megatron_parallel_state(tmp_path) -> Iterator[None]:
 
 
 def test_megatron_model_loads_hf_weights_and_exports_them_unchanged(megatron_parallel_state):
+    from kuberl.megatron.cpu import cpu_shim
     from kuberl.megatron.model import build_gpt_model, export_hf_state, load_hf_state
 
     hf = qwen2()
-    meg = build_gpt_model(hf.config)
+    with cpu_shim():
+        meg = build_gpt_model(hf.config)
     assert sum(p.numel() for p in meg.parameters()) == sum(p.numel() for p in hf.parameters())
     load_hf_state(meg, hf.state_dict(), hf.config)
     exported = export_hf_state(meg, hf.config)
@@ -97,18 +146,80 @@ def test_megatron_model_loads_hf_weights_and_exports_them_unchanged(megatron_par
         load_hf_state(meg, wrong, hf.config)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="megatron-core 0.16's forward needs CUDA (rotary embedding on torch.cuda.current_device())")
-def test_megatron_forward_matches_hf(megatron_parallel_state):  # pragma: no cover - runs on GPU machines
+def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state):
+    from kuberl.megatron.cpu import cpu_shim
+    from kuberl.megatron.logprobs import vocab_parallel_logits
     from kuberl.megatron.model import build_gpt_model, load_hf_state
 
-    hf = qwen2().cuda().eval()
-    meg = build_gpt_model(hf.config)
-    load_hf_state(meg, hf.state_dict(), hf.config)
-    meg = meg.cuda().eval()
-    ids = torch.randint(4, hf.config.vocab_size, (2, 12), device="cuda")
-    positions = torch.arange(12, device="cuda").expand(2, -1)
+    hf = qwen2().eval()
+    batch = random_batch(hf.config.vocab_size, seed=1)
+    with cpu_shim():
+        meg = build_gpt_model(hf.config)
+        load_hf_state(meg, hf.state_dict(), hf.config)
+        with torch.no_grad():
+            got = vocab_parallel_logits(meg.eval(), batch)
     with torch.no_grad():
-        expected = hf(input_ids=ids).logits
-        got = meg(ids, positions, None)
-    assert torch.allclose(got.float(), expected.float(), atol=1e-3)
+        expected = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    valid = batch.attention_mask.bool()  # right padding: positions past a row's end are never trained
+    assert torch.allclose(got[valid], expected[valid], atol=1e-5), (got[valid] - expected[valid]).abs().max()
+
+
+PPO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
+
+
+def _tensor_parallel_rank(rank: int, world: int, port: int, tied: bool, out: str) -> None:
+    """One of ``world`` tensor-parallel ranks: the HF model's weights in a Megatron GPTModel, the
+    log-probs, entropy and PPO loss of a batch, the gradients gathered back under HF names."""
+    from megatron.core import parallel_state
+
+    from kuberl.megatron.convert import megatron_to_hf
+    from kuberl.megatron.cpu import cpu_shim
+    from kuberl.megatron.logprobs import token_logprobs_and_entropy
+    from kuberl.megatron.model import build_gpt_model, gathered, load_hf_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    try:
+        hf = qwen2(tied)
+        batch = random_batch(hf.config.vocab_size, seed=4)
+        with cpu_shim():
+            meg = build_gpt_model(hf.config, seed=0)
+            load_hf_state(meg, hf.state_dict(), hf.config)
+            logp, entropy = token_logprobs_and_entropy(meg, batch, temperature=0.7)
+            loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
+            loss.backward()
+            grads = megatron_to_hf(gathered(meg, {n: p.grad for n, p in meg.named_parameters()}), hf.config)
+        if rank == 0:
+            torch.save({"logp": logp.detach(), "entropy": entropy, "loss": loss.detach(), "grads": grads}, out)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+    exit_without_teardown(0)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_tensor_parallel_megatron_gives_the_fsdp_actors_logprobs_entropy_loss_and_gradients(tmp_path, tied):
+    """Megatron with tensor parallelism 2 (two processes over gloo, vocabulary-parallel logits) and
+    the FSDP actor's own functions on the same HF weights and batch: the same per-token log-probs
+    and entropy, the same decoupled-PPO loss, the same gradient for every HF parameter."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
+    out = tmp_path / "megatron.pt"
+    mp.start_processes(_tensor_parallel_rank, args=(2, free_port(), tied, str(out)), nprocs=2, start_method="spawn")
+    got = torch.load(out)
+
+    hf = qwen2(tied)
+    batch = random_batch(hf.config.vocab_size, seed=4)
+    logp, entropy = token_logprobs_and_entropy(hf, batch, temperature=0.7)
+    loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
+    loss.backward()
+    trained = batch.loss_mask.bool()
+    assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
+    assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
+    assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
+    params = dict(hf.named_parameters())
+    assert got["grads"].keys() >= params.keys()
+    for name, param in params.items():
+        assert param.grad is not None and param.grad.abs().max() > 0, name
+        assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name

@@ -147,4 +147,7 @@ def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
         "layernorm_epsilon": hf_config.rms_norm_eps, "add_bias_linear": False,
         "add_qkv_bias": hf_config.model_type == "qwen2", "use_cpu_initialization": True,
         "params_dtype": torch.float32, "bf16": False,
+        # the HF models have no dropout after attention or MLP; Megatron's default of 0.1 would
+        # train a different (noisier) policy than the engines sample from
+        "hidden_dropout": 0.0, "attention_dropout": float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
     }  # fmt: skip

@@ -2,9 +2,9 @@
 
 Needs ``megatron-core`` (imported here, not at package import) and an initialised
 ``megatron.core.parallel_state``. Uses Megatron's local (non-Transformer-Engine) layer spec, whose
-parameter names :mod:`.convert` maps. Megatron-core 0.16's forward pass needs CUDA (its rotary
-embedding moves ``inv_freq`` to ``torch.cuda.current_device()``): on CPU the model can be built,
-loaded and exported, not run.
+parameter names :mod:`.convert` maps. With tensor parallelism each rank loads its piece of every
+split parameter (:mod:`.tensor_parallel`) and the export gathers them back. On CPU, build and run
+the model inside :func:`kuberl.megatron.cpu.cpu_shim`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,25 @@ from typing import Any
 import torch
 
 from .convert import hf_to_megatron, megatron_to_hf, transformer_config_kwargs
+from .tensor_parallel import shard, split_of, unshard
 
 
-def build_gpt_model(hf_config: Any) -> Any:
+def _tensor_parallel() -> tuple[int, int, Any]:
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_tensor_model_parallel_group())
+
+
+def build_gpt_model(hf_config: Any, seed: int = 0) -> Any:
+    """A GPTModel shaped like ``hf_config`` (its weights random until :func:`load_hf_state`); seeds
+    Megatron's per-rank RNG streams (``model_parallel_cuda_manual_seed``) first."""
+    from megatron.core import tensor_parallel
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
     config = TransformerConfig(**transformer_config_kwargs(hf_config))
     return GPTModel(
         config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf_config.vocab_size,
@@ -31,7 +43,10 @@ def build_gpt_model(hf_config: Any) -> Any:
 
 
 def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) -> None:
-    """Copy a full HF state dict into ``model`` (tensor parallel 1); every parameter must be set."""
+    """Copy a full HF state dict into ``model``, this tensor-parallel rank's piece of each parameter;
+    every parameter must be set."""
+    rank, size, _ = _tensor_parallel()
+    gated = model.config.gated_linear_unit
     converted = hf_to_megatron(state, hf_config)
     params = dict(model.named_parameters())
     missing, unexpected = sorted(params.keys() - converted.keys()), sorted(converted.keys() - params.keys())
@@ -39,12 +54,33 @@ def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) ->
         raise ValueError(f"HF weights do not fit the Megatron model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     with torch.no_grad():
-        for name, tensor in converted.items():
+        for name, full in converted.items():
+            tensor = shard(full, split_of(name, params[name], gated), rank, size)
             if params[name].shape != tensor.shape:
                 raise ValueError(f"{name}: model has {tuple(params[name].shape)}, weights {tuple(tensor.shape)}")
             params[name].copy_(tensor)
 
 
+def gathered(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors from this rank's pieces of ``tensors`` (named like ``model``'s parameters, e.g.
+    the parameters or their gradients): an all-gather over the tensor-parallel group per split
+    tensor; every tensor-parallel rank must call it."""
+    import torch.distributed as dist
+
+    _, size, group = _tensor_parallel()
+    params, gated, whole = dict(model.named_parameters()), model.config.gated_linear_unit, {}
+    for name, piece in tensors.items():
+        split = split_of(name, params[name], gated)
+        if split.dim is None or size == 1:
+            whole[name] = piece
+            continue
+        pieces = [torch.empty_like(piece) for _ in range(size)]
+        dist.all_gather(pieces, piece.contiguous(), group=group)
+        whole[name] = unshard(pieces, split)
+    return whole
+
+
 def export_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
-    """The model's parameters under HF names: what the weight sync sends to vLLM / torch replicas."""
-    return megatron_to_hf({n: p.detach() for n, p in model.named_parameters()}, hf_config)
+    """The model's whole parameters under HF names (every tensor-parallel rank must call it): what
+    the weight sync sends to vLLM / torch replicas."""
+    return megatron_to_hf(gathered(model, {n: p.detach() for n, p in model.named_parameters()}), hf_config)

@@ -1,0 +1,61 @@
+"""Megatron-core on CPU: the CUDA-only calls of megatron-core 0.16 pointed at the CPU.
+
+Megatron-core builds and runs on CPU with ``TransformerConfig(use_cpu_initialization=True)``, the
+local (non-Transformer-Engine) layer spec and gloo, except for a few calls that assume a CUDA device:
+
+- ``torch.cuda.current_device()`` — the rotary embedding moves ``inv_freq`` there (forward);
+- ``torch.cuda.manual_seed(seed)`` / ``torch.cuda.get_rng_state()`` — ``model_parallel_cuda_manual_seed``
+  seeds the device and keeps its generator's state per stream;
+- ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` — the RNG tracker that
+  gives tensor-parallel ranks their own dropout streams saves and restores the device's generator.
+
+``cpu_shim()`` maps them to the CPU (device ``"cpu"``, the CPU generator) while it is active and
+restores them after. It is used only when the trainer's device is the CPU: the same code runs on
+CUDA/NPU without it. Nothing else in megatron-core is changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def _get_cpu_rng_state(device: Any = "cpu", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+    state = torch.get_rng_state()
+    return state.clone() if clone else state
+
+
+def _set_cpu_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+    torch.set_rng_state(new_state)
+
+
+@contextlib.contextmanager
+def _swapped(owner: Any, name: str, replacement: Any) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def cpu_shim() -> Iterator[None]:
+    """Megatron-core's CUDA-only calls answered by the CPU for the duration of the block."""
+    from megatron.core.tensor_parallel import random as tp_random
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_swapped(torch.cuda, "current_device", lambda: "cpu"))
+        stack.enter_context(_swapped(torch.cuda, "manual_seed", torch.manual_seed))
+        stack.enter_context(_swapped(torch.cuda, "get_rng_state", _get_cpu_rng_state))
+        stack.enter_context(_swapped(tp_random, "_get_cuda_rng_state", _get_cpu_rng_state))
+        stack.enter_context(_swapped(tp_random, "_set_cuda_rng_state", _set_cpu_rng_state))
+        yield
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """``cpu_shim()`` on the CPU, nothing on an accelerator."""
+    return cpu_shim() if device.type == "cpu" else contextlib.nullcontext()

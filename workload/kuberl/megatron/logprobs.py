@@ -1,0 +1,58 @@
+"""Per-token log-probs and entropy from Megatron's vocabulary-parallel logits.
+
+Each tensor-parallel rank holds the logits of its slice of the vocabulary, ``l[..., V/t]``. For the
+temperature-scaled policy π = softmax(l / T):
+
+    log π(y) = l_y/T − log Σ_v exp(l_v/T)          (Megatron's vocab-parallel cross-entropy, negated:
+                                                    differentiable, one all-reduce each for max, Σ)
+    H(π)     = log S − Σ_v e_v (l_v/T − m) / S      with m = max_v l_v/T, e_v = exp(l_v/T − m), S = Σ_v e_v
+
+the sums running over the whole vocabulary (all-reduced over the tensor-parallel group). The
+entropy is a detached diagnostic, as in the FSDP actor (:func:`kuberl.trainer.actor.token_logprobs_and_entropy`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..trainer.batch import Batch
+
+
+def causal_mask(length: int) -> torch.Tensor:
+    """Megatron's attention mask for one row: True where a query may NOT see a key (the future).
+    Right padding needs nothing more: padded keys come after every real query."""
+    return torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)[None, None]
+
+
+def vocab_parallel_logits(model: Any, batch: Batch) -> torch.Tensor:
+    """The model's logits for ``batch``, [B, L, V/t] on this tensor-parallel rank."""
+    rows, length = batch.input_ids.shape
+    positions = torch.arange(length, device=batch.input_ids.device).expand(rows, -1)
+    mask = causal_mask(length).to(batch.input_ids.device).expand(rows, 1, length, length)
+    return model(batch.input_ids, positions, mask)
+
+
+def vocab_parallel_entropy(scaled: torch.Tensor, group: Any) -> torch.Tensor:
+    """H(softmax(scaled)) over the whole vocabulary from this rank's slice (no gradient)."""
+    with torch.no_grad():
+        top = scaled.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = scaled - top.unsqueeze(-1)
+        exps = shifted.exp()
+        sums = torch.stack([exps.sum(-1), (exps * shifted).sum(-1)])
+        dist.all_reduce(sums, group=group)
+        return sums[0].log() - sums[1] / sums[0]
+
+
+def token_logprobs_and_entropy(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(target), H(π)) at every position [B, L−1], as the FSDP actor computes them."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    logits = vocab_parallel_logits(model, batch)[:, :-1].float()
+    scaled = logits / temperature if temperature > 0 else logits * 1.0  # a fresh tensor: CE works in place
+    entropy = vocab_parallel_entropy(scaled.detach(), parallel_state.get_tensor_model_parallel_group())
+    logp = -tensor_parallel.vocab_parallel_cross_entropy(scaled, batch.targets)
+    return logp, entropy
