@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -96,8 +97,17 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch,
     return logp_all.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
+Scorer = Callable[[torch.nn.Module, Batch, float], tuple[torch.Tensor, torch.Tensor]]
+"""(model, batch, temperature) → (log π(target), H(π)) per position: how a backend reads its model."""
+GradientClipper = Callable[[list[torch.nn.Parameter], float], torch.Tensor]
+"""(parameters, max norm) → the global gradient norm before clipping; clips in place."""
+
+
 @dataclass
 class Actor:
+    """The decoupled-PPO step of every backend; ``scorer`` and ``clip_gradients`` are where a backend
+    differs (FSDP2: the HF forward and torch's clipping over DTensors; Megatron: :mod:`kuberl.megatron.actor`)."""
+
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     config: AlgorithmConfig
@@ -107,6 +117,8 @@ class Actor:
     max_grad_norm: float = 1.0
     reference: torch.nn.Module | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    scorer: Scorer = token_logprobs_and_entropy
+    clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
 
     @classmethod
     def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
@@ -152,7 +164,7 @@ class Actor:
         prox: list[list[torch.Tensor] | None] = [None] * len(parts)
         if self.mini_batches > 1:
             with torch.no_grad():
-                prox = [[token_logprobs(self.model, c, self.temperature) for c in part] for part in chunks]
+                prox = [[self.scorer(self.model, c, self.temperature)[0] for c in part] for part in chunks]
         stats: dict[str, float] = {}
         sums = dict.fromkeys(TOKEN_SUMS, 0.0)
         for part_chunks, part_prox, tokens in zip(chunks, prox, part_tokens, strict=True):
@@ -187,8 +199,8 @@ class Actor:
             ref_logp = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref_logp = token_logprobs(self.reference, chunk, self.temperature)
-            logp, entropy = token_logprobs_and_entropy(self.model, chunk, self.temperature)
+                    ref_logp = self.scorer(self.reference, chunk, self.temperature)[0]
+            logp, entropy = self.scorer(self.model, chunk, self.temperature)
             prox_logp = logp.detach() if prox is None else prox[i]
             gap = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
             out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
@@ -199,7 +211,7 @@ class Actor:
                     "entropy/tokens": chunk.loss_mask.sum()}
             for k, v in {**weighted, **sums}.items():
                 stats[k] = stats[k] + v if k in stats else v
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         return host_floats(stats)

@@ -1,0 +1,90 @@
+"""The Megatron-core backend's actor: the FSDP actor's decoupled-PPO step
+(:class:`kuberl.trainer.actor.Actor`: one loss, one update rule) on a Megatron GPTModel with tensor
+parallelism. What differs is how the model is read and how the gradient norm is taken:
+
+- log-probs and entropy from vocabulary-parallel logits (:mod:`.logprobs`), the forward under
+  :func:`.cpu.on_device` (the CPU shim on CPU, nothing on an accelerator);
+- the global gradient norm for clipping, ‖g‖² = all-reduce_TP(Σ_split ‖g_r‖²) + Σ_whole ‖g‖²: a split
+  parameter's pieces are summed over the tensor-parallel ranks, a whole one (the norms, the same on
+  every rank) is counted once; then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
+
+Tensor parallelism only (data parallelism 1): every rank holds the whole batch. The actor's
+world-wide sums (the loss normaliser's token count, the gap and entropy sums) then count each token
+once per rank in numerator and denominator alike, so every mean is the one-rank mean.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..trainer.actor import Actor
+from ..trainer.algorithms import AlgorithmConfig
+from ..trainer.batch import Batch
+from .cpu import on_device
+from .logprobs import token_logprobs_and_entropy
+from .model import build_gpt_model, export_hf_state, load_hf_state
+
+
+def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`.logprobs.token_logprobs_and_entropy`, run where megatron-core can run on ``device``."""
+    def score(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        with on_device(device):
+            return token_logprobs_and_entropy(model, batch, temperature)
+    return score
+
+
+def clip_tensor_parallel_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip in place to the global norm over every tensor-parallel rank; returns that norm."""
+    from megatron.core import parallel_state
+
+    grads = [p for p in params if p.grad is not None]
+    split = [p.grad.float().pow(2).sum() for p in grads if getattr(p, "tensor_model_parallel", False)]
+    whole = [p.grad.float().pow(2).sum() for p in grads if not getattr(p, "tensor_model_parallel", False)]
+    split_sq = torch.stack(split).sum() if split else torch.zeros(())
+    dist.all_reduce(split_sq, group=parallel_state.get_tensor_model_parallel_group())
+    norm = (split_sq + (torch.stack(whole).sum() if whole else torch.zeros(()))).sqrt()
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for p in grads:
+        p.grad.mul_(coefficient.to(p.grad.dtype))
+    return norm
+
+
+@dataclass
+class MegatronActor(Actor):
+    hf_config: Any = None  # the HF config the weights are exported under
+
+    @classmethod
+    def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
+                mini_batches: int = 1, device: torch.device | None = None, seed: int = 0) -> MegatronActor:
+        """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece), AdamW as the
+        FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. Needs an initialised
+        ``megatron.core.parallel_state``."""
+        device = device or torch.device("cpu")
+        with on_device(device):
+            model = build_gpt_model(hf_model.config, seed)
+            load_hf_state(model, hf_model.state_dict(), hf_model.config)
+        model = model.to(device)
+        reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_coef > 0 else None
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
+                   scorer=scorer_on(device), clip_gradients=clip_tensor_parallel_gradients,
+                   hf_config=hf_model.config)
+
+    def freeze_reference(self) -> None:
+        """π_ref := the current policy (each rank copies its own pieces)."""
+        if self.reference is not None:
+            with torch.no_grad():
+                for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+                    ref.copy_(param)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Whole weights under HF names on rank 0 (CPU), an empty dict elsewhere; every rank must call it."""
+        state = export_hf_state(self.model, self.hf_config)
+        return {n: t.detach().cpu() for n, t in state.items()} if dist.get_rank() == 0 else {}
