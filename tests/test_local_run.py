@@ -84,6 +84,19 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert processes_mentioning(str(work)) == []
 
 
+def test_the_megatron_example_trains_and_the_engine_serves_the_gathered_policy(tmp_path):
+    """examples/cpu-megatron.yaml, shortened: two trainer processes hold a Megatron GPTModel split by
+    tensor parallelism; every step trains, checkpoints carry both ranks' pieces, and the engine's
+    log-probs for tokens sampled by the very weights being trained equal Megatron's to float noise
+    (the broadcast weights, gathered from both pieces, are the policy the trainer trains)."""
+    summary = run_local(ROOT / "examples/cpu-megatron.yaml", ["model.sftWarmup.steps=20", "checkpoint.everySteps=3"],
+                        6, None, workdir=tmp_path / "run", quiet=True)
+    assert summary["world_size"] == 2 and len(summary["rewards"]) == summary["steps"] == 6
+    assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-4, summary
+    shards = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+
+
 def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
     work = tmp_path / "run"
     settings = ["checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5"]

@@ -78,7 +78,11 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"allocation": "vllm:d2t2+fsdp:d8", "trainer__nodes": 2}, "spec.trainer.nodes", "implies 1"),
         ({"allocation": "vllm:d2+megatron:d8", "trainer__backend": "fsdp"}, "spec.trainer.backend", "implies megatron"),
         ({"inference__accelerator": "ascend", "inference__engine": "torch"}, "spec.inference.engine", "use vllm"),
-        ({"trainer__accelerator": "cpu", "trainer__backend": "megatron"}, "spec.trainer.backend", "use backend fsdp"),
+        ({"trainer__accelerator": "cpu", "trainer__backend": "megatron", "trainer__acceleratorsPerNode": 2,
+          "trainer__parallelism": {"tensor": 2}}, "spec.weightSync.mode", "allowed with backend megatron: broadcast"),
+        ({"trainer__accelerator": "cpu", "trainer__backend": "megatron", "trainer__acceleratorsPerNode": 2,
+          "trainer__parallelism": {"tensor": 2}, "weightSync": {"mode": "broadcast"}, "model__dtype": "bfloat16"},
+         "spec.model.dtype", "computes in float32"),
         ({"trainer__nodes": 2, "trainer__parallelism": {"data": 3}}, "spec.trainer.parallelism",
          "must equal nodes×acceleratorsPerNode"),
         ({"trainer__parallelism": {"tensor": 2}}, "spec.trainer.parallelism", "backend fsdp shards over data"),
@@ -175,8 +179,16 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     assert "Traceback" not in stderr
 
 
-def test_megatron_is_planned_but_refused_until_it_can_train():
+def test_megatron_trains_tensor_parallel_layouts_and_refuses_the_others_naming_each_field():
+    accepted, issues = validate_document(with_spec(
+        allocation="vllm:d1+megatron:t2", trainer__accelerator="cpu", trainer__acceleratorsPerNode=2,
+        inference__accelerator="cpu", weightSync={"mode": "broadcast"}))
+    assert accepted is not None and issues == []
     _, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
                                             trainer__acceleratorsPerNode=16))
-    assert [i.path for i in issues] == ["spec.trainer.backend"]
-    assert "use backend fsdp" in issues[0].message
+    assert sorted(i.path for i in issues) == ["spec.model.dtype", "spec.trainer.parallelism.data",
+                                              "spec.trainer.parallelism.expert", "spec.trainer.parallelism.pipeline",
+                                              "spec.weightSync.mode"]
+    assert all("must be 1" in i.message for i in issues if i.path.startswith("spec.trainer.parallelism"))
+
+

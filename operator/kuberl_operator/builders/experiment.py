@@ -52,7 +52,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
     The API token Secret is not among them: it holds a random value (``reconcile.ensure_api_token``)."""
     inference, trainer, issues = resolve(exp.spec)
-    issues += unsupported_issues(exp.spec, trainer.backend if trainer else None) + cluster_issues(
+    issues += unsupported_issues(exp.spec, trainer) + cluster_issues(
         exp.spec, exp.metadata.name)
     if issues or inference is None or trainer is None:
         raise InvalidSpec(issues)

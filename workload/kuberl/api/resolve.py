@@ -167,7 +167,6 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
 
 def _resolve_trainer(spec: RLExperimentSpec, alloc: Allocation | None, issues: _Issues) -> TrainerPlan | None:
     tr, par = spec.trainer, spec.trainer.parallelism
-    accel = Accelerator(tr.accelerator)
     before = len(issues.items)
     per_node = tr.accelerators_per_node
     src = f"allocation {spec.allocation!r}"
@@ -204,8 +203,6 @@ def _resolve_trainer(spec: RLExperimentSpec, alloc: Allocation | None, issues: _
                 f"must equal nodes×acceleratorsPerNode = {nodes}×{per_node} = {world}",
             )
         expert, expert_tensor = par.expert or 1, par.expert_tensor or 1
-    if backend == Backend.MEGATRON and accel == Accelerator.CPU:
-        issues.add("spec.trainer.backend", "megatron needs accelerator nvidia or ascend; use backend fsdp on cpu")
     if backend == Backend.FSDP and (dims.tensor, dims.pipeline, expert) != (1, 1, 1):
         issues.add(
             "spec.trainer.parallelism",

@@ -7,15 +7,25 @@ lands.
 
 from __future__ import annotations
 
-from .resolve import FieldIssue
-from .spec import Backend, RLExperimentSpec
+from .resolve import FieldIssue, TrainerPlan
+from .spec import Accelerator, Backend, ModelDtype, RLExperimentSpec, WeightSyncMode
+
+MEGATRON_SCOPE = "backend megatron trains with tensor parallelism only in this build (kuberl.megatron)"
 
 
-def unsupported_issues(spec: RLExperimentSpec, backend: Backend | None) -> list[FieldIssue]:
-    """``backend``: the trainer backend ``resolve`` settled on (None when it found other issues)."""
-    if backend == Backend.MEGATRON:
-        return [FieldIssue("spec.trainer.backend",
-                           "megatron cannot train in this build yet: its Megatron-core training loop needs CUDA or "
-                           "NPU devices to verify (the weight conversion and model building exist, "
-                           "kuberl.megatron); use backend fsdp (e.g. allocation 'vllm:d4t4+fsdp:d32')")]
-    return []
+def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
+    """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues)."""
+    if trainer is None or trainer.backend != Backend.MEGATRON:
+        return []
+    issues = [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
+              for field, value in (("data", trainer.data), ("pipeline", trainer.pipeline),
+                                   ("expert", trainer.expert), ("expertTensor", trainer.expert_tensor))
+              if value != 1]  # fmt: skip
+    if spec.weight_sync.mode == WeightSyncMode.P2P:
+        issues.append(FieldIssue("spec.weightSync.mode", "p2p does not carry Megatron's tensor-parallel pieces yet; "
+                                 "allowed with backend megatron: broadcast, disk"))
+    on_cpu = spec.trainer.accelerator == Accelerator.CPU
+    if not (spec.model.dtype == ModelDtype.FLOAT32 or (spec.model.dtype == ModelDtype.AUTO and on_cpu)):
+        issues.append(FieldIssue("spec.model.dtype", "backend megatron computes in float32 in this build; "
+                                 "set float32 (auto is bfloat16 on accelerators)"))
+    return issues

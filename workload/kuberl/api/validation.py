@@ -60,7 +60,7 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
         return None, schema_issues(err)
     if isinstance(obj, RLExperiment):
         _, trainer, issues = resolve(obj.spec)
-        issues += unsupported_issues(obj.spec, trainer.backend if trainer else None)
+        issues += unsupported_issues(obj.spec, trainer)
         issues += cluster_issues(obj.spec, obj.metadata.name) if cluster else []
         if issues:
             return None, issues

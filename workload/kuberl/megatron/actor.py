@@ -16,16 +16,20 @@ once per rank in numerator and denominator alike, so every mean is the one-rank 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from transformers import PreTrainedTokenizerBase
 
+from ..collectives import broadcast_from_rank0
+from ..data.datasets import Example
 from ..trainer.actor import Actor
 from ..trainer.algorithms import AlgorithmConfig
 from ..trainer.batch import Batch
+from ..trainer.sft import sft_warmup
 from .cpu import on_device
 from .logprobs import token_logprobs_and_entropy
 from .model import build_gpt_model, export_hf_state, load_hf_state
@@ -57,7 +61,34 @@ def clip_tensor_parallel_gradients(params: list[torch.nn.Parameter], max_norm: f
 
 @dataclass
 class MegatronActor(Actor):
-    hf_config: Any = None  # the HF config the weights are exported under
+    hf_model: Any = None  # the HF twin: its config names the exported weights; the SFT warm-up trains it
+
+    @property
+    def hf_config(self) -> Any:
+        return self.hf_model.config
+
+    def data_parallel(self) -> tuple[int, int]:
+        """Tensor parallelism only: every rank trains on every row."""
+        return 0, 1
+
+    @property
+    def checkpoint_namespace(self) -> str:
+        """Tensor-parallel rank r saves its pieces under ``tp<r>`` (a resume needs the same tensor-parallel size)."""
+        from megatron.core import parallel_state
+
+        return f"tp{parallel_state.get_tensor_model_parallel_rank()}"
+
+    def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
+                           batch_size: int, lr: float) -> list[float]:
+        """``spec.model.sftWarmup`` on the HF twin in rank 0 (every batch whole), then every rank loads
+        the result: a few small steps, on the model the inference engines serve."""
+        rank = dist.get_rank()
+        losses = sft_warmup(self.hf_model, tokenizer, data, steps, batch_size, lr) if rank == 0 else []
+        for tensor in self.hf_model.state_dict().values():
+            dist.broadcast(tensor.data, src=0)
+        with on_device(self.device):
+            load_hf_state(self.model, self.hf_model.state_dict(), self.hf_config)
+        return broadcast_from_rank0(losses)
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
@@ -74,8 +105,7 @@ class MegatronActor(Actor):
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer_on(device), clip_gradients=clip_tensor_parallel_gradients,
-                   hf_config=hf_model.config)
+                   scorer=scorer_on(device), clip_gradients=clip_tensor_parallel_gradients, hf_model=hf_model)
 
     def freeze_reference(self) -> None:
         """π_ref := the current policy (each rank copies its own pieces)."""

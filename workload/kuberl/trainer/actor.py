@@ -30,19 +30,22 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import PreTrainedTokenizerBase
 
 from ..collectives import all_reduce, all_reduce_many, world_size
+from ..data.datasets import Example
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
 from .loss import behaviour_gap, ppo_loss
+from .sft import sft_warmup
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
 """Per-rank sums that :meth:`Actor.train_step` adds up over updates and ranks before dividing."""
@@ -215,6 +218,21 @@ class Actor:
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         return host_floats(stats)
+
+    def data_parallel(self) -> tuple[int, int]:
+        """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""
+        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+    @property
+    def checkpoint_namespace(self) -> str:
+        """Where this rank's state sits in a checkpoint: "" (FSDP2 shards carry their own placement)."""
+        return ""
+
+    def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
+                           batch_size: int, lr: float) -> list[float]:
+        """``spec.model.sftWarmup`` on the sharded model, each rank on its share of every batch."""
+        rank, world = self.data_parallel()
+        return sft_warmup(self.model, tokenizer, data, steps, batch_size, lr, rank, world)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""

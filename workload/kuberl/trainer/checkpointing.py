@@ -54,13 +54,20 @@ class TrainerState:
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(self.rng)), dtype=torch.uint8))
 
 
-def _sharded_state(actor: Actor) -> dict[str, object]:
-    """What ``dcp`` saves and loads: model, optimizer and, with a KL term, the frozen reference."""
+def _actor_state(actor: Actor) -> dict[str, Any]:
+    """Model, optimizer and, with a KL term, the frozen reference."""
     model_state, optim_state = get_state_dict(actor.model, actor.optimizer)
-    state: dict[str, object] = {"model": model_state, "optim": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     if actor.reference is not None:
         state["reference"] = get_model_state_dict(actor.reference)
     return state
+
+
+def _sharded_state(actor: Actor) -> dict[str, Any]:
+    """What ``dcp`` saves and loads: the actor's state, under its ``checkpoint_namespace`` if it has
+    one (Megatron's tensor-parallel pieces: one namespace per tensor-parallel rank)."""
+    namespace = actor.checkpoint_namespace
+    return {namespace: _actor_state(actor)} if namespace else _actor_state(actor)
 
 
 def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
@@ -75,11 +82,12 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     """Load shards and counters written by ``save_trainer`` (into an actor built the same way)."""
     if actor.reference is not None:
         saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
-        if not any(key.startswith("reference.") for key in saved):
+        if not any(key.removeprefix(f"{actor.checkpoint_namespace}.").startswith("reference.") for key in saved):
             raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was "
                                   "written with klCoef 0); resume with klCoef 0 or start a new run")
-    target = _sharded_state(actor)
-    dcp.load(target, checkpoint_id=str(staging / SHARDS_DIR))
+    loaded = _sharded_state(actor)
+    dcp.load(loaded, checkpoint_id=str(staging / SHARDS_DIR))
+    target = loaded[actor.checkpoint_namespace] if actor.checkpoint_namespace else loaded
     set_state_dict(actor.model, actor.optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
     if actor.reference is not None:
         set_model_state_dict(actor.reference, target["reference"])

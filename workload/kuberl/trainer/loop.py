@@ -1,10 +1,11 @@
 """The training loop, top-down (``train``), and its named steps.
 
 Every step: take a fresh batch (rank 0 takes it from the rollout and shares it) → advantages →
-decoupled PPO step on FSDP2 → push the new weights to every inference replica (overlapping the next
-step) → checkpoint when due → report. Version v = weights after v steps. What only rank 0 does
-(rollout, progress endpoint, gateway, curves, evaluations) is ``services`` (``.services``): a no-op
-twin on the other ranks, so this module never asks which rank it runs on.
+decoupled PPO step (FSDP2 or Megatron-core: ``make_actor``) → push the new weights to every
+inference replica (overlapping the next step) → checkpoint when due → report. Version v = weights
+after v steps. What only rank 0 does (rollout, progress endpoint, gateway, curves, evaluations) is
+``services`` (``.services``): a no-op twin on the other ranks, so this module never asks which rank
+it runs on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 
 from ..api import resolve
+from ..api.spec import Backend
+from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
@@ -31,7 +34,6 @@ from .batch import collate
 from .checkpointing import Checkpointer, TrainerState
 from .loss import BehaviourGapMonitor
 from .services import NoServices, RankZeroServices, Tally
-from .sft import sft_warmup
 from .watchdog import StepWatchdog
 
 log = logging.getLogger("kuberl.trainer")
@@ -70,12 +72,26 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
     )
 
 
-def _require_fsdp(run: RunConfig) -> None:
-    _, plan, _ = resolve(run.spec)
-    if plan is not None and str(plan.backend) != "fsdp":
-        raise SystemExit(f"spec.trainer.backend is {plan.backend}: this build trains with fsdp only. The Megatron-"
-                         "core backend has its weight conversion and model building (kuberl.megatron) but not "
-                         "its training loop, which needs CUDA/NPU devices to verify; use backend: fsdp")
+def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> Actor:
+    """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor
+    parallelism (``kuberl.api.support`` says which Megatron layouts this build trains; the trainer
+    refuses the others too, should a spec reach it unvalidated)."""
+    spec = run.spec
+    _, plan, issues = resolve(spec)
+    issues += unsupported_issues(spec, plan)
+    if issues or plan is None:
+        raise SystemExit("invalid spec: " + "; ".join(f"{i.field}: {i.message}" for i in issues))
+    config = algorithm_config(run)
+    if plan.backend == Backend.MEGATRON:
+        from megatron.core import parallel_state
+
+        from ..megatron.actor import MegatronActor
+
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor)
+        return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
+                                     spec.algorithm.mini_batches, device, spec.seed)
+    return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
+                        spec.algorithm.mini_batches, device, compute_dtype(spec.model.dtype, spec.trainer.accelerator))
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
@@ -83,12 +99,10 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     """Model and FSDP2 actor, resume from the newest checkpoint (or SFT warm-up and freeze π_ref),
     rank 0's services, and the initial weights pushed to the pool."""
     spec = run.spec
-    _require_fsdp(run)
     torch.manual_seed(spec.seed)
     model, tokenizer = load_model(spec.model, spec.seed, settings)
     config = algorithm_config(run)
-    actor = Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                         spec.algorithm.mini_batches, device, compute_dtype(spec.model.dtype, spec.trainer.accelerator))
+    actor = make_actor(run, model, device)
     checkpointer = Checkpointer(settings.checkpoint_location(spec.checkpoint.uri), spec.checkpoint.every_steps,
                                 spec.checkpoint.keep, settings.staging_dir, rank, settings.local_rank, run.run_id,
                                 settings.s3_endpoint)
@@ -96,8 +110,8 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     sft_losses: list[float] = []
     if resumed is None:
         warm = spec.model.sft_warmup
-        sft_losses = sft_warmup(actor.model, tokenizer, examples(spec.dataset, spec.seed + 7, 0, settings),
-                                warm.steps, warm.batch_size, warm.learning_rate, rank, world)
+        sft_losses = actor.supervised_warm_up(tokenizer, examples(spec.dataset, spec.seed + 7, 0, settings),
+                                              warm.steps, warm.batch_size, warm.learning_rate)
         actor.freeze_reference()  # π_ref is the policy RL starts from (a resume restores it instead)
         log.info("SFT warm-up losses %s", [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
     else:
@@ -137,9 +151,10 @@ def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]
     lr = learning_rate_at(step, s.max_steps, algo.learning_rate, str(algo.learning_rate_schedule),
                           algo.min_learning_rate_ratio)
     s.actor.set_learning_rate(lr)
-    local = list(range(s.rank, len(trajs), s.world)) or [0]
+    data_rank, data_ranks = s.actor.data_parallel()
+    local = list(range(data_rank, len(trajs), data_ranks)) or [0]
     batch = collate([trajs[i] for i in local], [advs[i] for i in local], s.tokenizer.pad_token_id, version=step)
-    if s.rank >= len(trajs):
+    if data_rank >= len(trajs):
         batch = batch.masked()
     return {**s.actor.train_step(batch, len(trajs)), "ppo_actor/learning_rate": lr}
 
