@@ -123,7 +123,8 @@ def test_local_mode_checkpoints_to_the_manifests_s3_uri_when_asked(tmp_path, aws
     boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
     done = subprocess.run(
         [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "10",
-         "--set", "checkpoint.uri=s3://local-run/tiny/", "--set", "checkpoint.everySteps=5", "--spec-checkpoints",
+         "--set", "checkpoint.uri=s3://local-run/tiny/", "--set", "checkpoint.everySteps=5", "--set", "evaluation=null",
+         "--spec-checkpoints",
          "--workdir", str(tmp_path / "run")], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "checkpoints to s3://local-run/tiny/" in done.stderr

@@ -23,6 +23,7 @@ from kuberl.local_processes import RunError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/cpu-tiny.yaml"
+NO_EVAL = "evaluation=null"  # the evaluation (1,024 samples at the start and the end): test_curves.py tests it
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -40,7 +41,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 def test_cpu_example_learns_within_the_staleness_bound(tmp_path):
     steps = 120
-    summary = run_local(EXAMPLE, ["algorithm.learningRate=3e-4"], steps, tmp_path / "summary.json",
+    summary = run_local(EXAMPLE, ["algorithm.learningRate=3e-4", NO_EVAL], steps, tmp_path / "summary.json",
                         workdir=tmp_path / "run", quiet=True)
     rewards = summary["rewards"]
     assert summary["steps"] == steps == len(rewards) and summary["final_version"] == steps
@@ -53,7 +54,7 @@ def test_cpu_example_learns_within_the_staleness_bound(tmp_path):
 
 
 def test_zero_staleness_is_synchronous(tmp_path):
-    summary = run_local(EXAMPLE, ["rollout.maxStaleness=0", "model.sftWarmup.steps=0"], 12, None,
+    summary = run_local(EXAMPLE, ["rollout.maxStaleness=0", "model.sftWarmup.steps=0", NO_EVAL], 12, None,
                         workdir=tmp_path, quiet=True)
     assert summary["max_token_staleness_trained"] == 0  # every token written by the version trained on
     assert summary["stale_groups_dropped"] == 0
@@ -71,7 +72,8 @@ def test_ctrl_c_stops_every_process(tmp_path):
     work = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "100000",
-         "--workdir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+         "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL, "--workdir", str(work)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 120
     while not list(work.glob("trainer-0.log")) or "step 1/" not in (work / "trainer-0.log").read_text():
@@ -89,9 +91,11 @@ def test_the_megatron_example_trains_and_the_engine_serves_the_gathered_policy(t
     tensor parallelism; every step trains, checkpoints carry both ranks' pieces, and the engine's
     log-probs for tokens sampled by the very weights being trained equal Megatron's to float noise
     (the broadcast weights, gathered from both pieces, are the policy the trainer trains)."""
-    summary = run_local(ROOT / "examples/cpu-megatron.yaml", ["model.sftWarmup.steps=20", "checkpoint.everySteps=3"],
-                        6, None, workdir=tmp_path / "run", quiet=True)
+    summary = run_local(ROOT / "examples/cpu-megatron.yaml",
+                        ["model.sftWarmup.steps=5", "checkpoint.everySteps=3", NO_EVAL], 6, None,
+                        workdir=tmp_path / "run", quiet=True)
     assert summary["world_size"] == 2 and len(summary["rewards"]) == summary["steps"] == 6
+    assert summary["trainer"] == {"backend": "megatron", "data": 1, "tensor": 2, "pipeline": 1, "expert": 1}
     assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-4, summary
     shards = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]
@@ -99,7 +103,7 @@ def test_the_megatron_example_trains_and_the_engine_serves_the_gathered_policy(t
 
 def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
     work = tmp_path / "run"
-    settings = ["checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5"]
+    settings = ["checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5", NO_EVAL]
     first = run_local(EXAMPLE, settings, 10, None, workdir=work, quiet=True)
     assert first["resumed_from_step"] == 0
     complete = sorted(p.parent.name for p in (work / "checkpoints").glob("step-*/MANIFEST.json"))
@@ -123,9 +127,9 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     prompt handed out trained exactly once or still pending."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "40", "-q",
+        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "30", "-q",
          "--workdir", str(work), "--summary", str(summary), "--set", "checkpoint.everySteps=5",
-         "--set", "model.sftWarmup.steps=5", "--set", f"weightSync.mode={mode}"],
+         "--set", "model.sftWarmup.steps=5", "--set", f"weightSync.mode={mode}", "--set", NO_EVAL],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 
@@ -143,7 +147,7 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
             time.sleep(0.2)
 
     try:
-        wait_for(work / "trainer-0.log", "step 3/40")
+        wait_for(work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
         kill("inference")
@@ -161,12 +165,19 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
     assert result["restarts"] == {"trainer": 1, "inference": 1, "agent": 0}
-    assert result["resumed_from_step"] >= 20 and result["final_version"] == 40
+    assert result["resumed_from_step"] >= 20 and result["final_version"] == 30
     assert result["max_token_staleness_trained"] <= 2
     prompts = result["prompts"]  # the prompt ledger, carried through the trainer's crash by the checkpoint
-    assert prompts["skipped"] == 0 and prompts["trained"] == 40 * 16  # 16 prompts a step, each trained once
+    assert prompts["skipped"] == 0 and prompts["trained"] == 30 * 16  # 16 prompts a step, each trained once
     assert prompts["trained"] + prompts["pending"] == prompts["cursor"]  # none handed out and then lost
     assert prompts["reissued"] >= 1  # those in flight at the checkpoint went out again after the restart
+    lineage = {}  # the audit of trained prompts: a step's last line is the one the final weights descend from
+    for line in (work / "prompts.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        lineage[record["step"]] = record["prompts"]
+    trained = [p for step in sorted(lineage) for p in lineage[step]]
+    assert sorted(lineage) == list(range(1, 31))
+    assert len(trained) == len(set(trained)) == 30 * 16 and max(trained) < prompts["cursor"]  # each once
     assert "restarting the gang from the last checkpoint" in stderr.decode()
     assert processes_mentioning(str(work)) == []
 
@@ -175,7 +186,7 @@ def test_p2p_weight_exchange_with_two_trainer_ranks_and_two_replicas(tmp_path):
     """Both FSDP2 ranks send their own shard to both replicas, every step, through the whole run."""
     work = tmp_path / "run"
     summary = run_local(EXAMPLE, ["weightSync.mode=p2p", "trainer.acceleratorsPerNode=2", "inference.replicas=2",
-                                  "model.sftWarmup.steps=5"], 12, None, quiet=True, workdir=work)
+                                  "model.sftWarmup.steps=5", NO_EVAL], 12, None, quiet=True, workdir=work)
     assert summary["final_version"] == 12 and summary["world_size"] == 2 and summary["replicas"] == 2
     trainer_log = (work / "trainer-0.log").read_text()
     assert "p2p weight exchange (group 0): 2 trainer ranks → 2 replicas" in trainer_log
@@ -186,7 +197,7 @@ def test_p2p_weight_exchange_with_two_trainer_ranks_and_two_replicas(tmp_path):
 
 def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
     work = tmp_path / "run"
-    summary = run_local(EXAMPLE, ["weightSync.mode=disk", "model.sftWarmup.steps=5"], 8, None, quiet=True,
+    summary = run_local(EXAMPLE, ["weightSync.mode=disk", "model.sftWarmup.steps=5", NO_EVAL], 8, None, quiet=True,
                         workdir=work)  # fmt: skip
     assert summary["final_version"] == 8
     files = sorted(p.name for p in (work / "weights").iterdir())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kuberl.collectives import exit_without_teardown
 from kuberl.local_processes import free_port
+from kuberl.megatron.actor import MegatronActor
 from kuberl.megatron.convert import AttentionShape, fuse_qkv, hf_to_megatron, megatron_to_hf, split_qkv
+from kuberl.megatron.model import gathered
 from kuberl.megatron.tensor_parallel import Split, shard, unshard
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.types import Trajectory
@@ -168,159 +171,97 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state):
 PPO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
 
 
-def _tensor_parallel_rank(rank: int, world: int, port: int, tied: bool, out: str) -> None:
-    """One of ``world`` tensor-parallel ranks: the HF model's weights in a Megatron GPTModel, the
-    log-probs, entropy and PPO loss of a batch, the gradients gathered back under HF names."""
-    from megatron.core import parallel_state
-
-    from kuberl.megatron.convert import megatron_to_hf
-    from kuberl.megatron.cpu import cpu_shim
-    from kuberl.megatron.logprobs import token_logprobs_and_entropy
-    from kuberl.megatron.model import build_gpt_model, gathered, load_hf_state
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    try:
-        hf = qwen2(tied)
-        batch = random_batch(hf.config.vocab_size, seed=4)
-        with cpu_shim():
-            meg = build_gpt_model(hf.config, seed=0)
-            load_hf_state(meg, hf.state_dict(), hf.config)
-            logp, entropy = token_logprobs_and_entropy(meg, batch, temperature=0.7)
-            loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
-            loss.backward()
-            grads = megatron_to_hf(gathered(meg, {n: p.grad for n, p in meg.named_parameters()}), hf.config)
-        if rank == 0:
-            torch.save({"logp": logp.detach(), "entropy": entropy, "loss": loss.detach(), "grads": grads}, out)
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-    exit_without_teardown(0)
-
-
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_tensor_parallel_megatron_gives_the_fsdp_actors_logprobs_entropy_loss_and_gradients(tmp_path, tied):
-    """Megatron with tensor parallelism 2 (two processes over gloo, vocabulary-parallel logits) and
-    the FSDP actor's own functions on the same HF weights and batch: the same per-token log-probs
-    and entropy, the same decoupled-PPO loss, the same gradient for every HF parameter."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
-    out = tmp_path / "megatron.pt"
-    mp.start_processes(_tensor_parallel_rank, args=(2, free_port(), tied, str(out)), nprocs=2, start_method="spawn")
-    got = torch.load(out)
-
-    hf = qwen2(tied)
-    batch = random_batch(hf.config.vocab_size, seed=4)
-    logp, entropy = token_logprobs_and_entropy(hf, batch, temperature=0.7)
+def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
+    """What the actor's backend reads from its model for ``batch`` — per-token log-probs and entropy —
+    and the decoupled-PPO loss and its gradient under HF names (Megatron: gathered over the
+    tensor-parallel ranks), without an optimizer step."""
+    logp, entropy = actor.scorer(actor.model, batch, actor.temperature)
     loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
     loss.backward()
-    trained = batch.loss_mask.bool()
-    assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
-    assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
-    assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
-    params = dict(hf.named_parameters())
-    assert got["grads"].keys() >= params.keys()
-    for name, param in params.items():
-        assert param.grad is not None and param.grad.abs().max() > 0, name
-        assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
+    grads = {n: p.grad for n, p in actor.model.named_parameters()}
+    if isinstance(actor, MegatronActor):
+        grads = megatron_to_hf(gathered(actor.model, grads), actor.hf_config)
+    actor.optimizer.zero_grad(set_to_none=True)
+    return {"logp": logp.detach(), "entropy": entropy, "loss": loss.detach(), "grads": grads}
 
 
-TRAIN = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
+def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: str, out: str) -> None:
+    """Two decoupled-PPO steps on two batches: the FSDP actor (``world`` 1) or the Megatron actor with
+    tensor parallelism ``world``, which also checkpoints after the first step and then takes the
+    second step again from that checkpoint in a new actor; rank 0 saves the weights under HF names."""
+    from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
-
-def _train_two_steps(rank: int, world: int, port: int, megatron: bool, out: str) -> None:
-    """Two decoupled-PPO steps on the same batch: the FSDP actor (``world`` 1) or the Megatron actor
-    with tensor parallelism ``world``; rank 0 saves the weights under HF names."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        hf = qwen2(tied=False)
-        batch = random_batch(hf.config.vocab_size, seed=6, rows=6)
+        first, second = (random_batch(qwen2(tied=False).config.vocab_size, seed=s, rows=6) for s in (6, 7))
+        result: dict[str, Any] = {}
         if megatron:
             from megatron.core import parallel_state
 
-            from kuberl.megatron.actor import MegatronActor
-
             parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-            actor: Actor = MegatronActor.from_hf(hf, TRAIN, lr=1e-2, temperature=0.7)
+            actor: Actor = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
+            result["first"] = read_and_differentiate(actor, first)
         else:
-            actor = Actor.create(hf, TRAIN, lr=1e-2, temperature=0.7)
-        norms = [actor.train_step(batch, batch.size)["ppo_actor/grad_norm"] for _ in range(2)]
-        state = actor.full_state_dict()
+            actor = Actor.create(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
+        norms = [actor.train_step(first, first.size)["ppo_actor/grad_norm"]]
+        if megatron:
+            save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
+        norms.append(actor.train_step(second, second.size)["ppo_actor/grad_norm"])
+        result |= {"state": actor.full_state_dict(), "grad_norms": norms}
+        if megatron:
+            resumed = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
+            assert load_trainer(resumed, Path(staging)).step == 1
+            resumed.train_step(second, second.size)
+            result["resumed"] = resumed.full_state_dict()
         if rank == 0:
-            torch.save({"state": state, "grad_norms": norms}, out)
+            torch.save(result, out)
     finally:
         dist.destroy_process_group()
     exit_without_teardown(0)
 
 
-def test_the_megatron_actor_trains_to_the_fsdp_actors_weights(tmp_path):
-    """The same two optimizer steps (AdamW, gradient clipping at 1.0, the decoupled-PPO loss) from the
-    same weights on the same batch: the Megatron actor with tensor parallelism 2 ends with the weights
-    the FSDP actor ends with, and saw the same gradient norms."""
+def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_path):
+    """Megatron with tensor parallelism 2 (two processes over gloo, vocabulary-parallel logits) against
+    the FSDP actor's own functions on the same HF weights and batch: the same per-token log-probs and
+    entropy, the same decoupled-PPO loss, the same gradient for every HF parameter (the untied output
+    layer is split over the vocabulary too; a tied model trains in tests/test_local_run.py). Then the
+    same two optimizer steps (AdamW, gradient clipping at 1.0, the decoupled-PPO loss) from the
+    same weights on the same batches: the Megatron actor with tensor parallelism 2 sees the FSDP
+    actor's gradient norms and ends at its weights. Each tensor-parallel rank checkpoints its pieces
+    and optimizer state (``tp<r>`` in the DCP checkpoint): the second step taken again after a
+    resume gives bit-identical weights."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     runs = {}
     for name, world, megatron in (("fsdp", 1, False), ("megatron-tp2", 2, True)):
         out = tmp_path / f"{name}.pt"
-        mp.start_processes(_train_two_steps, args=(world, free_port(), megatron, str(out)), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(_train_two_steps, args=(world, free_port(), megatron, str(tmp_path / "staging"), str(out)),
+                           nprocs=world, start_method="spawn")
         runs[name] = torch.load(out)
     fsdp, megatron = runs["fsdp"], runs["megatron-tp2"]
+
+    hf = qwen2(tied=False)  # the reference: the FSDP actor's own functions on the HF model
+    first = random_batch(hf.config.vocab_size, seed=6, rows=6)
+    logp, entropy = token_logprobs_and_entropy(hf, first, temperature=0.7)
+    loss = ppo_loss(logp, logp.detach(), first.behav_logp, first.advantages, first.loss_mask, PPO).loss
+    loss.backward()
+    trained, got = first.loss_mask.bool(), megatron["first"]
+    assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
+    assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
+    assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
+    for name, param in hf.named_parameters():
+        assert param.grad is not None and param.grad.abs().max() > 0, name
+        assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
+
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
     start = qwen2(tied=False).state_dict()
+    assert fsdp["state"].keys() == megatron["state"].keys() == megatron["resumed"].keys() == start.keys()
     for name, weights in fsdp["state"].items():
         change, other = weights - start[name], megatron["state"][name] - start[name]
         assert change.norm() > 0, f"{name} did not train"
         # Adam turns float noise in a near-zero gradient into a step of up to lr, so compare the
         # updates as a whole: measured ≤ 3e-4 relative
         assert (other - change).norm() <= 1e-2 * change.norm(), name
-
-
-def _save_train_resume(rank: int, world: int, port: int, staging: str, out: str) -> None:
-    """Megatron TP=2: a step, a checkpoint, a second step (weights A); then a new actor from the
-    checkpoint takes the same second step (weights B)."""
-    from megatron.core import parallel_state
-
-    from kuberl.megatron.actor import MegatronActor
-    from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    try:
-        hf = qwen2(tied=True)
-        first, second = (random_batch(hf.config.vocab_size, seed=s, rows=6) for s in (8, 9))
-        actor = MegatronActor.from_hf(hf, TRAIN, lr=1e-2, temperature=0.7)
-        actor.train_step(first, first.size)
-        save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
-        actor.train_step(second, second.size)
-        straight = actor.full_state_dict()
-        resumed = MegatronActor.from_hf(qwen2(tied=True), TRAIN, lr=1e-2, temperature=0.7)
-        assert load_trainer(resumed, Path(staging)).step == 1
-        resumed.train_step(second, second.size)
-        again = resumed.full_state_dict()
-        if rank == 0:
-            torch.save({"straight": straight, "resumed": again}, out)
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-    exit_without_teardown(0)
-
-
-def test_a_megatron_checkpoint_resumes_exactly(tmp_path):
-    """Each tensor-parallel rank saves its pieces and its optimizer state (``tp<r>`` in the DCP
-    checkpoint); the step after a resume gives bit-identical weights to the step without one."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
-    out = tmp_path / "weights.pt"
-    mp.start_processes(_save_train_resume, args=(2, free_port(), str(tmp_path / "staging"), str(out)), nprocs=2,
-                       start_method="spawn")
-    got = torch.load(out)
-    start = qwen2(tied=True).state_dict()
-    assert got["straight"].keys() == got["resumed"].keys() == start.keys()
-    for name, weights in got["straight"].items():
-        assert not torch.equal(weights, start[name]), f"{name} did not train"
-        assert torch.equal(got["resumed"][name], weights), name
+        assert torch.equal(megatron["resumed"][name], megatron["state"][name]), name

@@ -20,7 +20,7 @@ REQUIRED = os.environ.get("KUBERL_REQUIRE_VLLM") == "1"  # scripts/test built .v
 def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     steps = 6
     scratch_before = set(Path("/dev/shm").glob("kuberl-*"))
-    summary = run_local(EXAMPLE, ["inference.engine=vllm", "model.sftWarmup.steps=10"], steps, None,
+    summary = run_local(EXAMPLE, ["inference.engine=vllm", "model.sftWarmup.steps=10", "evaluation=null"], steps, None,
                         workdir=tmp_path / "run", quiet=True)  # fmt: skip
     assert summary["steps"] == steps and summary["final_version"] == steps
     assert 0 <= summary["max_token_staleness_trained"] <= 2

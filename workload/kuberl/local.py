@@ -71,6 +71,7 @@ POD_ONLY = {  # downward-API facts a pod has and a local process does not need
     "POD_NAME": "", "POD_NAMESPACE": "", "NODE_NAME": "the local labels file names the node",
 }
 SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
+PROMPTS_LOG = "prompts.jsonl"  # the prompts of every trained step (Settings.prompts_log), in the work dir
 
 
 def local_run_id(work: Path) -> str:
@@ -323,6 +324,7 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
     checkpoints = checkpoint_uri(obj.spec, work, spec_checkpoints)
     settings = {"checkpoint_uri": checkpoints, "max_steps": max_steps, "tensorboard_dir": work / "tensorboard",
                 "staging_dir": work / "staging", "weights_dir": work / "weights", "summary_path": work / SUMMARY,
+                "prompts_log": work / PROMPTS_LOG,
                 "progress_port": progress_port, "gateway_port": gateway_port,
                 "inference_urls": [f"http://127.0.0.1:{p}" for p in ports]}
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)

@@ -69,6 +69,7 @@ class Settings:
     staging_dir: Path = Path("/tmp/kuberl-staging")
     weights_dir: Path | None = None  # disk exchange's directory; None: spec.weightSync.directory
     summary_path: Path | None = None
+    prompts_log: Path | None = None  # one JSON line per trained step: {"step", "prompts", "reward"}; None: none
     progress_port: int = PROGRESS_PORT
     gateway_port: int = GATEWAY_PORT
     inference_urls: tuple[str, ...] = ()  # the replicas' URLs; (): the pool's DNS names
@@ -87,7 +88,7 @@ class Settings:
 DEFAULTS = Settings()  # a bare process: nothing set (tests, tools)
 
 RUN_CONFIG_FIELDS = ("checkpoint_uri", "max_steps", "tensorboard_dir", "staging_dir", "weights_dir", "summary_path",
-                     "progress_port", "gateway_port", "inference_urls")
+                     "prompts_log", "progress_port", "gateway_port", "inference_urls")
 
 _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THREADS, "local_rank": "LOCAL_RANK",
              "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "exchange_addr": ENV_EXCHANGE_ADDR,
@@ -105,7 +106,7 @@ def _typed(name: str, value: Any) -> Any:
             return tuple(value.split(",") if isinstance(value, str) else value)
         if isinstance(default, int) or name == "max_steps":
             return int(value)
-        if isinstance(default, Path) or name in ("tensorboard_dir", "weights_dir", "summary_path"):
+        if isinstance(default, Path) or name in ("tensorboard_dir", "weights_dir", "summary_path", "prompts_log"):
             return Path(value)
         return str(value)
     except (TypeError, ValueError) as err:

@@ -9,13 +9,15 @@ metrics logger does the same on non-logging ranks). A new rank-0 service goes he
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import Progress
+from ..api import Progress, resolve
+from ..api.spec import RLExperimentSpec
 from ..data.datasets import examples
 from ..gateway.server import Gateway, GatewayConfig
 from ..rewards import load_reward
@@ -24,7 +26,7 @@ from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
 from ..rollout.ledger import PromptLedger
 from ..rollout.staleness import StalenessManager
-from ..rollout.types import Trajectory
+from ..rollout.types import Group, Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
 from .algorithms import AlgorithmConfig, build_batch
@@ -63,6 +65,15 @@ class Tally:
     @property
     def tokens_per_second(self) -> float:
         return self.trained_tokens / max(time.perf_counter() - self.start, 1e-9)
+
+
+def trainer_layout(spec: RLExperimentSpec) -> dict[str, Any]:
+    """Which backend trained, over which layout (the summary's ``trainer``)."""
+    _, plan, _ = resolve(spec)
+    if plan is None:
+        return {"backend": str(spec.trainer.backend)}
+    return {"backend": str(plan.backend), "data": plan.data, "tensor": plan.tensor, "pipeline": plan.pipeline,
+            "expert": plan.expert}
 
 
 def prompt_summary(state: dict[str, Any] | None) -> dict[str, int] | None:
@@ -159,7 +170,19 @@ class RankZeroServices(NoServices):
         if taken is None:
             return None
         trajs, advs, dropped = build_batch(taken, config)
+        self._audit(step, taken, trajs)
         return trajs, advs, time.perf_counter() - wait_start, dropped
+
+    def _audit(self, step: int, groups: list[Group], trajs: list[Trajectory]) -> None:
+        """Step ``step + 1``'s prompts (ledger numbers) and reward, one JSON line in ``settings.prompts_log``.
+        A restarted gang writes the steps after its checkpoint again: a step's last line is the one the
+        final weights descend from (``benchmarks/chaos.py`` checks exactly-once from it)."""
+        if self.settings.prompts_log is None:
+            return
+        prompts = sorted(g.prompt for g in groups if g.prompt is not None)
+        line = {"step": step + 1, "prompts": prompts, "reward": round(mean([t.reward for t in trajs]) or 0.0, 4)}
+        with self.settings.prompts_log.open("a") as out:
+            out.write(json.dumps(line) + "\n")
 
     def report(self, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
                previous_sync: float, tally: Tally) -> None:
@@ -251,6 +274,7 @@ class RankZeroServices(NoServices):
             "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
             "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
             "world_size": world,
+            "trainer": trainer_layout(spec),
             "replicas": len(controller.client.replicas),
             "rewards": [round(r, 4) for r in tally.rewards],
             "entropies": [round(h, 4) for h in tally.entropies],
