@@ -8,8 +8,10 @@ faults, one every few seconds, cycling through the kinds:
 - ``replica-kill``: SIGKILL a replica (local mode replaces it, as a kubelet would);
 - ``replica-hang``: SIGSTOP a replica for 12–20 s, then SIGCONT (longer than the health probe's
   10 s timeout: it leaves rotation, and comes back needing the current weights);
-- ``trainer-kill``: SIGKILL one trainer rank, once the gang is training again since the last one
-  (the gang restarts from its newest checkpoint).
+- ``trainer-kill``: SIGKILL one trainer rank (the gang restarts from its newest checkpoint).
+
+Each fault waits until the trainer has trained past the step where the previous one found it, so every
+fault hits a run that is training.
 
 Then the run trains to its last step. Read back: the prompt audit (``prompts.jsonl``: the prompts
 of every trained step, one line per step as trained; a restarted gang writes the steps after its
@@ -20,7 +22,7 @@ checkpoint resumed from), the stall a replica fault causes (seconds from the fau
 trained step, in steps of the run's median step time), gang restarts not caused by a trainer kill,
 and the reward curve.
 
-    python benchmarks/chaos.py [--faults 30] [--seed 0] [--steps 300]
+    python benchmarks/chaos.py [--faults 30] [--seed 0] [--steps 800] [--workdir DIR]
 
 Progress goes to stderr; the last stdout line is the JSON result (also written to ``--out``).
 """
@@ -158,7 +160,7 @@ def costs(events: list[dict[str, Any]], trainer_log: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "-q",
-               "--max-steps", str(args.steps), "--workdir", str(work),
+               "--max-steps", str(args.steps), "--workdir", str(work), "--summary", str(work / "run-summary.json"),
                "--set", "inference.replicas=2", "--set", "trainer.acceleratorsPerNode=2",
                "--set", "checkpoint.everySteps=5", "--set", "trainer.backoffLimit=1000"]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -168,14 +170,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         time.sleep(fault.after_seconds)
         if proc.poll() is not None:
             break
-        if fault.kind == "trainer-kill":  # the gang is training again since the last kill
-            wait_for_training(work, proc, after_step=max([e["step"] for e in events] + [0]))
+        # every fault hits a training run: the gang is past where the previous fault found it (after a
+        # trainer kill: restarted and caught up), so a replica fault's stall is its own
+        wait_for_training(work, proc, after_step=max([e["step"] for e in events] + [0]))
+        if proc.poll() is not None:
+            log(f"  the run ended after {len(events)} faults: give it more --steps")
+            break
         events.append(inject(fault, work, rng))
     assert proc.stderr is not None
     stderr = proc.stderr.read().decode(errors="replace")
     if proc.wait() != 0:
         raise SystemExit(f"the run failed:\n{stderr[-3000:]}")
-    summary = json.loads((work / "summary.json").read_text())
+    summary = json.loads((work / "run-summary.json").read_text())  # the trainer's summary + kuberl run's restarts
     records = [json.loads(line) for line in (work / "prompts.jsonl").read_text().splitlines() if line]
     curve = [r["reward"] for r in lineage(records)]  # the summary's rewards cover the last gang's steps only
     trainer_kills = sum(e["kind"] == "trainer-kill" for e in events)
@@ -197,12 +203,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/chaos.json")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the run's logs here (default: a temp dir)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kuberl-chaos-") as tmp:
-        log(f"kuberl run with {args.faults} faults (seed {args.seed}), {args.steps} steps; work dir {tmp}")
-        result = run(args, Path(tmp) / "run")
+        work = args.workdir or Path(tmp) / "run"
+        log(f"kuberl run with {args.faults} faults (seed {args.seed}), {args.steps} steps; work dir {work}")
+        result = run(args, work)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
