@@ -265,3 +265,20 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
         # updates as a whole: measured ≤ 3e-4 relative
         assert (other - change).norm() <= 1e-2 * change.norm(), name
         assert torch.equal(megatron["resumed"][name], megatron["state"][name]), name
+
+
+def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():
+    """Should a spec reach the trainer unvalidated, it stops with the same field-naming message as
+    ``kuberl validate`` (here: p2p weight sync, which does not carry Megatron's pieces yet)."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from kuberl.api.resources import RLExperiment
+    from kuberl.trainer.loop import make_actor
+
+    doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron.yaml").read_text())
+    doc["spec"]["weightSync"]["mode"] = "p2p"  # the schema admits it; kuberl.api.support refuses it
+    obj = RLExperiment.model_validate(doc)
+    with pytest.raises(SystemExit, match=r"invalid spec: spec\.weightSync\.mode: p2p does not carry"):
+        make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))

@@ -80,7 +80,7 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
     _, plan, issues = resolve(spec)
     issues += unsupported_issues(spec, plan)
     if issues or plan is None:
-        raise SystemExit("invalid spec: " + "; ".join(f"{i.field}: {i.message}" for i in issues))
+        raise SystemExit("invalid spec: " + "; ".join(map(str, issues)))
     config = algorithm_config(run)
     if plan.backend == Backend.MEGATRON:
         from megatron.core import parallel_state
