@@ -99,14 +99,15 @@ _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THR
 
 
 def _typed(name: str, value: Any) -> Any:
-    """``value`` (env text or run-config YAML) as field ``name``'s type; ValueError naming the field."""
-    default = {f.name: f for f in fields(Settings)}[name].default
+    """``value`` (env text or run-config YAML) as field ``name``'s declared type (``Path | None`` →
+    Path, ``tuple[str, ...]`` from comma-separated text); ValueError naming the field."""
+    kind = str({f.name: f for f in fields(Settings)}[name].type).removesuffix(" | None")
     try:
-        if name == "inference_urls":
+        if kind.startswith("tuple"):
             return tuple(value.split(",") if isinstance(value, str) else value)
-        if isinstance(default, int) or name == "max_steps":
+        if kind == "int":
             return int(value)
-        if isinstance(default, Path) or name in ("tensorboard_dir", "weights_dir", "summary_path", "prompts_log"):
+        if kind == "Path":
             return Path(value)
         return str(value)
     except (TypeError, ValueError) as err:
