@@ -33,8 +33,8 @@ VARIANTS = {
 }
 
 FULL_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
-VERBS_USED = {"Node": {"get"}, "Namespace": {"list", "watch"}, "Secret": {"get", "create"},  # the rest: FULL_VERBS
-              "NetworkPolicy": {"get", "create", "patch"}, "Deployment": {"get", "create", "patch"}}
+VERBS_USED = {"Node": {"get"}, "Namespace": {"list", "watch"}, "Secret": {"get", "create", "delete"},  # the rest: FULL
+              "NetworkPolicy": {"get", "create", "patch"}, "Deployment": {"get", "create", "patch", "delete"}}
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -119,8 +119,8 @@ def test_rbac_is_least_privilege_and_covers_what_the_operator_touches(variant):
     for rule in rules:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {rule}"
-        if "secrets" in rule["resources"]:  # the API token: created, read back for its owner; never listed
-            assert set(rule["verbs"]) == {"get", "create"} and rule["resources"] == ["secrets"], rule
+        if "secrets" in rule["resources"]:  # the API tokens: created, read back, the agent's deleted; never listed
+            assert set(rule["verbs"]) == {"get", "create", "delete"} and rule["resources"] == ["secrets"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
     granted = {(res, verb) for r in rules for res in r["resources"] for verb in r["verbs"]}
     integrations = {"podgroups", "pytorchjobs"} if variant == "defaults" else set()

@@ -14,7 +14,7 @@ from kuberl_operator.patch import merge_patch_to
 from kuberl_operator.replacement import pods_to_replace
 
 from .harness import GROUP, emulated_cluster, eventually, pods, running_operator, set_pod
-from .kube_emulator import merge_patch
+from .kube_emulator import ApiError, merge_patch
 from .test_operator import experiment
 
 json_values = st.recursive(st.booleans() | st.integers() | st.text(max_size=3),
@@ -85,3 +85,97 @@ async def test_a_spec_edit_reaches_the_children_and_replaces_their_pods(tmp_path
         assert "nodeSelector" not in inference["spec"]
         revisions = {p["metadata"]["annotations"]["kuberl.io/config-revision"] for p in after}
         assert revisions == {pool["spec"]["configRevision"]}
+
+
+def exists(api, group: str, plural: str, name: str) -> bool:
+    try:
+        return bool(api.get(group, plural, "team-a", name))
+    except ApiError as err:
+        if err.status == 404:
+            return False
+        raise
+
+
+def trainer_gangs(api) -> dict[str, list[str]]:
+    """The trainer pods there are, by who made them: our own (native) or a PyTorchJob."""
+    out: dict[str, list[str]] = {}
+    for p in pods(api, "team-a", "kuberl.io/role=trainer"):
+        owner = next(r["kind"] for r in p["metadata"]["ownerReferences"] if r.get("controller"))
+        out.setdefault(owner, []).append(p["metadata"]["name"])
+    return out
+
+
+async def test_a_runtime_switch_ends_with_one_gang_and_never_runs_two(tmp_path):
+    """native → kubeflow → native: the old runtime's gang (our rank pods, or the PyTorchJob and its
+    pods) goes before the new one starts; the test plays the Kubeflow operator (it makes the master
+    pod, owned by the PyTorchJob) and checks at every event that at most one gang exists."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: trainer_gangs(api) == {"TrainerJob": ["cpu-tiny-trainer-n0"]}, what="native gang")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"trainer": {"runtime": "kubeflow"}}})
+        (job,) = await eventually(lambda: api.list("kubeflow.org", "pytorchjobs", "team-a"), what="PyTorchJob")
+        assert trainer_gangs(api) == {}  # the native gang was gone before the PyTorchJob was made
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job["metadata"]["name"],
+                 "uid": job["metadata"]["uid"], "controller": True}
+        template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+        await api.create("", "pods", "team-a", {"metadata": {
+            "name": "cpu-tiny-trainer-master-0", "labels": template["metadata"]["labels"], "ownerReferences": [owner]},
+            "spec": template["spec"]})  # fmt: skip
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"trainer": {"runtime": "native"}}})
+        gangs = await eventually(lambda: trainer_gangs(api).get("TrainerJob") and trainer_gangs(api),
+                                 what="the native gang back")
+        assert gangs == {"TrainerJob": ["cpu-tiny-trainer-n0"]}  # the PyTorchJob's master went with its job
+        assert api.list("kubeflow.org", "pytorchjobs", "team-a") == []
+
+
+async def test_removing_the_agent_removes_its_deployment_service_and_token(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment("cpu-agent-gateway"))
+        agent_objects = [("apps", "deployments", "cpu-agent-gateway-agent"),
+                         ("", "services", "cpu-agent-gateway-gateway"),
+                         ("", "secrets", "cpu-agent-gateway-agent-token")]
+
+        def present() -> list[str]:
+            return [name for group, plural, name in agent_objects if exists(api, group, plural, name)]
+
+        await eventually(lambda: len(present()) == 3, what="the agent's objects")
+        edited = api.get(GROUP, "rlexperiments", "team-a", "cpu-agent-gateway")
+        del edited["spec"]["agent"]
+        await api.update(GROUP, "rlexperiments", "team-a", "cpu-agent-gateway", edited)
+        await eventually(lambda: present() == [], what="the agent's objects gone")
+        assert api.get("", "secrets", "team-a", "cpu-agent-gateway-api-token")  # the experiment's own stays
+
+
+async def test_a_recreated_token_secret_replaces_every_pod_that_holds_the_old_token(tmp_path):
+    """Deleting the API token Secret makes a new token; pods started with the old one would get 401
+    from each other until their backoff runs out. They are replaced (the trainer gang whole, the
+    replicas one at a time, the agent's Deployment rolls), standalone pools alike."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment("cpu-agent-gateway"))
+        before = await eventually(lambda: len(pods(api, "team-a")) == 2 and pods(api, "team-a"), what="2 pods")
+        for p in before:
+            await set_pod(api, p, "Running", ready=True)
+        uids = {p["metadata"]["uid"] for p in before}
+        agent_template = api.get("apps", "deployments", "team-a", "cpu-agent-gateway-agent")["spec"]["template"]
+        await api.delete("", "secrets", "team-a", "cpu-agent-gateway-api-token")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-agent-gateway", {"metadata": {"labels": {"x": "1"}}})
+
+        def replaced() -> list[dict]:
+            now = pods(api, "team-a")
+            return len(now) == 2 and not uids & {p["metadata"]["uid"] for p in now} and now
+
+        await eventually(replaced, what="both pods replaced")
+        rolled = api.get("apps", "deployments", "team-a", "cpu-agent-gateway-agent")["spec"]["template"]
+        assert rolled["metadata"]["annotations"] != agent_template["metadata"]["annotations"]
+
+        standalone = {"apiVersion": "kuberl.io/v1alpha1", "kind": "InferencePool", "metadata": {"name": "solo"},
+                      "spec": {"replicas": 1}}
+        await api.create(GROUP, "inferencepools", "team-a", standalone)
+        (solo,) = await eventually(lambda: pods(api, "team-a", "kuberl.io/inference-pool=solo"), what="solo pod")
+        await api.delete("", "secrets", "team-a", "solo-api-token")
+        await api.patch(GROUP, "inferencepools", "team-a", "solo", {"metadata": {"labels": {"x": "1"}}})
+        await eventually(lambda: [p["metadata"]["uid"] for p in pods(api, "team-a", "kuberl.io/inference-pool=solo")]
+                         not in ([], [solo["metadata"]["uid"]]), what="the standalone replica replaced")

@@ -174,9 +174,9 @@ async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace
                            **_: Any) -> None:
     """trainer.runtime kubeflow: the Kubeflow training operator's status → the TrainerJob's (whose
     own event then updates the experiment). Without the PyTorchJob CRD or RBAC for it (chart value
-    integrations.kubeflowTraining), kopf warns once and does not watch."""
-    if _live(event):
-        await sync_object(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
+    integrations.kubeflowTraining), kopf warns once and does not watch. Its deletion too: it may
+    end a runtime switch (``reconcile.retire_other_runtime``)."""
+    await sync_object(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: kopf.PRESENT})

@@ -19,8 +19,11 @@ from pydantic import ValidationError
 from kuberl.api import API_GROUP, GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import (
     ANNOTATION_TEMPLATE_HASH,
+    LABEL_JOB,
     LABEL_POOL,
+    agent_deployment_name,
     agent_token_secret_name,
+    gateway_service_name,
     inference_pool_name,
     trainer_job_name,
 )
@@ -28,7 +31,7 @@ from kuberl.api.spec import TrainerRuntime
 from kuberl.api.validation import schema_issues
 
 from .builders import build_experiment_children, build_inference_children, build_trainer_children
-from .builders.access import api_token_secret
+from .builders.access import api_token_secret, token_version
 from .builders.experiment import InvalidSpec
 from .builders.inference import pool_selector
 from .builders.trainer import job_selector
@@ -113,11 +116,31 @@ def _updated_field(obj: Manifest) -> str | None:
     return "data" if obj["kind"] == "ConfigMap" else None
 
 
-def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: str | None = None) -> None:
+def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: str | None = None) -> Manifest:
     """The experiment's API token Secret (docs/architecture.md, "Who may call what"), or its token
     ``name`` (the agent's): created once with a fresh random token, owned by ``owner``, never
-    rewritten while it exists."""
-    ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32), name))
+    rewritten while it exists; returned as stored (its version: ``access.token_version``)."""
+    return ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32), name))
+
+
+def delete_owned(kube: Kube, parent: Manifest, api_version: str, kind: str, name: str) -> bool:
+    """Delete ``parent``'s child ``kind``/``name`` if it exists and ``parent`` controls it (what a
+    removed spec field created); returns whether it was there. Another owner's object is left alone."""
+    namespace = parent["metadata"].get("namespace")
+    child = kube.get(api_version, kind, namespace, name)
+    if child is None or _controller_uid(child["metadata"]) != parent["metadata"].get("uid"):
+        return False
+    if not child["metadata"].get("deletionTimestamp"):
+        kube.delete(api_version, kind, namespace, name)
+        log.info("deleted %s/%s: its spec field is gone", kind, name)
+    return True
+
+
+def prune_agent(kube: Kube, body: Manifest, experiment: str) -> None:
+    """spec.agent removed: its Deployment, the gateway's Service and the agent token Secret go too."""
+    delete_owned(kube, body, "apps/v1", "Deployment", agent_deployment_name(experiment))
+    delete_owned(kube, body, "v1", "Service", gateway_service_name(experiment))
+    delete_owned(kube, body, "v1", "Secret", agent_token_secret_name(experiment))
 
 
 def _template_changed(stored: Manifest, desired: Manifest) -> bool:
@@ -225,10 +248,9 @@ def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
     pool = _validated(kube, InferencePool, body)
     if pool is None:
         return body
-    try:
-        if not pool.spec.experiment:  # on its own: its pods read a token of their own
-            ensure_api_token(kube, body, name)
-        pods = _converge(kube, body, build_inference_children(pool, body), pool_selector(pool), gang=False)
+    try:  # on its own, its pods read a token of their own (an experiment's child: in its configRevision)
+        version = "" if pool.spec.experiment else token_version(ensure_api_token(kube, body, name))
+        pods = _converge(kube, body, build_inference_children(pool, body, version), pool_selector(pool), gang=False)
     except NotOurs as err:
         _report_conflict(kube, body, err)
         return body
@@ -243,17 +265,49 @@ def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
     job = _validated(kube, TrainerJob, body)
     if job is None:
         return body
-    children = build_trainer_children(job, body)
     try:
-        if not job.spec.experiment:
-            ensure_api_token(kube, body, name)
-        if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
+        version = "" if job.spec.experiment else token_version(ensure_api_token(kube, body, name))
+        children = build_trainer_children(job, body, version)
+        kubeflow = TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW
+        leftover = retire_other_runtime(kube, body, job, kubeflow)
+        if leftover is not None:
+            status = job_status(body["spec"], body["metadata"].get("generation"), [],
+                                (body.get("status") or {}).get("restarts", 0))
+            status["conditions"].append(condition("RuntimeSwitch", True, "OldGangStopping", (
+                f"trainer.runtime is now {job.spec.runtime}: waiting for {leftover} of the old runtime to go "
+                "(one gang at a time: both would write the same checkpoints)"), body["metadata"].get("generation")))
+            write_status(kube, body, status)
+        elif kubeflow:
             _sync_kubeflow_job(kube, body, children)
         else:
             _sync_native_job(kube, body, job, children)
     except NotOurs as err:
         _report_conflict(kube, body, err)
     return body
+
+
+def retire_other_runtime(kube: Kube, body: Manifest, job: TrainerJob, kubeflow: bool) -> str | None:
+    """After a ``trainer.runtime`` switch: delete what the other runtime made for this job (our own
+    rank pods, or our PyTorchJob, whose pods go with it) and say what is still there (None: nothing,
+    the new gang may start). Run every sync, so a switch back and forth also ends with one gang."""
+    namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
+    if kubeflow:
+        native = _owned_pods(kube, body, job_selector(job))
+        for pod in native:
+            if not pod["metadata"].get("deletionTimestamp"):
+                kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
+                log.info("deleted Pod/%s: trainer.runtime is kubeflow now", pod["metadata"]["name"])
+        return f"{len(native)} rank pod(s)" if native else None
+    try:
+        if delete_owned(kube, body, "kubeflow.org/v1", "PyTorchJob", name):
+            return f"PyTorchJob {name}"
+    except ApiException as err:
+        if err.status != 403:
+            raise  # 403: no RBAC for PyTorchJobs (integrations.kubeflowTraining off), so we made none
+    kubeflow_pods = [p for p in kube.list("v1", "Pod", namespace, job_selector(job))
+                     if any(r.get("kind") == "PyTorchJob" and r.get("name") == name and r.get("controller")
+                            for r in p["metadata"].get("ownerReferences") or [])]
+    return f"{len(kubeflow_pods)} PyTorchJob pod(s)" if kubeflow_pods else None
 
 
 def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest]) -> None:
@@ -305,7 +359,7 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
     generation = body["metadata"].get("generation")
     try:
         exp = RLExperiment.model_validate(body)
-        children = build_experiment_children(exp, body)
+        build_experiment_children(exp, body)  # validation: nothing is created for an invalid spec
     except ValidationError as err:
         message = "; ".join(str(i) for i in schema_issues(err))
         write_status(kube, body, invalid_spec_status(generation, message))
@@ -316,9 +370,12 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, err)
         return body
     try:
-        ensure_api_token(kube, body, name)  # before the pods that read it
+        tokens = [ensure_api_token(kube, body, name)]  # before the pods that read them
         if exp.spec.agent is not None:
-            ensure_api_token(kube, body, name, agent_token_secret_name(name))
+            tokens.append(ensure_api_token(kube, body, name, agent_token_secret_name(name)))
+        else:
+            prune_agent(kube, body, name)
+        children = build_experiment_children(exp, body, token_version=token_version(*tokens))
         stored = {c["kind"]: ensure(kube, c) for c in children}
     except NotOurs as err:
         write_status(kube, body, child_conflict_status(generation, str(err)))
@@ -360,11 +417,12 @@ def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:
 
 
 def pod_owner(pod: Manifest) -> tuple[str, str] | None:
-    """(kind, name) of the pool or job a pod belongs to: the one to re-sync when it changes."""
+    """(kind, name) of the pool or job a pod belongs to: the one to re-sync when it changes (a
+    PyTorchJob's pods carry the job's label too: their going ends a runtime switch)."""
     labels = pod["metadata"].get("labels") or {}
     if LABEL_POOL in labels:
         return InferencePool.KIND, labels[LABEL_POOL]
-    job = owner_name(pod, TrainerJob.KIND)
+    job = owner_name(pod, TrainerJob.KIND) or labels.get(LABEL_JOB)
     return (TrainerJob.KIND, job) if job is not None else None
 
 

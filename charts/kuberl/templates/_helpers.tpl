@@ -56,17 +56,19 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [pods, services, configmaps]
   verbs: [get, list, watch, create, patch, delete]
-# The API token Secret of each experiment: created once, read back only to check its owner.
+# The API token Secrets of each experiment: created once, read back only to check their owner and
+# version (a recreated one rolls the pods); the agent's is deleted when spec.agent is removed.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create]
+  verbs: [get, create, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch]
-# spec.agent: the user's agent runs as a Deployment (garbage-collected with its experiment).
+# spec.agent: the user's agent runs as a Deployment (garbage-collected with its experiment, deleted
+# when spec.agent is removed).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

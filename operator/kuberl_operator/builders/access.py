@@ -10,6 +10,7 @@ own Secret) is all the agent holds: the gateway accepts it, nothing else does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -95,3 +96,13 @@ def api_token_secret(parent: Manifest, experiment: str, token: str, name: str | 
         "metadata": child_metadata(parent, name or api_token_secret_name(experiment), {LABEL_EXPERIMENT: experiment}),
         "stringData": {API_TOKEN_KEY: token},
     }
+
+
+def token_version(*secrets: Manifest | None) -> str:
+    """16 hex digits of SHA-256 over each token Secret's ``uid:resourceVersion`` (an absent one: "-"):
+    which tokens a pod reads at start. A Secret deleted and recreated (a new token) or edited (a
+    rotated one) gives a new version, and the pods that carry the old one are replaced. Nothing of
+    the token itself goes into it."""
+    parts = ["-" if s is None else f"{s['metadata'].get('uid')}:{s['metadata'].get('resourceVersion')}"
+             for s in secrets]
+    return hashlib.sha256(",".join(parts).encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ non-root, without privilege escalation or a service-account token, with a writab
 from __future__ import annotations
 
 from kuberl.api.contract import (
+    ANNOTATION_TOKEN_VERSION,
     API_TOKEN_KEY,
     ENV_OPENAI_API_KEY,
     ENV_OPENAI_BASE_URL,
@@ -60,8 +61,10 @@ def agent_env(agent: AgentSpec, experiment: str, namespace: str | None) -> list[
     return own + [var.to_wire() for var in agent.env]
 
 
-def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image: str, running: bool) -> Manifest:
-    """``agent.replicas`` pods (none unless ``running``: a suspended or finished experiment's agent stops)."""
+def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image: str, running: bool,
+                     token_version: str = "") -> Manifest:
+    """``agent.replicas`` pods (none unless ``running``: a suspended or finished experiment's agent stops);
+    a new ``token_version`` (its token Secret recreated) rolls them."""
     namespace = parent["metadata"].get("namespace")
     labels = {LABEL_EXPERIMENT: experiment, LABEL_ROLE: ROLE_AGENT}
     container: Manifest = {
@@ -85,7 +88,10 @@ def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image:
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": AGENT_SCRATCH}}],
     }
-    template = {"metadata": {"labels": {**MANAGED_BY, **labels}}, "spec": pod_spec}
+    template_meta: Manifest = {"labels": {**MANAGED_BY, **labels}}
+    if token_version:
+        template_meta["annotations"] = {ANNOTATION_TOKEN_VERSION: token_version}
+    template = {"metadata": template_meta, "spec": pod_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -96,6 +102,7 @@ def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image:
 
 
 def build_agent_children(parent: Manifest, experiment: str, agent: AgentSpec, image: str, kubeflow: bool,
-                         running: bool = True) -> list[Manifest]:
+                         running: bool = True, token_version: str = "") -> list[Manifest]:
     """The agent Deployment and the gateway Service (``image``: the trainer's, the default)."""
-    return [gateway_service(parent, experiment, kubeflow), agent_deployment(parent, experiment, agent, image, running)]
+    return [gateway_service(parent, experiment, kubeflow),
+            agent_deployment(parent, experiment, agent, image, running, token_version)]

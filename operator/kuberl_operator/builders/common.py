@@ -9,6 +9,7 @@ from typing import Any
 from kuberl.api.contract import (
     ANNOTATION_CONFIG_REVISION,
     ANNOTATION_TEMPLATE_HASH,
+    ANNOTATION_TOKEN_VERSION,
     API_TOKEN_KEY,
     CONFIG_MOUNT,
     ENV_API_TOKEN,
@@ -201,10 +202,13 @@ def pod_manifest(
     restart_policy: str,
     storage: StorageSpec,
     config_revision: str | None = None,
+    token_version: str = "",
 ) -> Manifest:
     """A non-root, no-privilege pod with config, pod-info (downward API), shm and scratch volumes,
     the experiment's API token (env from its Secret; ``labels`` name the experiment) and its storage
-    (S3 env from a Secret, PersistentVolumeClaims)."""
+    (S3 env from a Secret, PersistentVolumeClaims). ``token_version`` (``access.token_version``) is
+    a standalone pool's or job's own token: a new one replaces the pod (an experiment's children carry
+    theirs in ``config_revision``)."""
     volumes, mounts = pod_volumes(placement, accel, config_map, storage)
     accel_env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in accel.field_env.items()]
     full_container = {
@@ -250,6 +254,7 @@ def pod_manifest(
     meta = child_metadata(parent, name, {**accel.labels, **labels})
     if scheduling.queue:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = scheduling.queue
-    if config_revision:  # the run config is part of what the pod runs: a new one replaces the pod
-        meta["annotations"] = {ANNOTATION_CONFIG_REVISION: config_revision}
+    annotations = {ANNOTATION_CONFIG_REVISION: config_revision, ANNOTATION_TOKEN_VERSION: token_version}
+    if any(annotations.values()):  # part of what the pod runs (template_hash): a new one replaces the pod
+        meta["annotations"] = {k: v for k, v in annotations.items() if v}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

@@ -47,10 +47,13 @@ class InvalidSpec(ValueError):
         self.issues = issues
 
 
-def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None) -> list[Manifest]:
+def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None,
+                              token_version: str = "") -> list[Manifest]:
     """ConfigMap, InferencePool, TrainerJob and NetworkPolicy for ``exp``; raises ``InvalidSpec``.
     ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
-    The API token Secret is not among them: it holds a random value (``reconcile.ensure_api_token``)."""
+    The API token Secrets are not among them: they hold random values (``reconcile.ensure_api_token``);
+    ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
+    started with another token is replaced: configRevision = SHA-256(run config + token_version)[:16]."""
     inference, trainer, issues = resolve(exp.spec)
     issues += unsupported_issues(exp.spec, trainer) + cluster_issues(
         exp.spec, exp.metadata.name)
@@ -68,7 +71,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
         "trainerJob": job_name,
     }
     config_text = yaml.safe_dump(run_config, sort_keys=False)
-    revision = hashlib.sha256(config_text.encode()).hexdigest()[:16]
+    revision = hashlib.sha256((config_text + token_version).encode()).hexdigest()[:16]
     placement_keys = {"accelerator", "image", "resources", "node_selector", "tolerations"}
     storage = spec.storage.model_copy(update={"credentials_secret": credentials_secret(spec)})
     pool_spec = InferencePoolSpec(
@@ -122,5 +125,6 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
     agent = [] if spec.agent is None else build_agent_children(
         parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,
-        spec.trainer.runtime == TrainerRuntime.KUBEFLOW, running=not (spec.suspend or finished))
+        spec.trainer.runtime == TrainerRuntime.KUBEFLOW, running=not (spec.suspend or finished),
+        token_version=token_version)
     return [config_map, pool, job, policy, *agent]

@@ -34,7 +34,8 @@ def pool_selector(pool: InferencePool) -> dict[str, str]:
     return {LABEL_POOL: pool.metadata.name, LABEL_ROLE: ROLE_INFERENCE}
 
 
-def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, host: int) -> Manifest:
+def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, host: int,
+                        token_version: str = "") -> Manifest:
     spec, name = pool.spec, pool.metadata.name
     accel = profile(spec.accelerator, str(spec.engine))
     pod_name = inference_pod_name(name, replica, host)
@@ -70,25 +71,26 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
         parent, name=pod_name, subdomain=name, labels=labels, placement=spec,
         scheduling=spec.scheduling, accel=accel, container=container,
         config_map=spec.config_map, restart_policy="Always", storage=spec.storage,
-        config_revision=spec.config_revision,
+        config_revision=spec.config_revision, token_version=token_version,
     )
     return with_template_hash(join_gang(pod, name, spec.scheduling))
 
 
-def build_inference_pods(pool: InferencePool, parent: Manifest) -> list[Manifest]:
+def build_inference_pods(pool: InferencePool, parent: Manifest, token_version: str = "") -> list[Manifest]:
     return [
-        build_inference_pod(pool, parent, r, h)
+        build_inference_pod(pool, parent, r, h, token_version)
         for r in range(pool.spec.replicas)
         for h in range(pool.spec.hosts_per_replica)
     ]
 
 
-def build_inference_children(pool: InferencePool, parent: Manifest) -> list[Manifest]:
-    """Service, optional PodGroup, then the pods; ``parent`` is the pool as stored (with uid)."""
+def build_inference_children(pool: InferencePool, parent: Manifest, token_version: str = "") -> list[Manifest]:
+    """Service, optional PodGroup, then the pods; ``parent`` is the pool as stored (with uid);
+    ``token_version``: a standalone pool's own token (``common.pod_manifest``)."""
     out = [headless_service(parent, pool.metadata.name, pool_selector(pool), {"http": pool.spec.port})]
     spec = pool.spec
     group = pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica, spec.scheduling,
                       profile(spec.accelerator, str(spec.engine)).labels)
     if group:
         out.append(group)
-    return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent))
+    return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent, token_version))

@@ -50,7 +50,7 @@ def job_selector(job: TrainerJob) -> dict[str, str]:
     return {LABEL_JOB: job.metadata.name, LABEL_ROLE: ROLE_TRAINER}
 
 
-def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
+def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_version: str = "") -> Manifest:
     """Pod for node rank ``rank``: torchrun with torch-distributed env, one process per device."""
     spec, name = job.spec, job.metadata.name
     accel = profile(spec.accelerator)
@@ -85,7 +85,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int) -> Manifest:
         parent, name=trainer_pod_name(name, rank), subdomain=name, labels=labels, placement=spec,
         scheduling=spec.scheduling, accel=accel, container=container,
         config_map=spec.config_map, restart_policy="Never", storage=spec.storage,
-        config_revision=spec.config_revision,
+        config_revision=spec.config_revision, token_version=token_version,
     )
     return with_template_hash(join_gang(pod, name, spec.scheduling))
 
@@ -134,8 +134,9 @@ def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest) -> Manife
     })
 
 
-def build_trainer_children(job: TrainerJob, parent: Manifest) -> list[Manifest]:
-    """Service, optional PodGroup, then pods (native) or one PyTorchJob (kubeflow)."""
+def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str = "") -> list[Manifest]:
+    """Service, optional PodGroup, then pods (native) or one PyTorchJob (kubeflow); ``token_version``:
+    a standalone job's own token (``common.pod_manifest``)."""
     out = [headless_service(parent, job.metadata.name, job_selector(job),
                             {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
     group = pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
@@ -143,6 +144,6 @@ def build_trainer_children(job: TrainerJob, parent: Manifest) -> list[Manifest]:
     if group:
         out.append(group)
     if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
-        return [*out, build_pytorchjob(job, parent, build_trainer_pod(job, parent, 0))]
-    pods = [build_trainer_pod(job, parent, rank) for rank in range(job.spec.nodes)]
+        return [*out, build_pytorchjob(job, parent, build_trainer_pod(job, parent, 0, token_version))]
+    pods = [build_trainer_pod(job, parent, rank, token_version) for rank in range(job.spec.nodes)]
     return out + ([] if job.spec.suspend else pods)

@@ -19,6 +19,7 @@ LABEL_FABRIC = f"{PREFIX}/fabric"
 LABEL_ACCELERATOR = f"{PREFIX}/accelerator"
 ANNOTATION_TEMPLATE_HASH = f"{PREFIX}/template-hash"  # a pod or PyTorchJob whose template changed is replaced
 ANNOTATION_CONFIG_REVISION = f"{PREFIX}/config-revision"  # the run config a pod reads at start (its hash)
+ANNOTATION_TOKEN_VERSION = f"{PREFIX}/token-version"  # the API token Secret(s) a pod was started with
 ROLE_INFERENCE = "inference"
 ROLE_TRAINER = "trainer"
 ROLE_AGENT = "agent"
