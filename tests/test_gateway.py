@@ -94,13 +94,37 @@ def test_a_rewritten_history_starts_a_new_segment():
     assert s.context([1, 2]) == [1, 2]
     s.policy([3, 4], [-1.0, -1.0], [0, 0], "stop")
     assert s.context([1, 2, 3, 4, 9]) == [1, 2, 3, 4, 9]  # extends it: 9 is context
-    assert s.segments[0].episode.mask == [1, 1, 0]
+    assert s.segment is not None and s.segment.episode.mask == [1, 1, 0]
     s.policy([5], [-1.0], [1], "stop")
     assert s.context([1, 7]) == [1, 7] and s.prefix_breaks == 1
     s.policy([8], [-1.0], [1], "stop")
+    assert s.stored_tokens == 3 and s.generated_tokens == 4  # the old segment is gone, its tokens counted
     s.reward = 1.0
     trajectory = s.trajectory(0)
     assert trajectory is not None and trajectory.output_ids == [8] and trajectory.prompt_ids == [1, 7]
+
+
+def test_a_thousand_rewritten_histories_keep_one_segment_of_memory():
+    """An agent that rewrites its history on every call (issue 24, item 4): each rewrite used to open
+    a segment holding the whole prompt, kept until the session ended. Now a session holds one."""
+    import tracemalloc
+
+    table = SessionTable(group_size=1, timeout=10)
+    s = table.join("s", None, 0, lambda: 0)
+    assert s is not None
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for call in range(1000):
+            prompt = [call % 97 + 1, *range(2, 500)]  # 499 tokens, a different first one each time
+            s.context(prompt)
+            s.policy([7, 8], [-1.0, -1.0], [0, 0], "stop")
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert s.prefix_breaks == 999 and s.generated_tokens == 2000
+    assert table.stored_tokens == 501  # one segment: its prompt and the last completion
+    assert held < 256 * 1024, f"{held} bytes held after 1,000 rewrites"  # 1,000 segments: ≈ 4 MB
 
 
 def serve_in_thread(app: Any, port: int) -> Any:
@@ -169,13 +193,15 @@ def test_a_history_longer_than_the_models_context_gets_400_naming_messages():
 
     tok = char_tokenizer()
     model = tiny_qwen2(len(tok), seed=0)
-    with gateway_over(model, tok, batch_size=4, max_staleness=4) as (_, client):
+    with gateway_over(model, tok, batch_size=4, max_staleness=4) as (gateway, client):
         ask = {"model": "tiny-agent", "max_tokens": 4}
         headers = {"X-KubeRL-Session": "long", "X-KubeRL-Group": "g"}
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(**ask, messages=[{"role": "user", "content": "12*34=" * 60}],
                                            extra_headers=headers)
         assert "messages" in str(refused.value) and "context" in str(refused.value)
+        refused_session = gateway.table.get("long")  # a refused turn leaves nothing behind
+        assert refused_session is None or refused_session.stored_tokens == 0
         short = client.chat.completions.create(**ask, messages=[{"role": "user", "content": "12*34="}],
                                                extra_headers={**headers, "X-KubeRL-Session": "short"})
         assert short.choices[0].message.role == "assistant"

@@ -238,27 +238,35 @@ class Gateway:
 
     async def _turn(self, session: Session, prompt: list[int], body: dict[str, Any],
                     cut_at_call: bool) -> tuple[list[int], str, tuple[int, int]]:
+        """Generate first, then record the turn: a call that fails leaves the session as it was."""
         stops, asked = stop_strings(body), requested_tokens(body)  # checked before the session changes
-        breaks = session.prefix_breaks
-        context = session.context(prompt)
-        self.stats.prefix_breaks += session.prefix_breaks - breaks
-        left = self.config.max_new_tokens - len(session.segments[-1].episode.output_ids)
+        left = session.tokens_left(prompt, self.config.max_new_tokens)
         budget = left if asked is None else min(asked, left)
+        ids, logprobs, versions, finish = await self._generate(prompt, budget, stops, cut_at_call)
+        breaks = session.prefix_breaks
+        context = session.context(prompt)  # == prompt: a continuation's prefix is the segment itself
+        self.stats.prefix_breaks += session.prefix_breaks - breaks
+        session.policy(ids, logprobs, versions, finish)
+        if budget > 0:
+            self.stats.completions += 1
+            session.touched = time.monotonic()
+        return ids, finish, (len(context), len(ids))
+
+    async def _generate(self, prompt: list[int], budget: int, stops: list[str],
+                        cut_at_call: bool) -> tuple[list[int], list[float], list[int], str]:
+        """The policy's turn after ``prompt``: (tokens, their log-probs, their versions, finish reason);
+        nothing (finish "length") when the segment's budget is spent."""
         if budget <= 0:
-            session.policy([], [], [], FINISH_LENGTH)
-            return [], FINISH_LENGTH, (len(context), 0)
+            return [], [], [], FINISH_LENGTH
         cfg = self.config
         try:
-            (gen,) = await self.controller.client.generate(context, 1, budget, cfg.temperature, cfg.top_p)
+            (gen,) = await self.controller.client.generate(prompt, 1, budget, cfg.temperature, cfg.top_p)
         except Rejected as err:  # e.g. a history longer than the model's context
             field = "messages" if cut_at_call else "prompt"
             raise RequestError(f"{field}: {err.reason}", field) from err
         ids, stopped = cut_turn(gen.output_ids, self._text, stops, cut_at_call)
         finish = FINISH_STOP if stopped else gen.finish_reason or FINISH_LENGTH
-        session.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish)
-        self.stats.completions += 1
-        session.touched = time.monotonic()
-        return ids, finish, (len(context), len(ids))
+        return ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish
 
     @staticmethod
     async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:

@@ -6,7 +6,7 @@ holds so far (its earlier prompt + completions), only the new tokens are appende
 (loss mask 0) — and the completion's tokens follow as the policy's (mask 1, with their log-probs
 and versions). When they do not (the agent rewrote its history), the session starts a new segment.
 The agent ends a session with a reward; the session's last segment (the stretch that led to it)
-becomes its trajectory — earlier segments are not trained on (``prefix_breaks`` counts them).
+becomes its trajectory — earlier segments are not trained on, nor kept (``prefix_breaks`` counts them).
 
 Sessions join groups (``X-KubeRL-Group``, e.g. the task id; without one, sessions fill anonymous
 groups in arrival order). A group holds ``group_size`` sessions; its first session takes a slot
@@ -42,43 +42,59 @@ class Segment:
 
 @dataclass
 class Session:
+    """One episode. Memory: only the current segment is kept (an earlier one is never trained on), and
+    it grows only by a turn that the policy completed, so a session holds at most one model context
+    of tokens, however many times its history is rewritten; a turn the replica refused changes
+    nothing. The whole table: at most (groups admitted) × ``group_size`` sessions (``SessionTable``)."""
+
     id: str
     touched: float
-    segments: list[Segment] = field(default_factory=list)
+    segment: Segment | None = None
     reward: float | None = None
     ended: bool = False
     prefix_breaks: int = 0
+    generated_tokens: int = 0  # over all segments, for the reward reply
     busy: bool = False  # a completion is being generated: one call at a time per session
 
+    def extends(self, prompt_ids: list[int]) -> bool:
+        """Whether a completion's rendered prompt continues the current segment (else: a rewrite)."""
+        return self.segment is not None and prompt_ids[:len(self.segment.ids)] == self.segment.ids
+
+    def tokens_left(self, prompt_ids: list[int], max_new_tokens: int) -> int:
+        """What the segment that ``prompt_ids`` continues (or starts) may still generate."""
+        used = len(self.segment.episode.output_ids) if self.segment is not None and self.extends(prompt_ids) else 0
+        return max_new_tokens - used
+
     def context(self, prompt_ids: list[int]) -> list[int]:
-        """Take a completion's rendered prompt; returns the tokens to generate from (see the module doc)."""
-        current = self.segments[-1] if self.segments else None
-        if current is not None and prompt_ids[:len(current.ids)] == current.ids:
-            current.episode.context(prompt_ids[len(current.ids):])
+        """Take a completion's rendered prompt: its new tokens join the segment as context, or (a
+        rewrite) it starts a new segment in place of the old one; returns the tokens to generate from."""
+        if self.segment is not None and self.extends(prompt_ids):
+            self.segment.episode.context(prompt_ids[len(self.segment.ids):])
         else:
-            if current is not None:
-                self.prefix_breaks += 1
-            self.segments.append(Segment(list(prompt_ids)))
-        return self.segments[-1].ids
+            self.prefix_breaks += self.segment is not None
+            self.segment = Segment(list(prompt_ids))
+        return self.segment.ids
 
     def policy(self, ids: list[int], logprobs: list[float], versions: list[int], finish_reason: str) -> None:
         """The policy's completion of the current segment."""
-        segment = self.segments[-1]
-        segment.episode.policy(ids, logprobs, versions)
-        segment.finish_reason = finish_reason
+        assert self.segment is not None, "context() first"
+        self.segment.episode.policy(ids, logprobs, versions)
+        self.segment.finish_reason = finish_reason
+        self.generated_tokens += len(ids)
 
     def tool_called(self) -> None:
-        self.segments[-1].episode.tool_calls += 1
+        if self.segment is not None:
+            self.segment.episode.tool_calls += 1
 
     @property
-    def generated_tokens(self) -> int:
-        return sum(len(s.episode.output_ids) for s in self.segments)
+    def stored_tokens(self) -> int:
+        return len(self.segment.ids) if self.segment is not None else 0
 
     def trajectory(self, group_id: int) -> Trajectory | None:
         """The rewarded episode's last segment (None: no reward, or the policy wrote nothing in it)."""
-        if self.reward is None or not self.segments or not any(self.segments[-1].episode.mask):
+        s = self.segment
+        if self.reward is None or s is None or not any(s.episode.mask):
             return None
-        s = self.segments[-1]
         return Trajectory(s.prompt_ids, s.episode.output_ids, s.episode.logprobs, s.episode.versions, self.reward,
                           group_id, s.finish_reason, info={"tool_calls": str(s.episode.tool_calls)},
                           loss_mask=s.episode.mask)
@@ -114,6 +130,11 @@ class SessionTable:
     sessions: dict[str, tuple[Session, SessionGroup]] = field(default_factory=dict)
     filling: dict[str, SessionGroup] = field(default_factory=dict)  # key → its group with free seats
     expired: int = 0
+
+    @property
+    def stored_tokens(self) -> int:
+        """Tokens the table holds: ≤ (groups admitted) × group_size × the model's context."""
+        return sum(session.stored_tokens for session, _ in self.sessions.values())
 
     def get(self, session_id: str) -> Session | None:
         found = self.sessions.get(session_id)
