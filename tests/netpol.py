@@ -1,5 +1,5 @@
-"""An independent reading of Kubernetes NetworkPolicy ingress semantics, to ask of rendered policies
-"may this pod open that port on that pod?" (the emulator stores policies but enforces nothing).
+"""An independent reading of Kubernetes NetworkPolicy semantics, to ask of rendered policies "may
+this pod open that port on that pod (or address)?" (the emulator stores policies but enforces nothing).
 
 A pod selected by some Ingress policy of its namespace is isolated: a connection is allowed when a
 rule of one of those policies admits it — a rule without ``from`` admits every source, one without
@@ -9,6 +9,7 @@ policy selects accepts everything."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,3 +59,39 @@ def allowed(policies: list[dict[str, Any]], source: PodRef, target: PodRef, port
         return True
     return any(_rule_admits(rule, p["metadata"].get("namespace", "team-a"), source, port)
                for p in selecting for rule in p["spec"].get("ingress") or [])
+
+
+def _ip_peer_admits(peer: dict[str, Any], address: str) -> bool:
+    block = peer.get("ipBlock")
+    if block is None:
+        return False
+    ip = ipaddress.ip_address(address)
+    net = ipaddress.ip_network(block["cidr"])
+    if ip.version != net.version or ip not in net:
+        return False
+    return not any(ip in ipaddress.ip_network(e) for e in block.get("except") or [] if
+                   ipaddress.ip_network(e).version == ip.version)
+
+
+def egress_allowed(policies: list[dict[str, Any]], source: PodRef, destination: PodRef | str, port: int) -> bool:
+    """May ``source`` open TCP ``port`` to ``destination`` (a pod, or an address outside the cluster)
+    as far as its own namespace's Egress policies go? A pod no Egress policy selects may go anywhere;
+    a pod destination matches pod/namespace selectors, an address only ``ipBlock``s."""
+    selecting = [p for p in policies if p["metadata"].get("namespace", "team-a") == source.namespace
+                 and "Egress" in p["spec"].get("policyTypes", [])
+                 and selects(p["spec"]["podSelector"], source.labels)]
+    if not selecting:
+        return True
+    for p in selecting:
+        for rule in p["spec"].get("egress") or []:
+            ports = rule.get("ports")
+            if ports and not any(q.get("port") in (None, port) and q.get("protocol", "TCP") == "TCP" for q in ports):
+                continue
+            peers = rule.get("to")
+            if not peers:
+                return True
+            namespace = p["metadata"].get("namespace", "team-a")
+            if any(_ip_peer_admits(peer, destination) if isinstance(destination, str)
+                   else "ipBlock" not in peer and _peer_admits(peer, namespace, destination) for peer in peers):
+                return True
+    return False

@@ -17,7 +17,7 @@ from kuberl_operator.render import render_resource
 from kuberl_operator.topology import label_value, topology_labels
 
 from .conftest import EXAMPLES, MINIMAL, load_example
-from .netpol import PodRef, allowed
+from .netpol import PodRef, allowed, egress_allowed
 
 
 def stored(doc: dict, uid: str = "uid-1") -> dict:
@@ -306,6 +306,29 @@ def test_agent_pods_reach_the_gateway_port_and_nothing_else_of_their_experiment(
     stranger = PodRef({**rank0.labels, LABEL_EXPERIMENT: "someone-else"})
     assert not any(allowed(policies, stranger, target, port) for target in (rank0, replica)
                    for port in (MASTER_PORT, GATEWAY_PORT, serving))
+
+
+def test_no_pod_of_an_experiment_reaches_the_cloud_metadata_service_unless_its_identity_lives_there():
+    """The node's instance-metadata service hands out the node's cloud credentials: the agent's code
+    and the workload must not reach it, while S3, in-cluster stores, DNS (also NodeLocal DNSCache on
+    link-local) and the experiment's own pods stay reachable. With storage.serviceAccountName
+    (workload identity: GKE serves the pod's credentials there) it stays open."""
+    doc = load_example("cpu-agent-gateway.yaml")
+    manifests = render(doc)
+    policies = by_kind(manifests, "NetworkPolicy")
+    pods = [PodRef(p["metadata"]["labels"]) for p in by_kind(manifests, "Pod")]
+    (deployment,) = by_kind(manifests, "Deployment")
+    agent = PodRef(deployment["spec"]["template"]["metadata"]["labels"])
+    store = PodRef({"app": "minio"}, namespace="storage")
+    for pod in [*pods, agent]:
+        for address in ("169.254.169.254", "100.100.100.200", "fd00:ec2::254"):
+            assert not egress_allowed(policies, pod, address, 80), (pod, address)
+        for address, port in (("52.216.8.13", 443), ("169.254.20.10", 53), ("10.0.0.10", 53), ("2600:1f18::1", 443)):
+            assert egress_allowed(policies, pod, address, port), (pod, address)
+        assert egress_allowed(policies, pod, store, 9000) and egress_allowed(policies, pod, pods[0], GATEWAY_PORT)
+    doc["spec"]["storage"] = {"serviceAccountName": "trainer-identity"}
+    open_policies = by_kind(render(doc), "NetworkPolicy")
+    assert all(egress_allowed(open_policies, pod, "169.254.169.254", 80) for pod in [*pods, agent])
 
 
 def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_rank_0():

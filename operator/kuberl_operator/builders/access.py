@@ -31,6 +31,11 @@ from kuberl.api.contract import (
 from .common import Manifest, child_metadata
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+# Cloud instance-metadata services: the node's credentials and bootstrap data (AWS, GCP, Azure,
+# OpenStack and Oracle at 169.254.169.254, AWS over IPv6, Alibaba). Not all of link-local: NodeLocal
+# DNSCache listens on 169.254.20.10.
+METADATA_CIDRS_V4 = ("169.254.169.254/32", "100.100.100.200/32")
+METADATA_CIDRS_V6 = ("fd00:ec2::254/128",)
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,26 @@ class Peers:
         )
 
 
-def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_ports: list[int]) -> Manifest:
+def egress_rules(metadata: bool) -> list[Manifest]:
+    """Egress: to any pod of the cluster (peers, DNS, an in-cluster object store; their own ingress
+    policies decide) and to any address outside it but the cloud metadata services (``metadata``
+    True keeps them: GKE's workload identity serves a pod's credentials there)."""
+    v4_except, v6_except = ([], []) if metadata else (list(METADATA_CIDRS_V4), list(METADATA_CIDRS_V6))
+    return [
+        {"to": [{"namespaceSelector": {}}]},
+        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", **({"except": v4_except} if v4_except else {})}},
+                {"ipBlock": {"cidr": "::/0", **({"except": v6_except} if v6_except else {})}}]},
+    ]
+
+
+def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_ports: list[int],
+                   metadata: bool = False) -> Manifest:
     """Ingress to ``experiment``'s pods: from its inference and trainer pods (any port: collectives,
     stores, weight exchange), from its agent pods on ``GATEWAY_PORT`` only (the agent runs
     model-driven code: it must not reach a torch store or a gloo/NCCL socket), from the operator's
-    pods on ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. Egress stays open:
-    the pods read models and data from S3 and write checkpoints there."""
+    pods on ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. Egress
+    (``egress_rules``): everywhere the pods read models and data and write checkpoints, but not the
+    node's instance-metadata service (the node's cloud credentials) unless ``metadata``."""
     own = {LABEL_EXPERIMENT: experiment}
     workload = {"matchLabels": own,
                 "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [ROLE_INFERENCE, ROLE_TRAINER]}]}
@@ -82,7 +101,8 @@ def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_port
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": child_metadata(parent, network_policy_name(experiment), own),
-        "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"], "ingress": ingress},
+        "spec": {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress", "Egress"], "ingress": ingress,
+                 "egress": egress_rules(metadata)},
     }
 
 

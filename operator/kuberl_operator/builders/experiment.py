@@ -121,7 +121,8 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
             "metadata": child_metadata(parent, pool_name, labels), "spec": pool_spec.to_wire()}
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
            "metadata": child_metadata(parent, job_name, labels), "spec": job_spec.to_wire()}
-    policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT])
+    policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT],
+                            metadata=bool(spec.storage.service_account_name))  # workload identity (GKE)
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
     agent = [] if spec.agent is None else build_agent_children(
         parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,

@@ -318,7 +318,8 @@ class StorageSpec(ApiModel):
     service_account_name: str | None = Field(
         None, pattern=DNS1123_SUBDOMAIN, max_length=253,
         description="ServiceAccount of the workload pods, for workload identity (IRSA, GKE/AKS workload identity) "
-                    "instead of a credentials Secret",
+                    "instead of a credentials Secret; the pods may then reach the node's metadata address, where "
+                    "GKE serves their credentials (otherwise the NetworkPolicy blocks it)",
     )
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=8)
 
