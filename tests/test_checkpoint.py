@@ -96,6 +96,42 @@ def test_a_run_refuses_another_runs_checkpoints(uri, tmp_path):
     assert manager.restore_newest(tmp_path / "restore", "uid-of-run-a").step == 3
 
 
+def test_two_runs_on_one_uri_never_prune_each_other(uri, tmp_path):
+    """Two experiments pointed at one URI (an old run's pods still writing, or a copy-pasted spec):
+    each keeps its own newest checkpoints and its own upload in progress, whatever the other prunes."""
+    a = CheckpointManager(open_store(uri), keep=2, run_id="run-a")
+    b = CheckpointManager(open_store(uri), keep=2, run_id="run-b")
+    for step in (10, 15, 20, 25, 30):
+        (a if step % 10 == 0 else b).save(staging(tmp_path, step), step)
+    a.upload_files(staging(tmp_path, 40), 40)  # run a's next checkpoint, files landing, no manifest yet
+    b.save(staging(tmp_path, 45), 45)
+    b.save(staging(tmp_path, 55), 55)
+    steps = {int(k.split("/")[0][5:]) for k in a.store.list()}
+    assert steps == {20, 30, 40, 45, 55}  # a: its 2 newest + its partial; b: its 2 newest
+    assert [m.meta["run_id"] for m in a.complete()] == ["run-b", "run-b", "run-a", "run-a"]
+    a.commit(40, {"model/shard-0.bin": {"size": 1000, "sha256": ""}, "trainer_state.json": {"size": 12, "sha256": ""}})
+    assert {int(k.split("/")[0][5:]) for k in a.store.list()} == {30, 40, 45, 55}
+
+
+def test_pruning_aborts_the_multipart_uploads_a_killed_writer_left(tmp_path, aws_env):
+    """A writer killed in the middle of a multipart upload leaves parts that no listing of objects
+    shows (and that the bucket bills for): pruning its abandoned step aborts them too."""
+    import boto3
+
+    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="multipart")
+    manager = CheckpointManager(open_store("s3://multipart/exp/"), keep=1, run_id="run-a")
+    manager.save(staging(tmp_path, 1), 1)
+    manager.store.write_text(step_dir(2) + "RUN", "run-a")  # the killed writer's step: its marker, then
+    client = manager.store.client
+    upload = client.create_multipart_upload(Bucket="multipart", Key="exp/" + step_dir(2) + "model/shard-0.bin")
+    client.upload_part(Bucket="multipart", Key=upload["Key"], UploadId=upload["UploadId"], PartNumber=1,
+                       Body=b"x" * 1024)  # one part of a shard, never completed
+    assert len(manager.store.multipart_uploads()) == 1
+    manager.save(staging(tmp_path, 3), 3)
+    assert manager.store.multipart_uploads() == []
+    assert {k.split("/")[0] for k in manager.store.list()} == {step_dir(3).rstrip("/")}
+
+
 def test_s3_unreachable_fails_clearly_and_keeps_local_state(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")

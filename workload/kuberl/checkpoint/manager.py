@@ -2,6 +2,7 @@
 
 Layout under the checkpoint URI::
 
+    step-00000050/RUN                 the writing run's id, first (so a partial step has an owner too)
     step-00000050/<files…>            model/optimizer shards, trainer state — anything in the staging dir
     step-00000050/MANIFEST.json       {"step", "files": {name: {"size", "sha256"}}, "meta": {…}}
 
@@ -12,7 +13,8 @@ the wrong size; ``restore()`` verifies every SHA-256, and ``restore_newest()`` f
 next older complete checkpoint when one fails that. ``keep = K`` (≥ 2, so there is always one to
 fall back to) deletes older checkpoints (and abandoned partial ones) only after a newer one is
 complete. A manifest records its run (``meta.run_id``, the experiment's UID): a run refuses to
-load another run's checkpoints (``ForeignCheckpoint``) rather than resume from, or prune, them.
+load another run's checkpoints (``ForeignCheckpoint``), and prunes only its own (a step without a
+run id, from before RUN markers, counts as anyone's): two runs on one URI never delete each other's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .store import CheckpointError, Store
 
 log = logging.getLogger("kuberl.checkpoint")
 MANIFEST = "MANIFEST.json"
+RUN = "RUN"
 
 
 def step_dir(step: int) -> str:
@@ -62,6 +65,7 @@ class ForeignCheckpoint(CheckpointError):
 class CheckpointManager:
     store: Store
     keep: int = 3
+    run_id: str | None = None  # written into each step (RUN, meta.run_id); None: a run without identity
 
     def save(self, staging: Path, step: int, meta: dict[str, Any] | None = None) -> str:
         """Upload every file under ``staging``, then the manifest, then prune. Returns the checkpoint's URI."""
@@ -74,6 +78,8 @@ class CheckpointManager:
         manifest entries. Several writers (one per node) may each upload their own files."""
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         prefix = step_dir(step)
+        if self.run_id:
+            self.store.write_text(prefix + RUN, self.run_id)
         entries: dict[str, dict[str, Any]] = {}
         for path in files:
             name = path.relative_to(staging).as_posix()
@@ -88,7 +94,8 @@ class CheckpointManager:
         if not entries:
             raise CheckpointError(f"checkpoint of step {step}: nothing was uploaded")
         prefix = step_dir(step)
-        self.store.write_text(prefix + MANIFEST, Manifest(step, entries, meta or {}).to_json())
+        meta = {**(meta or {}), **({"run_id": self.run_id} if self.run_id else {})}
+        self.store.write_text(prefix + MANIFEST, Manifest(step, entries, meta).to_json())
         size = sum(e["size"] for e in entries.values())
         log.info("checkpoint step %d: %d files, %.1f MiB in %.2fs → %s%s", step, len(entries), size / 2**20,
                  seconds, self.store.uri, prefix)
@@ -159,14 +166,25 @@ class CheckpointManager:
                 raise CheckpointError(f"{self.store.uri}{step_dir(manifest.step)}{name}: checksum mismatch")
         return dest
 
+    def _owner(self, step: int, objects: dict[str, int], manifest: Manifest | None) -> str | None:
+        """The run that wrote ``step``: its manifest's, else its RUN marker's; None when neither says."""
+        if manifest is not None:
+            return manifest.meta.get("run_id")
+        text = self.store.read_text(step_dir(step) + RUN) if RUN in objects else None
+        return text.strip() if text else None
+
     def prune(self) -> list[int]:
-        """Keep the newest ``keep`` complete checkpoints; drop older ones and partial ones behind them."""
+        """Keep this run's newest ``keep`` complete checkpoints; drop its older ones and its partial
+        ones behind them (with their unfinished multipart uploads). Another run's steps are not touched."""
         steps = self._steps()
-        complete = [s for s in sorted(steps, reverse=True) if self._complete(s, steps[s]) is not None]
+        manifests = {s: self._complete(s, objects) for s, objects in steps.items()}
+        owners = {s: self._owner(s, steps[s], manifests[s]) for s in steps}
+        mine = [s for s in steps if not self.run_id or owners[s] in (None, self.run_id)]
+        complete = sorted((s for s in mine if manifests[s] is not None), reverse=True)
         if not complete:
             return []
         kept = set(complete[:self.keep])
-        doomed = [s for s in steps if s not in kept and s < complete[0]]  # a partial one behind is abandoned
+        doomed = [s for s in mine if s not in kept and s < complete[0]]  # a partial one behind is abandoned
         for step in doomed:
             self.store.delete_prefix(step_dir(step))
         if doomed:

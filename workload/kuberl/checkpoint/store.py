@@ -152,10 +152,22 @@ class S3Store:
         return out
 
     def delete_prefix(self, prefix: str) -> None:
+        """Delete the objects under ``prefix`` and abort its unfinished multipart uploads (a writer
+        killed mid-upload leaves parts that are billed but never listed as objects)."""
         keys = [{"Key": self._key(k)} for k in self.list(prefix)]
         for i in range(0, len(keys), 1000):
             self._call("delete from", self.client.delete_objects, Bucket=self.bucket,
                        Delete={"Objects": keys[i:i + 1000]})
+        for upload in self.multipart_uploads(prefix):
+            self._call("abort an upload in", self.client.abort_multipart_upload, Bucket=self.bucket,
+                       Key=upload["Key"], UploadId=upload["UploadId"])
+
+    def multipart_uploads(self, prefix: str = "") -> list[dict[str, Any]]:
+        """Unfinished multipart uploads under ``prefix`` (Key, UploadId, …)."""
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        pages = self._call("list uploads in", lambda: list(paginator.paginate(Bucket=self.bucket,
+                                                                              Prefix=self._key(prefix))))
+        return [u for page in pages for u in page.get("Uploads", [])]
 
 
 def open_store(uri: str, **s3_options: Any) -> Store:

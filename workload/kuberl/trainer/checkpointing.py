@@ -108,8 +108,8 @@ class Checkpointer:
                  run_id: str | None = None, s3_endpoint: str | None = None):
         self.every, self.staging, self.rank, self.local_rank = every, staging, rank, local_rank
         self.run_id = run_id
-        self.manager = (CheckpointManager(open_store(uri, endpoint=s3_endpoint), keep) if uri and local_rank == 0
-                        else None)
+        self.manager = (CheckpointManager(open_store(uri, endpoint=s3_endpoint), keep, run_id)
+                        if uri and local_rank == 0 else None)
         self.enabled = uri is not None
 
     def resume(self, actor: Actor) -> TrainerState | None:
@@ -153,8 +153,7 @@ class Checkpointer:
         if self.rank == 0:
             assert self.manager is not None
             merged = {k: v for node in every_node for k, v in node.items()}
-            meta = {"version": version, **({"run_id": self.run_id} if self.run_id else {})}
-            uri = self.manager.commit(step, merged, meta, time.perf_counter() - started)
+            uri = self.manager.commit(step, merged, {"version": version}, time.perf_counter() - started)
         if self.local_rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
         return uri
