@@ -142,6 +142,15 @@ def test_a_pod_monitor_that_the_network_policies_would_block_is_refused_naming_t
     assert done.returncode != 0 and "workloadNetworkPolicy.metricsNamespaceLabels" in done.stderr
 
 
+def test_the_api_rate_limit_reaches_the_operator_and_a_zero_is_refused():
+    deployment = next(d for d in render(["--set-json", "operator.apiQPS=7.5", "--set", "operator.apiBurst=15"])
+                      if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["KUBERL_API_QPS"], env["KUBERL_API_BURST"]) == ("7.5", "15")
+    done = helm("template", "kuberl", str(CHART), "--set", "operator.apiQPS=0")
+    assert done.returncode != 0 and "apiQPS" in done.stderr
+
+
 def test_values_schema_rejects_a_bad_value_and_names_it():
     done = helm("template", "kuberl", str(CHART), "--set", "watchNamespaces={Team_A}")
     assert done.returncode != 0

@@ -237,3 +237,53 @@ def test_retries_of_objects_that_failed_together_spread_out_between_half_and_the
         assert got == attempt and full / 2 <= delay < full
     assert backoff.failed(key, retry_after=1000.0)[1] == 1000.0  # never sooner than the server asks
     assert backoff.succeeded(key) and not backoff.succeeded(key)
+
+
+def test_the_api_rate_limit_lets_a_burst_through_then_qps_whatever_the_clock_reads():
+    """A token bucket on a fake clock that starts at a large reading (a host up for days) and at 0
+    (one booted a moment ago): the first ``burst`` calls go at once, the rest at ``qps`` a second, and
+    no one-second window ever holds more than burst + qps calls."""
+    from kuberl_operator.ratelimit import RateLimit
+
+    for start in (0.0, 864000.0):
+        now = [start]
+
+        def clock(now: list[float] = now) -> float:
+            return now[0]
+
+        def sleep(seconds: float, now: list[float] = now) -> None:
+            now[0] += seconds
+
+        limit = RateLimit(qps=10, burst=5, clock=clock, sleep=sleep)
+        sent = []
+        for _ in range(45):
+            limit.acquire()
+            sent.append(now[0] - start)
+        assert sent[:5] == [0.0] * 5 and sent[-1] == pytest.approx(4.0)  # 40 more at 10 a second
+        assert max(sum(1 for t in sent if a <= t < a + 1) for a in sent) <= 5 + 10
+        now[0] += 100  # idle: the bucket refills to burst, not beyond
+        waits = [limit.acquire() for _ in range(6)]
+        assert waits[:5] == [0.0] * 5 and waits[5] == pytest.approx(0.1)
+
+
+def test_the_api_rate_limit_holds_across_threads():
+    import threading
+    import time
+
+    from kuberl_operator.ratelimit import RateLimit
+
+    limit, started = RateLimit(qps=200, burst=1), time.perf_counter()
+    threads = [threading.Thread(target=lambda: [limit.acquire() for _ in range(10)]) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.perf_counter() - started >= 49 / 200 * 0.95  # 50 calls: 1 at once, 49 at 200 a second
+
+
+def test_a_rate_limit_that_cannot_send_anything_is_refused():
+    from kuberl_operator.ratelimit import RateLimit
+
+    for qps, burst in ((0, 10), (10, 0), (-1, 5)):
+        with pytest.raises(ValueError, match="qps must be > 0 and burst"):
+            RateLimit(qps, burst)

@@ -29,6 +29,7 @@ from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, PREFIX, ROLE_TRAINER
 
 from . import progress, reconcile
 from .kube import Kube
+from .ratelimit import RateLimit
 from .retry import Backoff, classify
 
 log = logging.getLogger("kuberl.operator")
@@ -55,7 +56,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     except kube_config.ConfigException:
         # The package reads $KUBECONFIG at import time; read it now.
         kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    memo["kube"] = Kube(ApiClient(), timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")))
+    memo["kube"] = Kube(ApiClient(), timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
+                        limit=RateLimit.from_env())
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(

@@ -11,6 +11,8 @@ from typing import Any
 
 from kubernetes.client import ApiClient, ApiException
 
+from .ratelimit import RateLimit
+
 Manifest = dict[str, Any]
 
 PLURALS = {
@@ -42,12 +44,15 @@ def resource_path(api_version: str, kind: str, namespace: str | None, name: str 
 class Kube:
     """Create / get / list / patch / delete plain-dict objects. 404 on get is ``None``."""
 
-    def __init__(self, client: ApiClient, timeout: float = 30.0):
+    def __init__(self, client: ApiClient, timeout: float = 30.0, limit: RateLimit | None = None):
         self._client = client
         self._timeout = timeout  # seconds per call: a hung call fails, and the sync is retried
+        self._limit = limit  # every call waits its turn (``ratelimit``); None: no client-side limit
 
     def _call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
               content_type: str = "application/json") -> Any:
+        if self._limit is not None:
+            self._limit.acquire()
         return self._client.call_api(
             path, method, query_params=query or [], body=body,
             header_params={"Accept": "application/json", "Content-Type": content_type},
