@@ -1,9 +1,11 @@
 """Tool calls parsed from generated text, and the tools that answer them: errors and limits come
-back to the model as text, never as exceptions; the python tool runs without network."""
+back to the model as text, never as exceptions; the python tool runs without network, signals,
+processes or writes (a seccomp filter), also where namespaces are refused."""
 
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 
 import pytest
@@ -83,3 +85,57 @@ def test_the_python_tool_has_no_network():
         server.close()
     assert not outcome.ok and "in" != outcome.output.strip(), outcome
     assert "Error" in outcome.output
+
+
+def test_the_python_tool_cannot_signal_write_or_spawn_anything(tmp_path):
+    """Tool code runs next to the trainer, as its user: it must not be able to kill it, overwrite
+    its files or leave processes behind (issue 24, item 7)."""
+    import subprocess
+
+    victim = subprocess.Popen(["sleep", "60"])
+    precious = tmp_path / "checkpoint.bin"
+    precious.write_bytes(b"weights")
+    try:
+        attempts = {
+            "signal": f"import os; os.kill({victim.pid}, 9)",
+            "overwrite": f"open({str(precious)!r}, 'wb').write(b'gone')",
+            "append": f"open({str(precious)!r}, 'ab').write(b'gone')",
+            "delete": f"import os; os.remove({str(precious)!r})",
+            "rename": f"import os; os.rename({str(precious)!r}, {str(precious)!r} + '.x')",
+            "create": f"open({str(tmp_path / 'new.txt')!r}, 'x')",
+            "fork": "import os; os.fork()",
+            "spawn": "import subprocess; subprocess.run(['sleep', '30'])",
+            "network": "import socket; socket.socket()",
+        }
+        for what, code in attempts.items():
+            outcome = run_python(code)
+            assert not outcome.ok and ("PermissionError" in outcome.output or "Operation not permitted"
+                                       in outcome.output), (what, outcome)
+        assert victim.poll() is None and precious.read_bytes() == b"weights"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.bin"]
+        reading = run_python(f"print(open({str(precious)!r}, 'rb').read())")  # reading stays possible
+        assert reading.ok and reading.output == "b'weights'\n"
+    finally:
+        victim.kill()
+
+
+def test_the_python_tool_runs_where_unshare_is_refused():
+    """A pod under the RuntimeDefault seccomp profile (capabilities dropped) may not create
+    namespaces: the tool ran nothing there before. A parent that refuses unshare and clone's
+    namespace flags stands in for that profile; the tool runs inside it."""
+    import subprocess
+
+    refuse_namespaces = '''
+import ctypes, sys
+lib = ctypes.CDLL("libseccomp.so.2")
+lib.seccomp_init.restype = ctypes.c_void_p
+ctx = ctypes.c_void_p(lib.seccomp_init(0x7FFF0000))
+for name in (b"unshare", b"setns"):
+    assert lib.seccomp_rule_add_array(ctx, 0x00050001, lib.seccomp_syscall_resolve_name(name), 0, None) == 0
+assert lib.seccomp_load(ctx) == 0
+assert ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0  # CLONE_NEWNET: refused, as in the pod
+from kuberl.agent.sandbox import run_python
+print(run_python("print(6 * 7)").output, end="")
+'''
+    done = subprocess.run([sys.executable, "-c", refuse_namespaces], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr

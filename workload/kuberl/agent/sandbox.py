@@ -1,11 +1,26 @@
 """A sandboxed Python process for the ``python`` tool.
 
-The code runs in a fresh interpreter (``-I -S``: no site-packages, no user environment, no
-inherited env vars) in an empty temporary directory, under limits it cannot raise: CPU seconds,
-address space, file size (its output goes to a file, so a flood of output stops at the limit),
-open files; a wall-clock timeout kills its whole process group. A launcher inside the same process
-takes the network away first (a new network namespace: only a loopback that is down); where the
-host does not allow that, the tool refuses to run instead of running with network.
+The code runs in a fresh interpreter (``-I -S -B``: no site-packages, no user environment, no
+inherited env vars, no bytecode written) in an empty temporary directory, under limits it cannot
+raise: CPU seconds, address space, file size (its output goes to a file, so a flood of output stops
+at the limit), open files; a wall-clock timeout kills its process group.
+
+Before the code runs, the launcher installs a seccomp filter (libseccomp, through ctypes; the
+kernel keeps it for the process's life and no process can lift it) that refuses, with EPERM:
+
+* the network: ``socket`` (every family) and io_uring (which can open sockets on its own);
+* other processes: ``fork``/``clone``/``exec`` (nothing is left behind, no fork bomb), signals
+  (``kill``, ``tkill``, ``tgkill``, pidfd, sigqueue), ``ptrace`` and ``process_vm_*`` — it
+  cannot stop, signal or read the trainer that runs it;
+* the filesystem, but for reading: ``open``/``openat`` with any write flag, ``openat2``, and
+  every call that creates, removes, renames, links or changes the mode, owner, times or
+  attributes of a file;
+* namespaces, mounts, BPF, perf, keys, ``personality`` and ``userfaultfd``.
+
+A seccomp filter needs no privilege (only ``no_new_privs``, which libseccomp sets), so this works
+in a pod under the RuntimeDefault seccomp profile with every capability dropped — where the
+namespaces the tool used before (``unshare``) are refused. Where libseccomp is missing, the tool
+refuses to run (``available``: the trainer checks at start, so a run does not train on errors).
 """
 
 from __future__ import annotations
@@ -18,23 +33,63 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-NO_ISOLATION = 125  # the launcher's exit code when it cannot take the network away
+NO_ISOLATION = 125  # the launcher's exit code when it cannot install the filter
+DENIED = (  # refused outright (names unknown on an architecture are skipped: e.g. "open" on arm64)
+    "socket io_uring_setup io_uring_enter io_uring_register "
+    "fork vfork clone clone3 execve execveat "
+    "kill tkill tgkill rt_sigqueueinfo rt_tgsigqueueinfo pidfd_open pidfd_send_signal pidfd_getfd "
+    "ptrace process_vm_readv process_vm_writev kcmp "
+    "openat2 creat truncate unlink unlinkat rename renameat renameat2 mkdir mkdirat rmdir link linkat "
+    "symlink symlinkat mknod mknodat chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat "
+    "setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr utime utimes utimensat futimesat "
+    "name_to_handle_at open_by_handle_at "
+    "mount umount2 unshare setns chroot pivot_root move_mount fsopen fsmount fspick open_tree "
+    "bpf perf_event_open userfaultfd keyctl add_key request_key personality fanotify_init"
+).split()
+WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+OPENS = {"open": 1, "openat": 2}  # syscall → index of its flags argument
 
-LAUNCHER = """
+LAUNCHER = f"""
 import ctypes, resource, sys
 cpu, memory, fsize = (int(x) for x in sys.argv[1:4])
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.unshare(0x40000000) != 0 and libc.unshare(0x10000000 | 0x40000000) != 0:  # CLONE_NEWNET [| NEWUSER]
-    sys.exit(EXIT_NO_ISOLATION)
+DENIED, WRITE_FLAGS, OPENS = {DENIED!r}, {WRITE_FLAGS!r}, {OPENS!r}
+class Cmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+try:
+    lib = ctypes.CDLL("libseccomp.so.2")
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(Cmp)]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    ctx = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW by default
+    refuse = 0x00050000 | 1  # SCMP_ACT_ERRNO(EPERM)
+    ok = ctx is not None
+    for name in DENIED:
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        if nr >= 0:
+            ok = ok and lib.seccomp_rule_add_array(ctx, refuse, nr, 0, None) == 0
+    for name, index in OPENS.items():
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        for flag in WRITE_FLAGS if nr >= 0 else ():
+            cmp = (Cmp * 1)(Cmp(index, 7, flag, flag))  # SCMP_CMP_MASKED_EQ: flags & flag == flag
+            ok = ok and lib.seccomp_rule_add_array(ctx, refuse, nr, 1, cmp) == 0
+    ok = ok and lib.seccomp_load(ctx) == 0
+except OSError:
+    ok = False
+if not ok:
+    sys.exit({NO_ISOLATION})
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at cpu s, SIGKILL a second later
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
 code = sys.argv[4]
-del ctypes, libc, cpu, memory, fsize
+del ctypes, lib, ctx, cpu, memory, fsize, Cmp, DENIED, WRITE_FLAGS, OPENS
 sys.argv = ["tool"]
-exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
-""".replace("EXIT_NO_ISOLATION", str(NO_ISOLATION))
+exec(compile(code, "<tool>", "exec"), {{"__name__": "__main__"}})
+"""
+UNAVAILABLE = ("the python tool needs libseccomp (libseccomp.so.2) to confine the code it runs, and this host "
+               "has none; it does not run code unconfined")
 
 
 @dataclass(frozen=True)
@@ -63,8 +118,8 @@ def run_python(code: str, limits: Limits = Limits()) -> Outcome:
         out_path = Path(cwd) / ".output"
         with out_path.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", LAUNCHER, str(limits.cpu_seconds), str(limits.memory_bytes),
-                 str(limits.output_bytes * 4), code],
+                [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER, str(limits.cpu_seconds),
+                 str(limits.memory_bytes), str(limits.output_bytes * 4), code],
                 cwd=cwd, env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
             try:
@@ -75,8 +130,7 @@ def run_python(code: str, limits: Limits = Limits()) -> Outcome:
                 return Outcome(False, f"timed out after {limits.wall_seconds:g} s")
         text = _read(out_path, limits.output_bytes)
     if code_ == NO_ISOLATION:
-        return Outcome(False, "the python tool needs a network namespace (unshare), which this host does not "
-                              "allow; it does not run code with network access")
+        return Outcome(False, UNAVAILABLE)
     if code_ < 0:
         name = signal.Signals(-code_).name
         reason = {"SIGXCPU": "the CPU time limit", "SIGXFSZ": "the output limit", "SIGKILL": "a limit"}.get(name, name)
@@ -84,3 +138,9 @@ def run_python(code: str, limits: Limits = Limits()) -> Outcome:
     if code_ != 0:
         return Outcome(False, "\n".join(text.strip().splitlines()[-5:]))  # the end of the traceback
     return Outcome(True, text)
+
+
+def available() -> str | None:
+    """Why the sandbox cannot run code on this host, or None when it can (one trial run)."""
+    outcome = run_python("print('ok')")
+    return None if outcome.ok and outcome.output == "ok\n" else outcome.output

@@ -116,8 +116,9 @@ class ToolWorkflow:
             if not calls:
                 return episode, gen  # a final answer (or the budget ran out)
             episode.tool_calls += 1
-            if turn < self.max_turns - 1:
-                episode.context(self.encode_text(TOOL_MESSAGE.format(self._answer(calls[0]))))
+            if turn < self.max_turns - 1:  # a tool may take seconds (the python sandbox): off the event loop
+                answer = await asyncio.to_thread(self._answer, calls[0])
+                episode.context(self.encode_text(TOOL_MESSAGE.format(answer)))
         return episode, unfinished  # out of turns while still calling tools
 
     def _answer(self, call: ToolCall) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from ..agent import sandbox
 from ..agent.workflow import ToolWorkflow
 from ..api.spec import RLExperimentSpec
 from ..models.text import TextCodec
@@ -15,8 +16,12 @@ from ..rollout.workflow import RLVRWorkflow
 
 def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *, group_size: int, temperature: float,
                   max_new_tokens: int, reward_function: str) -> RLVRWorkflow | ToolWorkflow:
-    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools."""
+    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools.
+    Raises ValueError (naming the field) when the python tool is asked for on a host where its sandbox
+    cannot run: the run would otherwise train on nothing but the tool's refusals."""
     rollout, codec = spec.rollout, TextCodec(tokenizer)
+    if "python" in [str(t) for t in rollout.tools] and (reason := sandbox.available()) is not None:
+        raise ValueError(f"spec.rollout.tools: python cannot run here: {reason}")
     common: dict[str, Any] = {
         "decode": codec.decode, "eos_id": codec.eos_id,
         "reward": load_reward(reward_function), "group_size": group_size, "max_new_tokens": max_new_tokens,
