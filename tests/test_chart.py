@@ -176,23 +176,41 @@ def test_chart_readme_documents_every_top_level_value():
         assert f"`{key}" in readme, f"charts/kuberl/README.md does not document {key}"
 
 
-@pytest.mark.parametrize(("example", "workloads"), [("gpu-gsm8k-grpo.yaml", 3), ("cpu-agent-gateway.yaml", 3)])
-def test_checkov_passes_the_workload_checks_on_a_rendered_experiment(tmp_path, example, workloads):
-    """The objects `kuberl render` gives for an example (the GPU one; the agent one, with its
-    Deployment): cpu and memory requests, a memory limit, a read-only root filesystem and a
-    NetworkPolicy covering every pod (the hardening issue's list)."""
-    path = tmp_path / "rendered.yaml"
-    done = subprocess.run([sys.executable, "-m", "kuberl_cli", "render", str(ROOT / "examples" / example),
-                           "--namespace", "team-a"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    path.write_text(done.stdout)
-    checks = "CKV_K8S_10,CKV_K8S_12,CKV_K8S_13,CKV_K8S_22,CKV2_K8S_6"
-    done = subprocess.run([str(TOOLS / "checkov"), "-f", str(path), "--framework", "kubernetes", "--skip-download",
-                           "--check", checks, "--output", "json"], capture_output=True, text=True, timeout=600)
+# What `kuberl render` of the examples fails by design, and why (docs/architecture.md, "Security").
+WORKLOAD_SKIPS = {
+    "CKV_K8S_11": "no CPU limit: CFS throttling stalls collectives and decoding; requests reserve the cores",
+    "CKV_K8S_15": "pull policy IfNotPresent: multi-GB images pinned by tag (or digest, chart workloadImages)",
+    "CKV_K8S_35": "the API token and S3 keys are env from secretKeyRef: boto3 and torchrun read env, never a value",
+    "CKV_K8S_40": "UID 1000 is the images' own user (images/*/Dockerfile); non-root, no privilege escalation",
+    "CKV_K8S_43": "examples name images by tag; a digest goes into workloadImages or spec.*.image",
+    "CKV_K8S_8": "no liveness probe on trainer ranks (a kubelet restart of one rank breaks the gang: the operator "
+                 "restarts the gang, the watchdog ends a hung rank) nor on the user's agent (its health is its own)",
+    "CKV_K8S_9": "no readiness probe on trainer ranks (no Service routes to them but the gateway, which answers "
+                 "once up) nor on the user's agent",
+}
+
+
+def test_checkov_passes_every_rendered_example_but_the_documented_skips(tmp_path):
+    """Every example as `kuberl render` gives it (pods, the agent's Deployment, NetworkPolicies, Services):
+    checkov's Kubernetes checks all pass but those in WORKLOAD_SKIPS, each with its reason; and the
+    hardening issue's list (requests, memory limit, read-only root, a NetworkPolicy over every pod) ran
+    on every workload."""
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    workloads = []
+    for example in examples:
+        done = subprocess.run([sys.executable, "-m", "kuberl_cli", "render", str(example), "--namespace", "team-a"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (example.name, done.stderr)
+        (tmp_path / example.name).write_text(done.stdout)
+        workloads += [d for d in yaml.safe_load_all(done.stdout) if d["kind"] in ("Pod", "Deployment")]
+    done = subprocess.run([str(TOOLS / "checkov"), "-d", str(tmp_path), "--framework", "kubernetes", "--skip-download",
+                           "--skip-check", ",".join(WORKLOAD_SKIPS), "--output", "json"],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     report = json.loads(done.stdout)
+    assert report["summary"]["parsing_errors"] == 0, report["summary"]
     failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
+    assert failed == [], failed
+    key_checks = {"CKV_K8S_10", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8S_22", "CKV2_K8S_6"}
     passed = {(c["check_id"], c["resource"]) for c in report["results"]["passed_checks"]}
-    pods = [d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d["kind"] in ("Pod", "Deployment")]
-    assert failed == [] and len(pods) == workloads
-    assert {check for check, _ in passed} == set(checks.split(","))
-    assert len(passed) == 5 * len(pods)  # every check ran on every pod
+    assert len(workloads) >= 2 * len(examples)
+    assert len({(check, res) for check, res in passed if check in key_checks}) == 5 * len(workloads)
