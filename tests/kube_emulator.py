@@ -90,6 +90,13 @@ VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 WITH_STATUS = {"pods", "services", "nodes", "namespaces", "pytorchjobs", "podgroups"}
 
 
+def rbac_verb(method: str, name: str | None, watching: bool) -> str:
+    """The RBAC verb an HTTP request needs (what the API server's authorizer checks)."""
+    if method == "GET":
+        return "watch" if watching else "get" if name else "list"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+
+
 class ApiError(kmock.KubernetesError):
     """An error rendered by kmock as a metav1.Status body."""
 
@@ -245,6 +252,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.revision = 0
         self.changed = asyncio.Condition()
         self.faults: list[Fault] = []
+        self.used: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource[/subresource]) asked for
         for plural, (kind, namespaced) in CORE.items():
             self.register(Kind("", "v1", plural, kind, namespaced, plural in WITH_STATUS))
         for group, version, plural, kind, namespaced in EXTRA:
@@ -435,7 +443,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await super()._handle(request)  # discovery, version, errors: kmock as is
         g, p, ns, name, sub = res.group, res.plural, request.namespace, request.name, request.subresource
         params, method = request.params, request.method.value.upper()
-        if method == "GET" and params.get("watch") in ("true", "1"):
+        watching = method == "GET" and params.get("watch") in ("true", "1")
+        self.used.add((rbac_verb(method, name, watching), g, p + (f"/{sub}" if sub else "")))
+        if watching:
             return await self._watch(request)
         verb = "LIST" if method == "GET" and name is None else method
         fault = next((f for f in self.faults if f.matches(verb, p, ns, sub)), None)

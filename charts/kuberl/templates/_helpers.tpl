@@ -42,20 +42,35 @@ app.kubernetes.io/component: operator
 
 {{/* The namespaced rules the operator needs, in a Role (per namespace) or the ClusterRole. */}}
 {{- define "kuberl.rules" -}}
+# Exactly what the operator asks for (tests/test_operator.py, a tour of everything it does, compares
+# its requests with these rules both ways). It reads experiments, writes only their status.
 - apiGroups: [kuberl.io]
-  resources: [rlexperiments, inferencepools, trainerjobs]
-  verbs: [get, list, watch, create, update, patch, delete]
+  resources: [rlexperiments]
+  verbs: [get, list, watch]
+- apiGroups: [kuberl.io]
+  resources: [inferencepools, trainerjobs]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [kuberl.io]
   resources: [rlexperiments/status, inferencepools/status, trainerjobs/status]
-  verbs: [get, update, patch]
+  verbs: [patch]
 # Children carry blockOwnerDeletion: under OwnerReferencesPermissionEnforcement (OpenShift's default)
 # setting it needs update on the owner's finalizers.
 - apiGroups: [kuberl.io]
   resources: [rlexperiments/finalizers, inferencepools/finalizers, trainerjobs/finalizers]
   verbs: [update]
+# Pods: created, deleted (suspend, scale-down, gang restart, template change), labelled with their
+# node's topology, watched.
 - apiGroups: [""]
-  resources: [pods, services, configmaps]
+  resources: [pods]
   verbs: [get, list, watch, create, patch, delete]
+# The run config: created, kept in line with the spec.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+# Headless Services and the gateway's (deleted when spec.agent is removed).
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create, delete]
 # The API token Secrets of each experiment: created once, read back only to check their owner and
 # version (a recreated one rolls the pods); the agent's is deleted when spec.agent is removed.
 - apiGroups: [""]
@@ -69,25 +84,23 @@ app.kubernetes.io/component: operator
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, create, patch, delete]
+# kopf's Events (a failure that will not heal by itself).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- if .Values.integrations.kubeflowTraining }}
 - apiGroups: [kubeflow.org]
   resources: [pytorchjobs]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, delete]
 {{- end }}
 {{- if .Values.integrations.volcano }}
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create]
 {{- end }}
 {{- if .Values.integrations.coscheduling }}
 - apiGroups: [scheduling.x-k8s.io]
   resources: [podgroups]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create]
 {{- end }}
 {{- end -}}
