@@ -113,10 +113,30 @@ def test_the_python_tool_cannot_signal_write_or_spawn_anything(tmp_path):
                                        in outcome.output), (what, outcome)
         assert victim.poll() is None and precious.read_bytes() == b"weights"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.bin"]
-        reading = run_python(f"print(open({str(precious)!r}, 'rb').read())")  # reading stays possible
-        assert reading.ok and reading.output == "b'weights'\n"
     finally:
         victim.kill()
+
+
+def landlock_abi() -> int:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1)  # landlock_create_ruleset(VERSION)
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="the kernel has no Landlock: file reads are not confined here")
+def test_the_python_tool_reads_nothing_but_the_standard_library(tmp_path):
+    """Tool code runs as the trainer's user: without more, it could read the trainer's files and
+    /proc/<trainer>/environ, which holds the API token. Landlock confines its reads to Python's own
+    library (and its scratch directory)."""
+    import os
+
+    precious = tmp_path / "checkpoint.bin"
+    precious.write_bytes(b"weights")
+    for path in (precious, f"/proc/{os.getpid()}/environ", "/proc/self/status", "/etc/passwd"):
+        outcome = run_python(f"print(open({str(path)!r}, 'rb').read()[:10])")
+        assert not outcome.ok and "PermissionError" in outcome.output, (path, outcome)
+    libraries = run_python("import json, decimal, fractions, re; print(json.dumps(str(fractions.Fraction(1, 3))))")
+    assert libraries.ok and libraries.output == '"1/3"\n', libraries
 
 
 def test_the_python_tool_runs_where_unshare_is_refused():

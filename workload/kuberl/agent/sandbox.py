@@ -17,10 +17,15 @@ kernel keeps it for the process's life and no process can lift it) that refuses,
   attributes of a file;
 * namespaces, mounts, BPF, perf, keys, ``personality`` and ``userfaultfd``.
 
-A seccomp filter needs no privilege (only ``no_new_privs``, which libseccomp sets), so this works
-in a pod under the RuntimeDefault seccomp profile with every capability dropped — where the
-namespaces the tool used before (``unshare``) are refused. Where libseccomp is missing, the tool
-refuses to run (``available``: the trainer checks at start, so a run does not train on errors).
+Reads are confined too where the kernel has Landlock (5.13+; ``reads_confined``): the code may read
+Python's standard library, the shared libraries and its scratch directory, nothing else — not the
+trainer's files, not ``/proc/<pid>/environ`` (the API token). Without Landlock the trainer warns at
+start that tool code can read what the trainer's user can.
+
+Neither needs a privilege (only ``no_new_privs``), so this works in a pod under the RuntimeDefault
+seccomp profile with every capability dropped — where the namespaces the tool used before
+(``unshare``) are refused. Where libseccomp is missing, the tool refuses to run (``available``: the
+trainer checks at start, so a run does not train on errors).
 """
 
 from __future__ import annotations
@@ -48,10 +53,36 @@ DENIED = (  # refused outright (names unknown on an architecture are skipped: e.
 ).split()
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 OPENS = {"open": 1, "openat": 2}  # syscall → index of its flags argument
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # one number on every arch
 
 LAUNCHER = f"""
-import ctypes, resource, sys
+import ctypes, os, resource, sys
 cpu, memory, fsize = (int(x) for x in sys.argv[1:4])
+libc = ctypes.CDLL(None, use_errno=True)
+def confine_reads(readable):
+    # Landlock (unprivileged, kernel >= 5.13): from now on only files under ``readable`` may be read;
+    # nothing else is reachable, /proc (other processes' environment, the token) included. Best
+    # effort: a kernel or seccomp profile without it leaves the seccomp filter alone.
+    abi = libc.syscall({LANDLOCK_CREATE_RULESET}, None, 0, 1)
+    if abi < 1:
+        return False
+    handled = (1 << {{1: 13, 2: 14, 3: 15, 4: 15}}.get(abi, 16)) - 1  # every fs right this ABI knows
+    ruleset = libc.syscall({LANDLOCK_CREATE_RULESET}, ctypes.byref(ctypes.c_uint64(handled)), 8, 0)
+    if ruleset < 0:
+        return False
+    for path in readable:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        rights = (1 << 0 | 1 << 2 | 1 << 3) if os.path.isdir(path) else (1 << 2)  # execute, read file/dir
+        rule = (ctypes.c_uint64(rights).value.to_bytes(8, sys.byteorder) + fd.to_bytes(4, sys.byteorder, signed=True))
+        libc.syscall({LANDLOCK_ADD_RULE}, ruleset, 1, ctypes.c_char_p(rule), 0)
+        os.close(fd)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    return libc.syscall({LANDLOCK_RESTRICT_SELF}, ruleset, 0) == 0
+confine_reads([os.getcwd(), os.path.dirname(os.__file__), "/usr/lib", "/usr/lib64", "/lib", "/lib64",
+               "/dev/null", "/dev/zero", "/dev/urandom"])
 DENIED, WRITE_FLAGS, OPENS = {DENIED!r}, {WRITE_FLAGS!r}, {OPENS!r}
 class Cmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
@@ -84,7 +115,7 @@ resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
 code = sys.argv[4]
-del ctypes, lib, ctx, cpu, memory, fsize, Cmp, DENIED, WRITE_FLAGS, OPENS
+del ctypes, os, lib, libc, ctx, cpu, memory, fsize, Cmp, DENIED, WRITE_FLAGS, OPENS, confine_reads
 sys.argv = ["tool"]
 exec(compile(code, "<tool>", "exec"), {{"__name__": "__main__"}})
 """
@@ -144,3 +175,9 @@ def available() -> str | None:
     """Why the sandbox cannot run code on this host, or None when it can (one trial run)."""
     outcome = run_python("print('ok')")
     return None if outcome.ok and outcome.output == "ok\n" else outcome.output
+
+
+def reads_confined() -> bool:
+    """Whether tool code is kept from reading files outside Python's library (Landlock; one trial run)."""
+    outcome = run_python("open('/proc/self/status')")
+    return not outcome.ok and "PermissionError" in outcome.output

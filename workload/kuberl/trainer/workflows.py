@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -13,6 +14,8 @@ from ..models.text import TextCodec
 from ..rewards import load_reward
 from ..rollout.workflow import RLVRWorkflow
 
+log = logging.getLogger("kuberl.trainer")
+
 
 def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *, group_size: int, temperature: float,
                   max_new_tokens: int, reward_function: str) -> RLVRWorkflow | ToolWorkflow:
@@ -20,8 +23,13 @@ def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *,
     Raises ValueError (naming the field) when the python tool is asked for on a host where its sandbox
     cannot run: the run would otherwise train on nothing but the tool's refusals."""
     rollout, codec = spec.rollout, TextCodec(tokenizer)
-    if "python" in [str(t) for t in rollout.tools] and (reason := sandbox.available()) is not None:
-        raise ValueError(f"spec.rollout.tools: python cannot run here: {reason}")
+    if "python" in [str(t) for t in rollout.tools]:
+        if (reason := sandbox.available()) is not None:
+            raise ValueError(f"spec.rollout.tools: python cannot run here: {reason}")
+        if not sandbox.reads_confined():
+            log.warning("python tool: this kernel offers no Landlock, so tool code can read what the trainer's "
+                        "user can (its /proc environ holds the API token); it still has no network, processes, "
+                        "signals or writes")
     common: dict[str, Any] = {
         "decode": codec.decode, "eos_id": codec.eos_id,
         "reward": load_reward(reward_function), "group_size": group_size, "max_new_tokens": max_new_tokens,
