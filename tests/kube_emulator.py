@@ -253,6 +253,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.changed = asyncio.Condition()
         self.faults: list[Fault] = []
         self.used: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource[/subresource]) asked for
+        self.requests: collections.Counter[str] = collections.Counter()  # RBAC verb → requests served
         for plural, (kind, namespaced) in CORE.items():
             self.register(Kind("", "v1", plural, kind, namespaced, plural in WITH_STATUS))
         for group, version, plural, kind, namespaced in EXTRA:
@@ -445,6 +446,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         params, method = request.params, request.method.value.upper()
         watching = method == "GET" and params.get("watch") in ("true", "1")
         self.used.add((rbac_verb(method, name, watching), g, p + (f"/{sub}" if sub else "")))
+        self.requests[rbac_verb(method, name, watching)] += 1
         if watching:
             return await self._watch(request)
         verb = "LIST" if method == "GET" and name is None else method

@@ -1,0 +1,172 @@
+"""How the operator scales with the number of experiments.
+
+Runs the real operator (``kuberl operator``, its own process) against the emulated API server with
+an instant kubelet (a pod is Running and Ready the moment it is created), then:
+
+1. one experiment on the idle operator: create → phase Running;
+2. ``--experiments N`` created at once: create → Running per experiment (p50, p95, max) and the time
+   until all are Running;
+3. a pool of 1,024 replicas (the CRD's most) next to them: the operator's peak RSS.
+
+Reports the operator's CPU milliseconds per experiment (utime + stime from /proc), its peak RSS
+(VmHWM), and the API requests it made per experiment (reads: get/list; writes: create/patch/
+delete/update; watches are long-lived and counted apart).
+
+    python benchmarks/operator_scale.py --experiments 1000
+
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import load_example  # noqa: E402
+from tests.harness import GROUP, emulated_cluster  # noqa: E402
+from tests.kube_emulator import ApiError, KubeEmulator  # noqa: E402
+
+READS, WRITES = ("get", "list"), ("create", "patch", "update", "delete")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / TICKS  # utime + stime
+
+
+def peak_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError("no VmHWM")
+
+
+async def instant_kubelet(api: KubeEmulator) -> None:
+    """Every new pod: bound, Running and Ready at once (its IP from a counter)."""
+    seen, ip = 0, 0
+    while True:
+        async with api.changed:
+            await api.changed.wait_for(lambda seen=seen: len(api.log) > seen)
+        entries, seen = api.log[seen:], len(api.log)
+        for _, key, kind, obj in entries:
+            if key != ("", "pods") or kind != "ADDED":
+                continue
+            ip += 1
+            meta = obj["metadata"]
+            container = obj["spec"]["containers"][0]["name"]
+            status = {"phase": "Running", "podIP": f"10.{ip // 65536 % 256}.{ip // 256 % 256}.{ip % 256}",
+                      "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                      "containerStatuses": [{"name": container, "ready": True, "state": {"running": {}}}]}
+            try:
+                await api.patch("", "pods", meta["namespace"], meta["name"], {"status": status}, subresource="status")
+            except ApiError as err:
+                if err.status != 404:  # 404: deleted meanwhile
+                    raise
+
+
+def experiment(name: str) -> dict[str, Any]:
+    doc = load_example("cpu-tiny.yaml")
+    doc["metadata"].update(name=name, namespace="team-a")
+    return doc
+
+
+async def running_times(api: KubeEmulator, created: dict[str, float], timeout: float) -> dict[str, float]:
+    """Seconds from each experiment's creation until its phase first reads Running."""
+    done: dict[str, float] = {}
+    deadline = time.perf_counter() + timeout
+    while len(done) < len(created) and time.perf_counter() < deadline:
+        now = time.perf_counter()
+        for (_, name), obj in list(api.store[(GROUP, "rlexperiments")].items()):
+            if name in created and name not in done and (obj.get("status") or {}).get("phase") == "Running":
+                done[name] = now - created[name]
+        await asyncio.sleep(0.005)
+    return done
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(n: int, timeout: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"experiments": n}
+    with tempfile.TemporaryDirectory() as tmp:
+        async with emulated_cluster(Path(tmp)) as cluster:
+            api = cluster.api
+            kubelet = asyncio.create_task(instant_kubelet(api))
+            operator = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "operator"],
+                                        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+                                             "KUBERL_PROGRESS_SECONDS": "3600"},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                await asyncio.sleep(6)  # started, listed everything, idle
+                pid = operator.pid
+                out["peak_mib_idle"] = peak_mib(pid)
+                created = {"single": time.perf_counter()}
+                await api.create(GROUP, "rlexperiments", "team-a", experiment("single"))
+                single = await running_times(api, created, 30)
+                out["single_create_to_running_ms"] = round(single.get("single", float("nan")) * 1000, 1)
+                await asyncio.sleep(2)
+                cpu0, requests0 = cpu_ms(pid), dict(api.requests)
+                start = time.perf_counter()
+                created = {}
+                for i in range(n):
+                    created[f"exp-{i:05d}"] = time.perf_counter()
+                    await api.create(GROUP, "rlexperiments", "team-a", experiment(f"exp-{i:05d}"))
+                times = await running_times(api, created, timeout)
+                out["created_seconds"] = round(max(created.values()) - start, 2)
+                out["running"] = len(times)
+                out["all_running_seconds"] = round(time.perf_counter() - start, 2) if len(times) == n else None
+                values = list(times.values()) or [float("nan")]
+                out.update(p50_ms=round(statistics.median(values) * 1000, 1),
+                           p95_ms=round(percentile(values, 0.95) * 1000, 1), max_ms=round(max(values) * 1000, 1))
+                await asyncio.sleep(3)  # the last status writes settle
+                used = {k: v - requests0.get(k, 0) for k, v in api.requests.items()}
+                out["cpu_ms_per_experiment"] = round((cpu_ms(pid) - cpu0) / n, 1)
+                out["requests_per_experiment"] = {
+                    "reads": round(sum(used.get(k, 0) for k in READS) / n, 1),
+                    "writes": round(sum(used.get(k, 0) for k in WRITES) / n, 1),
+                    "by_verb": {k: round(v / n, 2) for k, v in sorted(used.items()) if v}}
+                out["peak_mib_after_experiments"] = peak_mib(pid)
+                pool = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "InferencePool", "metadata": {"name": "wide"},
+                        "spec": {"engine": "torch", "replicas": 1024}}
+                await api.create(GROUP, "inferencepools", "team-a", pool)
+                deadline = time.perf_counter() + timeout
+                while time.perf_counter() < deadline and len(api.list("", "pods", "team-a",
+                                                                      "kuberl.io/inference-pool=wide")) < 1024:
+                    await asyncio.sleep(0.5)
+                out["pool_1024_pods_seconds"] = round(time.perf_counter() - deadline + timeout, 1)
+                out["peak_mib_with_1024_pod_pool"] = peak_mib(pid)
+            finally:
+                operator.terminate()
+                operator.wait(30)
+                kubelet.cancel()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiments", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all to be Running")
+    args = parser.parse_args()
+    result = asyncio.run(measure(args.experiments, args.timeout))
+    for key, value in result.items():
+        print(f"{key}: {value}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
