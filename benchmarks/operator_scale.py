@@ -92,7 +92,7 @@ async def running_times(api: KubeEmulator, created: dict[str, float], timeout: f
         for (_, name), obj in list(api.store[(GROUP, "rlexperiments")].items()):
             if name in created and name not in done and (obj.get("status") or {}).get("phase") == "Running":
                 done[name] = now - created[name]
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
     return done
 
 
@@ -101,16 +101,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(n: int, timeout: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"experiments": n}
+async def measure(n: int, timeout: float, qps: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"experiments": n, "api_qps": qps}
     with tempfile.TemporaryDirectory() as tmp:
         async with emulated_cluster(Path(tmp)) as cluster:
             api = cluster.api
             kubelet = asyncio.create_task(instant_kubelet(api))
+            log = (Path(tmp) / "operator.log").open("w")
             operator = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "operator"],
                                         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-                                             "KUBERL_PROGRESS_SECONDS": "3600"},
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                             "KUBERL_PROGRESS_SECONDS": "3600", "KUBERL_API_QPS": str(qps),
+                                             "KUBERL_API_BURST": str(int(2 * qps))},
+                                        stdout=subprocess.DEVNULL, stderr=log)
             try:
                 await asyncio.sleep(6)  # started, listed everything, idle
                 pid = operator.pid
@@ -152,8 +154,14 @@ async def measure(n: int, timeout: float) -> dict[str, Any]:
                 out["peak_mib_with_1024_pod_pool"] = peak_mib(pid)
             finally:
                 operator.terminate()
-                operator.wait(30)
+                try:
+                    operator.wait(30)
+                except subprocess.TimeoutExpired:
+                    operator.kill()
+                    operator.wait()
                 kubelet.cancel()
+                log.close()
+                out["operator_log_tail"] = (Path(tmp) / "operator.log").read_text().splitlines()[-3:]
     return out
 
 
@@ -161,8 +169,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all to be Running")
+    parser.add_argument("--qps", type=float, default=2000.0, help="the operator's client-side rate limit (burst: 2×)")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.experiments, args.timeout))
+    result = asyncio.run(measure(args.experiments, args.timeout, args.qps))
     for key, value in result.items():
         print(f"{key}: {value}")
     print(json.dumps(result))

@@ -417,6 +417,10 @@ GRANTED_NOT_CALLED = {
     ("trainerjobs/finalizers", "update"): "the same, for job children",
     ("customresourcedefinitions", "list"): "kopf's discovery of the watched kinds",
     ("customresourcedefinitions", "watch"): "kopf's discovery of the watched kinds",
+    **{(kind, "get"): "read from the API server only when a create answered 409 (whose object has the name?); "
+                      "every other read comes from the watches"
+       for kind in ("inferencepools", "trainerjobs", "pods", "configmaps", "services", "networkpolicies",
+                    "deployments", "pytorchjobs")},
 }
 
 

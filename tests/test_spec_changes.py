@@ -3,6 +3,7 @@ replaced (the trainer gang whole, the inference pool one replica at a time)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -148,10 +149,12 @@ async def test_removing_the_agent_removes_its_deployment_service_and_token(tmp_p
         assert api.get("", "secrets", "team-a", "cpu-agent-gateway-api-token")  # the experiment's own stays
 
 
-async def test_a_recreated_token_secret_replaces_every_pod_that_holds_the_old_token(tmp_path):
+async def test_a_recreated_token_secret_replaces_every_pod_that_holds_the_old_token(tmp_path, monkeypatch):
     """Deleting the API token Secret makes a new token; pods started with the old one would get 401
     from each other until their backoff runs out. They are replaced (the trainer gang whole, the
-    replicas one at a time, the agent's Deployment rolls), standalone pools alike."""
+    replicas one at a time, the agent's Deployment rolls), standalone pools alike. (The operator
+    re-reads a token Secret every KUBERL_SECRET_RECHECK_SECONDS, 60 by default; 1 here.)"""
+    monkeypatch.setenv("KUBERL_SECRET_RECHECK_SECONDS", "1")
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
         await api.create(GROUP, "rlexperiments", "team-a", experiment("cpu-agent-gateway"))
@@ -161,6 +164,7 @@ async def test_a_recreated_token_secret_replaces_every_pod_that_holds_the_old_to
         uids = {p["metadata"]["uid"] for p in before}
         agent_template = api.get("apps", "deployments", "team-a", "cpu-agent-gateway-agent")["spec"]["template"]
         await api.delete("", "secrets", "team-a", "cpu-agent-gateway-api-token")
+        await asyncio.sleep(1.5)  # the operator's memory of the Secret expires
         await api.patch(GROUP, "rlexperiments", "team-a", "cpu-agent-gateway", {"metadata": {"labels": {"x": "1"}}})
 
         def replaced() -> list[dict]:
@@ -176,6 +180,7 @@ async def test_a_recreated_token_secret_replaces_every_pod_that_holds_the_old_to
         await api.create(GROUP, "inferencepools", "team-a", standalone)
         (solo,) = await eventually(lambda: pods(api, "team-a", "kuberl.io/inference-pool=solo"), what="solo pod")
         await api.delete("", "secrets", "team-a", "solo-api-token")
+        await asyncio.sleep(1.5)
         await api.patch(GROUP, "inferencepools", "team-a", "solo", {"metadata": {"labels": {"x": "1"}}})
         await eventually(lambda: [p["metadata"]["uid"] for p in pods(api, "team-a", "kuberl.io/inference-pool=solo")]
                          not in ([], [solo["metadata"]["uid"]]), what="the standalone replica replaced")

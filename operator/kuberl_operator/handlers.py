@@ -25,9 +25,10 @@ from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
 from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
-from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, PREFIX, ROLE_TRAINER
+from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY, PREFIX, ROLE_TRAINER
 
 from . import progress, reconcile
+from .cache import CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify
@@ -39,6 +40,10 @@ RETRY_TASK = "kuberl-retry-"
 EXPERIMENTS = (API_GROUP, API_VERSION, "rlexperiments")
 POOLS = (API_GROUP, API_VERSION, "inferencepools")
 JOBS = (API_GROUP, API_VERSION, "trainerjobs")
+# Read from the watches (``cache``): every kind the operator watches. Secrets (not watchable without
+# list on all of them), Nodes and PodGroups are read from the API server.
+CACHED_KINDS = ("RLExperiment", "InferencePool", "TrainerJob", "Pod", "ConfigMap", "Service", "NetworkPolicy",
+                "Deployment", "PyTorchJob")
 
 
 @kopf.on.startup()
@@ -56,9 +61,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     except kube_config.ConfigException:
         # The package reads $KUBECONFIG at import time; read it now.
         kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    memo["kube"] = Kube(ApiClient(), timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
-                        limit=RateLimit.from_env())
+    memo["cache"] = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
+    memo["kube"] = CachedKube(ApiClient(), memo["cache"], CACHED_KINDS,
+                              timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
+                              limit=RateLimit.from_env(),
+                              secret_seconds=float(os.environ.get("KUBERL_SECRET_RECHECK_SECONDS", "60")))
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
+    memo["syncing"], memo["dirty"] = set(), set()
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(
         memo["kube"], interval,
@@ -106,6 +115,20 @@ def _live(event: dict[str, Any]) -> bool:
     return event.get("type") != "DELETED"
 
 
+def _observed(memo: kopf.Memo, event: dict[str, Any]) -> bool:
+    """Put the event's object into the cache (or take it out); whether it is news (``ObjectCache.observe``:
+    the operator's own writes come back as events it already knows and trigger nothing)."""
+    cache: ObjectCache = memo["cache"]
+    obj = event.get("object") or {}
+    if "metadata" not in obj:
+        return True
+    if not _live(event):
+        meta = obj["metadata"]
+        cache.forget(obj.get("kind", ""), meta.get("namespace"), meta["name"])
+        return True
+    return cache.observe(obj)
+
+
 SYNCS: dict[str, Callable[[Kube, str, str], Any]] = {
     RLExperiment.KIND: reconcile.sync_experiment,
     InferencePool.KIND: reconcile.sync_pool,
@@ -114,10 +137,29 @@ SYNCS: dict[str, Callable[[Kube, str, str], Any]] = {
 
 
 async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str) -> None:
-    """Run ``kind``'s sync for one object (in a thread: the client blocks). On failure: log it,
-    report it on the object when it will not heal by itself (``Degraded`` condition + Event), and
-    schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
+    """Run ``kind``'s sync for one object, one at a time per object: a request while one runs marks
+    the object dirty and the running one goes round once more (any number of events → at most one
+    sync after the current one)."""
     key = (kind, namespace, name)
+    if key in memo["syncing"]:
+        memo["dirty"].add(key)
+        return
+    memo["syncing"].add(key)
+    try:
+        while True:
+            memo["dirty"].discard(key)
+            await _sync_once(memo, key)
+            if key not in memo["dirty"]:
+                return
+    finally:
+        memo["syncing"].discard(key)
+
+
+async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
+    """One sync (in a thread: the client blocks). On failure: log it, report it on the object when it
+    will not heal by itself (``Degraded`` condition + Event), and schedule a retry with per-object
+    exponential backoff (``retry``). A success clears the count."""
+    kind, namespace, name = key
     backoff: Backoff = memo["backoff"]
     try:
         await asyncio.to_thread(SYNCS[kind], _kube(memo), namespace, name)
@@ -155,7 +197,7 @@ def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) ->
 
 @kopf.on.event(*EXPERIMENTS)
 async def experiment_event(event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    if _live(event):
+    if _observed(memo, event) and _live(event):
         await sync_object(memo, RLExperiment.KIND, namespace, name)
 
 
@@ -163,10 +205,10 @@ async def experiment_event(event: dict[str, Any], name: str, namespace: str, mem
 @kopf.on.event(*JOBS)
 async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, resource: kopf.Resource,
                       memo: kopf.Memo, **_: Any) -> None:
-    if _live(event):
+    if _observed(memo, event) and _live(event):
         kind = InferencePool.KIND if resource.plural == InferencePool.PLURAL else TrainerJob.KIND
         await sync_object(memo, kind, namespace, name)
-    experiment = (body.get("spec") or {}).get("experiment")
+    experiment = (body.get("spec") or {}).get("experiment")  # its status rolls up, whoever wrote it
     if experiment and reconcile.owner_name(dict(body), RLExperiment.KIND) == experiment:
         await sync_object(memo, RLExperiment.KIND, namespace, experiment)
 
@@ -178,7 +220,8 @@ async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace
     own event then updates the experiment). Without the PyTorchJob CRD or RBAC for it (chart value
     integrations.kubeflowTraining), kopf warns once and does not watch. Its deletion too: it may
     end a runtime switch (``reconcile.retire_other_runtime``)."""
-    await sync_object(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
+    if _observed(memo, event):
+        await sync_object(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: kopf.PRESENT})
@@ -186,11 +229,26 @@ async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
     """Label a freshly scheduled pod with its node's topology (a failure is retried by the pod's
     next event), then re-sync the pool or job that owns it."""
     pod = dict(body)
-    if _live(event):
+    news = _observed(memo, event)
+    if news and _live(event):
         try:
             await asyncio.to_thread(reconcile.label_pod_topology, _kube(memo), pod)
         except Exception as err:
             log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
     owner = reconcile.pod_owner(pod)
-    if owner is not None:
+    if owner is not None and news:
         await sync_object(memo, owner[0], pod["metadata"].get("namespace"), owner[1])
+
+
+@kopf.on.event("", "v1", "configmaps", labels=MANAGED_BY)
+@kopf.on.event("", "v1", "services", labels=MANAGED_BY)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED_BY)
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
+async def owned_object_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The other children: kept in the cache, and a change someone else made (or a deletion) re-syncs
+    the owner, which puts the child back."""
+    if not _observed(memo, event):
+        return
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") in SYNCS and ref.get("apiVersion", "").startswith(API_GROUP):
+            await sync_object(memo, ref["kind"], body["metadata"].get("namespace"), ref["name"])

@@ -72,6 +72,10 @@ class Kube:
                 return None
             raise
 
+    def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+        """``get`` from the API server itself (a cache in front of ``get`` does not answer this)."""
+        return Kube.get(self, api_version, kind, namespace, name)
+
     def list(self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
         query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
         return self._call("GET", resource_path(api_version, kind, namespace), query=query).get("items", [])

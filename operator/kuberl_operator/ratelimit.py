@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-DEFAULT_QPS = 50.0
-DEFAULT_BURST = 100
+DEFAULT_QPS = 200.0
+DEFAULT_BURST = 400
 
 
 @dataclass

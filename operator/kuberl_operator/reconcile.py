@@ -32,7 +32,7 @@ from kuberl.api.validation import schema_issues
 
 from .builders import build_experiment_children, build_inference_children, build_trainer_children
 from .builders.access import api_token_secret, token_version
-from .builders.experiment import InvalidSpec
+from .builders.experiment import InvalidSpec, check_experiment
 from .builders.inference import pool_selector
 from .builders.trainer import job_selector
 from .kube import Kube, Manifest
@@ -80,12 +80,12 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
     if existing is None:
         try:
             created = kube.create(obj)
-            log.info("created %s/%s", obj["kind"], meta["name"])
+            log.debug("created %s/%s", obj["kind"], meta["name"])  # routine: ~10 per experiment
             return created
         except ApiException as err:
             if err.status != 409:
                 raise
-            existing = kube.get(*key)
+            existing = kube.read(*key)  # it exists, whatever a cache says
             if existing is None:
                 raise
     owner = _controller_uid(meta)
@@ -99,7 +99,7 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
         patch = compute(existing.get(field) or {}, obj.get(field) or {})
         if patch != {}:
             existing = kube.patch(*key, {field: patch})
-            log.info("updated %s/%s %s", obj["kind"], meta["name"], field)
+            log.debug("updated %s/%s %s", obj["kind"], meta["name"], field)
     return existing
 
 
@@ -359,7 +359,7 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
     generation = body["metadata"].get("generation")
     try:
         exp = RLExperiment.model_validate(body)
-        build_experiment_children(exp, body)  # validation: nothing is created for an invalid spec
+        check_experiment(exp)  # nothing is created for an invalid spec
     except ValidationError as err:
         message = "; ".join(str(i) for i in schema_issues(err))
         write_status(kube, body, invalid_spec_status(generation, message))

@@ -43,10 +43,12 @@ app.kubernetes.io/component: operator
 {{/* The namespaced rules the operator needs, in a Role (per namespace) or the ClusterRole. */}}
 {{- define "kuberl.rules" -}}
 # Exactly what the operator asks for (tests/test_operator.py, a tour of everything it does, compares
-# its requests with these rules both ways). It reads experiments, writes only their status.
+# its requests with these rules both ways). It reads what its watches deliver (list, watch) and
+# gets an object only when its create answered 409 (the name is taken: whose is it?). It reads
+# experiments and writes only their status.
 - apiGroups: [kuberl.io]
   resources: [rlexperiments]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [kuberl.io]
   resources: [inferencepools, trainerjobs]
   verbs: [get, list, watch, create, patch]
@@ -63,14 +65,14 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete]
-# The run config: created, kept in line with the spec.
+# The run config: created, kept in line with the spec (watched: the operator reads from its cache).
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 # Headless Services and the gateway's (deleted when spec.agent is removed).
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, create, delete]
+  verbs: [get, list, watch, create, delete]
 # The API token Secrets of each experiment: created once, read back only to check their owner and
 # version (a recreated one rolls the pods); the agent's is deleted when spec.agent is removed.
 - apiGroups: [""]
@@ -78,12 +80,12 @@ app.kubernetes.io/component: operator
   verbs: [get, create, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 # spec.agent: the user's agent runs as a Deployment (garbage-collected with its experiment, deleted
 # when spec.agent is removed).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # kopf's Events (a failure that will not heal by itself).
 - apiGroups: [""]
   resources: [events]

@@ -3,7 +3,9 @@ and with spec.agent the agent's Deployment and the gateway's Service."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 
 import yaml
 
@@ -47,6 +49,22 @@ class InvalidSpec(ValueError):
         self.issues = issues
 
 
+@functools.lru_cache(maxsize=4096)
+def _run_config_text(run_config_json: str) -> str:
+    """The run config as YAML (PyYAML's emitter costs ~10 ms a document: each experiment's config is
+    emitted once per change of its spec, not once per sync)."""
+    return yaml.safe_dump(json.loads(run_config_json), sort_keys=False)
+
+
+def check_experiment(exp: RLExperiment) -> None:
+    """Raise ``InvalidSpec`` naming every field that breaks a cross-field rule (what
+    ``build_experiment_children`` checks first, without building anything)."""
+    inference, trainer, issues = resolve(exp.spec)
+    issues += unsupported_issues(exp.spec, trainer) + cluster_issues(exp.spec, exp.metadata.name)
+    if issues or inference is None or trainer is None:
+        raise InvalidSpec(issues)
+
+
 def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None,
                               token_version: str = "") -> list[Manifest]:
     """ConfigMap, InferencePool, TrainerJob and NetworkPolicy for ``exp``; raises ``InvalidSpec``.
@@ -70,7 +88,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
         "inferencePool": pool_name,
         "trainerJob": job_name,
     }
-    config_text = yaml.safe_dump(run_config, sort_keys=False)
+    config_text = _run_config_text(json.dumps(run_config, sort_keys=False))
     revision = hashlib.sha256((config_text + token_version).encode()).hexdigest()[:16]
     placement_keys = {"accelerator", "image", "resources", "node_selector", "tolerations"}
     storage = spec.storage.model_copy(update={"credentials_secret": credentials_secret(spec)})

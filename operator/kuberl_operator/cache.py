@@ -1,0 +1,196 @@
+"""What the watches delivered, kept in memory: the operator reconciles from it instead of reading
+the API server again for every event (docs/architecture.md, "Reading from the watches").
+
+``ObjectCache`` holds the latest version of every object of the watched kinds (fed by kopf's event
+handlers: ``observe`` / ``forget``) and of what the operator itself just wrote (``Kube`` results),
+so a sync right after a create sees its child without waiting for the watch. A version older than
+the one held never replaces it (resource versions compared as numbers when they are numbers). A
+label index answers ``list(selector)`` without a scan. kopf re-lists every watched kind when its
+watch reconnects (every resync) and delivers each object again, but says nothing of an object that
+went away while no watch was open: an entry not delivered again within ``max_age`` seconds (two
+resyncs) counts as gone.
+
+``CachedKube`` is a ``Kube`` whose reads of those kinds come from the cache; every other kind, and
+every write, goes to the API server (writes then update the cache). Secrets are not watched (that
+would need list on every Secret of the namespace): a Secret read is remembered for
+``secret_seconds`` (the API token is checked for rotation that often).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from kubernetes.client import ApiClient
+
+from .kube import Kube, Manifest
+from .ratelimit import RateLimit
+
+Key = tuple[str, str | None, str]  # kind, namespace, name
+
+
+def _key(obj: Manifest) -> Key:
+    meta = obj["metadata"]
+    return obj["kind"], meta.get("namespace"), meta["name"]
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def slim(obj: Manifest) -> Manifest:
+    """What the operator reads of ``obj`` (a copy): no managedFields or kubectl's last-applied copy
+    of the spec, and of a pod only its node (reconcile reads a pod's metadata and status; it never
+    patches a pod's spec) — pods are most of what is held and most of their bytes are spec."""
+    meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    if LAST_APPLIED in (meta.get("annotations") or {}):
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
+    out = {**obj, "metadata": meta}
+    if obj.get("kind") == "Pod":
+        out["spec"] = {k: v for k, v in (obj.get("spec") or {}).items() if k == "nodeName"}
+    return copy.deepcopy(out)
+
+
+def _newer_or_same(held: Manifest, incoming: Manifest) -> bool:
+    """Whether ``incoming`` is not older than ``held`` (numeric resource versions; else: yes)."""
+    a, b = held["metadata"].get("resourceVersion"), incoming["metadata"].get("resourceVersion")
+    if isinstance(a, str) and isinstance(b, str) and a.isdigit() and b.isdigit():
+        return int(b) >= int(a)
+    return True
+
+
+class ObjectCache:
+    """Objects by (kind, namespace, name), with an index of (kind, namespace, label, value) → names."""
+
+    def __init__(self, max_age: float = float("inf"), clock: Callable[[], float] = time.monotonic,
+                 refresh: float = float("inf")) -> None:
+        self._objects: dict[Key, Manifest] = {}
+        self._seen: dict[Key, float] = {}
+        self._quiet: set[Key] = set()  # held as the operator's own status write left it
+        self._by_label: dict[tuple[str, str | None, str, str], set[str]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self._max_age, self._clock, self._refresh = max_age, clock, refresh
+
+    def _unindex(self, key: Key) -> None:
+        self._seen.pop(key, None)
+        self._quiet.discard(key)
+        old = self._objects.pop(key, None)
+        for label, value in ((old or {}).get("metadata", {}).get("labels") or {}).items():
+            names = self._by_label.get((key[0], key[1], label, value))
+            if names is not None:
+                names.discard(key[2])
+                if not names:
+                    del self._by_label[(key[0], key[1], label, value)]
+
+    def observe(self, obj: Manifest, quiet: bool = False) -> bool:
+        """An object as a watch or a write delivered it (ignored when older than the one held);
+        ``quiet``: the operator's own write that needs no reconciling (a status, a pod's labels).
+        Returns whether it is news — anything but the watch's echo of a quiet write (and that too
+        when it was not delivered for ``refresh`` seconds: a resync's re-list re-syncs everything)."""
+        key, obj = _key(obj), slim(obj)  # copied outside the lock: syncs read meanwhile
+        with self._lock:
+            held = self._objects.get(key)
+            if held is not None and not _newer_or_same(held, obj):
+                return False
+            echo = (held is not None and key in self._quiet
+                    and held["metadata"].get("resourceVersion") == obj["metadata"].get("resourceVersion"))
+            news = not echo or self._clock() - self._seen.get(key, 0.0) > self._refresh
+            self._unindex(key)
+            if quiet:
+                self._quiet.add(key)
+            self._objects[key] = obj
+            self._seen[key] = self._clock()
+            for label, value in (obj["metadata"].get("labels") or {}).items():
+                self._by_label[(key[0], key[1], label, value)].add(key[2])
+            return news
+
+    def forget(self, kind: str, namespace: str | None, name: str) -> None:
+        with self._lock:
+            self._unindex((kind, namespace, name))
+
+    def _current(self, key: Key) -> Manifest | None:
+        """The held object, unless it has not been delivered for ``max_age`` (then it is dropped)."""
+        if key in self._seen and self._clock() - self._seen[key] > self._max_age:
+            self._unindex(key)
+        return self._objects.get(key)
+
+    def get(self, kind: str, namespace: str | None, name: str) -> Manifest | None:
+        with self._lock:
+            obj = self._current((kind, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None  # a held object is replaced, never changed
+
+    def list(self, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
+        """Objects of ``kind`` in ``namespace`` whose labels include every pair of ``selector``."""
+        with self._lock:
+            sets = [self._by_label.get((kind, namespace, k, v), set()) for k, v in selector.items()]
+            names = set.intersection(*sets) if sets else {n for (k, ns, n) in self._objects
+                                                           if k == kind and ns == namespace}
+            found = [self._current((kind, namespace, n)) for n in sorted(names)]
+        return [copy.deepcopy(obj) for obj in found if obj is not None]
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+class CachedKube(Kube):
+    """``Kube`` reading the ``cached`` kinds from an ``ObjectCache`` (see the module doc)."""
+
+    def __init__(self, client: ApiClient, cache: ObjectCache, cached: Iterable[str], timeout: float = 30.0,
+                 limit: RateLimit | None = None, secret_seconds: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__(client, timeout, limit)
+        self.cache, self.cached = cache, frozenset(cached)
+        self._secrets: dict[Key, tuple[float, Manifest | None]] = {}
+        self._secret_seconds, self._clock = secret_seconds, clock
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+        if kind in self.cached:
+            return self.cache.get(kind, namespace, name)
+        if kind == "Secret":
+            held = self._secrets.get((kind, namespace, name))
+            if held is not None and self._clock() - held[0] < self._secret_seconds:
+                return copy.deepcopy(held[1])
+            secret = super().get(api_version, kind, namespace, name)
+            self._secrets[(kind, namespace, name)] = (self._clock(), copy.deepcopy(secret))
+            return secret
+        return super().get(api_version, kind, namespace, name)
+
+    def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+        """From the API server, whatever the cache holds (e.g. after a create answered 409). Not
+        cached: it may be someone else's object, outside what the watches deliver (and retract)."""
+        return super().get(api_version, kind, namespace, name)
+
+    def list(self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
+        if kind in self.cached:
+            return self.cache.list(kind, namespace, selector)
+        return super().list(api_version, kind, namespace, selector)
+
+    def _remember(self, obj: Manifest, quiet: bool = False) -> None:
+        if obj.get("kind") in self.cached:
+            self.cache.observe(obj, quiet)
+        elif obj.get("kind") == "Secret":
+            self._secrets[_key(obj)] = (self._clock(), copy.deepcopy(obj))
+
+    def create(self, obj: Manifest) -> Manifest:
+        created = super().create(obj)
+        self._remember(created)
+        return created
+
+    def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,
+              subresource: str | None = None) -> Manifest:
+        patched = super().patch(api_version, kind, namespace, name, patch, subresource)
+        self._remember(patched, quiet=subresource == "status" or kind == "Pod")
+        return patched
+
+    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+        """Delete; the cached object is marked terminating until its watch says it is gone."""
+        deleted = super().delete(api_version, kind, namespace, name)
+        if kind == "Secret":
+            self._secrets.pop((kind, namespace, name), None)
+        held = self.cache.get(kind, namespace, name) if kind in self.cached else None
+        if held is not None and not held["metadata"].get("deletionTimestamp"):
+            held["metadata"]["deletionTimestamp"] = "deleting"
+            self.cache.observe(held)
+        return deleted

@@ -1,0 +1,85 @@
+"""The operator's in-memory view of what its watches delivered (``kuberl_operator.cache``): newest
+version wins, the label index answers selectors, the operator's own status writes come back as
+echoes that trigger nothing, and an object no watch delivered for too long counts as gone."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kuberl_operator.cache import ObjectCache
+
+
+def pod(name: str, rv: int, **labels: str) -> dict:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team-a", "resourceVersion": str(rv),
+                                        "labels": labels}}
+
+
+def test_the_newest_version_wins_and_an_older_one_is_ignored():
+    cache = ObjectCache()
+    assert cache.observe(pod("a", 5, role="trainer"))
+    assert not cache.observe(pod("a", 4, role="inference"))  # a late watch event of an older version
+    assert cache.get("Pod", "team-a", "a")["metadata"]["resourceVersion"] == "5"
+    assert cache.list("Pod", "team-a", {"role": "inference"}) == []
+
+
+def test_an_echo_of_a_status_write_is_not_news_but_a_create_or_someone_elses_change_is():
+    now = [0.0]
+    cache = ObjectCache(clock=lambda: now[0], refresh=100)
+    cache.observe(pod("a", 7), quiet=True)  # the operator's own status write
+    assert not cache.observe(pod("a", 7))  # its watch echo: nothing to reconcile
+    assert cache.observe(pod("a", 8))  # someone else's change
+    cache.observe(pod("b", 3))  # the operator's own create (not quiet): its pool must still sync
+    assert cache.observe(pod("b", 3))
+    cache.observe(pod("c", 9), quiet=True)
+    now[0] = 150.0
+    assert cache.observe(pod("c", 9))  # a resync's re-list after `refresh`: the safety net re-syncs
+
+
+def test_an_object_no_watch_delivered_for_max_age_counts_as_gone():
+    now = [0.0]
+    cache = ObjectCache(max_age=600, clock=lambda: now[0])
+    cache.observe(pod("a", 1, role="trainer"))
+    now[0] = 599.0
+    assert cache.get("Pod", "team-a", "a") is not None
+    now[0] = 601.0  # deleted while no watch was open: no DELETED event ever came
+    assert cache.get("Pod", "team-a", "a") is None and cache.list("Pod", "team-a", {"role": "trainer"}) == []
+
+
+def test_a_caller_cannot_change_what_the_cache_holds():
+    cache = ObjectCache()
+    cache.observe(pod("a", 1, role="trainer"))
+    held = cache.get("Pod", "team-a", "a")
+    held["metadata"]["labels"]["role"] = "changed"
+    assert cache.get("Pod", "team-a", "a")["metadata"]["labels"] == {"role": "trainer"}
+
+
+labels = st.dictionaries(st.sampled_from(["role", "job", "pool"]), st.sampled_from(["x", "y"]), max_size=3)
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), labels, st.booleans()), max_size=30), labels)
+def test_a_selector_lists_exactly_what_a_scan_would(events, selector):
+    """The label index, after any sequence of observations and deletions, against a plain scan."""
+    cache, truth, rv = ObjectCache(), {}, 0
+    for name, obj_labels, deleted in events:
+        rv += 1
+        if deleted:
+            cache.forget("Pod", "team-a", name)
+            truth.pop(name, None)
+        else:
+            cache.observe(pod(name, rv, **obj_labels))
+            truth[name] = obj_labels
+    expected = sorted(n for n, lab in truth.items() if all(lab.get(k) == v for k, v in selector.items()))
+    assert [p["metadata"]["name"] for p in cache.list("Pod", "team-a", selector)] == expected
+
+
+def test_a_pod_is_held_without_its_spec_but_its_node_and_nothing_is_held_twice():
+    cache = ObjectCache()
+    big = pod("a", 1, role="trainer")
+    big["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    big["spec"] = {"nodeName": "node-7", "containers": [{"name": "c", "env": [{"name": "X", "value": "y" * 10000}]}]}
+    big["status"] = {"phase": "Running"}
+    cache.observe(big)
+    held = cache.get("Pod", "team-a", "a")
+    assert held["spec"] == {"nodeName": "node-7"} and held["status"] == {"phase": "Running"}
+    assert "managedFields" not in held["metadata"] and big["spec"]["containers"]  # the caller's is untouched
