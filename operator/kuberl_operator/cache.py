@@ -85,15 +85,17 @@ class ObjectCache:
                     del self._by_label[(key[0], key[1], label, value)]
 
     def observe(self, obj: Manifest, quiet: bool = False) -> bool:
-        """An object as a watch or a write delivered it (ignored when older than the one held);
-        ``quiet``: the operator's own write that needs no reconciling (a status, a pod's labels).
-        Returns whether it is news — anything but the watch's echo of a quiet write (and that too
-        when it was not delivered for ``refresh`` seconds: a resync's re-list re-syncs everything)."""
+        """An object as a watch or a write delivered it; ``quiet``: the operator's own write that needs
+        no reconciling (a status, a pod's labels). Returns whether it is news — anything but the
+        watch's echo of a quiet write (and that too when it was not delivered for ``refresh`` seconds:
+        a resync's re-list re-syncs everything). A version older than the one held does not replace
+        it but is news: someone changed the object before the operator's own write that the cache
+        already holds (a kubelet's status under a label patch), and that change wants a sync."""
         key, obj = _key(obj), slim(obj)  # copied outside the lock: syncs read meanwhile
         with self._lock:
             held = self._objects.get(key)
             if held is not None and not _newer_or_same(held, obj):
-                return False
+                return True
             echo = (held is not None and key in self._quiet
                     and held["metadata"].get("resourceVersion") == obj["metadata"].get("resourceVersion"))
             news = not echo or self._clock() - self._seen.get(key, 0.0) > self._refresh

@@ -118,8 +118,10 @@ def termination_progress(pod: Manifest | None) -> Manifest | None:
 
 
 def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: bool = False) -> Manifest | None:
-    """``status.progress`` from trainer rank 0's termination message (it has exited: nothing to poll)."""
-    pod = kube.get("v1", "Pod", namespace, trainer_rank0_pod(trainer_job_name(experiment), kubeflow))
+    """``status.progress`` from trainer rank 0's termination message (it has exited: nothing to poll).
+    Read from the API server, not a cache: this is read once, when the experiment turns Succeeded,
+    and the pod's last status may not have come through the watch yet."""
+    pod = kube.read("v1", "Pod", namespace, trainer_rank0_pod(trainer_job_name(experiment), kubeflow))
     payload = termination_progress(pod)
     return progress_status(payload) if payload else None
 
