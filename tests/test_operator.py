@@ -462,7 +462,11 @@ async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_pat
         await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"trainer": {"runtime": "native"}}})
         await eventually(lambda: not api.list("kubeflow.org", "pytorchjobs", "team-a")
                          and len(pods(api, "team-a", "kuberl.io/role=trainer")) == 1
-                         and not api.list("apps", "deployments", "team-a"), what="the tour's end")
+                         and not api.list("apps", "deployments", "team-a")
+                         and not api.list("", "services", "team-a", "kuberl.io/experiment=cpu-agent-gateway")
+                         and "cpu-agent-gateway-agent-token" not in {s["metadata"]["name"]
+                                                                     for s in api.list("", "secrets", "team-a")},
+                         what="the tour's end (the agent's Deployment, Service and Secret gone)")
         used = {(group, resource, verb) for verb, group, resource in api.used}
     granted = {(group, res, verb) for rule in _rules(render(VARIANTS["namespaced-everything-on"]))
                for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
