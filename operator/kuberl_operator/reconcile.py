@@ -345,7 +345,7 @@ def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list
         log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
                     job.spec.backoff_limit)
         return
-    status = job_status(body["spec"], generation, pods, restarts)
+    status = job_status(body["spec"], generation, live, restarts)  # a deleted rank no longer counts
     status["conditions"] += [c for c in (body.get("status") or {}).get("conditions") or []
                              if c.get("type") == "GangRestarted"]  # the last restart stays visible
     write_status(kube, body, status)
