@@ -293,10 +293,7 @@ def retire_other_runtime(kube: Kube, body: Manifest, job: TrainerJob, kubeflow: 
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     if kubeflow:
         native = _owned_pods(kube, body, job_selector(job))
-        for pod in native:
-            if not pod["metadata"].get("deletionTimestamp"):
-                kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
-                log.info("deleted Pod/%s: trainer.runtime is kubeflow now", pod["metadata"]["name"])
+        prune_pods(kube, body, job_selector(job), keep=set())  # every rank pod we made goes
         return f"{len(native)} rank pod(s)" if native else None
     try:
         if delete_owned(kube, body, "kubeflow.org/v1", "PyTorchJob", name):
