@@ -159,11 +159,6 @@ class CachedKube(Kube):
             return secret
         return super().get(api_version, kind, namespace, name)
 
-    def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
-        """From the API server, whatever the cache holds (e.g. after a create answered 409). Not
-        cached: it may be someone else's object, outside what the watches deliver (and retract)."""
-        return super().get(api_version, kind, namespace, name)
-
     def list(self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
         if kind in self.cached:
             return self.cache.list(kind, namespace, selector)

@@ -73,7 +73,8 @@ class Kube:
             raise
 
     def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
-        """``get`` from the API server itself (a cache in front of ``get`` does not answer this)."""
+        """``get`` from the API server itself (a cache in front of ``get`` does not answer this, and what
+        it returns is not cached: it may be someone else's object, outside what the watches deliver)."""
         return Kube.get(self, api_version, kind, namespace, name)
 
     def list(self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
