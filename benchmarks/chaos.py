@@ -6,8 +6,12 @@ weight sync, a checkpoint every 5 steps). Once training runs, a seeded schedule 
 faults, one every few seconds, cycling through the kinds:
 
 - ``replica-kill``: SIGKILL a replica (local mode replaces it, as a kubelet would);
-- ``replica-hang``: SIGSTOP a replica for 12–20 s, then SIGCONT (longer than the health probe's
-  10 s timeout: it leaves rotation, and comes back needing the current weights);
+- ``replica-hang``: SIGSTOP a replica for 12–20 s, then SIGCONT (it leaves rotation — at the next
+  weight push, as a straggler, or after the health probe's timeout — and comes back needing the
+  current weights);
+- ``replica-500``: the replica answers every ``/generate`` with HTTP 500 for 12–20 s while ``/health``
+  stays 200 (its fault door, ``kuberl.inference.faults``, which this script opens with
+  ``KUBERL_FAULT_INJECTION=signals``);
 - ``trainer-kill``: SIGKILL one trainer rank (the gang restarts from its newest checkpoint).
 
 Each fault waits until the trainer has trained past the step where the previous one found it, so every
@@ -18,11 +22,12 @@ of every trained step, one line per step as trained; a restarted gang writes the
 checkpoint again, and the last line of a step is the one the final weights descend from) and the
 summary's prompt ledger. Reported: prompts trained twice (in two surviving steps), prompts skipped
 (handed out, never trained, not pending), steps lost per trainer fault (the step at the kill − the
-checkpoint resumed from), the stall a replica fault causes (seconds from the fault to the next
-trained step, in steps of the run's median step time), gang restarts not caused by a trainer kill,
-and the reward curve.
+checkpoint resumed from), the stall a replica fault causes (the longest time between two trained
+steps from the fault until ``STALL_WINDOW`` s after it ended, less the run's median step, in median
+steps: 0 when the trainer never noticed), gang restarts not caused by a trainer kill, and the reward
+curve.
 
-    python benchmarks/chaos.py [--faults 30] [--seed 0] [--steps 800] [--workdir DIR]
+    python benchmarks/chaos.py [--faults 40] [--seed 0] [--steps 800] [--kinds KIND …] [--workdir DIR]
 
 Progress goes to stderr; the last stdout line is the JSON result (also written to ``--out``).
 """
@@ -46,8 +51,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from kuberl.api.contract import ENV_FAULT_INJECTION
+
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("replica-kill", "replica-hang", "trainer-kill")
+KINDS = ("replica-kill", "replica-hang", "replica-500", "trainer-kill")
+LASTING = ("replica-hang", "replica-500")  # faults that last a while, then end
+STALL_WINDOW = 10.0  # seconds after a replica fault ends in which a gap between steps counts as its stall
 STEP_LINE = re.compile(r"^(\S+ \S+) trainer INFO step (\d+)/\d+ ", re.MULTILINE)
 RESUMED_LINE = re.compile(r"resumed from the checkpoint of step (\d+)")
 
@@ -60,14 +69,14 @@ def log(msg: str) -> None:
 class Fault:
     kind: str
     after_seconds: float  # after the previous fault
-    hang_seconds: float = 0.0
+    seconds: float = 0.0  # how long a lasting fault lasts
 
 
-def schedule(seed: int, count: int) -> list[Fault]:
-    """``count`` faults cycling through ``KINDS``, a seeded 3–8 s apart (hangs 12–20 s)."""
+def schedule(seed: int, count: int, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """``count`` faults cycling through ``kinds``, a seeded 3–8 s apart (hangs and 500s last 12–20 s)."""
     rng = random.Random(seed)
-    return [Fault(KINDS[i % len(KINDS)], rng.uniform(3, 8), rng.uniform(12, 20) if KINDS[i % len(KINDS)]
-                  == "replica-hang" else 0.0) for i in range(count)]  # fmt: skip
+    return [Fault(kinds[i % len(kinds)], rng.uniform(3, 8), rng.uniform(12, 20) if kinds[i % len(kinds)]
+                  in LASTING else 0.0) for i in range(count)]  # fmt: skip
 
 
 def lineage(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,15 +139,24 @@ def inject(fault: Fault, work: Path, rng: random.Random) -> dict[str, Any]:
     module = "kuberl.trainer" if fault.kind == "trainer-kill" else "kuberl.inference"
     pid = rng.choice(processes(work, module))
     event = {"kind": fault.kind, "time": time.time(), "pid": pid, "step": last_step(work)}
-    if fault.kind == "replica-hang":
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(fault.hang_seconds)
-        os.kill(pid, signal.SIGCONT)
-        event["hang_seconds"] = round(fault.hang_seconds, 1)
+    if fault.kind in LASTING:  # a hang: SIGSTOP … SIGCONT; 500s: the replica's fault door (kuberl.inference.faults)
+        begin, end = (signal.SIGSTOP, signal.SIGCONT) if fault.kind == "replica-hang" else (signal.SIGUSR1,
+                                                                                             signal.SIGUSR2)
+        os.kill(pid, begin)
+        time.sleep(fault.seconds)
+        os.kill(pid, end)
+        event["fault_seconds"] = round(fault.seconds, 1)
     else:
         os.kill(pid, signal.SIGKILL)
     log(f"  {fault.kind} pid {pid} at step {event['step']}")
     return event
+
+
+def longest_gap(steps: list[tuple[float, int]], start: float, end: float) -> float:
+    """The longest time between two consecutive trained steps that overlaps [start, end]."""
+    times = [t for t, _ in steps]
+    gaps = [b - a for a, b in itertools.pairwise(times) if b >= start and a <= end]
+    return max(gaps, default=0.0)
 
 
 def costs(events: list[dict[str, Any]], trainer_log: str) -> dict[str, Any]:
@@ -150,9 +168,8 @@ def costs(events: list[dict[str, Any]], trainer_log: str) -> dict[str, Any]:
     lost = [e["step"] - r for e, r in zip(kills, resumed, strict=False)]
     stalls = []
     for e in (e for e in events if e["kind"] != "trainer-kill"):
-        next_step = next((t for t, _ in steps if t > e["time"]), None)
-        if next_step is not None:
-            stalls.append((next_step - e["time"]) / median_step)
+        stalls.append(max(0.0, longest_gap(steps, e["time"], e["time"] + e.get("fault_seconds", 0) + STALL_WINDOW)
+                          - median_step) / median_step)  # fmt: skip
     return {"median_step_seconds": round(median_step, 3), "steps_lost_per_trainer_fault": lost,
             "max_stall_steps_per_replica_fault": round(max(stalls), 2) if stalls else None,
             "mean_stall_steps_per_replica_fault": round(statistics.fmean(stalls), 2) if stalls else None}
@@ -163,10 +180,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                "--max-steps", str(args.steps), "--workdir", str(work), "--summary", str(work / "run-summary.json"),
                "--set", "inference.replicas=2", "--set", "trainer.acceleratorsPerNode=2",
                "--set", "checkpoint.everySteps=5", "--set", "trainer.backoffLimit=1000"]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, ENV_FAULT_INJECTION: "signals"})  # the replicas' door for 500s
     wait_for_training(work, proc)
     rng, events = random.Random(args.seed), []
-    for fault in schedule(args.seed, args.faults):
+    for fault in schedule(args.seed, args.faults, tuple(args.kinds)):
         time.sleep(fault.after_seconds)
         if proc.poll() is not None:
             break
@@ -201,9 +219,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--faults", type=int, default=30)
+    parser.add_argument("--faults", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to cycle through")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/chaos.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the run's logs here (default: a temp dir)")
     args = parser.parse_args()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import signal
 import threading
 
 import pytest
@@ -18,6 +20,7 @@ from kuberl.inference.engine import SamplingParams, TorchEngine
 from kuberl.inference.server import build_app, parse_generate
 from kuberl.jsonbody import MAX_JSON_BYTES
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.settings import Settings
 
 TOKEN = "test-token-0123456789"
 
@@ -306,3 +309,29 @@ def test_parse_generate_answers_any_json_with_a_request_or_a_field_naming_error(
         assert str(err)  # one line naming the field (or the shape)
         return
     assert ids and all(0 <= i < 50 for i in ids) and 1 <= n <= 64 and 1 <= params.max_new_tokens <= 32768
+
+
+async def test_the_fault_door_makes_generate_answer_500_between_the_two_signals_and_is_shut_by_default(tok):
+    """Chaos tests' door (KUBERL_FAULT_INJECTION=signals): SIGUSR1 → /generate 500, /health still 200;
+    SIGUSR2 → served again. Without the setting the signals are not handled by the server."""
+    loop = asyncio.get_running_loop()
+    body = {"input_ids": prompt(tok, "1+1="), "max_new_tokens": 2}
+    app = build_app(make_engine(tok), tok, TOKEN, settings=Settings(fault_injection="signals"))
+    try:
+        async with TestClient(TestServer(app), headers=bearer(TOKEN)) as client:
+            assert (await client.post("/generate", json=body)).status == 200
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await asyncio.sleep(0.05)  # the handler runs on the loop
+            failed = await client.post("/generate", json=body)
+            assert failed.status == 500 and "injected fault" in await failed.text()
+            assert (await client.get("/health")).status == 200
+            os.kill(os.getpid(), signal.SIGUSR2)
+            await asyncio.sleep(0.05)
+            assert (await client.post("/generate", json=body)).status == 200
+    finally:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            loop.remove_signal_handler(sig)
+    async with TestClient(TestServer(build_app(make_engine(tok), tok, TOKEN)), headers=bearer(TOKEN)):
+        assert not loop.remove_signal_handler(signal.SIGUSR1)  # none installed
+    with pytest.raises(ValueError, match=r"KUBERL_FAULT_INJECTION: 'yes'.*allowed: signals"):
+        build_app(make_engine(tok), tok, TOKEN, settings=Settings(fault_injection="yes"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from kuberl.api.contract import ENV_REPLICA
 from kuberl.local import run_local
 from kuberl.local_processes import RunError
 
@@ -127,6 +129,20 @@ def _log_has(path: Path, text: str, after: int = 0) -> bool:
     return path.exists() and text in path.read_text(errors="replace")[after:]
 
 
+def _wait_for_log(proc: subprocess.Popen[bytes], path: Path, text: str, after: int = 0, timeout: float = 120) -> None:
+    """Until ``text`` is in the log at ``path`` past its first ``after`` characters; fails if the run ends."""
+    deadline = time.monotonic() + timeout
+    while not _log_has(path, text, after):
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"{text!r} not in {path} within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _last_step(trainer_log: Path) -> int:
+    steps = re.findall(r" step (\d+)/\d+ ", trainer_log.read_text(errors="replace"))
+    return int(steps[-1]) if steps else 0
+
+
 @pytest.mark.parametrize("mode", ["p2p", "broadcast"])
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     """Kill the inference replica: it is replaced while training goes on (p2p re-sends that version by
@@ -148,11 +164,7 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
         os.kill(pids[0], signal.SIGKILL)
 
     def wait_for(path: Path, text: str, after: int = 0) -> None:
-        deadline = time.monotonic() + 120
-        while not _log_has(path, text, after):
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, f"{text!r} not in {path} within 120 s"
-            time.sleep(0.2)
+        _wait_for_log(proc, path, text, after)
 
     try:
         wait_for(work / "trainer-0.log", "step 3/30")
@@ -190,17 +202,58 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path, mode):
     assert processes_mentioning(str(work)) == []
 
 
-def test_p2p_weight_exchange_with_two_trainer_ranks_and_two_replicas(tmp_path):
-    """Both FSDP2 ranks send their own shard to both replicas, every step, through the whole run."""
-    work = tmp_path / "run"
-    summary = run_local(EXAMPLE, ["weightSync.mode=p2p", "trainer.acceleratorsPerNode=2", "inference.replicas=2",
-                                  "model.sftWarmup.steps=5", NO_EVAL], 12, None, quiet=True, workdir=work)
-    assert summary["final_version"] == 12 and summary["world_size"] == 2 and summary["replicas"] == 2
-    trainer_log = (work / "trainer-0.log").read_text()
-    assert "p2p weight exchange (group 0): 2 trainer ranks → 2 replicas" in trainer_log
-    assert "goes by broadcast" not in trainer_log
+def _replica_pid(work: Path, replica: int) -> int:
+    """The pid of local run ``work``'s inference replica ``replica`` (its KUBERL_REPLICA)."""
+    for pid in processes_mentioning(str(work)):
+        try:
+            cmdline, environ = (Path(f"/proc/{pid}/{f}").read_bytes().split(b"\0") for f in ("cmdline", "environ"))
+        except OSError:
+            continue
+        if b"kuberl.inference" in cmdline and f"{ENV_REPLICA}={replica}".encode() in environ:
+            return pid
+    raise AssertionError(f"no inference replica {replica} under {work}")
+
+
+def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rejoins(tmp_path):
+    """Both FSDP2 ranks send their own shard to both replicas every step. Replica 1 hangs (SIGSTOP):
+    it misses a weight version, leaves rotation as a straggler and the exchange goes on with replica 0
+    (the trainer abandons its sends to the hung one with the group) — training goes on meanwhile. Once
+    it answers again, the group is re-formed with it and it serves the newest weights over p2p; no
+    restart, no broadcast."""
+    work, summary = tmp_path / "run", tmp_path / "summary.json"
+    steps = 40
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
+         "--workdir", str(work), "--summary", str(summary), "--set", "weightSync.mode=p2p",
+         "--set", "trainer.acceleratorsPerNode=2", "--set", "inference.replicas=2",
+         "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    trainer_log = work / "trainer-0.log"
+    try:
+        _wait_for_log(proc, trainer_log, f"step 3/{steps}")
+        hung = _replica_pid(work, 1)
+        os.kill(hung, signal.SIGSTOP)
+        try:  # ten steps while it hangs: the trainer does not wait for it
+            at = len(trainer_log.read_text(errors="replace"))
+            _wait_for_log(proc, trainer_log, "its peers were", after=at)
+            _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 10}/{steps}", timeout=90)
+        finally:
+            os.kill(hung, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(summary.read_text())
+    assert result["final_version"] == steps and result["world_size"] == 2 and result["replicas"] == 2
+    assert result["restarts"] == {"trainer": 0, "inference": 0, "agent": 0}
+    text = trainer_log.read_text()
+    assert "p2p weight exchange (group 0): 2 trainer ranks → 2 replicas" in text
+    assert re.search(r"p2p weight exchange \(group [1-9]\d*\): 2 trainer ranks → 2 replicas", text)  # re-formed
+    assert "goes by broadcast" not in text
     for r in range(2):
-        assert "received weights version 12 over p2p" in (work / f"inference-{r}.log").read_text()
+        assert f"received weights version {steps} over p2p" in (work / f"inference-{r}.log").read_text()
 
 
 def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
+import torch
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -158,3 +160,64 @@ async def test_a_replica_still_starting_is_waited_for_not_taken_out_of_rotation(
             assert not client.replicas[0].needs_weights
         finally:
             await server.close()
+
+
+def slow_to_take_weights(release: asyncio.Event) -> web.Application:
+    """A replica whose server answers its health check but never finishes taking a weight version."""
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": 0})
+
+    async def update(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"version": 1})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/update_weights", update)
+    return app
+
+
+async def test_a_replica_that_straggles_on_a_weight_push_leaves_rotation_and_the_push_ends():
+    """The push ends STRAGGLER_FLOOR after the healthy replica took the version — it does not wait for
+    the one that hangs — and the healthy one serves the new weights."""
+    tok = char_tokenizer()
+    release = asyncio.Event()
+    hung = TestServer(slow_to_take_weights(release))
+    await hung.start_server()
+    (good, engine), = await start_servers(1, tok)
+    new_model = tiny_qwen2(len(tok), seed=9)
+    try:
+        async with InferenceClient([str(hung.make_url("/")), str(good.make_url("/"))], TOKEN) as client:
+            await asyncio.wait_for(client.push_weights(to_safetensors(new_model.state_dict()), 1), timeout=10)
+            assert client.replicas[0].needs_weights and not client.replicas[1].needs_weights
+            prompt = [tok.bos_token_id, *tok("2+3=", add_special_tokens=False).input_ids]
+            (out,) = await asyncio.wait_for(client.generate(prompt, 1, 6, 0.0, 1.0), timeout=30)
+        assert engine.version == 1 and set(out.versions) == {1}
+        expected = new_model.generate(torch.tensor([prompt]), max_new_tokens=len(out.output_ids), do_sample=False,
+                                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        assert out.output_ids == expected[0, len(prompt):].tolist()  # the new policy is the one served
+    finally:
+        release.set()
+        await hung.close()
+        await good.close()
+
+
+async def test_a_replica_that_keeps_failing_stays_out_longer_each_time():
+    """Back-off 1, 2, 4 s … while it answers 500; one request served resets it."""
+    broken = TestServer(answering_500())
+    await broken.start_server()
+    try:
+        async with InferenceClient([str(broken.make_url("/"))], TOKEN) as client:
+            replica = client.replicas[0]
+            waits = []
+            for _ in range(4):
+                replica.needs_weights, replica.down_until = False, 0.0  # as if back with the newest weights
+                request = asyncio.create_task(client.generate([1, 2], 1, 2, 1.0, 1.0))
+                while not replica.needs_weights:  # until its 500 took it out of rotation
+                    await asyncio.sleep(0.01)
+                waits.append(replica.down_until - time.monotonic())
+                request.cancel()
+                await asyncio.gather(request, return_exceptions=True)
+        assert [round(w) for w in waits] == [1, 2, 4, 8] and replica.failures == 4
+    finally:
+        await broken.close()

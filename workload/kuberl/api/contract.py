@@ -60,6 +60,7 @@ ENV_PODINFO_LABELS = "KUBERL_PODINFO_LABELS"  # overrides PODINFO_LABELS (local 
 ENV_THREADS = "KUBERL_THREADS"
 ENV_S3_ENDPOINT = "KUBERL_S3_ENDPOINT"
 ENV_CACHE_DIR = "KUBERL_CACHE_DIR"
+ENV_FAULT_INJECTION = "KUBERL_FAULT_INJECTION"  # "signals": chaos tests' fault door (kuberl.inference.faults)
 ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"  # the agent's: the gateway, read by the OpenAI client libraries
 ENV_OPENAI_API_KEY = "OPENAI_API_KEY"  # the agent's: the experiment's API token
 

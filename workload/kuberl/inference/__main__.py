@@ -13,6 +13,7 @@ from ..auth import MissingToken, checked_token
 from ..runconfig import RunConfig, load_run_config
 from ..settings import Settings, from_environment
 from ..weights import disk_directory
+from .faults import injected_faults
 from .server import build_app
 
 SHUTDOWN_SECONDS = 2.0  # on SIGTERM, requests in flight get this long (the rollout client resumes them elsewhere)
@@ -43,6 +44,7 @@ def main() -> None:
     try:
         settings = from_environment(run.settings)
         token = checked_token(settings.api_token)
+        injected_faults(settings.fault_injection)  # an unknown mode is refused before anything starts
     except (MissingToken, ValueError) as err:
         raise SystemExit(str(err)) from err
     torch.set_num_threads(settings.threads)

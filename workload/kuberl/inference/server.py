@@ -37,6 +37,7 @@ from ..models.text import TextCodec
 from ..settings import Settings
 from ..weights.discovery import own_topology, to_json
 from .contract import Engine, EngineDown, GenerateReply, SamplingParams
+from .faults import injected_faults
 from .p2p_receiver import NotJoined, P2PReceiver
 
 log = logging.getLogger("kuberl.inference")
@@ -129,7 +130,9 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Pa
     settings = settings or Settings()
     metrics = Metrics()
     receiver = P2PReceiver(engine, settings)
-    app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS)])
+    faults = injected_faults(settings.fault_injection)
+    app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS),
+                                                              *([faults.middleware] if faults else [])])
 
     async def generate(request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -212,6 +215,8 @@ def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Pa
 
     async def on_startup(app: web.Application) -> None:
         engine.start()
+        if faults is not None:
+            faults.install(asyncio.get_running_loop())
 
     async def on_cleanup(app: web.Application) -> None:
         await engine.stop()

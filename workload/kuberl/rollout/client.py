@@ -5,12 +5,17 @@ replica paused for a weight update), it is resubmitted as prompt + the tokens ge
 with the remaining token budget; the pieces are concatenated, so each token keeps the version
 that wrote it.
 
-Containment: a replica that cannot be reached, answers 5xx (its engine crashed or is broken), or
+Containment: a replica that cannot be reached, answers 5xx (its engine crashed or is broken),
 fails its ``/health`` check (a hung engine; probed every ``health_interval`` seconds, failing after
-``health_timeout``) is taken out of rotation, and the requests it holds are sent to another
-replica — a fault of one replica never fails the rollout. Once it answers again it first gets
-the newest weights, then requests. A 4xx is the request's own fault (:class:`Rejected`): it is
-raised to the caller, not retried.
+``health_timeout``) or lags behind its peers in taking a weight version (a *straggler*: not done
+``max(STRAGGLER_FLOOR, STRAGGLER_FACTOR × the first replica's time)`` after the push began) is taken
+out of rotation, and the requests it holds are sent to another replica — a fault of one replica
+never fails the rollout, and a weight push never waits for a hung one. It stays out for a back-off
+that doubles with each failure in a row (1 s, 2 s, … ``BACKOFF_MAX``; a served request resets it), so
+a replica that keeps failing costs little. Once it answers again it first gets the newest weights
+(broadcast: from here; p2p: the trainer re-forms the exchange group with it, see ``p2p_members``),
+then requests. A 4xx is the request's own fault (:class:`Rejected`): it is raised to the caller,
+not retried.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +35,9 @@ from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Gen
 
 log = logging.getLogger("kuberl.rollout")
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
+STRAGGLER_FLOOR = 1.0  # seconds a replica may take past its first peer to load a weight version…
+STRAGGLER_FACTOR = 4.0  # …or this many times the first peer's time, whichever is longer
+BACKOFF_MAX = 30.0  # seconds out of rotation after many failures in a row
 
 
 class ReplicaFault(RuntimeError):
@@ -54,7 +63,13 @@ class Replica:
     down_until: float = 0.0
     needs_weights: bool = False  # restarted or missed a push: not used until it has the newest
     answered: bool = False  # its /health has said 200 once: from then on, not answering means it is gone
+    back: bool = False  # out of rotation, and its /health said 200 since its back-off ended: may rejoin
+    failures: int = 0  # times it left rotation since it last served a request (sets the back-off)
     left: asyncio.Event = field(default_factory=asyncio.Event)  # set when it leaves rotation (then replaced)
+
+    def backoff(self) -> float:
+        """Seconds out of rotation after the ``failures``-th failure in a row: 1, 2, 4, … ``BACKOFF_MAX``."""
+        return min(BACKOFF_MAX, 2.0 ** max(0, self.failures - 1))
 
 
 @dataclass
@@ -69,7 +84,8 @@ class InferenceClient:
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
     _latest: tuple[WeightPayload, int] | None = field(default=None, init=False)
     _rejoining: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
-    _watcher: asyncio.Task[None] | None = field(default=None, init=False)
+    _watcher: asyncio.Task[Any] | None = field(default=None, init=False)
+    _members: list[Replica] = field(default_factory=list, init=False)  # the p2p exchange group's replicas
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -110,18 +126,83 @@ class InferenceClient:
         return min(alive, key=lambda r: r.in_flight) if alive else None
 
     def _lost(self, replica: Replica, err: BaseException) -> None:
-        """Take ``replica`` out of rotation; requests waiting on it go elsewhere (``_on``)."""
+        """Take ``replica`` out of rotation for its back-off; requests waiting on it go elsewhere (``_on``)."""
         if not replica.needs_weights:
-            log.warning("replica %s failed (%s); out of rotation until it is back", replica.url, err)
-        replica.needs_weights = True
-        replica.down_until = time.monotonic() + 1.0
+            replica.failures += 1
+            log.warning("replica %s failed (%s); out of rotation for %.0f s, then until it is back", replica.url,
+                        err or type(err).__name__, replica.backoff())  # fmt: skip
+        replica.needs_weights, replica.back = True, False
+        replica.down_until = time.monotonic() + replica.backoff()
         replica.left.set()
         replica.left = asyncio.Event()
 
     async def _on(self, replica: Replica, path: str, **kwargs: Any) -> dict[str, Any]:
         """POST ``path`` to ``replica``; ReplicaFault as soon as the replica leaves rotation."""
+        result: dict[str, Any] = await self._leaving_aborts(replica, self._post(replica, path, **kwargs))
+        return result
+
+    async def _watch(self) -> None:
+        """Probe each replica every ``health_interval``, each on its own (one that hangs delays no other)."""
+        await asyncio.gather(*(self._watch_one(r) for r in self.replicas))
+
+    async def _watch_one(self, replica: Replica) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            await self._probe(replica)
+
+    async def _probe(self, replica: Replica) -> None:
+        """In rotation: a replica that says it is unhealthy (any answer but 200) leaves; one that does
+        not answer leaves only if it answered before (a replica still starting does not listen yet).
+        Out of rotation, past its back-off: a 200 marks it ``back`` (it may rejoin)."""
+        if replica.needs_weights and (replica.back or replica.down_until > time.monotonic()):
+            return
+        try:
+            await self._get(replica, "/health", timeout=aiohttp.ClientTimeout(total=self.health_timeout))
+            replica.answered = True
+            replica.back = replica.needs_weights
+        except (ReplicaFault, Rejected) as err:
+            self._lost(replica, err)
+        except REPLICA_ERRORS as err:
+            if replica.answered:
+                self._lost(replica, err)
+
+    async def _each_in_step(self, replicas: list[Replica], call: Callable[[Replica], Awaitable[Any]],
+                            what: str) -> list[Replica]:
+        """``call`` every replica at once; those that fail or straggle (not done ``max(STRAGGLER_FLOOR,
+        STRAGGLER_FACTOR × t₁)`` after the start, t₁ the first one's time) leave rotation. Returns the
+        replicas that completed."""
+        start = time.monotonic()
+        calls = {asyncio.ensure_future(self._leaving_aborts(r, call(r))): r for r in replicas}
+        pending, completed, deadline = set(calls), [], None
+        try:
+            while pending:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for task in done:
+                    err = task.exception()
+                    if err is None:
+                        completed.append(calls[task])
+                    elif isinstance(err, REPLICA_ERRORS):
+                        self._lost(calls[task], err)
+                    else:
+                        raise err
+                if deadline is None and completed:
+                    deadline = start + max(STRAGGLER_FLOOR, STRAGGLER_FACTOR * (time.monotonic() - start))
+            for task in pending:
+                self._lost(calls[task], ReplicaFault(f"{what}: not done {time.monotonic() - start:.1f} s after "
+                                                     "the start, its peers were"))  # fmt: skip
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return completed
+
+    async def _leaving_aborts(self, replica: Replica, work: Awaitable[Any]) -> Any:
+        """``work`` on ``replica``; ReplicaFault as soon as the replica leaves rotation."""
         left = replica.left
-        request = asyncio.ensure_future(self._post(replica, path, **kwargs))
+        request = asyncio.ensure_future(work)
         gone = asyncio.ensure_future(left.wait())
         try:
             done, _ = await asyncio.wait({request, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -129,27 +210,10 @@ class InferenceClient:
             gone.cancel()
             if not request.done():
                 request.cancel()
+                await asyncio.gather(request, return_exceptions=True)
         if request not in done:
             raise ReplicaFault(f"{replica.url} left rotation with this request in flight")
         return request.result()
-
-    async def _watch(self) -> None:
-        """Probe every replica in rotation each ``health_interval``; one that is not healthy leaves."""
-        while True:
-            await asyncio.sleep(self.health_interval)
-            await asyncio.gather(*(self._probe(r) for r in self.replicas if not r.needs_weights))
-
-    async def _probe(self, replica: Replica) -> None:
-        """A replica that says it is unhealthy (any answer but 200) leaves rotation; one that does not
-        answer leaves only if it answered before (a replica still starting does not listen yet)."""
-        try:
-            await self._get(replica, "/health", timeout=aiohttp.ClientTimeout(total=self.health_timeout))
-            replica.answered = True
-        except (ReplicaFault, Rejected) as err:
-            self._lost(replica, err)
-        except REPLICA_ERRORS as err:
-            if replica.answered:
-                self._lost(replica, err)
 
     async def _rejoin(self) -> None:
         """Give replicas that are back the newest weights, then put them back in rotation."""
@@ -159,8 +223,7 @@ class InferenceClient:
             return
         async with self._rejoining:
             for replica in waiting:
-                if self._latest is None:  # p2p mode: only the trainer ranks can bring it up to date
-                    replica.down_until = time.monotonic() + 1.0
+                if self._latest is None:  # p2p mode: the trainer re-forms the group with it (p2p_members)
                     continue
                 try:
                     await self._send_weights(replica, *self._latest)
@@ -187,26 +250,44 @@ class InferenceClient:
             raise ReplicaFault(message)
         raise Rejected(resp.status, message, reason)
 
+    def p2p_members(self) -> list[Replica]:
+        """The replicas a p2p exchange group is formed with: those in rotation and those ``back``."""
+        return [r for r in self.replicas if not r.needs_weights or r.back]
+
+    def p2p_membership_changed(self) -> bool:
+        """A member left rotation or a replica came back since the group was formed: re-form it."""
+        return [r.url for r in self.p2p_members()] != [r.url for r in self._members]
+
     async def topologies(self) -> list[dict[str, str]]:
-        """Each replica's place (node / fabric / zone from its pod labels), in replica order."""
-        return list(await asyncio.gather(*(self._get(r, "/topology") for r in self.replicas)))
+        """Start forming a p2p group with ``p2p_members()``: each one's place (node / fabric / zone from
+        its pod labels), in replica order. A member that does not answer within ``health_timeout``
+        raises (the group is not formed; this version goes by broadcast)."""
+        self._members = self.p2p_members()
+        if not self._members:
+            raise ReplicaFault("no replica is in rotation or back to form a group with")
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout)
+        return list(await asyncio.gather(*(self._get(r, "/topology", timeout=timeout) for r in self._members)))
 
     async def join_p2p(self, bodies: list[dict[str, Any]]) -> None:
-        """Hand replica i its part of the p2p plan; it joins the exchange group in the background."""
+        """Hand member i its part of the p2p plan; it joins the exchange group in the background."""
         await asyncio.gather(*(self._post(r, "/weights/p2p/join", control=True, json=b)
-                               for r, b in zip(self.replicas, bodies, strict=True)))  # fmt: skip
+                               for r, b in zip(self._members, bodies, strict=True)))  # fmt: skip
 
     async def receive_p2p(self, version: int) -> None:
-        """Every replica receives ``version`` from the trainer ranks and swaps it in; any failure raises
-        (the exchange group is then unusable: the trainer re-sends the version by broadcast and
-        re-forms the group). Once all have it, every replica serves the newest weights: each is in
-        rotation, and a whole-state payload kept from an earlier broadcast is dropped (it is older
-        now: a replica that comes back waits for the trainer rather than serve it)."""
-        await asyncio.gather(*(self._post(r, f"/weights/p2p/receive?version={version}", control=True)
-                               for r in self.replicas))  # fmt: skip
+        """Every member receives ``version`` from the trainer ranks and swaps it in. A member that fails
+        or straggles leaves rotation and the group (re-formed at the next push without it, see
+        ``p2p_membership_changed``); the others serve ``version`` and are in rotation. Raises only when
+        none took it (the trainer then re-sends it by broadcast). A whole-state payload kept from an
+        earlier broadcast is dropped (it is older now: a replica that comes back waits for the
+        trainer rather than serve it)."""
+        served = await self._each_in_step(
+            self._members, lambda r: self._post(r, f"/weights/p2p/receive?version={version}", control=True),
+            f"p2p weights version {version}")  # fmt: skip
+        if not served:
+            raise ReplicaFault(f"no replica received weights version {version} over p2p")
         self._latest = None
-        for replica in self.replicas:
-            replica.needs_weights = False
+        for replica in served:
+            replica.needs_weights = replica.back = False
 
     async def _get(self, replica: Replica, path: str, **kwargs: Any) -> dict[str, Any]:
         if self._control is None:
@@ -252,6 +333,8 @@ class InferenceClient:
                 reply = GenerateReply.from_json(await self._on(replica, "/generate", json=body))
                 if self._latest is not None and reply.version < self._latest[1] - 1:
                     self._lost(replica, RuntimeError(f"serves version {reply.version}, restarted?"))
+                else:
+                    replica.failures = 0
                 return reply.outputs
             except REPLICA_ERRORS as err:
                 self._lost(replica, err)
@@ -285,13 +368,7 @@ class InferenceClient:
 
     async def push_weights(self, payload: WeightPayload, version: int) -> None:
         """Naive broadcast: the full state to every replica in rotation; each swaps it in between two
-        engine steps. A replica that cannot take it leaves rotation and gets it when it is back."""
+        engine steps. A replica that fails or straggles leaves rotation and gets it when it is back."""
         self._latest = (payload, version)
-
-        async def push(replica: Replica) -> None:
-            try:
-                await self._send_weights(replica, payload, version)
-            except REPLICA_ERRORS as err:
-                self._lost(replica, err)
-
-        await asyncio.gather(*(push(r) for r in self.replicas if not r.needs_weights))
+        await self._each_in_step([r for r in self.replicas if not r.needs_weights],
+                                 lambda r: self._send_weights(r, payload, version), f"weights version {version}")

@@ -83,6 +83,12 @@ class RolloutController:
     def join_p2p(self, bodies: list[dict[str, Any]]) -> None:
         self.call(self.client.join_p2p(bodies))
 
+    def p2p_membership_changed(self) -> bool:
+        return self.call(self._p2p_membership_changed())
+
+    async def _p2p_membership_changed(self) -> bool:
+        return self.client.p2p_membership_changed()
+
     def receive_p2p(self, version: int) -> Future[float]:
         """Start: every replica receives ``version`` over the p2p group; the future holds the seconds."""
         return asyncio.run_coroutine_threadsafe(self._receive_p2p(version), self.loop)

@@ -13,11 +13,15 @@ to receive ``version`` (``POST /weights/p2p/receive``: the replica receives into
 then swaps it in between two engine steps and reports), and every rank sends its planned pieces.
 ``wait()`` returns the seconds of the exchange once every replica serves the version.
 
-If an exchange fails (a replica died or restarted: the group cannot be reused), the trainer ranks
+A replica that fails or straggles while it receives (hung: SIGSTOP, a wedged engine) leaves rotation
+and the exchange goes on without it: the others serve the version (``InferenceClient.receive_p2p``).
+Before each push rank 0 asks whether the members changed (one left, or one came back and answers
+its health check); if so, every rank drops the group and the push re-forms it with the replicas that
+are there (a new plan, a new ``generation`` of the group over the same store). If an exchange fails
+on the trainer's side (a replica died mid-transfer: the group cannot be reused), the trainer ranks
 agree on it (an all-reduce), log a warning and re-send that version by ``broadcast`` (a replaced
-replica catches up through the pool's elastic path); the next push re-forms the group with the
-replicas that are there (a new plan, a new ``generation`` of the group over the same store) and
-goes on in p2p. While a replica cannot be reached for the set-up, that version goes by broadcast
+replica catches up through the pool's elastic path); the next push re-forms the group and goes on
+in p2p. While a replica cannot be reached for the set-up, that version goes by broadcast
 too and the set-up is tried again at the next. When every replica restarted before an exchange
 could fail, rollout starves; the trainer then calls ``recover`` (broadcast now, p2p again next).
 """
@@ -61,6 +65,10 @@ class ReplicaControl(Protocol):
 
     def receive_p2p(self, version: int) -> Future[float]: ...
 
+    def p2p_membership_changed(self) -> bool:
+        """A replica left the group's rotation or one came back since the group was formed."""
+        ...
+
 
 def plan_for(metas: Any, trainers: list[RankTopology], replicas: list[RankTopology]) -> Plan:
     """FSDP2 shards over the trainer ranks → every replica (one rank each: the torch engine has no TP)."""
@@ -79,7 +87,8 @@ class P2PSync:
         self._pg: Any = None
         self._mine: list[Transfer] = []
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
-        self._pending: Future[float] | None = None
+        self._pending: Future[Any] | None = None  # this rank's sends (and receives) of the last push
+        self._receiving: Future[float] | None = None  # rank 0: the replicas taking it (InferenceClient)
         self._last: tuple[WeightSource, int] | None = None
 
     def _replicas_of_rank0(self, schedule_for: Callable[[list[dict[str, str]]], Plan]) -> list[dict[str, str]] | None:
@@ -128,34 +137,72 @@ class P2PSync:
     def push(self, source: WeightSource, version: int) -> None:
         self.wait()
         self._last = (source, version)
+        if self._pg is not None and self._membership_changed():
+            log.info("p2p weight exchange: the replicas changed; group %d is re-formed", self.generation + 1)
+            self._retire_group()
         if self._pg is None and not self._set_up(source):
             self.fallback.push(source, version)
             return
         # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
         snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
-        self._pending = self._executor.submit(self._exchange, snapshot, version)
+        self._receiving = self.control.receive_p2p(version) if self.control else None
+        self._pending = self._executor.submit(run_exchange, self._pg, self._mine, self.rank, snapshot, {})
 
-    def _exchange(self, snapshot: dict[str, torch.Tensor], version: int) -> float:
-        receiving = self.control.receive_p2p(version) if self.control else None
-        stats = run_exchange(self._pg, self._mine, self.rank, snapshot, {})
-        return receiving.result() if receiving is not None else stats.seconds
+    def _membership_changed(self) -> bool:
+        """Every rank: rank 0's pool client says a member left rotation or a replica came back."""
+        return bool(broadcast_from_rank0(self.control.p2p_membership_changed() if self.control else False))
+
+    def _replicas_outcome(self, receiving: Future[float] | None) -> tuple[float | None, bool]:
+        """Every rank: rank 0's view of the last exchange — the seconds until every member that stayed
+        served it (None: no replica did), and whether a member left on the way."""
+        outcome: tuple[float | None, bool] = (None, True)
+        if receiving is not None and self.control is not None:
+            try:
+                outcome = (receiving.result(), self.control.p2p_membership_changed())
+            except Exception as err:  # every rank must hear it: broadcast below
+                log.warning("p2p weight exchange: no replica took the version (%s)", err)
+        return broadcast_from_rank0(outcome)
 
     def wait(self) -> float:
+        """Until the last exchange is done. A member that left on the way (``_replicas_outcome``) will
+        never take this rank's sends: they are abandoned with the group, re-formed at the next push.
+        Otherwise the ranks agree whether each one's sends went through; if not, or if no replica
+        took the version, it goes by broadcast."""
         seconds = self.fallback.wait()
-        pending, self._pending = self._pending, None
+        pending, receiving, self._pending, self._receiving = self._pending, self._receiving, None, None
         if pending is None:
             return seconds
-        error: BaseException | None = None
-        try:
-            seconds += pending.result()
-        except Exception as err:  # every rank must reach the agreement below, whatever went wrong
-            error = err
-        if not all_reduce(1.0 if error else 0.0, dist.ReduceOp.MAX):
-            return seconds
-        log.warning("p2p weight exchange failed (%s)", error or "on another trainer rank")
+        served, member_left = self._replicas_outcome(receiving)
+        if member_left:
+            self._abandon(pending)
+            if served is not None:
+                return seconds + served
+            error: BaseException | None = None
+        else:
+            try:
+                pending.result()
+                error = None
+            except Exception as err:  # every rank must reach the agreement below, whatever went wrong
+                error = err
+            if not all_reduce(1.0 if error else 0.0, dist.ReduceOp.MAX):
+                return seconds + (served or 0.0)
+        log.warning("p2p weight exchange failed (%s)", error or "on another rank or replica")
         assert self._last is not None
         self._fall_back(*self._last)
         return seconds + self.fallback.wait()
+
+    def _abandon(self, pending: Future[Any]) -> None:
+        """Leave this rank's sends to a departed member behind (they end at the group's timeout) and
+        the group with them; the next push forms a new one."""
+        pending.add_done_callback(lambda f: log.info("an abandoned p2p exchange ended: %s", f.exception() or "done"))
+        self._executor.shutdown(wait=False)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
+        self._retire_group()
+
+    def _retire_group(self) -> None:
+        """Never use this group again: a group with a departed or dead member cannot be reused."""
+        self._pg = None
+        self.generation += 1
 
     def recover(self, source: WeightSource, version: int) -> None:
         """The pool lost its weights (every replica restarted and left the group): broadcast this
@@ -169,6 +216,5 @@ class P2PSync:
 
     def _fall_back(self, source: WeightSource, version: int) -> None:
         log.warning("version %d goes by broadcast; the p2p group is re-formed at the next push", version)
-        self._pg = None  # a group with a dead member cannot be reused
-        self.generation += 1
+        self._retire_group()
         self.fallback.push(source, version)
