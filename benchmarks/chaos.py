@@ -56,6 +56,7 @@ from kuberl.api.contract import ENV_FAULT_INJECTION
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("replica-kill", "replica-hang", "replica-500", "trainer-kill")
 LASTING = ("replica-hang", "replica-500")  # faults that last a while, then end
+DOOR_READY_SECONDS = 30.0  # a replica this old has its fault door (SIGUSR1 before it would end the process)
 STALL_WINDOW = 10.0  # seconds after a replica fault ends in which a gap between steps counts as its stall
 STEP_LINE = re.compile(r"^(\S+ \S+) trainer INFO step (\d+)/\d+ ", re.MULTILINE)
 RESUMED_LINE = re.compile(r"resumed from the checkpoint of step (\d+)")
@@ -134,10 +135,20 @@ def wait_for_training(work: Path, proc: subprocess.Popen[bytes], after_step: int
         time.sleep(0.2)
 
 
+def age_seconds(pid: int) -> float:
+    """How long process ``pid`` has run (its start time in /proc, in clock ticks since boot)."""
+    started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return float(Path("/proc/uptime").read_text().split()[0]) - started
+
+
 def inject(fault: Fault, work: Path, rng: random.Random) -> dict[str, Any]:
     """Apply one fault now; returns what was done (kind, wall time, pid, the step then)."""
     module = "kuberl.trainer" if fault.kind == "trainer-kill" else "kuberl.inference"
-    pid = rng.choice(processes(work, module))
+    candidates = processes(work, module)
+    if fault.kind == "replica-500":  # the door opens once the server is up: a replacement may still be starting
+        while not (candidates := [p for p in processes(work, module) if age_seconds(p) > DOOR_READY_SECONDS]):
+            time.sleep(0.5)
+    pid = rng.choice(candidates)
     event = {"kind": fault.kind, "time": time.time(), "pid": pid, "step": last_step(work)}
     if fault.kind in LASTING:  # a hang: SIGSTOP … SIGCONT; 500s: the replica's fault door (kuberl.inference.faults)
         begin, end = (signal.SIGSTOP, signal.SIGCONT) if fault.kind == "replica-hang" else (signal.SIGUSR1,

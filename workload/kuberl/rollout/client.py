@@ -35,8 +35,8 @@ from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Gen
 
 log = logging.getLogger("kuberl.rollout")
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
-STRAGGLER_FLOOR = 1.0  # seconds a replica may take past its first peer to load a weight version…
-STRAGGLER_FACTOR = 4.0  # …or this many times the first peer's time, whichever is longer
+STRAGGLER_FLOOR = 0.5  # s a replica may lag behind its first peer in taking a weight version (≥ 8× the slowest
+STRAGGLER_FACTOR = 4.0  # healthy p2p receive under benchmarks/chaos.py), or this many times the first peer's time
 BACKOFF_MAX = 30.0  # seconds out of rotation after many failures in a row
 
 
@@ -83,7 +83,7 @@ class InferenceClient:
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
     _latest: tuple[WeightPayload, int] | None = field(default=None, init=False)
-    _rejoining: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _rejoiner: asyncio.Task[None] | None = field(default=None, init=False)
     _watcher: asyncio.Task[Any] | None = field(default=None, init=False)
     _members: list[Replica] = field(default_factory=list, init=False)  # the p2p exchange group's replicas
 
@@ -102,9 +102,10 @@ class InferenceClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
+        for task in (self._watcher, self._rejoiner):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for session in (self._session, self._control):
             if session:
                 await session.close()
@@ -215,23 +216,25 @@ class InferenceClient:
             raise ReplicaFault(f"{replica.url} left rotation with this request in flight")
         return request.result()
 
-    async def _rejoin(self) -> None:
-        """Give replicas that are back the newest weights, then put them back in rotation."""
-        now = time.monotonic()
-        waiting = [r for r in self.replicas if r.needs_weights and r.down_until <= now]
-        if not waiting or self._rejoining.locked():
+    def _start_rejoin(self) -> None:
+        """In the background: replicas that are ``back`` get the newest whole state (broadcast and disk
+        modes; in p2p mode the trainer re-forms the group with them, see ``p2p_members``), then rotation."""
+        if self._latest is None or (self._rejoiner is not None and not self._rejoiner.done()):
             return
-        async with self._rejoining:
-            for replica in waiting:
-                if self._latest is None:  # p2p mode: the trainer re-forms the group with it (p2p_members)
-                    continue
-                try:
-                    await self._send_weights(replica, *self._latest)
-                    replica.needs_weights = False
-                    log.info("replica %s is back with the newest weights", replica.url)
-                except REPLICA_ERRORS as err:
-                    replica.down_until = time.monotonic() + 1.0
-                    log.debug("replica %s not back yet: %s", replica.url, err)
+        if any(r.needs_weights and r.back for r in self.replicas):
+            self._rejoiner = asyncio.create_task(self._rejoin(), name="replica-rejoin")
+
+    async def _rejoin(self) -> None:
+        for replica in [r for r in self.replicas if r.needs_weights and r.back]:
+            if self._latest is None:
+                return
+            try:
+                await self._send_weights(replica, *self._latest)
+                replica.needs_weights = replica.back = False
+                log.info("replica %s is back with the newest weights", replica.url)
+            except REPLICA_ERRORS as err:
+                replica.back = False  # the next health probe that finds it well tries again
+                log.info("replica %s not back yet: %s", replica.url, err)
 
     async def _post(self, replica: Replica, path: str, control: bool = False, **kwargs: Any) -> dict[str, Any]:
         session = self._control if control else self._session
@@ -323,7 +326,7 @@ class InferenceClient:
         body = {"input_ids": input_ids, "n": n, "max_new_tokens": max_new_tokens, "temperature": temperature,
                 "top_p": top_p}
         while True:
-            await self._rejoin()
+            self._start_rejoin()
             replica = self._pick()
             if replica is None:  # every replica is down: wait for one to come back
                 await asyncio.sleep(0.2)
