@@ -89,6 +89,7 @@ class P2PSync:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._pending: Future[Any] | None = None  # this rank's sends (and receives) of the last push
         self._receiving: Future[float] | None = None  # rank 0: the replicas taking it (InferenceClient)
+        self._broadcast: int | None = None  # the last version sent by broadcast (the pool client keeps it)
         self._last: tuple[WeightSource, int] | None = None
 
     def _replicas_of_rank0(self, schedule_for: Callable[[list[dict[str, str]]], Plan]) -> list[dict[str, str]] | None:
@@ -142,6 +143,7 @@ class P2PSync:
             self._retire_group()
         if self._pg is None and not self._set_up(source):
             self.fallback.push(source, version)
+            self._broadcast = version
             return
         # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
         snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
@@ -205,11 +207,12 @@ class P2PSync:
         self.generation += 1
 
     def recover(self, source: WeightSource, version: int) -> None:
-        """The pool lost its weights (every replica restarted and left the group): broadcast this
-        version now, unless it just went by broadcast (its exchange failed in ``wait``, or the group
-        could not be formed for it); the next push re-forms the group."""
+        """The pool lost its weights (every replica restarted, hung or failed, and left the group):
+        broadcast this version now, unless it already went by broadcast (its exchange failed in
+        ``wait``, or the group could not be formed for it: the pool client keeps it for the replicas
+        that come back); the next push re-forms the group."""
         self.wait()
-        if self._pg is None and self._last is not None and self._last[1] == version:
+        if self._broadcast == version:
             return  # the pool client holds it and hands it to each replica that comes back
         self._fall_back(source, version)
         self.fallback.wait()
@@ -218,3 +221,4 @@ class P2PSync:
         log.warning("version %d goes by broadcast; the p2p group is re-formed at the next push", version)
         self._retire_group()
         self.fallback.push(source, version)
+        self._broadcast = version
