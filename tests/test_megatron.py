@@ -16,7 +16,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from kuberl.collectives import exit_without_teardown
 from kuberl.local_processes import free_port
@@ -58,7 +65,42 @@ def llama_untied_gqa() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("make", [qwen2, llama_untied_gqa], ids=["qwen2-tied-bias", "llama-untied-gqa"])
+def qwen3_qk_norm(tied: bool = True) -> torch.nn.Module:
+    """Qwen3: per-head q/k RMSNorm (weights made random: at their initial ones a swapped or dropped
+    norm would go unseen), no q/k/v bias, head_dim ≠ hidden / heads, grouped query attention."""
+    config = Qwen3Config(vocab_size=len(char_tokenizer()), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=tied,
+                         max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(7)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+def qwen3_moe(norm_topk_prob: bool = True) -> torch.nn.Module:
+    """Qwen3-MoE: 4 routed experts, top-2, in every layer; its stacked expert weights and q/k norms
+    random (at init the experts are zeros here, and a mixed-up expert order would go unseen)."""
+    config = Qwen3MoeConfig(vocab_size=40, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob,
+                            tie_word_embeddings=False, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(11)
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "experts" in name or name.endswith(("q_norm.weight", "k_norm.weight", "mlp.gate.weight")):
+                param.normal_(0.0, 0.3) if "norm" not in name else param.uniform_(0.5, 1.5)
+    return model
+
+
+MODELS = [qwen2, llama_untied_gqa, qwen3_qk_norm, qwen3_moe]
+MODEL_IDS = ["qwen2-tied-bias", "llama-untied-gqa", "qwen3-qk-norm", "qwen3-moe"]
+
+
+@pytest.mark.parametrize("make", MODELS, ids=MODEL_IDS)
 def test_round_trip_is_exact(make):
     model = make()
     state = model.state_dict()
@@ -150,12 +192,14 @@ def test_megatron_model_loads_hf_weights_and_exports_them_unchanged(megatron_par
         load_hf_state(meg, wrong, hf.config)
 
 
-def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state):
+@pytest.mark.parametrize("make", [qwen2, qwen3_qk_norm, qwen3_moe, lambda: qwen3_moe(norm_topk_prob=False)],
+                         ids=["qwen2", "qwen3-qk-norm", "qwen3-moe", "qwen3-moe-unnormalised-top-k"])
+def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
     from kuberl.megatron.cpu import cpu_shim
     from kuberl.megatron.logprobs import vocab_parallel_logits
     from kuberl.megatron.model import build_gpt_model, load_hf_state
 
-    hf = qwen2().eval()
+    hf = make().eval()
     batch = random_batch(hf.config.vocab_size, seed=1)
     with cpu_shim():
         meg = build_gpt_model(hf.config)
@@ -178,6 +222,7 @@ def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
     logp, entropy = actor.scorer(actor.model, batch, actor.temperature)
     loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
     loss.backward()
+    actor.clip_gradients(list(actor.model.parameters()), float("inf"))  # completes them, as in train_step
     grads = {n: p.grad for n, p in actor.model.named_parameters()}
     if isinstance(actor, MegatronActor):
         grads = megatron_to_hf(gathered(actor.model, grads), actor.hf_config)
@@ -201,6 +246,8 @@ def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: 
             from megatron.core import parallel_state
 
             parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+            qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
+            result["qwen3"] = read_and_differentiate(qwen3, first)
             actor: Actor = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
             result["first"] = read_and_differentiate(actor, first)
         else:
@@ -226,7 +273,8 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
     """Megatron with tensor parallelism 2 (two processes over gloo, vocabulary-parallel logits) against
     the FSDP actor's own functions on the same HF weights and batch: the same per-token log-probs and
     entropy, the same decoupled-PPO loss, the same gradient for every HF parameter (the untied output
-    layer is split over the vocabulary too; a tied model trains in tests/test_local_run.py). Then the
+    layer is split over the vocabulary too; a tied model trains in tests/test_local_run.py) — for
+    Qwen2 and for Qwen3, whose q/k norms each rank feeds only its own heads. Then the
     same two optimizer steps (AdamW, gradient clipping at 1.0, the decoupled-PPO loss) from the
     same weights on the same batches: the Megatron actor with tensor parallelism 2 sees the FSDP
     actor's gradient norms and ends at its weights. Each tensor-parallel rank checkpoints its pieces
@@ -241,18 +289,19 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
         runs[name] = torch.load(out)
     fsdp, megatron = runs["fsdp"], runs["megatron-tp2"]
 
-    hf = qwen2(tied=False)  # the reference: the FSDP actor's own functions on the HF model
-    first = random_batch(hf.config.vocab_size, seed=6, rows=6)
-    logp, entropy = token_logprobs_and_entropy(hf, first, temperature=0.7)
-    loss = ppo_loss(logp, logp.detach(), first.behav_logp, first.advantages, first.loss_mask, PPO).loss
-    loss.backward()
-    trained, got = first.loss_mask.bool(), megatron["first"]
-    assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
-    assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
-    assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
-    for name, param in hf.named_parameters():
-        assert param.grad is not None and param.grad.abs().max() > 0, name
-        assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
+    first = random_batch(qwen2().config.vocab_size, seed=6, rows=6)
+    for hf, got in ((qwen2(tied=False), megatron["first"]), (qwen3_qk_norm(tied=False), megatron["qwen3"])):
+        # the reference: the FSDP actor's own functions on the HF model
+        logp, entropy = token_logprobs_and_entropy(hf, first, temperature=0.7)
+        loss = ppo_loss(logp, logp.detach(), first.behav_logp, first.advantages, first.loss_mask, PPO).loss
+        loss.backward()
+        trained = first.loss_mask.bool()
+        assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
+        assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
+        assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
+        for name, param in hf.named_parameters():
+            assert param.grad is not None and param.grad.abs().max() > 0, name
+            assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
 
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)

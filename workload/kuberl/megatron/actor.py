@@ -4,6 +4,8 @@ parallelism. What differs is how the model is read and how the gradient norm is 
 
 - log-probs and entropy from vocabulary-parallel logits (:mod:`.logprobs`), the forward under
   :func:`.cpu.on_device` (the CPU shim on CPU, nothing on an accelerator);
+- Qwen3's q/k norms, whole on every rank but fed only its heads: their gradients summed over the
+  tensor-parallel ranks first (as Megatron's ``finalize_model_grads``);
 - the global gradient norm for clipping, ‖g‖² = all-reduce_TP(Σ_split ‖g_r‖²) + Σ_whole ‖g‖²: a split
   parameter's pieces are summed over the tensor-parallel ranks, a whole one (the norms, the same on
   every rank) is counted once; then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
@@ -32,7 +34,7 @@ from ..trainer.batch import Batch
 from ..trainer.sft import sft_warmup
 from .cpu import on_device
 from .logprobs import token_logprobs_and_entropy
-from .model import build_gpt_model, export_hf_state, load_hf_state
+from .model import build_gpt_model, export_hf_state, load_hf_state, sum_partial_gradients
 
 
 def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
@@ -44,9 +46,11 @@ def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch
 
 
 def clip_tensor_parallel_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip in place to the global norm over every tensor-parallel rank; returns that norm."""
+    """Complete the partial gradients (:func:`.model.sum_partial_gradients`), then clip in place to the
+    global norm over every tensor-parallel rank; returns that norm."""
     from megatron.core import parallel_state
 
+    sum_partial_gradients(params)
     grads = [p for p in params if p.grad is not None]
     split = [p.grad.float().pow(2).sum() for p in grads if getattr(p, "tensor_model_parallel", False)]
     whole = [p.grad.float().pow(2).sum() for p in grads if not getattr(p, "tensor_model_parallel", False)]

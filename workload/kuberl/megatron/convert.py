@@ -1,4 +1,4 @@
-"""Hugging Face Qwen2 / Llama checkpoints ↔ Megatron-core ``GPTModel`` (local layer spec). Pure torch.
+"""Hugging Face Qwen2 / Qwen3 / Llama checkpoints ↔ Megatron-core ``GPTModel`` (local layer spec). Pure torch.
 
 Names (layer ``i``; HF left, Megatron right)::
 
@@ -6,6 +6,7 @@ Names (layer ``i``; HF left, Megatron right)::
     model.layers.i.input_layernorm.weight         decoder.layers.i.input_layernorm.weight
     model.layers.i.self_attn.{q,k,v}_proj.*       decoder.layers.i.self_attention.linear_qkv.*   (fused)
     model.layers.i.self_attn.o_proj.weight        decoder.layers.i.self_attention.linear_proj.weight
+    model.layers.i.self_attn.{q,k}_norm.weight    decoder.layers.i.self_attention.{q,k}_layernorm.weight (Qwen3)
     model.layers.i.post_attention_layernorm.weight decoder.layers.i.pre_mlp_layernorm.weight
     model.layers.i.mlp.{gate,up}_proj.weight      decoder.layers.i.mlp.linear_fc1.weight         (fused)
     model.layers.i.mlp.down_proj.weight           decoder.layers.i.mlp.linear_fc2.weight
@@ -19,6 +20,17 @@ Fused layouts, along dim 0:
   tensor-parallel ranks by whole groups.
 - ``linear_fc1`` = [gate; up]: Megatron's gated unit computes ``silu(x₀) · x₁`` on the two halves,
   HF's MLP ``silu(gate(x)) · up(x)``.
+
+Qwen3's per-head RMSNorm of queries and keys (``head_dim`` weights each, applied before the rotary
+embedding) is Megatron's ``qk_layernorm``; Qwen3 has no q/k/v bias, Qwen2 has one.
+
+Qwen3-MoE (every layer a mixture of experts, no shared expert)::
+
+    model.layers.i.mlp.gate.weight                decoder.layers.i.mlp.router.weight
+    model.layers.i.mlp.experts.gate_up_proj[j]    decoder.layers.i.mlp.experts.local_experts.j.linear_fc1.weight
+    model.layers.i.mlp.experts.down_proj[j]       decoder.layers.i.mlp.experts.local_experts.j.linear_fc2.weight
+
+(transformers keeps each layer's experts stacked; ``[gate; up]`` rows as in ``linear_fc1``.)
 """
 
 from __future__ import annotations
@@ -33,11 +45,36 @@ _RENAMES = {  # per layer, HF suffix → Megatron suffix, for the tensors that m
     "input_layernorm.weight": "input_layernorm.weight",
     "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
     "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
-    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
 }
+_DENSE = {"mlp.down_proj.weight": "mlp.linear_fc2.weight"}
+_ROUTER = {"mlp.gate.weight": "mlp.router.weight"}
+_QK_NORM = {"self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
+            "self_attn.k_norm.weight": "self_attention.k_layernorm.weight"}
+_EXPERT = re.compile(r"mlp\.experts\.local_experts\.(\d+)\.linear_fc([12])\.weight")
 _GLOBAL = {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
            "model.norm.weight": "decoder.final_layernorm.weight",
            "lm_head.weight": "output_layer.weight"}  # fmt: skip
+
+
+def has_qk_norm(hf_config: Any) -> bool:
+    """Qwen3 normalises each query and key head (``q_norm`` / ``k_norm``)."""
+    return str(getattr(hf_config, "model_type", "")).startswith("qwen3")
+
+
+def experts(hf_config: Any) -> int:
+    """Routed experts per layer (Qwen3-MoE: every layer sparse), 0 for a dense model."""
+    count = int(getattr(hf_config, "num_experts", 0) or 0)
+    if count and (getattr(hf_config, "mlp_only_layers", None) or getattr(hf_config, "decoder_sparse_step", 1) != 1):
+        raise ValueError("mlp_only_layers / decoder_sparse_step: only models whose every layer is a mixture of "
+                         "experts are converted")
+    if count and getattr(hf_config, "shared_expert_intermediate_size", 0):
+        raise ValueError("shared_expert_intermediate_size: shared experts are not converted")
+    return count
+
+
+def _renames(hf_config: Any) -> dict[str, str]:
+    """Per layer, HF suffix → Megatron suffix, for the tensors that map one to one in this model."""
+    return {**_RENAMES, **(_ROUTER if experts(hf_config) else _DENSE), **(_QK_NORM if has_qk_norm(hf_config) else {})}
 
 
 @dataclass(frozen=True)
@@ -85,7 +122,7 @@ def hf_to_megatron(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
             out[meg_name] = state[hf_name]
     for i in range(hf_config.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for hf_suffix, meg_suffix in _RENAMES.items():
+        for hf_suffix, meg_suffix in _renames(hf_config).items():
             out[dst + meg_suffix] = state[src + hf_suffix]
         for kind in ("weight", "bias"):
             parts = [state.get(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
@@ -93,8 +130,14 @@ def hf_to_megatron(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
                 out[f"{dst}self_attention.linear_qkv.{kind}"] = fuse_qkv(*parts, shape)  # type: ignore[arg-type]
             elif any(t is not None for t in parts):
                 raise ValueError(f"layer {i}: q/k/v_proj.{kind} must be all present or all absent")
-        out[f"{dst}mlp.linear_fc1.weight"] = torch.cat([state[f"{src}mlp.gate_proj.weight"],
-                                                        state[f"{src}mlp.up_proj.weight"]])  # fmt: skip
+        if experts(hf_config):  # HF stacks them: gate_up_proj [E, 2I, H] ([gate; up] rows), down_proj [E, H, I]
+            for j, (fc1, fc2) in enumerate(zip(state[f"{src}mlp.experts.gate_up_proj"],
+                                               state[f"{src}mlp.experts.down_proj"], strict=True)):  # fmt: skip
+                out[f"{dst}mlp.experts.local_experts.{j}.linear_fc1.weight"] = fc1
+                out[f"{dst}mlp.experts.local_experts.{j}.linear_fc2.weight"] = fc2
+        else:
+            out[f"{dst}mlp.linear_fc1.weight"] = torch.cat([state[f"{src}mlp.gate_proj.weight"],
+                                                            state[f"{src}mlp.up_proj.weight"]])  # fmt: skip
     return out
 
 
@@ -106,8 +149,9 @@ def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
     ``lm_head.weight`` as the embedding again, as HF's state dict has it."""
     shape = AttentionShape.of(hf_config)
     back_global = {v: k for k, v in _GLOBAL.items()}
-    back_layer = {v: k for k, v in _RENAMES.items()}
+    back_layer = {v: k for k, v in _renames(hf_config).items()}
     out: dict[str, torch.Tensor] = {}
+    expert_pieces: dict[tuple[str, str], dict[int, torch.Tensor]] = {}  # (layer prefix, fc1|fc2) → expert → tensor
     for name, tensor in state.items():
         if name.endswith("._extra_state"):
             continue
@@ -127,27 +171,53 @@ def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
         elif suffix == "mlp.linear_fc1.weight":
             gate, up = tensor.chunk(2)
             out[prefix + "mlp.gate_proj.weight"], out[prefix + "mlp.up_proj.weight"] = gate, up
+        elif (expert := _EXPERT.fullmatch(suffix)) is not None:
+            expert_pieces.setdefault((prefix, expert[2]), {})[int(expert[1])] = tensor
         else:
             raise ValueError(f"unexpected Megatron parameter {name!r}")
+    for (prefix, fc), pieces in expert_pieces.items():
+        if sorted(pieces) != list(range(len(pieces))):
+            raise ValueError(f"{prefix}: experts {sorted(pieces)} are not 0..{len(pieces) - 1}")
+        stacked = torch.stack([pieces[j] for j in range(len(pieces))])
+        out[prefix + ("mlp.experts.gate_up_proj" if fc == "1" else "mlp.experts.down_proj")] = stacked
     if getattr(hf_config, "tie_word_embeddings", False):
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 
 
 def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
-    """Megatron ``TransformerConfig`` arguments for a Qwen2 / Llama HF config (float32, CPU init)."""
+    """Megatron ``TransformerConfig`` arguments for a Qwen2 / Qwen3 / Llama HF config (float32, CPU init)."""
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf_config.hidden_act!r}: only silu (gated) MLPs are converted")
     shape = AttentionShape.of(hf_config)
     return {
+        **_moe_kwargs(hf_config),
         "num_layers": hf_config.num_hidden_layers, "hidden_size": hf_config.hidden_size,
         "num_attention_heads": shape.heads, "num_query_groups": shape.groups, "kv_channels": shape.head_dim,
         "ffn_hidden_size": hf_config.intermediate_size, "gated_linear_unit": True,
         "activation_func": torch.nn.functional.silu, "normalization": "RMSNorm",
         "layernorm_epsilon": hf_config.rms_norm_eps, "add_bias_linear": False,
-        "add_qkv_bias": hf_config.model_type == "qwen2", "use_cpu_initialization": True,
+        "add_qkv_bias": hf_config.model_type == "qwen2", "qk_layernorm": has_qk_norm(hf_config),
+        "use_cpu_initialization": True,
         "params_dtype": torch.float32, "bf16": False,
         # the HF models have no dropout after attention or MLP; Megatron's default of 0.1 would
         # train a different (noisier) policy than the engines sample from
         "hidden_dropout": 0.0, "attention_dropout": float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
     }  # fmt: skip
+
+
+def _moe_kwargs(hf_config: Any) -> dict[str, Any]:
+    """The router and experts of a Qwen3-MoE config. HF routes each token to the top-k of
+    softmax(router logits), renormalised over those k when ``norm_topk_prob``: Megatron's softmax
+    over the top-k logits (``moe_router_pre_softmax=False``) is the same; without renormalisation it
+    is Megatron's softmax first (``pre_softmax=True``). No load-balancing loss (RL trains the policy
+    the engines sample, and HF's forward adds none either). Tokens are exchanged by all-gather
+    (megatron-core 0.16's all-to-all dispatcher needs CUDA streams)."""
+    count = experts(hf_config)
+    if not count:
+        return {}
+    return {"num_moe_experts": count, "moe_router_topk": hf_config.num_experts_per_tok,
+            "moe_ffn_hidden_size": hf_config.moe_intermediate_size,
+            "moe_router_pre_softmax": not bool(getattr(hf_config, "norm_topk_prob", False)),
+            "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0,
+            "moe_token_dispatcher_type": "allgather"}  # fmt: skip

@@ -16,6 +16,8 @@ import torch
 from .convert import hf_to_megatron, megatron_to_hf, transformer_config_kwargs
 from .tensor_parallel import shard, split_of, unshard
 
+PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+
 
 def _tensor_parallel() -> tuple[int, int, Any]:
     from megatron.core import parallel_state
@@ -34,12 +36,46 @@ def build_gpt_model(hf_config: Any, seed: int = 0) -> Any:
 
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     config = TransformerConfig(**transformer_config_kwargs(hf_config))
-    return GPTModel(
-        config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf_config.vocab_size,
+    if config.num_moe_experts:
+        _router_without_transformer_engine()
+    model = GPTModel(
+        config, get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+                                         normalization="RMSNorm", qk_layernorm=config.qk_layernorm),
+        vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
         rotary_base=int(getattr(hf_config, "rope_theta", None) or hf_config.rope_parameters["rope_theta"]),
         share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
     )  # fmt: skip
+    for name, param in model.named_parameters():
+        if name.endswith(PARTIAL_GRADIENT_SUFFIXES):
+            param.partial_gradient = True
+    return model
+
+
+def _router_without_transformer_engine() -> None:
+    """megatron-core 0.16.1's MoE router tests ``te_general_gemm``, a name its module defines only when
+    Transformer Engine imports: without TE (CPU, images without it) that is a NameError. None selects
+    its torch GEMM, as the module means to."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def sum_partial_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Sum, over the tensor-parallel ranks, the gradients of the parameters marked ``partial_gradient``
+    (as Megatron's ``finalize_model_grads`` does): every rank holds them whole but feeds them only its
+    own attention heads, so each rank's gradient is a part of the whole."""
+    import torch.distributed as dist
+
+    _, size, group = _tensor_parallel()
+    grads = [p.grad for p in params if getattr(p, "partial_gradient", False) and p.grad is not None]
+    if size == 1 or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        grad.copy_(summed.view_as(grad))
 
 
 def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) -> None:
