@@ -14,8 +14,10 @@ faults, one every few seconds, cycling through the kinds:
   ``KUBERL_FAULT_INJECTION=signals``);
 - ``trainer-kill``: SIGKILL one trainer rank (the gang restarts from its newest checkpoint).
 
-Each fault waits until the trainer has trained past the step where the previous one found it, so every
-fault hits a run that is training.
+Each fault waits until every replica is back in the exchange group since the previous fault ended and
+the trainer has trained past the step where that fault found it, so every fault hits a whole run
+that is training (two faults at once — a replica hung while the other restarts — leave no replica to
+generate, which no containment can hide).
 
 Then the run trains to its last step. Read back: the prompt audit (``prompts.jsonl``: the prompts
 of every trained step, one line per step as trained; a restarted gang writes the steps after its
@@ -59,6 +61,9 @@ LASTING = ("replica-hang", "replica-500")  # faults that last a while, then end
 DOOR_READY_SECONDS = 30.0  # a replica this old has its fault door (SIGUSR1 before it would end the process)
 STALL_WINDOW = 10.0  # seconds after a replica fault ends in which a gap between steps counts as its stall
 STEP_LINE = re.compile(r"^(\S+ \S+) trainer INFO step (\d+)/\d+ ", re.MULTILINE)
+GROUP_LINE = re.compile(r"^(\S+ \S+) trainer INFO p2p weight exchange \(group \d+\): \d+ trainer ranks → (\d+) "
+                        r"replicas", re.MULTILINE)
+REPLICAS = 2
 RESUMED_LINE = re.compile(r"resumed from the checkpoint of step (\d+)")
 
 
@@ -126,6 +131,22 @@ def last_step(work: Path) -> int:
     return times[-1][1] if times else 0
 
 
+def whole_pool_since(work: Path, since: float, replicas: int) -> bool:
+    """Rank 0 formed a p2p exchange group with all ``replicas`` after wall time ``since``: every replica
+    is back in rotation with the newest weights."""
+    text = (work / "trainer-0.log").read_text(errors="replace") if (work / "trainer-0.log").exists() else ""
+    return any(datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() > since and int(n) == replicas
+               for t, n in GROUP_LINE.findall(text))  # fmt: skip
+
+
+def wait_for_whole_pool(work: Path, proc: subprocess.Popen[bytes], since: float, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not whole_pool_since(work, since, REPLICAS) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the pool was not whole again within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def wait_for_training(work: Path, proc: subprocess.Popen[bytes], after_step: int = 0, timeout: float = 600) -> None:
     """Until rank 0 logs a step past ``after_step`` (or the run ends)."""
     deadline = time.monotonic() + timeout
@@ -159,6 +180,7 @@ def inject(fault: Fault, work: Path, rng: random.Random) -> dict[str, Any]:
         event["fault_seconds"] = round(fault.seconds, 1)
     else:
         os.kill(pid, signal.SIGKILL)
+    event["ended"] = time.time()
     log(f"  {fault.kind} pid {pid} at step {event['step']}")
     return event
 
@@ -177,19 +199,20 @@ def costs(events: list[dict[str, Any]], trainer_log: str) -> dict[str, Any]:
     resumed = [int(s) for s in RESUMED_LINE.findall(trainer_log)]
     kills = [e for e in events if e["kind"] == "trainer-kill"]
     lost = [e["step"] - r for e, r in zip(kills, resumed, strict=False)]
-    stalls = []
-    for e in (e for e in events if e["kind"] != "trainer-kill"):
-        stalls.append(max(0.0, longest_gap(steps, e["time"], e["time"] + e.get("fault_seconds", 0) + STALL_WINDOW)
-                          - median_step) / median_step)  # fmt: skip
+    stalls = [{"kind": e["kind"], "step": e["step"], "stall_steps": round(max(0.0, longest_gap(
+        steps, e["time"], e["time"] + e.get("fault_seconds", 0) + STALL_WINDOW) - median_step) / median_step, 2)}
+        for e in events if e["kind"] != "trainer-kill"]  # fmt: skip
+    values = [s["stall_steps"] for s in stalls]
     return {"median_step_seconds": round(median_step, 3), "steps_lost_per_trainer_fault": lost,
-            "max_stall_steps_per_replica_fault": round(max(stalls), 2) if stalls else None,
-            "mean_stall_steps_per_replica_fault": round(statistics.fmean(stalls), 2) if stalls else None}
+            "max_stall_steps_per_replica_fault": max(values, default=None),
+            "mean_stall_steps_per_replica_fault": round(statistics.fmean(values), 2) if values else None,
+            "stall_per_replica_fault": stalls}
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "-q",
                "--max-steps", str(args.steps), "--workdir", str(work), "--summary", str(work / "run-summary.json"),
-               "--set", "inference.replicas=2", "--set", "trainer.acceleratorsPerNode=2",
+               "--set", f"inference.replicas={REPLICAS}", "--set", "trainer.acceleratorsPerNode=2",
                "--set", "checkpoint.everySteps=5", "--set", "trainer.backoffLimit=1000"]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, ENV_FAULT_INJECTION: "signals"})  # the replicas' door for 500s
@@ -199,8 +222,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         time.sleep(fault.after_seconds)
         if proc.poll() is not None:
             break
-        # every fault hits a training run: the gang is past where the previous fault found it (after a
-        # trainer kill: restarted and caught up), so a replica fault's stall is its own
+        # every fault hits a whole, training run: every replica is back in the exchange group since the
+        # previous fault ended, and the gang is past where that fault found it (after a trainer kill:
+        # restarted and caught up), so a fault's stall is its own
+        wait_for_whole_pool(work, proc, since=events[-1]["ended"] if events else 0.0)
         wait_for_training(work, proc, after_step=max([e["step"] for e in events] + [0]))
         if proc.poll() is not None:
             log(f"  the run ended after {len(events)} faults: give it more --steps")
