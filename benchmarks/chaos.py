@@ -25,11 +25,11 @@ checkpoint again, and the last line of a step is the one the final weights desce
 summary's prompt ledger. Reported: prompts trained twice (in two surviving steps), prompts skipped
 (handed out, never trained, not pending), steps lost per trainer fault (the step at the kill − the
 checkpoint resumed from), the stall a replica fault causes (the longest time between two trained
-steps from the fault until ``STALL_WINDOW`` s after it ended, less the run's median step, in median
-steps: 0 when the trainer never noticed), gang restarts not caused by a trainer kill, and the reward
-curve.
+steps that ends after the fault began and before the next one, and begins by ``STALL_WINDOW`` s after
+it ended; less the run's median step, in median steps: 0 when the trainer never noticed), gang restarts not caused by a
+trainer kill, and the reward curve.
 
-    python benchmarks/chaos.py [--faults 40] [--seed 0] [--steps 800] [--kinds KIND …] [--workdir DIR]
+    python benchmarks/chaos.py [--faults 40] [--seed 0] [--steps 3000] [--kinds KIND …] [--workdir DIR]
 
 Progress goes to stderr; the last stdout line is the JSON result (also written to ``--out``).
 """
@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("replica-kill", "replica-hang", "replica-500", "trainer-kill")
 LASTING = ("replica-hang", "replica-500")  # faults that last a while, then end
 DOOR_READY_SECONDS = 30.0  # a replica this old has its fault door (SIGUSR1 before it would end the process)
-STALL_WINDOW = 10.0  # seconds after a replica fault ends in which a gap between steps counts as its stall
+STALL_WINDOW = 10.0  # seconds after a replica fault ends (and before the next begins) in which a gap counts
 STEP_LINE = re.compile(r"^(\S+ \S+) trainer INFO step (\d+)/\d+ ", re.MULTILINE)
 GROUP_LINE = re.compile(r"^(\S+ \S+) trainer INFO p2p weight exchange \(group \d+\): \d+ trainer ranks → (\d+) "
                         r"replicas", re.MULTILINE)
@@ -79,9 +79,9 @@ class Fault:
 
 
 def schedule(seed: int, count: int, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
-    """``count`` faults cycling through ``kinds``, a seeded 3–8 s apart (hangs and 500s last 12–20 s)."""
+    """``count`` faults cycling through ``kinds``, a seeded 1–4 s apart (hangs and 500s last 12–20 s)."""
     rng = random.Random(seed)
-    return [Fault(kinds[i % len(kinds)], rng.uniform(3, 8), rng.uniform(12, 20) if kinds[i % len(kinds)]
+    return [Fault(kinds[i % len(kinds)], rng.uniform(1, 4), rng.uniform(12, 20) if kinds[i % len(kinds)]
                   in LASTING else 0.0) for i in range(count)]  # fmt: skip
 
 
@@ -185,10 +185,11 @@ def inject(fault: Fault, work: Path, rng: random.Random) -> dict[str, Any]:
     return event
 
 
-def longest_gap(steps: list[tuple[float, int]], start: float, end: float) -> float:
-    """The longest time between two consecutive trained steps that overlaps [start, end]."""
+def longest_gap(steps: list[tuple[float, int]], start: float, until: float, end_by: float) -> float:
+    """The longest time between two consecutive trained steps that ends after ``start``, begins by
+    ``until`` and ends by ``end_by`` (the next fault: a gap it causes is its own)."""
     times = [t for t, _ in steps]
-    gaps = [b - a for a, b in itertools.pairwise(times) if b >= start and a <= end]
+    gaps = [b - a for a, b in itertools.pairwise(times) if start < b <= end_by and a <= until]
     return max(gaps, default=0.0)
 
 
@@ -200,13 +201,26 @@ def costs(events: list[dict[str, Any]], trainer_log: str) -> dict[str, Any]:
     kills = [e for e in events if e["kind"] == "trainer-kill"]
     lost = [e["step"] - r for e, r in zip(kills, resumed, strict=False)]
     stalls = [{"kind": e["kind"], "step": e["step"], "stall_steps": round(max(0.0, longest_gap(
-        steps, e["time"], e["time"] + e.get("fault_seconds", 0) + STALL_WINDOW) - median_step) / median_step, 2)}
-        for e in events if e["kind"] != "trainer-kill"]  # fmt: skip
+        steps, e["time"], e["ended"] + STALL_WINDOW, after["time"] if after else float("inf"))
+        - median_step) / median_step, 2)}
+        for e, after in zip(events, [*events[1:], None], strict=True) if e["kind"] != "trainer-kill"]  # fmt: skip
     values = [s["stall_steps"] for s in stalls]
+    quiet = baseline_stalls(steps, events[-1]["ended"] + 3 * STALL_WINDOW if events else 0.0, median_step)
     return {"median_step_seconds": round(median_step, 3), "steps_lost_per_trainer_fault": lost,
             "max_stall_steps_per_replica_fault": max(values, default=None),
             "mean_stall_steps_per_replica_fault": round(statistics.fmean(values), 2) if values else None,
-            "stall_per_replica_fault": stalls}
+            "stall_per_replica_fault": stalls,
+            "fault_free_stall_steps_mean": round(statistics.fmean(quiet), 2) if quiet else None,
+            "fault_free_stall_steps_max": round(max(quiet), 2) if quiet else None}
+
+
+def baseline_stalls(steps: list[tuple[float, int]], after: float, median_step: float) -> list[float]:
+    """The same measure on fault-free stretches (after wall time ``after``: the run's end, no faults): one
+    window of a lasting fault plus ``STALL_WINDOW`` every 20 steps. What a run's own variation gives
+    (checkpoint steps are longer), to read a fault's stall against."""
+    quiet = [(t, s) for t, s in steps if t > after]
+    return [max(0.0, longest_gap(quiet, quiet[i][0], quiet[i][0] + 16 + STALL_WINDOW, float("inf")) - median_step)
+            / median_step for i in range(0, len(quiet) - 1, 20)]  # fmt: skip
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -250,6 +264,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "reward_last10": round(statistics.fmean(curve[-10:]), 3),
         "reward_gain": round(statistics.fmean(curve[-10:]) - statistics.fmean(curve[:10]), 3),
         "reward_curve_every_10": [round(statistics.fmean(curve[i:i + 10]), 3) for i in range(0, len(curve), 10)],
+        "events": events,
     }
 
 
@@ -257,7 +272,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to cycle through")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/chaos.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the run's logs here (default: a temp dir)")
