@@ -163,17 +163,14 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
         assert len(pids) == 1, pids
         os.kill(pids[0], signal.SIGKILL)
 
-    def wait_for(path: Path, text: str, after: int = 0) -> None:
-        _wait_for_log(proc, path, text, after)
-
     try:
-        wait_for(work / "trainer-0.log", "step 3/30")
+        _wait_for_log(proc, work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
         kill("inference")
-        wait_for(work / "trainer-0.log", "is back with the newest weights", after=trainer_log)
-        wait_for(work / "inference-0.log", "loaded weights version", after=replica_log)  # the replacement
-        wait_for(work / "trainer-0.log", "checkpoint step 20")
+        _wait_for_log(proc, work / "trainer-0.log", "is back with the newest weights", after=trainer_log)
+        _wait_for_log(proc, work / "inference-0.log", "loaded weights version", after=replica_log)  # the replacement
+        _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 20")
         kill("trainer")
         _, stderr = proc.communicate(timeout=300)
     finally:  # a failed assertion must not leave the run (and its children) behind

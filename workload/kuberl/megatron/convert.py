@@ -116,13 +116,14 @@ def hf_to_megatron(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
     """A full HF state dict → the Megatron-core GPTModel state dict (tied ``lm_head`` dropped)."""
     shape = AttentionShape.of(hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    renames, moe = _renames(hf_config), bool(experts(hf_config))
     out: dict[str, torch.Tensor] = {}
     for hf_name, meg_name in _GLOBAL.items():
         if hf_name in state and not (tied and hf_name == "lm_head.weight"):
             out[meg_name] = state[hf_name]
     for i in range(hf_config.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for hf_suffix, meg_suffix in _renames(hf_config).items():
+        for hf_suffix, meg_suffix in renames.items():
             out[dst + meg_suffix] = state[src + hf_suffix]
         for kind in ("weight", "bias"):
             parts = [state.get(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
@@ -130,7 +131,7 @@ def hf_to_megatron(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
                 out[f"{dst}self_attention.linear_qkv.{kind}"] = fuse_qkv(*parts, shape)  # type: ignore[arg-type]
             elif any(t is not None for t in parts):
                 raise ValueError(f"layer {i}: q/k/v_proj.{kind} must be all present or all absent")
-        if experts(hf_config):  # HF stacks them: gate_up_proj [E, 2I, H] ([gate; up] rows), down_proj [E, H, I]
+        if moe:  # HF stacks them: gate_up_proj [E, 2I, H] ([gate; up] rows), down_proj [E, H, I]
             for j, (fc1, fc2) in enumerate(zip(state[f"{src}mlp.experts.gate_up_proj"],
                                                state[f"{src}mlp.experts.down_proj"], strict=True)):  # fmt: skip
                 out[f"{dst}mlp.experts.local_experts.{j}.linear_fc1.weight"] = fc1

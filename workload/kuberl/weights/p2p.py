@@ -142,8 +142,7 @@ class P2PSync:
             log.info("p2p weight exchange: the replicas changed; group %d is re-formed", self.generation + 1)
             self._retire_group()
         if self._pg is None and not self._set_up(source):
-            self.fallback.push(source, version)
-            self._broadcast = version
+            self._push_by_broadcast(source, version)
             return
         # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
         snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
@@ -220,5 +219,9 @@ class P2PSync:
     def _fall_back(self, source: WeightSource, version: int) -> None:
         log.warning("version %d goes by broadcast; the p2p group is re-formed at the next push", version)
         self._retire_group()
+        self._push_by_broadcast(source, version)
+
+    def _push_by_broadcast(self, source: WeightSource, version: int) -> None:
+        """``version`` the whole-state way; the pool client keeps it for replicas that come back (``recover``)."""
         self.fallback.push(source, version)
         self._broadcast = version
