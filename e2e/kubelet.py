@@ -31,6 +31,7 @@ Needs root (mount namespaces); the test skips with that reason elsewhere.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hashlib
 import json
@@ -428,10 +429,21 @@ class Kubelet:
                 self.stop(run)
 
 
-def main() -> None:
-    from kubernetes import config
+class BlockingKube:
+    """The operator's async client for this synchronous loop: each call runs on a loop of its own."""
 
-    from kuberl_operator.kube import PLURALS, Kube
+    def __init__(self, kube: Any):
+        self._kube, self._loop = kube, asyncio.new_event_loop()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._kube, name)
+        return lambda *args, **kwargs: self._loop.run_until_complete(method(*args, **kwargs))
+
+
+def main() -> None:
+    import kopf
+
+    from kuberl_operator.kube import PLURALS, Kube, login
 
     PLURALS.setdefault("Secret", "secrets")  # a kubelet reads Secrets for env; the operator never does
 
@@ -441,7 +453,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, required=True)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    kube = Kube(config.new_client_from_config(config_file=args.kubeconfig))
+    os.environ["KUBECONFIG"] = args.kubeconfig  # where kopf's login reads it
+    settings = kopf.OperatorSettings()
+    kube = BlockingKube(Kube(lambda: login(settings)))
     Kubelet(kube, args.node, args.workdir, Path(sys.executable).parent).run_forever()
 
 

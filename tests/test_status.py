@@ -239,7 +239,7 @@ def test_retries_of_objects_that_failed_together_spread_out_between_half_and_the
     assert backoff.succeeded(key) and not backoff.succeeded(key)
 
 
-def test_the_api_rate_limit_lets_a_burst_through_then_qps_whatever_the_clock_reads():
+async def test_the_api_rate_limit_lets_a_burst_through_then_qps_whatever_the_clock_reads():
     """A token bucket on a fake clock that starts at a large reading (a host up for days) and at 0
     (one booted a moment ago): the first ``burst`` calls go at once, the rest at ``qps`` a second, and
     no one-second window ever holds more than burst + qps calls."""
@@ -251,33 +251,35 @@ def test_the_api_rate_limit_lets_a_burst_through_then_qps_whatever_the_clock_rea
         def clock(now: list[float] = now) -> float:
             return now[0]
 
-        def sleep(seconds: float, now: list[float] = now) -> None:
+        async def sleep(seconds: float, now: list[float] = now) -> None:
             now[0] += seconds
 
         limit = RateLimit(qps=10, burst=5, clock=clock, sleep=sleep)
         sent = []
         for _ in range(45):
-            limit.acquire()
+            await limit.acquire()
             sent.append(now[0] - start)
         assert sent[:5] == [0.0] * 5 and sent[-1] == pytest.approx(4.0)  # 40 more at 10 a second
         assert max(sum(1 for t in sent if a <= t < a + 1) for a in sent) <= 5 + 10
         now[0] += 100  # idle: the bucket refills to burst, not beyond
-        waits = [limit.acquire() for _ in range(6)]
+        waits = [await limit.acquire() for _ in range(6)]
         assert waits[:5] == [0.0] * 5 and waits[5] == pytest.approx(0.1)
 
 
-def test_the_api_rate_limit_holds_across_threads():
-    import threading
+async def test_the_api_rate_limit_holds_across_concurrent_syncs():
+    """Five syncs calling at once share one bucket: 50 calls at 200 a second after a burst of 1."""
+    import asyncio
     import time
 
     from kuberl_operator.ratelimit import RateLimit
 
     limit, started = RateLimit(qps=200, burst=1), time.perf_counter()
-    threads = [threading.Thread(target=lambda: [limit.acquire() for _ in range(10)]) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+
+    async def sync() -> None:
+        for _ in range(10):
+            await limit.acquire()
+
+    await asyncio.gather(*(sync() for _ in range(5)))
     assert time.perf_counter() - started >= 49 / 200 * 0.95  # 50 calls: 1 at once, 49 at 200 a second
 
 

@@ -18,15 +18,14 @@ would need list on every Secret of the namespace): a Secret read is remembered f
 
 from __future__ import annotations
 
-import copy
+import contextvars
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from kubernetes.client import ApiClient
-
-from .kube import Kube, Manifest
+from .kube import DEFAULT_MAX_IN_FLIGHT, Credentials, Kube, Manifest
 from .ratelimit import RateLimit
 
 Key = tuple[str, str | None, str]  # kind, namespace, name
@@ -40,6 +39,16 @@ def _key(obj: Manifest) -> Key:
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
+def json_copy(value: Any) -> Any:
+    """A copy of a JSON-shaped value (dicts, lists, scalars): what ``copy.deepcopy`` returns for one,
+    about three times faster (no memo, no dispatch on type) — the cache copies every object it hands out."""
+    if type(value) is dict:
+        return {k: json_copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [json_copy(v) for v in value]
+    return value
+
+
 def slim(obj: Manifest) -> Manifest:
     """What the operator reads of ``obj`` (a copy): no managedFields or kubectl's last-applied copy
     of the spec, and of a pod only its node (reconcile reads a pod's metadata and status; it never
@@ -50,7 +59,7 @@ def slim(obj: Manifest) -> Manifest:
     out = {**obj, "metadata": meta}
     if obj.get("kind") == "Pod":
         out["spec"] = {k: v for k, v in (obj.get("spec") or {}).items() if k == "nodeName"}
-    return copy.deepcopy(out)
+    return json_copy(out)
 
 
 def _newer_or_same(held: Manifest, incoming: Manifest) -> bool:
@@ -59,6 +68,10 @@ def _newer_or_same(held: Manifest, incoming: Manifest) -> bool:
     if isinstance(a, str) and isinstance(b, str) and a.isdigit() and b.isdigit():
         return int(b) >= int(a)
     return True
+
+
+WRITTEN: contextvars.ContextVar[list[Key] | None] = contextvars.ContextVar("kuberl_written", default=None)
+"""The objects the running sync wrote (created or patched), in order; None outside a sync."""
 
 
 class ObjectCache:
@@ -121,7 +134,7 @@ class ObjectCache:
     def get(self, kind: str, namespace: str | None, name: str) -> Manifest | None:
         with self._lock:
             obj = self._current((kind, namespace, name))
-        return copy.deepcopy(obj) if obj is not None else None  # a held object is replaced, never changed
+        return json_copy(obj) if obj is not None else None  # a held object is replaced, never changed
 
     def list(self, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
         """Objects of ``kind`` in ``namespace`` whose labels include every pair of ``selector``."""
@@ -130,7 +143,7 @@ class ObjectCache:
             names = set.intersection(*sets) if sets else {n for (k, ns, n) in self._objects
                                                            if k == kind and ns == namespace}
             found = [self._current((kind, namespace, n)) for n in sorted(names)]
-        return [copy.deepcopy(obj) for obj in found if obj is not None]
+        return [json_copy(obj) for obj in found if obj is not None]
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -139,51 +152,57 @@ class ObjectCache:
 class CachedKube(Kube):
     """``Kube`` reading the ``cached`` kinds from an ``ObjectCache`` (see the module doc)."""
 
-    def __init__(self, client: ApiClient, cache: ObjectCache, cached: Iterable[str], timeout: float = 30.0,
-                 limit: RateLimit | None = None, secret_seconds: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
-        super().__init__(client, timeout, limit)
+    def __init__(self, credentials: Credentials, cache: ObjectCache, cached: Iterable[str], timeout: float = 30.0,
+                 limit: RateLimit | None = None, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 secret_seconds: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__(credentials, timeout, limit, max_in_flight)
         self.cache, self.cached = cache, frozenset(cached)
         self._secrets: dict[Key, tuple[float, Manifest | None]] = {}
         self._secret_seconds, self._clock = secret_seconds, clock
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
         if kind in self.cached:
             return self.cache.get(kind, namespace, name)
         if kind == "Secret":
             held = self._secrets.get((kind, namespace, name))
             if held is not None and self._clock() - held[0] < self._secret_seconds:
-                return copy.deepcopy(held[1])
-            secret = super().get(api_version, kind, namespace, name)
-            self._secrets[(kind, namespace, name)] = (self._clock(), copy.deepcopy(secret))
+                return json_copy(held[1])
+            secret = await super().get(api_version, kind, namespace, name)
+            self._secrets[(kind, namespace, name)] = (self._clock(), json_copy(secret))
             return secret
-        return super().get(api_version, kind, namespace, name)
+        return await super().get(api_version, kind, namespace, name)
 
-    def list(self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
+    async def list(self, api_version: str, kind: str, namespace: str | None,
+                   selector: dict[str, str]) -> list[Manifest]:
         if kind in self.cached:
             return self.cache.list(kind, namespace, selector)
-        return super().list(api_version, kind, namespace, selector)
+        return await super().list(api_version, kind, namespace, selector)
 
-    def _remember(self, obj: Manifest, quiet: bool = False) -> None:
+    def _remember(self, obj: Manifest) -> None:
+        """A write's result: held as news nobody needs to hear again (its watch echo triggers nothing)
+        and added to the running sync's ``WRITTEN`` list (the syncs it calls for: ``handlers``)."""
         if obj.get("kind") in self.cached:
-            self.cache.observe(obj, quiet)
+            self.cache.observe(obj, quiet=True)
         elif obj.get("kind") == "Secret":
-            self._secrets[_key(obj)] = (self._clock(), copy.deepcopy(obj))
+            self._secrets[_key(obj)] = (self._clock(), json_copy(obj))
+        written = WRITTEN.get()
+        if written is not None:
+            written.append(_key(obj))
 
-    def create(self, obj: Manifest) -> Manifest:
-        created = super().create(obj)
+    async def create(self, obj: Manifest) -> Manifest:
+        created = await super().create(obj)
         self._remember(created)
         return created
 
-    def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,
-              subresource: str | None = None) -> Manifest:
-        patched = super().patch(api_version, kind, namespace, name, patch, subresource)
-        self._remember(patched, quiet=subresource == "status" or kind == "Pod")
+    async def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,
+                    subresource: str | None = None) -> Manifest:
+        patched = await super().patch(api_version, kind, namespace, name, patch, subresource)
+        self._remember(patched)
         return patched
 
-    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
         """Delete; the cached object is marked terminating until its watch says it is gone."""
-        deleted = super().delete(api_version, kind, namespace, name)
+        deleted = await super().delete(api_version, kind, namespace, name)
         if kind == "Secret":
             self._secrets.pop((kind, namespace, name), None)
         held = self.cache.get(kind, namespace, name) if kind in self.cached else None

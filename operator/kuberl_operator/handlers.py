@@ -17,18 +17,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
-from kubernetes import config as kube_config
-from kubernetes.client import ApiClient
 
 from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY, PREFIX, ROLE_TRAINER
 
-from . import progress, reconcile
-from .cache import CachedKube, ObjectCache
+from . import kube, progress, reconcile
+from .cache import WRITTEN, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify
@@ -52,22 +50,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
                     trainer_pod_ips: kopf.Index[tuple[str, str], str], **_: Any) -> None:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = RESYNC_SECONDS
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    try:
-        kube_config.load_incluster_config()
-    except kube_config.ConfigException:
-        # The package reads $KUBECONFIG at import time; read it now.
-        kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     memo["cache"] = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
-    memo["kube"] = CachedKube(ApiClient(), memo["cache"], CACHED_KINDS,
+    memo["kube"] = CachedKube(lambda: kube.login(settings), memo["cache"], CACHED_KINDS,
                               timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
                               limit=RateLimit.from_env(),
+                              max_in_flight=int(os.environ.get("KUBERL_API_MAX_IN_FLIGHT")
+                                                or kube.DEFAULT_MAX_IN_FLIGHT),
                               secret_seconds=float(os.environ.get("KUBERL_SECRET_RECHECK_SECONDS", "60")))
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
-    memo["syncing"], memo["dirty"] = set(), set()
+    memo["syncing"], memo["dirty"], memo["tasks"] = set(), set(), set()
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(
         memo["kube"], interval,
@@ -75,6 +70,21 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
         lambda: {key: ip for key, store in trainer_pod_ips.items() for ip in store})
     memo["progress"] = asyncio.get_running_loop().create_task(poller, name=PROGRESS_TASK)
     logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: every handler here is an event handler or an index, none diffs old against new
+    (on.create/on.update would), and kopf's default builds the diff base — a deep copy of the body —
+    on every event anyway. Nothing is stored on the objects either."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 @kopf.index(*EXPERIMENTS)
@@ -94,11 +104,13 @@ def trainer_pod_ips(namespace: str, name: str, status: kopf.Status, **_: Any) ->
 
 @kopf.on.cleanup()
 async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
-    for task in [memo.get("progress"), *memo.get("retries", {}).values()]:
+    for task in [memo.get("progress"), *memo.get("retries", {}).values(), *memo.get("tasks", ())]:
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    if "kube" in memo:
+        await _kube(memo).close()
 
 
 @kopf.on.login()
@@ -129,7 +141,7 @@ def _observed(memo: kopf.Memo, event: dict[str, Any]) -> bool:
     return cache.observe(obj)
 
 
-SYNCS: dict[str, Callable[[Kube, str, str], Any]] = {
+SYNCS: dict[str, Callable[[Kube, str, str], Awaitable[Any]]] = {
     RLExperiment.KIND: reconcile.sync_experiment,
     InferencePool.KIND: reconcile.sync_pool,
     TrainerJob.KIND: reconcile.sync_job,
@@ -156,13 +168,16 @@ async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str) -> 
 
 
 async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
-    """One sync (in a thread: the client blocks). On failure: log it, report it on the object when it
-    will not heal by itself (``Degraded`` condition + Event), and schedule a retry with per-object
-    exponential backoff (``retry``). A success clears the count."""
+    """One sync, then the syncs its own writes call for
+    (``follow_ups``). On failure: log it, report it on the object when it will not heal by itself
+    (``Degraded`` condition + Event), and schedule a retry with per-object exponential backoff
+    (``retry``). A success clears the count."""
     kind, namespace, name = key
     backoff: Backoff = memo["backoff"]
+    written: list[tuple[str, str | None, str]] = []
+    token = WRITTEN.set(written)
     try:
-        await asyncio.to_thread(SYNCS[kind], _kube(memo), namespace, name)
+        await SYNCS[kind](_kube(memo), namespace, name)
     except Exception as err:
         failure = classify(err)
         attempt, delay = backoff.failed(key, failure.retry_after)
@@ -170,14 +185,26 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
         log.log(level, "%s %s/%s: sync failed (%s: %s); retry %d in %.0fs", kind, namespace, name, failure.reason,
                 failure.message, attempt, delay, exc_info=failure.reason == "InternalError")
         if not failure.transient:
-            reported = await asyncio.to_thread(reconcile.report_failure, _kube(memo), kind, namespace, name,
-                                               failure.reason, failure.message)
+            reported = await reconcile.report_failure(_kube(memo), kind, namespace, name, failure.reason,
+                                                      failure.message)
             if reported is not None:
                 kopf.warn(reported, reason=failure.reason, message=failure.message)
+        WRITTEN.reset(token)
         _schedule_retry(memo, key, delay)
     else:
+        WRITTEN.reset(token)
         if backoff.succeeded(key):
             log.info("%s %s/%s: in sync again", kind, namespace, name)
+    for follow in reconcile.follow_ups(key, written, memo["cache"].get):
+        _spawn(memo, sync_object(memo, *follow), "kuberl-follow-up-" + "/".join(follow))
+
+
+def _spawn(memo: kopf.Memo, coro: Any, name: str) -> None:
+    """Run ``coro`` as a task of its own, held until it ends (cancelled at cleanup)."""
+    tasks: set[asyncio.Task[None]] = memo["tasks"]
+    task = asyncio.create_task(coro, name=name)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) -> None:
@@ -205,11 +232,16 @@ async def experiment_event(event: dict[str, Any], name: str, namespace: str, mem
 @kopf.on.event(*JOBS)
 async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, resource: kopf.Resource,
                       memo: kopf.Memo, **_: Any) -> None:
-    if _observed(memo, event) and _live(event):
+    """A pool's or job's change (not the echo of the operator's own write: its sync called for
+    what that needs, ``reconcile.follow_ups``): sync it, and the experiment it belongs to (whose
+    status rolls up the child's, and which puts back a spec someone else changed)."""
+    if not _observed(memo, event):
+        return
+    if _live(event):
         kind = InferencePool.KIND if resource.plural == InferencePool.PLURAL else TrainerJob.KIND
         await sync_object(memo, kind, namespace, name)
-    experiment = (body.get("spec") or {}).get("experiment")  # its status rolls up, whoever wrote it
-    if experiment and reconcile.owner_name(dict(body), RLExperiment.KIND) == experiment:
+    experiment = reconcile.parent_experiment(dict(body))
+    if experiment is not None:
         await sync_object(memo, RLExperiment.KIND, namespace, experiment)
 
 
@@ -232,7 +264,7 @@ async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
     news = _observed(memo, event)
     if news and _live(event):
         try:
-            await asyncio.to_thread(reconcile.label_pod_topology, _kube(memo), pod)
+            await reconcile.label_pod_topology(_kube(memo), pod)
         except Exception as err:
             log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
     owner = reconcile.pod_owner(pod)

@@ -1,19 +1,27 @@
-"""The operator's only door to the Kubernetes API: a tiny generic REST client over any kind.
+"""The operator's only door to the Kubernetes API: a tiny async REST client over any kind.
 
 Manifests are plain dicts, so one client serves Pods, Services, ConfigMaps, our custom resources,
-PodGroups and PyTorchJobs alike. Auth and TLS come from the ``kubernetes`` package's
-configuration (kubeconfig or in-cluster service account).
+PodGroups and PyTorchJobs alike. It speaks HTTP with aiohttp on the operator's event loop (kopf's
+own client does too: no thread per call), authenticated as kopf is — the same login functions, the
+service account in a pod, else $KUBECONFIG — and logs in again when the server answers 401 (a
+rotated service-account token). ``max_in_flight`` requests at most at once, each after its turn in
+the rate limit (``ratelimit``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client import ApiClient, ApiException
+import aiohttp
+import kopf
 
 from .ratelimit import RateLimit
 
 Manifest = dict[str, Any]
+Credentials = Callable[[], kopf.ConnectionInfo]
 
 PLURALS = {
     "Pod": "pods",
@@ -31,6 +39,25 @@ PLURALS = {
     "Deployment": "deployments",
 }
 CLUSTER_SCOPED = {"Node", "Namespace"}
+DEFAULT_MAX_IN_FLIGHT = 32
+
+
+class ApiError(Exception):
+    """A request the API server refused: its HTTP ``status``, ``reason`` and body (a Status, whose
+    ``message`` says why), and its headers (Retry-After)."""
+
+    def __init__(self, status: int, reason: str, body: str = "", headers: Mapping[str, str] | None = None):
+        super().__init__(f"({status}) {reason}")
+        self.status, self.reason, self.body, self.headers = status, reason, body, dict(headers or {})
+
+
+def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """Credentials as kopf's login handler finds them: the pod's service account, else $KUBECONFIG
+    (read now, so a rotated token or a changed file is seen)."""
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise RuntimeError("no Kubernetes credentials: neither a service account nor $KUBECONFIG")
+    return info
 
 
 def resource_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -44,55 +71,83 @@ def resource_path(api_version: str, kind: str, namespace: str | None, name: str 
 class Kube:
     """Create / get / list / patch / delete plain-dict objects. 404 on get is ``None``."""
 
-    def __init__(self, client: ApiClient, timeout: float = 30.0, limit: RateLimit | None = None):
-        self._client = client
-        self._timeout = timeout  # seconds per call: a hung call fails, and the sync is retried
+    def __init__(self, credentials: Credentials, timeout: float = 30.0, limit: RateLimit | None = None,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+        self._credentials = credentials
+        self._timeout = aiohttp.ClientTimeout(total=timeout)  # a hung call fails, and the sync is retried
         self._limit = limit  # every call waits its turn (``ratelimit``); None: no client-side limit
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+        self._max_in_flight = max_in_flight
+        self._session: aiohttp.ClientSession | None = None
+        self._server = ""
 
-    def _call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-              content_type: str = "application/json") -> Any:
-        if self._limit is not None:
-            self._limit.acquire()
-        return self._client.call_api(
-            path, method, query_params=query or [], body=body,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
-            _request_timeout=(self._timeout, self._timeout),
-        )
+    def _open(self) -> aiohttp.ClientSession:
+        info = self._credentials()
+        self._server = info.server.rstrip("/")
+        connector = aiohttp.TCPConnector(limit=self._max_in_flight, ssl=info.as_ssl_context())
+        self._session = aiohttp.ClientSession(connector=connector, headers=info.as_http_headers(),
+                                              timeout=self._timeout, proxy=info.proxy_url, trust_env=info.trust_env)
+        return self._session
 
-    def create(self, obj: Manifest) -> Manifest:
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None,
+                    content_type: str = "application/json") -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        data = json.dumps(body) if body is not None else None
+        async with self._in_flight:
+            for attempt in (1, 2):
+                if self._limit is not None:
+                    await self._limit.acquire()
+                session = self._session or self._open()
+                async with session.request(method, self._server + path, params=query, data=data,
+                                           headers=headers) as response:
+                    if response.status == 401 and attempt == 1:  # a rotated token: log in again, once
+                        await self.close()
+                        continue
+                    text = await response.text()
+                    if response.status >= 400:
+                        raise ApiError(response.status, response.reason or "", text, response.headers)
+                    return json.loads(text) if text else None
+        raise AssertionError("unreachable")
+
+    async def create(self, obj: Manifest) -> Manifest:
         meta = obj["metadata"]
-        return self._call("POST", resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace")), obj)
+        return await self._call("POST", resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace")), obj)
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
         try:
-            return self._call("GET", resource_path(api_version, kind, namespace, name))
-        except ApiException as err:
+            return await self._call("GET", resource_path(api_version, kind, namespace, name))
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
 
-    def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+    async def read(self, api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
         """``get`` from the API server itself (a cache in front of ``get`` does not answer this, and what
         it returns is not cached: it may be someone else's object, outside what the watches deliver)."""
-        return Kube.get(self, api_version, kind, namespace, name)
+        return await Kube.get(self, api_version, kind, namespace, name)
 
-    def list(self, api_version: str, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
-        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
-        return self._call("GET", resource_path(api_version, kind, namespace), query=query).get("items", [])
+    async def list(self, api_version: str, kind: str, namespace: str | None,
+                   selector: dict[str, str]) -> list[Manifest]:
+        query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
+        return (await self._call("GET", resource_path(api_version, kind, namespace), query=query)).get("items", [])
 
-    def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,
-              subresource: str | None = None) -> Manifest:
+    async def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,
+                    subresource: str | None = None) -> Manifest:
         path = resource_path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
-        return self._call("PATCH", path, patch, content_type="application/merge-patch+json")
+        return await self._call("PATCH", path, patch, content_type="application/merge-patch+json")
 
-    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
         """Delete with background propagation; False if it was already gone."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         try:
-            self._call("DELETE", resource_path(api_version, kind, namespace, name), body)
+            await self._call("DELETE", resource_path(api_version, kind, namespace, name), body)
             return True
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 404:
                 return False
             raise

@@ -17,6 +17,8 @@ def run_operator(namespace: list[str] | None = None, verbose: bool = False, live
 
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("kuberl").setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:  # kopf says "Handler … succeeded" at INFO for every event of every object
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     asyncio.run(kopf.operator(
         clusterwide=not namespace,
         namespaces=namespace or [],

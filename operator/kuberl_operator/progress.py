@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from kubernetes.client import ApiException
 
 from kuberl.api import API_GROUP, API_VERSION, Progress, RLExperiment
 from kuberl.api.contract import PROGRESS_PORT, trainer_job_name, trainer_rank0_host, trainer_rank0_pod
 
-from .kube import Kube
+from .kube import ApiError, Kube
 
 log = logging.getLogger("kuberl.operator.progress")
 Manifest = dict[str, Any]
@@ -117,11 +116,11 @@ def termination_progress(pod: Manifest | None) -> Manifest | None:
     return None
 
 
-def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: bool = False) -> Manifest | None:
+async def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: bool = False) -> Manifest | None:
     """``status.progress`` from trainer rank 0's termination message (it has exited: nothing to poll).
     Read from the API server, not a cache: this is read once, when the experiment turns Succeeded,
     and the pod's last status may not have come through the watch yet."""
-    pod = kube.read("v1", "Pod", namespace, trainer_rank0_pod(trainer_job_name(experiment), kubeflow))
+    pod = await kube.read("v1", "Pod", namespace, trainer_rank0_pod(trainer_job_name(experiment), kubeflow))
     payload = termination_progress(pod)
     return progress_status(payload) if payload else None
 
@@ -159,17 +158,17 @@ async def poll_once(kube: Kube, targets: Iterable[Target], pod_ips: Mapping[tupl
         progress = progress_status(payload) if payload is not None else {}
         if progress and progress != target.progress:
             changed.append((target, progress))
-    return await asyncio.to_thread(write_progress, kube, changed)
+    return await write_progress(kube, changed)
 
 
-def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> int:
+async def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> int:
     """Patch each experiment's ``status.progress``; returns how many were written."""
     patched = 0
     for target, progress in changed:
         try:
-            kube.patch(f"{API_GROUP}/{API_VERSION}", RLExperiment.KIND, target.namespace, target.name,
+            await kube.patch(f"{API_GROUP}/{API_VERSION}", RLExperiment.KIND, target.namespace, target.name,
                        {"status": {"progress": progress}}, "status")
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 404:  # 404: deleted since, nothing to report on
                 log.warning("progress of %s/%s not written (%s); retried next round", target.namespace,
                             target.name, err.status)

@@ -1,18 +1,18 @@
-"""A client-side rate limit on the operator's API calls: a token bucket shared by every thread.
+"""A client-side rate limit on the operator's API calls: a token bucket shared by every sync.
 
 ``qps`` tokens a second, at most ``burst`` saved up; a call takes one token and waits for it when
 there is none. So over any window of ``t`` seconds the operator sends at most ``burst + qps × t``
 requests, however many objects are syncing at once (controller-runtime's client has the same two
 knobs). The chart sets them (``operator.apiQPS``, ``operator.apiBurst``: env ``KUBERL_API_QPS``,
-``KUBERL_API_BURST``).
+``KUBERL_API_BURST``). Reserving a token is pure arithmetic on the clock; only the wait sleeps.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 DEFAULT_QPS = 200.0
@@ -24,10 +24,9 @@ class RateLimit:
     qps: float = DEFAULT_QPS
     burst: int = DEFAULT_BURST
     clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     _tokens: float = field(init=False)
     _last: float | None = field(init=False, default=None)
-    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if not (self.qps > 0 and self.burst >= 1):
@@ -41,17 +40,16 @@ class RateLimit:
 
     def _reserve(self) -> float:
         """Take a token (possibly one not yet earned); returns how long to wait until it is."""
-        with self._lock:
-            now = self.clock()
-            if self._last is not None:
-                self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
-            self._last = now
-            self._tokens -= 1.0
-            return max(0.0, -self._tokens / self.qps)
+        now = self.clock()
+        if self._last is not None:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
+        self._last = now
+        self._tokens -= 1.0
+        return max(0.0, -self._tokens / self.qps)
 
-    def acquire(self) -> float:
+    async def acquire(self) -> float:
         """Wait for a token; returns the seconds waited."""
         wait = self._reserve()
         if wait > 0:
-            self.sleep(wait)
+            await self.sleep(wait)
         return wait

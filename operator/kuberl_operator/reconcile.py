@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
-from kubernetes.client import ApiException
 from pydantic import ValidationError
 
 from kuberl.api import API_GROUP, GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
@@ -35,7 +35,7 @@ from .builders.access import api_token_secret, token_version
 from .builders.experiment import InvalidSpec, check_experiment
 from .builders.inference import pool_selector
 from .builders.trainer import job_selector
-from .kube import Kube, Manifest
+from .kube import ApiError, Kube, Manifest
 from .patch import merge_patch_to, overlay_patch_to
 from .progress import final_progress
 from .replacement import pods_to_replace
@@ -69,23 +69,23 @@ def _controller_uid(meta: Manifest) -> str | None:
     return next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
 
 
-def ensure(kube: Kube, obj: Manifest) -> Manifest:
+async def ensure(kube: Kube, obj: Manifest) -> Manifest:
     """Create ``obj`` if absent; bring an existing object's spec or data in line (``_updated_field``;
     a merge patch that also removes the fields the desired object no longer has).
     Raises NotOurs (and touches nothing) when the existing object is controlled by another owner
     or by none: a user's ConfigMap that happens to carry the name is never adopted or rewritten."""
     meta = obj["metadata"]
     key = (obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-    existing = kube.get(*key)
+    existing = await kube.get(*key)
     if existing is None:
         try:
-            created = kube.create(obj)
+            created = await kube.create(obj)
             log.debug("created %s/%s", obj["kind"], meta["name"])  # routine: ~10 per experiment
             return created
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 409:
                 raise
-            existing = kube.read(*key)  # it exists, whatever a cache says
+            existing = await kube.read(*key)  # it exists, whatever a cache says
             if existing is None:
                 raise
     owner = _controller_uid(meta)
@@ -98,7 +98,7 @@ def ensure(kube: Kube, obj: Manifest) -> Manifest:
         compute = overlay_patch_to if obj["kind"] in SERVER_DEFAULTED else merge_patch_to
         patch = compute(existing.get(field) or {}, obj.get(field) or {})
         if patch != {}:
-            existing = kube.patch(*key, {field: patch})
+            existing = await kube.patch(*key, {field: patch})
             log.debug("updated %s/%s %s", obj["kind"], meta["name"], field)
     return existing
 
@@ -116,31 +116,31 @@ def _updated_field(obj: Manifest) -> str | None:
     return "data" if obj["kind"] == "ConfigMap" else None
 
 
-def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: str | None = None) -> Manifest:
+async def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: str | None = None) -> Manifest:
     """The experiment's API token Secret (docs/architecture.md, "Who may call what"), or its token
     ``name`` (the agent's): created once with a fresh random token, owned by ``owner``, never
     rewritten while it exists; returned as stored (its version: ``access.token_version``)."""
-    return ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32), name))
+    return await ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32), name))
 
 
-def delete_owned(kube: Kube, parent: Manifest, api_version: str, kind: str, name: str) -> bool:
+async def delete_owned(kube: Kube, parent: Manifest, api_version: str, kind: str, name: str) -> bool:
     """Delete ``parent``'s child ``kind``/``name`` if it exists and ``parent`` controls it (what a
     removed spec field created); returns whether it was there. Another owner's object is left alone."""
     namespace = parent["metadata"].get("namespace")
-    child = kube.get(api_version, kind, namespace, name)
+    child = await kube.get(api_version, kind, namespace, name)
     if child is None or _controller_uid(child["metadata"]) != parent["metadata"].get("uid"):
         return False
     if not child["metadata"].get("deletionTimestamp"):
-        kube.delete(api_version, kind, namespace, name)
+        await kube.delete(api_version, kind, namespace, name)
         log.info("deleted %s/%s: its spec field is gone", kind, name)
     return True
 
 
-def prune_agent(kube: Kube, body: Manifest, experiment: str) -> None:
+async def prune_agent(kube: Kube, body: Manifest, experiment: str) -> None:
     """spec.agent removed: its Deployment, the gateway's Service and the agent token Secret go too."""
-    delete_owned(kube, body, "apps/v1", "Deployment", agent_deployment_name(experiment))
-    delete_owned(kube, body, "v1", "Service", gateway_service_name(experiment))
-    delete_owned(kube, body, "v1", "Secret", agent_token_secret_name(experiment))
+    await delete_owned(kube, body, "apps/v1", "Deployment", agent_deployment_name(experiment))
+    await delete_owned(kube, body, "v1", "Service", gateway_service_name(experiment))
+    await delete_owned(kube, body, "v1", "Secret", agent_token_secret_name(experiment))
 
 
 def _template_changed(stored: Manifest, desired: Manifest) -> bool:
@@ -148,20 +148,20 @@ def _template_changed(stored: Manifest, desired: Manifest) -> bool:
     return old is not None and new is not None and old != new
 
 
-def prune_pods(kube: Kube, parent: Manifest, selector: dict[str, str], keep: set[str]) -> None:
+async def prune_pods(kube: Kube, parent: Manifest, selector: dict[str, str], keep: set[str]) -> None:
     """Delete ``parent``'s pods matching ``selector`` whose names are not in ``keep`` (suspend,
     scale-down); pods someone else controls are left alone, whatever their labels say."""
     namespace = parent["metadata"].get("namespace")
-    for pod in kube.list("v1", "Pod", namespace, selector):
+    for pod in await kube.list("v1", "Pod", namespace, selector):
         name = pod["metadata"]["name"]
         if _controller_uid(pod["metadata"]) != parent["metadata"].get("uid"):
             continue
         if name not in keep and not pod["metadata"].get("deletionTimestamp"):
-            kube.delete("v1", "Pod", namespace, name)
+            await kube.delete("v1", "Pod", namespace, name)
             log.info("deleted Pod/%s", name)
 
 
-def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
+async def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
     """Patch ``status`` only when it changed (a no-op write would wake every watcher; returns
     whether it wrote), and only if ``obj`` is still current: two syncs of one object can race (its
     own event and a child's), and the one that read an older version must not overwrite the newer
@@ -173,39 +173,39 @@ def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
         return False
     meta = obj["metadata"]
     patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
-    kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], patch, "status")
+    await kube.patch(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"], patch, "status")
     return True
 
 
-def _owned_pods(kube: Kube, parent: Manifest, selector: dict[str, str]) -> list[Manifest]:
-    pods = kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
+async def _owned_pods(kube: Kube, parent: Manifest, selector: dict[str, str]) -> list[Manifest]:
+    pods = await kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
     return [p for p in pods if _controller_uid(p["metadata"]) == parent["metadata"].get("uid")]
 
 
-def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str],
+async def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str],
               gang: bool) -> list[Manifest]:
     """Create what is missing, prune pods no longer wanted, replace pods whose template changed
     (``replacement``: the whole gang, or one replica at a time); returns ``parent``'s pods."""
     for child in children:
-        ensure(kube, child)
+        await ensure(kube, child)
     desired = {c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH, "")
                for c in children if c["kind"] == "Pod"}
-    prune_pods(kube, parent, selector, set(desired))
-    pods = _owned_pods(kube, parent, selector)
+    await prune_pods(kube, parent, selector, set(desired))
+    pods = await _owned_pods(kube, parent, selector)
     doomed = pods_to_replace(desired, pods, gang)
     for name in doomed:  # the next sync (on their deletion) recreates them from the new template
-        kube.delete("v1", "Pod", parent["metadata"].get("namespace"), name)
+        await kube.delete("v1", "Pod", parent["metadata"].get("namespace"), name)
         log.info("replacing Pod/%s: its template changed", name)
-    return _owned_pods(kube, parent, selector) if doomed else pods
+    return await _owned_pods(kube, parent, selector) if doomed else pods
 
 
-def _report_conflict(kube: Kube, body: Manifest, err: NotOurs) -> None:
+async def _report_conflict(kube: Kube, body: Manifest, err: NotOurs) -> None:
     meta = body["metadata"]
-    write_status(kube, body, child_conflict_status(meta.get("generation"), str(err)))
+    await write_status(kube, body, child_conflict_status(meta.get("generation"), str(err)))
     log.warning("%s %s/%s: %s", body["kind"], meta.get("namespace"), meta["name"], err)
 
 
-def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> str | None:
+async def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> str | None:
     """Why a pool or job may not act for ``experiment`` (its ``spec.experiment``), or None when it may:
     only the experiment's own child — named as the experiment names its pool or job, its controller
     owner reference naming that RLExperiment with the uid it has now — gets the experiment's label,
@@ -217,117 +217,118 @@ def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> str | N
     owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
     own_name = inference_pool_name(experiment) if body["kind"] == InferencePool.KIND else trainer_job_name(experiment)
     if meta["name"] == own_name and owner.get("kind") == RLExperiment.KIND and owner.get("name") == experiment:
-        current = kube.get(GROUP_VERSION, RLExperiment.KIND, meta.get("namespace"), experiment)
+        current = await kube.get(GROUP_VERSION, RLExperiment.KIND, meta.get("namespace"), experiment)
         if current is not None and current["metadata"].get("uid") == owner.get("uid"):
             return None
     return (f"spec.experiment: {experiment!r} is set by an RLExperiment on the pool and job it creates; this "
             f"{body['kind']} is not a child of it (leave spec.experiment unset for a standalone one)")
 
 
-def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest) -> Any:
+async def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest) -> Any:
     """The pool or job as a model; None (with an InvalidSpec status naming the field) when its spec
     breaks the schema (a standalone object the CRD would have refused, or one from an older schema)
     or names an experiment it is not a child of (``claim_problem``)."""
     try:
         model = kind.model_validate(body)
-        message = claim_problem(kube, body, model.spec.experiment)
+        message = await claim_problem(kube, body, model.spec.experiment)
     except ValidationError as err:
         model, message = None, "; ".join(str(i) for i in schema_issues(err))
     if message is None:
         return model
-    write_status(kube, body, invalid_spec_status(body["metadata"].get("generation"), message))
+    await write_status(kube, body, invalid_spec_status(body["metadata"].get("generation"), message))
     log.warning("%s %s/%s is invalid: %s", kind.KIND, body["metadata"].get("namespace"), body["metadata"]["name"],
                 message)
     return None
 
 
-def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
-    body = kube.get(GROUP_VERSION, InferencePool.KIND, namespace, name)
+async def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
+    body = await kube.get(GROUP_VERSION, InferencePool.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    pool = _validated(kube, InferencePool, body)
+    pool = await _validated(kube, InferencePool, body)
     if pool is None:
         return body
     try:  # on its own, its pods read a token of their own (an experiment's child: in its configRevision)
-        version = "" if pool.spec.experiment else token_version(ensure_api_token(kube, body, name))
-        pods = _converge(kube, body, build_inference_children(pool, body, version), pool_selector(pool), gang=False)
+        version = "" if pool.spec.experiment else token_version(await ensure_api_token(kube, body, name))
+        children = build_inference_children(pool, body, version)
+        pods = await _converge(kube, body, children, pool_selector(pool), gang=False)
     except NotOurs as err:
-        _report_conflict(kube, body, err)
+        await _report_conflict(kube, body, err)
         return body
-    write_status(kube, body, pool_status(body["spec"], body["metadata"].get("generation"), pods))
+    await write_status(kube, body, pool_status(body["spec"], body["metadata"].get("generation"), pods))
     return body
 
 
-def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
-    body = kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, name)
+async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
+    body = await kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    job = _validated(kube, TrainerJob, body)
+    job = await _validated(kube, TrainerJob, body)
     if job is None:
         return body
     try:
-        version = "" if job.spec.experiment else token_version(ensure_api_token(kube, body, name))
+        version = "" if job.spec.experiment else token_version(await ensure_api_token(kube, body, name))
         children = build_trainer_children(job, body, version)
         kubeflow = TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW
-        leftover = retire_other_runtime(kube, body, job, kubeflow)
+        leftover = await retire_other_runtime(kube, body, job, kubeflow)
         if leftover is not None:
             status = job_status(body["spec"], body["metadata"].get("generation"), [],
                                 (body.get("status") or {}).get("restarts", 0))
             status["conditions"].append(condition("RuntimeSwitch", True, "OldGangStopping", (
                 f"trainer.runtime is now {job.spec.runtime}: waiting for {leftover} of the old runtime to go "
                 "(one gang at a time: both would write the same checkpoints)"), body["metadata"].get("generation")))
-            write_status(kube, body, status)
+            await write_status(kube, body, status)
         elif kubeflow:
-            _sync_kubeflow_job(kube, body, children)
+            await _sync_kubeflow_job(kube, body, children)
         else:
-            _sync_native_job(kube, body, job, children)
+            await _sync_native_job(kube, body, job, children)
     except NotOurs as err:
-        _report_conflict(kube, body, err)
+        await _report_conflict(kube, body, err)
     return body
 
 
-def retire_other_runtime(kube: Kube, body: Manifest, job: TrainerJob, kubeflow: bool) -> str | None:
+async def retire_other_runtime(kube: Kube, body: Manifest, job: TrainerJob, kubeflow: bool) -> str | None:
     """After a ``trainer.runtime`` switch: delete what the other runtime made for this job (our own
     rank pods, or our PyTorchJob, whose pods go with it) and say what is still there (None: nothing,
     the new gang may start). Run every sync, so a switch back and forth also ends with one gang."""
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     if kubeflow:
-        native = _owned_pods(kube, body, job_selector(job))
-        prune_pods(kube, body, job_selector(job), keep=set())  # every rank pod we made goes
+        native = await _owned_pods(kube, body, job_selector(job))
+        await prune_pods(kube, body, job_selector(job), keep=set())  # every rank pod we made goes
         return f"{len(native)} rank pod(s)" if native else None
     try:
-        if delete_owned(kube, body, "kubeflow.org/v1", "PyTorchJob", name):
+        if await delete_owned(kube, body, "kubeflow.org/v1", "PyTorchJob", name):
             return f"PyTorchJob {name}"
-    except ApiException as err:
+    except ApiError as err:
         if err.status != 403:
             raise  # 403: no RBAC for PyTorchJobs (integrations.kubeflowTraining off), so we made none
-    kubeflow_pods = [p for p in kube.list("v1", "Pod", namespace, job_selector(job))
+    kubeflow_pods = [p for p in await kube.list("v1", "Pod", namespace, job_selector(job))
                      if any(r.get("kind") == "PyTorchJob" and r.get("name") == name and r.get("controller")
                             for r in p["metadata"].get("ownerReferences") or [])]
     return f"{len(kubeflow_pods)} PyTorchJob pod(s)" if kubeflow_pods else None
 
 
-def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest]) -> None:
+async def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest]) -> None:
     """The Kubeflow training operator owns the pods (and restarts them, runPolicy.backoffLimit);
     the TrainerJob's status follows the PyTorchJob's conditions."""
-    stored = {c["kind"]: ensure(kube, c) for c in children}
+    stored = {c["kind"]: await ensure(kube, c) for c in children}
     desired = next(c for c in children if c["kind"] == "PyTorchJob")
     if _template_changed(stored["PyTorchJob"], desired):  # its pods cannot be patched: a new job, from the checkpoint
         meta = desired["metadata"]
-        kube.delete(desired["apiVersion"], "PyTorchJob", meta.get("namespace"), meta["name"])
+        await kube.delete(desired["apiVersion"], "PyTorchJob", meta.get("namespace"), meta["name"])
         log.info("replacing PyTorchJob/%s: its template changed", meta["name"])
         return
     status = pytorchjob_status(body["spec"], body["metadata"].get("generation"), stored.get("PyTorchJob"),
                                (body.get("status") or {}).get("restarts", 0))  # fmt: skip
-    write_status(kube, body, status)
+    await write_status(kube, body, status)
 
 
-def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list[Manifest]) -> None:
+async def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list[Manifest]) -> None:
     """Our own rank pods: converge them, restart the whole gang when a rank failed, report status."""
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     generation = body["metadata"].get("generation")
     restarts = (body.get("status") or {}).get("restarts", 0)
-    pods = _converge(kube, body, children, job_selector(job), gang=True)  # a failed pod keeps its name
+    pods = await _converge(kube, body, children, job_selector(job), gang=True)  # a failed pod keeps its name
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     reason = gang_restart_reason(live, restarts, job.spec.backoff_limit)
     if reason is not None:
@@ -336,21 +337,21 @@ def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list
         status["conditions"].append(condition(
             "GangRestarted", True, "RankFailed",
             f"{reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint", generation))
-        write_status(kube, body, status)  # counted first: a lost race (409) raises before any pod is deleted
+        await write_status(kube, body, status)  # counted first: a lost race (409) raises before any pod is deleted
         for pod in live:  # the next sync (on their deletion) recreates them; ranks resume from the checkpoint
-            kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
+            await kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
         log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
                     job.spec.backoff_limit)
         return
     status = job_status(body["spec"], generation, live, restarts)  # a deleted rank no longer counts
     status["conditions"] += [c for c in (body.get("status") or {}).get("conditions") or []
                              if c.get("type") == "GangRestarted"]  # the last restart stays visible
-    write_status(kube, body, status)
+    await write_status(kube, body, status)
 
 
-def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
+async def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
     """Validate, converge the ConfigMap, InferencePool and TrainerJob, then roll their status up."""
-    body = kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
+    body = await kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     generation = body["metadata"].get("generation")
@@ -359,23 +360,23 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
         check_experiment(exp)  # nothing is created for an invalid spec
     except ValidationError as err:
         message = "; ".join(str(i) for i in schema_issues(err))
-        write_status(kube, body, invalid_spec_status(generation, message))
+        await write_status(kube, body, invalid_spec_status(generation, message))
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, message)
         return body
     except InvalidSpec as err:
-        write_status(kube, body, invalid_spec_status(generation, str(err)))
+        await write_status(kube, body, invalid_spec_status(generation, str(err)))
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, err)
         return body
     try:
-        tokens = [ensure_api_token(kube, body, name)]  # before the pods that read them
+        tokens = [await ensure_api_token(kube, body, name)]  # before the pods that read them
         if exp.spec.agent is not None:
-            tokens.append(ensure_api_token(kube, body, name, agent_token_secret_name(name)))
+            tokens.append(await ensure_api_token(kube, body, name, agent_token_secret_name(name)))
         else:
-            prune_agent(kube, body, name)
+            await prune_agent(kube, body, name)
         children = build_experiment_children(exp, body, token_version=token_version(*tokens))
-        stored = {c["kind"]: ensure(kube, c) for c in children}
+        stored = {c["kind"]: await ensure(kube, c) for c in children}  # in order: a conflict stops the rest
     except NotOurs as err:
-        write_status(kube, body, child_conflict_status(generation, str(err)))
+        await write_status(kube, body, child_conflict_status(generation, str(err)))
         log.warning("RLExperiment %s/%s: %s", namespace, name, err)
         return body
     pool, job = stored[InferencePool.KIND], stored[TrainerJob.KIND]
@@ -387,10 +388,10 @@ def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
     if status["phase"] == "Succeeded" and (body.get("status") or {}).get("phase") != "Succeeded":
         # The trainer has exited, so there is no endpoint left to poll: the final step and reward
         # come from rank 0's termination message, in the same write that says Succeeded.
-        final = final_progress(kube, namespace, name, exp.spec.trainer.runtime == TrainerRuntime.KUBEFLOW)
+        final = await final_progress(kube, namespace, name, exp.spec.trainer.runtime == TrainerRuntime.KUBEFLOW)
         if final:
             status["progress"] = final
-    write_status(kube, body, {**(body.get("status") or {}), **status})
+    await write_status(kube, body, {**(body.get("status") or {}), **status})
     return body
 
 
@@ -401,15 +402,39 @@ def owner_name(obj: Manifest, kind: str) -> str | None:
     return None
 
 
-def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:
+def parent_experiment(child: Manifest) -> str | None:
+    """The RLExperiment a pool or job belongs to: its ``spec.experiment``, when that experiment is
+    also its controller (a standalone object naming one is refused by ``claim_problem``)."""
+    experiment = (child.get("spec") or {}).get("experiment")
+    return experiment if experiment and owner_name(child, RLExperiment.KIND) == experiment else None
+
+
+CacheKey = tuple[str, str | None, str]  # kind, namespace, name
+
+
+def follow_ups(synced: CacheKey, written: list[CacheKey],
+               cached: Callable[[str, str | None, str], Manifest | None]) -> list[CacheKey]:
+    """The syncs that ``synced``'s sync called for by its own writes (whose watch echoes trigger
+    nothing): every pool or job it created or changed (an experiment's children: they build their
+    pods), and — when it wrote its own pool's or job's status — the experiment that rolls it up."""
+    wanted = [k for k in written if k[0] in (InferencePool.KIND, TrainerJob.KIND) and k != synced]
+    if synced[0] in (InferencePool.KIND, TrainerJob.KIND) and synced in written:
+        body = cached(*synced)
+        experiment = parent_experiment(body) if body is not None else None
+        if experiment is not None:
+            wanted.append((RLExperiment.KIND, synced[1], experiment))
+    return list(dict.fromkeys(wanted))
+
+
+async def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:
     """Copy the node's zone / fabric onto a freshly scheduled pod; returns the labels written."""
     node_name = missing_topology(pod)
     if node_name is None:
         return None
-    node = kube.get("v1", "Node", None, node_name)
+    node = await kube.get("v1", "Node", None, node_name)
     labels = topology_labels(node_name, ((node or {}).get("metadata") or {}).get("labels") or {})
     meta = pod["metadata"]
-    kube.patch("v1", "Pod", meta.get("namespace"), meta["name"], {"metadata": {"labels": labels}})
+    await kube.patch("v1", "Pod", meta.get("namespace"), meta["name"], {"metadata": {"labels": labels}})
     return labels
 
 
@@ -423,15 +448,16 @@ def pod_owner(pod: Manifest) -> tuple[str, str] | None:
     return (TrainerJob.KIND, job) if job is not None else None
 
 
-def report_failure(kube: Kube, kind: str, namespace: str, name: str, reason: str, message: str) -> Manifest | None:
+async def report_failure(kube: Kube, kind: str, namespace: str, name: str, reason: str,
+                         message: str) -> Manifest | None:
     """A sync failed in a way that will not heal by itself: say so on the object (``Degraded`` with
     the reason and message, other conditions kept). Returns the object (for the Event), or None if
     it is gone; a failure to write is logged, never raised (the retry is already scheduled)."""
     try:
-        body = kube.get(GROUP_VERSION, kind, namespace, name)
+        body = await kube.get(GROUP_VERSION, kind, namespace, name)
         if body is None:
             return None
-        write_status(kube, body, reconcile_error_status(body.get("status") or {}, reason, message,
+        await write_status(kube, body, reconcile_error_status(body.get("status") or {}, reason, message,
                                                         body["metadata"].get("generation")))
     except Exception as err:
         log.warning("%s %s/%s: could not record the failure (%s)", kind, namespace, name, err)

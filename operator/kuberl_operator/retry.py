@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass, field
 from random import Random
 
-import urllib3.exceptions
-from kubernetes.client import ApiException
+import aiohttp
+
+from .kube import ApiError
 
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})  # plus every 5xx
 MESSAGE_CHARS = 300
@@ -32,7 +32,7 @@ class Failure:
     retry_after: float | None = None
 
 
-def _api_message(err: ApiException) -> str:
+def _api_message(err: ApiError) -> str:
     try:
         body = json.loads(err.body or "")
     except (ValueError, TypeError):
@@ -44,16 +44,16 @@ def _api_message(err: ApiException) -> str:
 def classify(err: BaseException) -> Failure:
     """An exception of a sync → a Failure. API errors keep their status and the server's message;
     timeouts and connection errors are transient; anything else is a bug (not transient)."""
-    if isinstance(err, ApiException):
-        status = int(err.status or 0)
+    if isinstance(err, ApiError):
+        status = err.status
         transient = status in TRANSIENT_STATUSES or status >= 500 or status == 0
         retry_after = None
-        header = (err.headers or {}).get("Retry-After") if err.headers else None
+        header = err.headers.get("Retry-After")
         if header and str(header).isdigit():
             retry_after = float(header)
         message = f"the API server answered {status}: {_api_message(err)}"
         return Failure(transient, f"ApiError{status}", message[:MESSAGE_CHARS], retry_after)
-    if isinstance(err, urllib3.exceptions.HTTPError | socket.timeout | TimeoutError | ConnectionError):
+    if isinstance(err, aiohttp.ClientError | TimeoutError | ConnectionError):
         return Failure(True, "ApiUnreachable", f"the API server did not answer: {err}"[:MESSAGE_CHARS])
     return Failure(False, "InternalError", f"{type(err).__name__}: {err}"[:MESSAGE_CHARS])
 
