@@ -115,3 +115,35 @@ async def test_the_progress_poller_works_when_only_watched_namespaces_may_be_lis
             assert forbidden.hits == 0, "nothing listed experiments cluster-wide"
     finally:
         await runner.cleanup()
+
+
+async def test_a_401_logs_in_again_once_then_the_call_goes_through(tmp_path):
+    """A rotated service-account token: the API server answers 401 to the old one. The client reads
+    its credentials again and repeats the call, once; a second 401 is the caller's error."""
+    import kopf
+
+    from kuberl_operator.kube import ApiError, Kube
+
+    async with emulated_cluster(tmp_path) as cluster:
+        logins = []
+
+        def credentials() -> kopf.ConnectionInfo:
+            logins.append(len(logins))
+            return kopf.ConnectionInfo(server=cluster.url, token=f"token-{len(logins)}")
+
+        kube = Kube(credentials)
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "team-a"}}
+        try:
+            cluster.api.faults.append(Fault("POST", "configmaps", 401, times=1))
+            created = await kube.create(cm)
+            assert created["metadata"]["uid"] and len(logins) == 2
+            assert cluster.api.get("", "configmaps", "team-a", "a")["metadata"]["uid"] == created["metadata"]["uid"]
+            cluster.api.faults.append(Fault("POST", "configmaps", 401, times=2))
+            try:
+                await kube.create({**cm, "metadata": {"name": "b", "namespace": "team-a"}})
+                raise AssertionError("a second 401 must be raised")
+            except ApiError as err:
+                assert err.status == 401
+            assert len(logins) == 3 and cluster.api.list("", "configmaps", "team-a") == [created]
+        finally:
+            await kube.close()
