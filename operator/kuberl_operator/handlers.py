@@ -8,7 +8,8 @@ experiment never waits for the operator, owner references do the cleanup. A back
 polls each running experiment's trainer for progress (``progress.py``), reading two kopf indices
 (running experiments, trainer pod IPs) instead of listing anything. Handlers are
 registered with the fully-qualified group (``kuberl.io``), because ``InferencePool`` is also a kind
-of the Gateway API Inference Extension and kopf silently ignores ambiguous selectors.
+of the Gateway API Inference Extension and kopf silently ignores ambiguous selectors. Every
+handler is a coroutine: kopf runs a plain function in its thread pool, a thread hop per event.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 
 @kopf.index(*EXPERIMENTS)
-def running_experiments(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status,
+async def running_experiments(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status,
                         **_: Any) -> dict[tuple[str, str], progress.Target] | None:
     """What the progress poller polls: the Running experiments of the watched namespaces."""
     target = progress.running_target(namespace, name, dict(spec), dict(status))
@@ -96,7 +97,8 @@ def running_experiments(namespace: str, name: str, spec: kopf.Spec, status: kopf
 
 
 @kopf.index("", "v1", "pods", labels={LABEL_ROLE: ROLE_TRAINER})
-def trainer_pod_ips(namespace: str, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], str] | None:
+async def trainer_pod_ips(namespace: str, name: str, status: kopf.Status,
+                          **_: Any) -> dict[tuple[str, str], str] | None:
     """Trainer pods' IPs: rank 0's is where the poller finds /progress (the pod binds only it)."""
     ip = status.get("podIP")
     return {(namespace, name): ip} if ip else None
@@ -114,7 +116,7 @@ async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account first, else $KUBECONFIG (read at login time, not import time)."""
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 

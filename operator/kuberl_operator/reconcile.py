@@ -8,6 +8,7 @@ written; only its children and its ``status``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import secrets
@@ -177,6 +178,9 @@ async def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
     return True
 
 
+POD_BATCH = 64
+
+
 async def _owned_pods(kube: Kube, parent: Manifest, selector: dict[str, str]) -> list[Manifest]:
     pods = await kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
     return [p for p in pods if _controller_uid(p["metadata"]) == parent["metadata"].get("uid")]
@@ -185,9 +189,15 @@ async def _owned_pods(kube: Kube, parent: Manifest, selector: dict[str, str]) ->
 async def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str],
               gang: bool) -> list[Manifest]:
     """Create what is missing, prune pods no longer wanted, replace pods whose template changed
-    (``replacement``: the whole gang, or one replica at a time); returns ``parent``'s pods."""
+    (``replacement``: the whole gang, or one replica at a time); returns ``parent``'s pods. The
+    pods are created ``POD_BATCH`` at a time, concurrently (independent of each other; the client
+    bounds what is in flight), after the other children, in order."""
+    pods_wanted = [c for c in children if c["kind"] == "Pod"]
     for child in children:
-        await ensure(kube, child)
+        if child["kind"] != "Pod":
+            await ensure(kube, child)
+    for start in range(0, len(pods_wanted), POD_BATCH):
+        await asyncio.gather(*(ensure(kube, pod) for pod in pods_wanted[start:start + POD_BATCH]))
     desired = {c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH, "")
                for c in children if c["kind"] == "Pod"}
     await prune_pods(kube, parent, selector, set(desired))
