@@ -17,7 +17,7 @@ def pod(name: str, rv: int, **labels: str) -> dict:
 
 def test_the_newest_version_wins_and_an_older_one_is_ignored():
     cache = ObjectCache()
-    assert cache.observe(pod("a", 5, role="trainer"), quiet=True)  # e.g. the operator's label patch
+    assert not cache.observe(pod("a", 5, role="trainer"), quiet=True)  # the operator's label patch: nothing new
     # the watch's late event of the version before it (a kubelet's change the patch sits on): still
     # news — nothing reconciled it yet — but the held object stays the newer one
     assert cache.observe(pod("a", 4, role="inference"))
@@ -31,11 +31,27 @@ def test_an_echo_of_a_status_write_is_not_news_but_a_create_or_someone_elses_cha
     cache.observe(pod("a", 7), quiet=True)  # the operator's own status write
     assert not cache.observe(pod("a", 7))  # its watch echo: nothing to reconcile
     assert cache.observe(pod("a", 8))  # someone else's change
-    cache.observe(pod("b", 3))  # the operator's own create (not quiet): its pool must still sync
+    cache.observe(pod("b", 3))  # not the operator's write (a watch delivered it): its redelivery is news
     assert cache.observe(pod("b", 3))
     cache.observe(pod("c", 9), quiet=True)
     now[0] = 150.0
     assert cache.observe(pod("c", 9))  # a resync's re-list after `refresh`: the safety net re-syncs
+
+
+def test_late_echoes_of_own_writes_are_not_news_but_someone_elses_older_change_is():
+    """Two status writes in a row: the watch brings the first one's echo after the cache holds the
+    second. It stays the held version and triggers nothing; a change in between that the operator
+    did not make (a kubelet's) is news even when it arrives after the operator's newer write."""
+    cache = ObjectCache()
+    cache.observe(pod("a", 10, role="trainer"), quiet=True)
+    cache.observe(pod("a", 12, role="trainer"), quiet=True)
+    assert not cache.observe(pod("a", 10, role="trainer"))  # late echo of the first write
+    assert cache.get("Pod", "team-a", "a")["metadata"]["resourceVersion"] == "12"
+    assert cache.observe(pod("a", 11, role="inference"))  # someone else's, between the two
+    assert not cache.observe(pod("a", 12, role="trainer"))
+    with cache.creating(pod("b", 0)):  # the watch event of a create before the create's answer
+        assert not cache.observe(pod("b", 20))
+    assert cache.get("Pod", "team-a", "b") is not None and cache.observe(pod("b", 21))
 
 
 def test_an_object_no_watch_delivered_for_max_age_counts_as_gone():

@@ -18,11 +18,12 @@ would need list on every Secret of the namespace): a Secret read is remembered f
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .kube import DEFAULT_MAX_IN_FLIGHT, Credentials, Kube, Manifest
@@ -70,6 +71,7 @@ def _newer_or_same(held: Manifest, incoming: Manifest) -> bool:
     return True
 
 
+OWN_VERSIONS = 8  # of one object, remembered to tell their watch echoes from someone else's change
 WRITTEN: contextvars.ContextVar[list[Key] | None] = contextvars.ContextVar("kuberl_written", default=None)
 """The objects the running sync wrote (created or patched), in order; None outside a sync."""
 
@@ -81,14 +83,14 @@ class ObjectCache:
                  refresh: float = float("inf")) -> None:
         self._objects: dict[Key, Manifest] = {}
         self._seen: dict[Key, float] = {}
-        self._quiet: set[Key] = set()  # held as the operator's own status write left it
+        self._ours: dict[Key, deque[str | None]] = defaultdict(lambda: deque(maxlen=OWN_VERSIONS))
+        self._creating: set[Key] = set()  # the operator's creates in flight (``creating``)
         self._by_label: dict[tuple[str, str | None, str, str], set[str]] = defaultdict(set)
         self._lock = threading.Lock()
         self._max_age, self._clock, self._refresh = max_age, clock, refresh
 
     def _unindex(self, key: Key) -> None:
         self._seen.pop(key, None)
-        self._quiet.discard(key)
         old = self._objects.pop(key, None)
         for label, value in ((old or {}).get("metadata", {}).get("labels") or {}).items():
             names = self._by_label.get((key[0], key[1], label, value))
@@ -97,38 +99,55 @@ class ObjectCache:
                 if not names:
                     del self._by_label[(key[0], key[1], label, value)]
 
+    def _drop(self, key: Key) -> None:
+        self._unindex(key)
+        self._ours.pop(key, None)
+
     def observe(self, obj: Manifest, quiet: bool = False) -> bool:
-        """An object as a watch or a write delivered it; ``quiet``: the operator's own write that needs
-        no reconciling (a status, a pod's labels). Returns whether it is news — anything but the
-        watch's echo of a quiet write (and that too when it was not delivered for ``refresh`` seconds:
-        a resync's re-list re-syncs everything). A version older than the one held does not replace
-        it but is news: someone changed the object before the operator's own write that the cache
-        already holds (a kubelet's status under a label patch), and that change wants a sync."""
+        """An object as a watch or a write delivered it; ``quiet``: the operator's own write (a create,
+        a spec, a status, a pod's labels: whatever it calls for, its sync asked for itself). Returns
+        whether it is news — anything but the watch's echo of one of the last ``OWN_VERSIONS`` own
+        writes of the object (and that too when it was not delivered for ``refresh`` seconds: a
+        resync's re-list re-syncs everything). A version older than the one held does not replace
+        it; it is news unless it is an own write's late echo: someone changed the object before the
+        operator's write that the cache already holds (a kubelet's status under a label patch)."""
         key, obj = _key(obj), slim(obj)  # copied outside the lock: syncs read meanwhile
+        version = obj["metadata"].get("resourceVersion")
         with self._lock:
             held = self._objects.get(key)
-            if held is not None and not _newer_or_same(held, obj):
-                return True
-            echo = (held is not None and key in self._quiet
-                    and held["metadata"].get("resourceVersion") == obj["metadata"].get("resourceVersion"))
-            news = not echo or self._clock() - self._seen.get(key, 0.0) > self._refresh
-            self._unindex(key)
+            if held is None and key in self._creating:  # the watch was quicker than the create's answer
+                quiet = True
             if quiet:
-                self._quiet.add(key)
+                self._ours[key].append(version)
+            news = version not in self._ours.get(key, ()) or self._clock() - self._seen.get(key, 0.0) > self._refresh
+            if held is not None and not _newer_or_same(held, obj):
+                return news
+            self._unindex(key)
             self._objects[key] = obj
             self._seen[key] = self._clock()
             for label, value in (obj["metadata"].get("labels") or {}).items():
                 self._by_label[(key[0], key[1], label, value)].add(key[2])
             return news
 
+    @contextlib.contextmanager
+    def creating(self, obj: Manifest) -> Iterator[None]:
+        """While the operator's create of ``obj`` is in flight, its watch event (which may come before
+        the answer) is the echo of the operator's own write, not news (an "expectation")."""
+        key = _key(obj)
+        self._creating.add(key)
+        try:
+            yield
+        finally:
+            self._creating.discard(key)
+
     def forget(self, kind: str, namespace: str | None, name: str) -> None:
         with self._lock:
-            self._unindex((kind, namespace, name))
+            self._drop((kind, namespace, name))
 
     def _current(self, key: Key) -> Manifest | None:
         """The held object, unless it has not been delivered for ``max_age`` (then it is dropped)."""
         if key in self._seen and self._clock() - self._seen[key] > self._max_age:
-            self._unindex(key)
+            self._drop(key)
         return self._objects.get(key)
 
     def get(self, kind: str, namespace: str | None, name: str) -> Manifest | None:
@@ -190,7 +209,11 @@ class CachedKube(Kube):
             written.append(_key(obj))
 
     async def create(self, obj: Manifest) -> Manifest:
-        created = await super().create(obj)
+        if obj.get("kind") not in self.cached:
+            created = await super().create(obj)
+        else:
+            with self.cache.creating(obj):
+                created = await super().create(obj)
         self._remember(created)
         return created
 

@@ -54,6 +54,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = RESYNC_SECONDS
+    settings.queueing.idle_timeout = 0.5  # an idle object worker holds its last event body: let it go soon
     settings.networking.error_backoffs = [1, 2, 5, 10]
     memo["cache"] = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
     memo["kube"] = CachedKube(lambda: kube.login(settings), memo["cache"], CACHED_KINDS,
@@ -64,6 +65,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
                               secret_seconds=float(os.environ.get("KUBERL_SECRET_RECHECK_SECONDS", "60")))
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     memo["syncing"], memo["dirty"], memo["tasks"] = set(), set(), set()
+    memo["full"], memo["converged"] = set(), {}  # experiments: full sync asked for; generation converged
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(
         memo["kube"], interval,
@@ -150,11 +152,14 @@ SYNCS: dict[str, Callable[[Kube, str, str], Awaitable[Any]]] = {
 }
 
 
-async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str) -> None:
+async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up: bool = False) -> None:
     """Run ``kind``'s sync for one object, one at a time per object: a request while one runs marks
     the object dirty and the running one goes round once more (any number of events → at most one
-    sync after the current one)."""
+    sync after the current one). ``roll_up``: an experiment's status is all that is asked for (its
+    child wrote its own); any other request for it asks for the full sync, and wins."""
     key = (kind, namespace, name)
+    if kind == RLExperiment.KIND and not roll_up:
+        memo["full"].add(key)
     if key in memo["syncing"]:
         memo["dirty"].add(key)
         return
@@ -169,6 +174,26 @@ async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str) -> 
         memo["syncing"].discard(key)
 
 
+async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
+    """``key``'s sync; an experiment's only rolls its children's status up unless a full one was
+    asked for or its last full one did not converge this generation (``reconcile.roll_up_experiment``)."""
+    kind, namespace, name = key
+    if kind != RLExperiment.KIND:
+        await SYNCS[kind](_kube(memo), namespace, name)
+        return
+    converged: dict[tuple[str, str, str], int] = memo["converged"]
+    if key in memo["full"]:
+        memo["full"].discard(key)
+        converged.pop(key, None)
+        generation = await reconcile.sync_experiment(_kube(memo), namespace, name)
+    else:
+        generation = await reconcile.roll_up_experiment(_kube(memo), namespace, name, converged.get(key))
+    if generation is None:
+        converged.pop(key, None)
+    else:
+        converged[key] = generation
+
+
 async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     """One sync, then the syncs its own writes call for
     (``follow_ups``). On failure: log it, report it on the object when it will not heal by itself
@@ -179,8 +204,11 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     written: list[tuple[str, str | None, str]] = []
     token = WRITTEN.set(written)
     try:
-        await SYNCS[kind](_kube(memo), namespace, name)
+        await _sync(memo, key)
     except Exception as err:
+        if kind == RLExperiment.KIND:  # its retry converges in full
+            memo["converged"].pop(key, None)
+            memo["full"].add(key)
         failure = classify(err)
         attempt, delay = backoff.failed(key, failure.retry_after)
         level = logging.INFO if failure.reason == "ApiError409" else logging.WARNING  # a lost race: routine
@@ -198,7 +226,8 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
         if backoff.succeeded(key):
             log.info("%s %s/%s: in sync again", kind, namespace, name)
     for follow in reconcile.follow_ups(key, written, memo["cache"].get):
-        _spawn(memo, sync_object(memo, *follow), "kuberl-follow-up-" + "/".join(follow))
+        roll_up = follow[0] == RLExperiment.KIND  # a pool's or job's status write: only the roll-up
+        _spawn(memo, sync_object(memo, *follow, roll_up=roll_up), "kuberl-follow-up-" + "/".join(follow))
 
 
 def _spawn(memo: kopf.Memo, coro: Any, name: str) -> None:
@@ -228,6 +257,9 @@ def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) ->
 async def experiment_event(event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     if _observed(memo, event) and _live(event):
         await sync_object(memo, RLExperiment.KIND, namespace, name)
+    elif not _live(event):
+        memo["converged"].pop((RLExperiment.KIND, namespace, name), None)
+        memo["full"].discard((RLExperiment.KIND, namespace, name))
 
 
 @kopf.on.event(*POOLS)

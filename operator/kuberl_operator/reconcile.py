@@ -359,8 +359,9 @@ async def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children
     await write_status(kube, body, status)
 
 
-async def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | None:
-    """Validate, converge the ConfigMap, InferencePool and TrainerJob, then roll their status up."""
+async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
+    """Validate, converge the ConfigMap, InferencePool and TrainerJob, then roll their status up.
+    Returns the generation it converged (None: gone, invalid, or a child's name taken)."""
     body = await kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -372,11 +373,11 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | N
         message = "; ".join(str(i) for i in schema_issues(err))
         await write_status(kube, body, invalid_spec_status(generation, message))
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, message)
-        return body
+        return None
     except InvalidSpec as err:
         await write_status(kube, body, invalid_spec_status(generation, str(err)))
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, err)
-        return body
+        return None
     try:
         tokens = [await ensure_api_token(kube, body, name)]  # before the pods that read them
         if exp.spec.agent is not None:
@@ -388,10 +389,34 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | N
     except NotOurs as err:
         await write_status(kube, body, child_conflict_status(generation, str(err)))
         log.warning("RLExperiment %s/%s: %s", namespace, name, err)
-        return body
-    pool, job = stored[InferencePool.KIND], stored[TrainerJob.KIND]
+        return None
+    await _roll_up(kube, body, exp, stored[InferencePool.KIND], stored[TrainerJob.KIND])
+    return generation
+
+
+async def roll_up_experiment(kube: Kube, namespace: str, name: str, converged: int | None) -> int | None:
+    """The experiment's status from its pool's and job's, without converging its children: what a
+    child's own status write calls for. Only when ``converged`` — the generation its last full sync
+    converged — is its generation now and both children are there; otherwise the full
+    ``sync_experiment``. Returns the generation converged, as that does."""
+    body = await kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    pool = await kube.get(GROUP_VERSION, InferencePool.KIND, namespace, inference_pool_name(name))
+    job = await kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, trainer_job_name(name))
+    generation = body["metadata"].get("generation")
+    if converged is None or converged != generation or pool is None or job is None:
+        return await sync_experiment(kube, namespace, name)
+    await _roll_up(kube, body, RLExperiment.model_validate(body), pool, job)
+    return generation
+
+
+async def _roll_up(kube: Kube, body: Manifest, exp: RLExperiment, pool: Manifest, job: Manifest) -> None:
+    """Write the experiment's status from its pool's and job's (``experiment_status``); on turning
+    Succeeded, with the final progress."""
+    namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     status = experiment_status(
-        generation, exp.spec.suspend,
+        body["metadata"].get("generation"), exp.spec.suspend,
         (pool["metadata"]["name"], pool.get("status")),
         (job["metadata"]["name"], job.get("status")),
     )
@@ -402,7 +427,6 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> Manifest | N
         if final:
             status["progress"] = final
     await write_status(kube, body, {**(body.get("status") or {}), **status})
-    return body
 
 
 def owner_name(obj: Manifest, kind: str) -> str | None:
