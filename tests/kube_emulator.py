@@ -364,7 +364,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _uid_exists(self, uid: str | None) -> bool:
         """Whether an object with ``uid`` exists (the index of created ones first; a scan for one put in
         ``store`` directly)."""
-        return uid in self._uids or any(o["metadata"].get("uid") == uid for objects in self.store.values() for o in objects.values())
+        return uid in self._uids or any(o["metadata"].get("uid") == uid
+                                        for objects in self.store.values() for o in objects.values())
 
     async def update(self, group: str, plural: str, namespace: str | None, name: str, new: Obj,
                      subresource: str | None = None) -> Obj:

@@ -40,7 +40,7 @@ async def test_the_operator_converges_through_api_faults_without_duplicates_or_o
         Fault("POST", "pods", 500, times=2),
         Fault("POST", "services", 429, times=1),  # Retry-After: 1
         Fault("PATCH", "inferencepools", 409, times=1, subresource="status"),
-        Fault("GET", "secrets", 0, times=1, hang=3),  # no answer: the client's timeout fires (other reads are cached)
+        Fault("POST", "secrets", 0, times=1, hang=3),  # no answer: the client's timeout fires
     ]
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api

@@ -63,6 +63,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
                               max_in_flight=int(os.environ.get("KUBERL_API_MAX_IN_FLIGHT")
                                                 or kube.DEFAULT_MAX_IN_FLIGHT),
                               secret_seconds=float(os.environ.get("KUBERL_SECRET_RECHECK_SECONDS", "60")))
+    memo["kube"].connect()  # now, not in the first sync: reading the CA bundle alone takes ~50 ms
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     memo["syncing"], memo["dirty"], memo["tasks"] = set(), set(), set()
     memo["full"], memo["converged"] = set(), {}  # experiments: full sync asked for; generation converged

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +20,8 @@ import aiohttp
 import kopf
 
 from .ratelimit import RateLimit
+
+log = logging.getLogger("kuberl.operator")
 
 Manifest = dict[str, Any]
 Credentials = Callable[[], kopf.ConnectionInfo]
@@ -81,12 +84,14 @@ class Kube:
         self._session: aiohttp.ClientSession | None = None
         self._server = ""
 
-    def _open(self) -> aiohttp.ClientSession:
+    def connect(self) -> aiohttp.ClientSession:
+        """Log in and open the session (the first call does, if nothing did before; a 401 again)."""
         info = self._credentials()
         self._server = info.server.rstrip("/")
         connector = aiohttp.TCPConnector(limit=self._max_in_flight, ssl=info.as_ssl_context())
         self._session = aiohttp.ClientSession(connector=connector, headers=info.as_http_headers(),
                                               timeout=self._timeout, proxy=info.proxy_url, trust_env=info.trust_env)
+        log.info("API client logged in to %s", self._server)
         return self._session
 
     async def close(self) -> None:
@@ -102,7 +107,7 @@ class Kube:
             for attempt in (1, 2):
                 if self._limit is not None:
                     await self._limit.acquire()
-                session = self._session or self._open()
+                session = self._session or self.connect()
                 async with session.request(method, self._server + path, params=query, data=data,
                                            headers=headers) as response:
                     if response.status == 401 and attempt == 1:  # a rotated token: log in again, once

@@ -70,14 +70,16 @@ def _controller_uid(meta: Manifest) -> str | None:
     return next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
 
 
-async def ensure(kube: Kube, obj: Manifest) -> Manifest:
+async def ensure(kube: Kube, obj: Manifest, new_owner: bool = False) -> Manifest:
     """Create ``obj`` if absent; bring an existing object's spec or data in line (``_updated_field``;
     a merge patch that also removes the fields the desired object no longer has).
     Raises NotOurs (and touches nothing) when the existing object is controlled by another owner
-    or by none: a user's ConfigMap that happens to carry the name is never adopted or rewritten."""
+    or by none: a user's ConfigMap that happens to carry the name is never adopted or rewritten.
+    ``new_owner``: the owner was never synced (it has no status), so ``obj`` is almost surely absent:
+    create it without reading first (a read the cache cannot answer costs a round trip); a 409 reads."""
     meta = obj["metadata"]
     key = (obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-    existing = await kube.get(*key)
+    existing = None if new_owner else await kube.get(*key)
     if existing is None:
         try:
             created = await kube.create(obj)
@@ -121,7 +123,8 @@ async def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: s
     """The experiment's API token Secret (docs/architecture.md, "Who may call what"), or its token
     ``name`` (the agent's): created once with a fresh random token, owned by ``owner``, never
     rewritten while it exists; returned as stored (its version: ``access.token_version``)."""
-    return await ensure(kube, api_token_secret(owner, experiment, secrets.token_urlsafe(32), name))
+    secret = api_token_secret(owner, experiment, secrets.token_urlsafe(32), name)
+    return await ensure(kube, secret, new_owner=not owner.get("status"))
 
 
 async def delete_owned(kube: Kube, parent: Manifest, api_version: str, kind: str, name: str) -> bool:
@@ -227,7 +230,8 @@ async def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> s
     owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
     own_name = inference_pool_name(experiment) if body["kind"] == InferencePool.KIND else trainer_job_name(experiment)
     if meta["name"] == own_name and owner.get("kind") == RLExperiment.KIND and owner.get("name") == experiment:
-        current = await kube.get(GROUP_VERSION, RLExperiment.KIND, meta.get("namespace"), experiment)
+        key = (GROUP_VERSION, RLExperiment.KIND, meta.get("namespace"), experiment)
+        current = await kube.get(*key) or await kube.read(*key)  # the cache may not hold it yet (a restart)
         if current is not None and current["metadata"].get("uid") == owner.get("uid"):
             return None
     return (f"spec.experiment: {experiment!r} is set by an RLExperiment on the pool and job it creates; this "
@@ -382,7 +386,7 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
         tokens = [await ensure_api_token(kube, body, name)]  # before the pods that read them
         if exp.spec.agent is not None:
             tokens.append(await ensure_api_token(kube, body, name, agent_token_secret_name(name)))
-        else:
+        elif generation != 1:  # an agent is removed by a spec change; the first spec had none to remove
             await prune_agent(kube, body, name)
         children = build_experiment_children(exp, body, token_version=token_version(*tokens))
         stored = {c["kind"]: await ensure(kube, c) for c in children}  # in order: a conflict stops the rest
