@@ -101,3 +101,25 @@ def test_a_pod_is_held_without_its_spec_but_its_node_and_nothing_is_held_twice()
     held = cache.get("Pod", "team-a", "a")
     assert held["spec"] == {"nodeName": "node-7"} and held["status"] == {"phase": "Running"}
     assert "managedFields" not in held["metadata"] and big["spec"]["containers"]  # the caller's is untouched
+
+
+def test_an_experiment_is_only_rolled_up_while_its_last_full_sync_converged():
+    """``handlers.Convergence``: a roll-up alone only after a full sync converged a generation; any
+    request for more, or a sync that converged nothing (invalid, a name taken, a failure), makes the
+    next one full."""
+    from kuberl_operator.handlers import Convergence
+
+    key = ("RLExperiment", "team-a", "a")
+    state = Convergence()
+    assert state.take(key) == (False, None)  # never converged: roll_up_experiment goes full itself
+    state.ask_full(key)
+    assert state.take(key) == (True, None)
+    state.record(key, 3)
+    assert state.take(key) == (False, 3)  # a child's status write: the roll-up alone
+    state.ask_full(key)  # e.g. the spec changed meanwhile
+    assert state.take(key) == (True, None)
+    state.record(key, None)  # that full sync found the spec invalid
+    assert state.take(key) == (True, None)
+    state.record(key, 4)
+    state.forget(key)  # deleted
+    assert state.take(key) == (False, None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -50,6 +51,21 @@ def json_copy(value: Any) -> Any:
     return value
 
 
+SHARED_TEXT = 64  # characters: keys and values up to this long are held once however many objects repeat them
+
+
+def _held(value: Any) -> Any:
+    """``json_copy`` for what the cache holds: keys and short strings interned (``sys.intern``), so
+    the field names and label values thousands of objects repeat are held once, not once each."""
+    if type(value) is dict:
+        return {sys.intern(k): _held(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_held(v) for v in value]
+    if type(value) is str and len(value) <= SHARED_TEXT:
+        return sys.intern(value)
+    return value
+
+
 def slim(obj: Manifest) -> Manifest:
     """What the operator reads of ``obj`` (a copy): no managedFields or kubectl's last-applied copy
     of the spec, and of a pod only its node (reconcile reads a pod's metadata and status; it never
@@ -60,7 +76,7 @@ def slim(obj: Manifest) -> Manifest:
     out = {**obj, "metadata": meta}
     if obj.get("kind") == "Pod":
         out["spec"] = {k: v for k, v in (obj.get("spec") or {}).items() if k == "nodeName"}
-    return json_copy(out)
+    return _held(out)
 
 
 def _newer_or_same(held: Manifest, incoming: Manifest) -> bool:

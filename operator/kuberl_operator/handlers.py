@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -34,6 +35,7 @@ from .retry import Backoff, classify
 
 log = logging.getLogger("kuberl.operator")
 RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
+MAX_SYNCS = 64  # syncs running at once (KUBERL_MAX_SYNCS): each holds its object, model and children
 PROGRESS_TASK = "kuberl-progress-polling"
 RETRY_TASK = "kuberl-retry-"
 EXPERIMENTS = (API_GROUP, API_VERSION, "rlexperiments")
@@ -66,7 +68,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo["kube"].connect()  # now, not in the first sync: reading the CA bundle alone takes ~50 ms
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     memo["syncing"], memo["dirty"], memo["tasks"] = set(), set(), set()
-    memo["full"], memo["converged"] = set(), {}  # experiments: full sync asked for; generation converged
+    memo["convergence"] = Convergence()
+    memo["sync_slots"] = asyncio.Semaphore(int(os.environ.get("KUBERL_MAX_SYNCS") or MAX_SYNCS))
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(
         memo["kube"], interval,
@@ -153,6 +156,39 @@ SYNCS: dict[str, Callable[[Kube, str, str], Awaitable[Any]]] = {
 }
 
 
+@dataclass
+class Convergence:
+    """Per experiment: whether a full sync is asked for, and the generation its last full sync
+    converged (children ensured, status rolled up); changed only through these methods. A roll-up
+    alone does when the last full sync converged the current generation and nothing asked for more."""
+
+    _full: set[tuple[str, str, str]] = field(default_factory=set)
+    _converged: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def ask_full(self, key: tuple[str, str, str]) -> None:
+        self._full.add(key)
+
+    def take(self, key: tuple[str, str, str]) -> tuple[bool, int | None]:
+        """(full sync asked for — and now taken, the generation last converged)."""
+        full = key in self._full
+        self._full.discard(key)
+        if full:
+            self._converged.pop(key, None)
+        return full, self._converged.get(key)
+
+    def record(self, key: tuple[str, str, str], generation: int | None) -> None:
+        """What a sync converged (None: nothing; the next one is full)."""
+        if generation is None:
+            self._converged.pop(key, None)
+            self._full.add(key)
+        else:
+            self._converged[key] = generation
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        self._full.discard(key)
+        self._converged.pop(key, None)
+
+
 async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up: bool = False) -> None:
     """Run ``kind``'s sync for one object, one at a time per object: a request while one runs marks
     the object dirty and the running one goes round once more (any number of events → at most one
@@ -160,7 +196,7 @@ async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str, rol
     child wrote its own); any other request for it asks for the full sync, and wins."""
     key = (kind, namespace, name)
     if kind == RLExperiment.KIND and not roll_up:
-        memo["full"].add(key)
+        memo["convergence"].ask_full(key)
     if key in memo["syncing"]:
         memo["dirty"].add(key)
         return
@@ -182,34 +218,29 @@ async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     if kind != RLExperiment.KIND:
         await SYNCS[kind](_kube(memo), namespace, name)
         return
-    converged: dict[tuple[str, str, str], int] = memo["converged"]
-    if key in memo["full"]:
-        memo["full"].discard(key)
-        converged.pop(key, None)
+    convergence: Convergence = memo["convergence"]
+    full, converged = convergence.take(key)
+    if full:
         generation = await reconcile.sync_experiment(_kube(memo), namespace, name)
     else:
-        generation = await reconcile.roll_up_experiment(_kube(memo), namespace, name, converged.get(key))
-    if generation is None:
-        converged.pop(key, None)
-    else:
-        converged[key] = generation
+        generation = await reconcile.roll_up_experiment(_kube(memo), namespace, name, converged)
+    convergence.record(key, generation)
 
 
 async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
-    """One sync, then the syncs its own writes call for
-    (``follow_ups``). On failure: log it, report it on the object when it will not heal by itself
-    (``Degraded`` condition + Event), and schedule a retry with per-object exponential backoff
-    (``retry``). A success clears the count."""
+    """One sync, then the syncs its own writes call for (``follow_ups``). On failure: log it,
+    report it on the object when it will not heal by itself (``Degraded`` condition + Event), and
+    schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
     kind, namespace, name = key
     backoff: Backoff = memo["backoff"]
     written: list[tuple[str, str | None, str]] = []
     token = WRITTEN.set(written)
     try:
-        await _sync(memo, key)
+        async with memo["sync_slots"]:  # a waiting sync holds nothing: memory bounded in a burst
+            await _sync(memo, key)
     except Exception as err:
         if kind == RLExperiment.KIND:  # its retry converges in full
-            memo["converged"].pop(key, None)
-            memo["full"].add(key)
+            memo["convergence"].record(key, None)
         failure = classify(err)
         attempt, delay = backoff.failed(key, failure.retry_after)
         level = logging.INFO if failure.reason == "ApiError409" else logging.WARNING  # a lost race: routine
@@ -259,8 +290,7 @@ async def experiment_event(event: dict[str, Any], name: str, namespace: str, mem
     if _observed(memo, event) and _live(event):
         await sync_object(memo, RLExperiment.KIND, namespace, name)
     elif not _live(event):
-        memo["converged"].pop((RLExperiment.KIND, namespace, name), None)
-        memo["full"].discard((RLExperiment.KIND, namespace, name))
+        memo["convergence"].forget((RLExperiment.KIND, namespace, name))
 
 
 @kopf.on.event(*POOLS)
