@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -99,6 +100,36 @@ async def test_status_goes_running_then_succeeded(tmp_path):
         trainer = pods(api, "team-a", "kuberl.io/role=trainer")[0]
         await set_pod(api, trainer, "Succeeded", exit_code=0)
         await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Succeeded", what="Succeeded")
+
+
+async def quiet_requests(api) -> dict[str, int]:
+    """The API requests served so far, once none came for half a second."""
+    while True:
+        seen = dict(api.requests)
+        await asyncio.sleep(0.5)
+        if dict(api.requests) == seen:
+            return seen
+
+
+async def test_a_new_experiment_reaches_running_without_one_api_read(tmp_path):
+    """The operator reads what its watches delivered, creates a new experiment's token Secret without
+    looking first and looks for no agent the first spec never had: from create to Running it sends no
+    get or list; it creates each child once, and the watch echoes of its own writes trigger nothing
+    (a status is written when it changes: experiment, pool and job go Pending → Running)."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        before = await quiet_requests(api)  # kopf's own lists and watches at start-up are over
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        for pod in pods(api, "team-a"):
+            await set_pod(api, pod, "Running", ready=True)
+        await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("phase") == "Running",
+                         what="Running")
+        after = await quiet_requests(api)  # anything still to come, e.g. a sync an echo set off
+        sent = {verb: n - before.get(verb, 0) for verb, n in after.items() if n != before.get(verb, 0)}
+        assert sent.get("get", 0) == 0 and sent.get("list", 0) == 0, sent
+        assert sent["create"] == 9, sent  # Secret, ConfigMap, pool, job, NetworkPolicy, 2 Services, 2 pods
+        assert sent["patch"] <= 8, sent  # statuses only
 
 
 @pytest.mark.parametrize(

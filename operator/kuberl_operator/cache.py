@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
-import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -93,7 +92,8 @@ WRITTEN: contextvars.ContextVar[list[Key] | None] = contextvars.ContextVar("kube
 
 
 class ObjectCache:
-    """Objects by (kind, namespace, name), with an index of (kind, namespace, label, value) → names."""
+    """Objects by (kind, namespace, name), with an index of (kind, namespace, label, value) → names.
+    Used from the operator's event loop only: no method awaits, so none needs a lock."""
 
     def __init__(self, max_age: float = float("inf"), clock: Callable[[], float] = time.monotonic,
                  refresh: float = float("inf")) -> None:
@@ -102,7 +102,6 @@ class ObjectCache:
         self._ours: dict[Key, deque[str | None]] = defaultdict(lambda: deque(maxlen=OWN_VERSIONS))
         self._creating: set[Key] = set()  # the operator's creates in flight (``creating``)
         self._by_label: dict[tuple[str, str | None, str, str], set[str]] = defaultdict(set)
-        self._lock = threading.Lock()
         self._max_age, self._clock, self._refresh = max_age, clock, refresh
 
     def _unindex(self, key: Key) -> None:
@@ -127,23 +126,22 @@ class ObjectCache:
         resync's re-list re-syncs everything). A version older than the one held does not replace
         it; it is news unless it is an own write's late echo: someone changed the object before the
         operator's write that the cache already holds (a kubelet's status under a label patch)."""
-        key, obj = _key(obj), slim(obj)  # copied outside the lock: syncs read meanwhile
+        key, obj = _key(obj), slim(obj)
         version = obj["metadata"].get("resourceVersion")
-        with self._lock:
-            held = self._objects.get(key)
-            if held is None and key in self._creating:  # the watch was quicker than the create's answer
-                quiet = True
-            if quiet:
-                self._ours[key].append(version)
-            news = version not in self._ours.get(key, ()) or self._clock() - self._seen.get(key, 0.0) > self._refresh
-            if held is not None and not _newer_or_same(held, obj):
-                return news
-            self._unindex(key)
-            self._objects[key] = obj
-            self._seen[key] = self._clock()
-            for label, value in (obj["metadata"].get("labels") or {}).items():
-                self._by_label[(key[0], key[1], label, value)].add(key[2])
+        held = self._objects.get(key)
+        if held is None and key in self._creating:  # the watch was quicker than the create's answer
+            quiet = True
+        if quiet:
+            self._ours[key].append(version)
+        news = version not in self._ours.get(key, ()) or self._clock() - self._seen.get(key, 0.0) > self._refresh
+        if held is not None and not _newer_or_same(held, obj):
             return news
+        self._unindex(key)
+        self._objects[key] = obj
+        self._seen[key] = self._clock()
+        for label, value in (obj["metadata"].get("labels") or {}).items():
+            self._by_label[(key[0], key[1], label, value)].add(key[2])
+        return news
 
     @contextlib.contextmanager
     def creating(self, obj: Manifest) -> Iterator[None]:
@@ -157,8 +155,7 @@ class ObjectCache:
             self._creating.discard(key)
 
     def forget(self, kind: str, namespace: str | None, name: str) -> None:
-        with self._lock:
-            self._drop((kind, namespace, name))
+        self._drop((kind, namespace, name))
 
     def _current(self, key: Key) -> Manifest | None:
         """The held object, unless it has not been delivered for ``max_age`` (then it is dropped)."""
@@ -167,17 +164,15 @@ class ObjectCache:
         return self._objects.get(key)
 
     def get(self, kind: str, namespace: str | None, name: str) -> Manifest | None:
-        with self._lock:
-            obj = self._current((kind, namespace, name))
+        obj = self._current((kind, namespace, name))
         return json_copy(obj) if obj is not None else None  # a held object is replaced, never changed
 
     def list(self, kind: str, namespace: str | None, selector: dict[str, str]) -> list[Manifest]:
         """Objects of ``kind`` in ``namespace`` whose labels include every pair of ``selector``."""
-        with self._lock:
-            sets = [self._by_label.get((kind, namespace, k, v), set()) for k, v in selector.items()]
-            names = set.intersection(*sets) if sets else {n for (k, ns, n) in self._objects
-                                                           if k == kind and ns == namespace}
-            found = [self._current((kind, namespace, n)) for n in sorted(names)]
+        sets = [self._by_label.get((kind, namespace, k, v), set()) for k, v in selector.items()]
+        names = set.intersection(*sets) if sets else {n for (k, ns, n) in self._objects
+                                                       if k == kind and ns == namespace}
+        found = [self._current((kind, namespace, n)) for n in sorted(names)]
         return [json_copy(obj) for obj in found if obj is not None]
 
     def __len__(self) -> int:
