@@ -181,16 +181,16 @@ async def write_status(kube: Kube, obj: Manifest, status: Manifest) -> bool:
     return True
 
 
-POD_BATCH = 64
-
-
 async def _owned_pods(kube: Kube, parent: Manifest, selector: dict[str, str]) -> list[Manifest]:
     pods = await kube.list("v1", "Pod", parent["metadata"].get("namespace"), selector)
     return [p for p in pods if _controller_uid(p["metadata"]) == parent["metadata"].get("uid")]
 
 
+POD_BATCH = 64
+
+
 async def _converge(kube: Kube, parent: Manifest, children: list[Manifest], selector: dict[str, str],
-              gang: bool) -> list[Manifest]:
+                    gang: bool) -> list[Manifest]:
     """Create what is missing, prune pods no longer wanted, replace pods whose template changed
     (``replacement``: the whole gang, or one replica at a time); returns ``parent``'s pods. The
     pods are created ``POD_BATCH`` at a time, concurrently (independent of each other; the client
@@ -202,7 +202,7 @@ async def _converge(kube: Kube, parent: Manifest, children: list[Manifest], sele
     for start in range(0, len(pods_wanted), POD_BATCH):
         await asyncio.gather(*(ensure(kube, pod) for pod in pods_wanted[start:start + POD_BATCH]))
     desired = {c["metadata"]["name"]: (c["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH, "")
-               for c in children if c["kind"] == "Pod"}
+               for c in pods_wanted}
     await prune_pods(kube, parent, selector, set(desired))
     pods = await _owned_pods(kube, parent, selector)
     doomed = pods_to_replace(desired, pods, gang)
@@ -406,10 +406,12 @@ async def roll_up_experiment(kube: Kube, namespace: str, name: str, converged: i
     body = await kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
+    generation = body["metadata"].get("generation")
+    if converged is None or converged != generation:
+        return await sync_experiment(kube, namespace, name)
     pool = await kube.get(GROUP_VERSION, InferencePool.KIND, namespace, inference_pool_name(name))
     job = await kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, trainer_job_name(name))
-    generation = body["metadata"].get("generation")
-    if converged is None or converged != generation or pool is None or job is None:
+    if pool is None or job is None:
         return await sync_experiment(kube, namespace, name)
     await _roll_up(kube, body, RLExperiment.model_validate(body), pool, job)
     return generation
