@@ -60,6 +60,38 @@ async def test_generate_logprobs_match_the_model(tok):
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4)
 
 
+async def wait_for_tokens(engine: TorchEngine, count: int) -> None:
+    while engine.generated_tokens < count:
+        await asyncio.sleep(0.001)
+
+
+async def test_requests_joining_leaving_and_new_weights_mid_flight_sample_what_an_uncached_forward_would(tok):
+    """The KV cache is invisible: requests join while others run (different lengths), leave at
+    different lengths, and new weights arrive mid-generation; every token's log-prob equals the
+    one recomputed without a cache, from the whole sequence, under the weights of its version."""
+    engine = make_engine(tok)
+    old_model, new_model = tiny_qwen2(len(tok), seed=0), tiny_qwen2(len(tok), seed=1)
+    engine.start()
+    try:
+        first = [asyncio.ensure_future(engine.generate(prompt(tok, text), SamplingParams(max_new_tokens=n)))
+                 for text, n in (("1+2=", 30), ("12*34+5=", 9))]
+        await wait_for_tokens(engine, 6)
+        later = [asyncio.ensure_future(engine.generate(prompt(tok, text), SamplingParams(max_new_tokens=n)))
+                 for text, n in (("7=", 25), ("123+456+789+1=", 14))]
+        await wait_for_tokens(engine, 30)
+        await engine.load_weights(new_model.state_dict(), version=1)
+        outs = await asyncio.gather(*first, *later)
+    finally:
+        await engine.stop()
+    texts = ("1+2=", "12*34+5=", "7=", "123+456+789+1=")
+    assert {0, 1} <= {v for out in outs for v in out.versions}  # the update landed mid-flight
+    for text, out in zip(texts, outs, strict=True):
+        ids, n = prompt(tok, text) + out.output_ids, len(out.output_ids)
+        under = {0: recompute_logprobs(old_model, ids, n, 1.0), 1: recompute_logprobs(new_model, ids, n, 1.0)}
+        expected = torch.stack([under[v][i] for i, v in enumerate(out.versions)])
+        assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-5), text
+
+
 async def test_greedy_is_deterministic(tok):
     engine = make_engine(tok)
     engine.start()

@@ -9,8 +9,10 @@ distribution the token was sampled from) and the weight version that produced it
 tokens generated so far, so the client can resume them (prompt + partial output) under the next
 weights. New requests wait while paused. ``load_weights()`` checks the whole update against the
 model first, then swaps the parameters and bumps the version atomically between steps, without
-interrupting anything. No KV cache: each step recomputes the whole (short) sequences, which is
-simple and exact for the small models this engine is for; a sequence never grows past the model's
+interrupting anything. Keys and values are cached (``kv_batch``): a step feeds each running
+sequence its last token, and prefills only the sequences that joined since the last step. New
+weights drop the cache: the next step recomputes every sequence under them, so a token is always
+sampled from exactly the weights whose version it records. A sequence never grows past the model's
 ``max_position_embeddings`` (``max_model_len``).
 
 Health: the engine is healthy while its loop runs and, when work is waiting, makes progress — a
@@ -29,9 +31,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from ..devices import WIRE_DTYPE
 from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineDown, Generation, SamplingParams
+from .kv_batch import KVBatch, LayerKV, concat, selected
 
 log = logging.getLogger("kuberl.inference")
 STALL_SECONDS = 60.0  # work waiting and no engine step for this long: the engine is hung
@@ -95,6 +99,7 @@ class TorchEngine:
         self.aborted = 0
         self._queue: list[_Request] = []
         self._active: list[_Request] = []
+        self._kv: KVBatch[_Request] | None = None  # the keys and values of the last step's rows
         self._paused = False
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
@@ -157,7 +162,7 @@ class TorchEngine:
         self._paused = True
         async with self._step_lock:  # let the current step finish
             aborted = self._active
-            self._active = []
+            self._active, self._kv = [], None
         for req in aborted:
             self._finish(req, FINISH_ABORT)
         self.aborted += len(aborted)
@@ -171,8 +176,8 @@ class TorchEngine:
         """Replace the parameters and set the version atomically, between two engine steps.
 
         In-flight requests are not interrupted: their next token is sampled by the new weights and
-        records the new version. (This engine keeps no KV cache, so continuing is exact; an engine
-        with a cache of old-weight keys/values pauses with abort first and lets the client resume.)
+        records the new version. The cached keys and values of the old weights are dropped, so that
+        next token sees every earlier one through the new weights, as an uncached forward would.
         """
         expected = {name: t.shape for name, t in self.model.state_dict().items()}
         problem = update_mismatch(expected, {name: t.shape for name, t in state.items()})
@@ -180,7 +185,7 @@ class TorchEngine:
             raise ValueError(problem)
         async with self._step_lock:
             self.model.load_state_dict(state)
-            self.version = version
+            self.version, self._kv = version, None
 
     def parameter_layout(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         """What the p2p exchange sends: every parameter in the wire dtype (cast on receipt)."""
@@ -198,7 +203,7 @@ class TorchEngine:
             with torch.no_grad():
                 for name, tensor in tensors.items():
                     params[name].copy_(tensor)
-            self.version = version
+            self.version, self._kv = version, None
 
     # -- the loop ------------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -217,8 +222,8 @@ class TorchEngine:
                 if self._paused or not batch:
                     continue
                 version = self.version
-                tokens, logps = await asyncio.to_thread(self._forward, batch)
-                for req, tok, lp in zip(batch, tokens.tolist(), logps.tolist(), strict=True):
+                rows, tokens, logps = await asyncio.to_thread(self._forward, batch)
+                for req, tok, lp in zip(rows, tokens.tolist(), logps.tolist(), strict=True):
                     if req.future.done():
                         continue
                     req.out.output_ids.append(tok)
@@ -234,24 +239,56 @@ class TorchEngine:
                 self._active = [r for r in self._active if not r.future.done()]
 
     @torch.no_grad()
-    def _forward(self, batch: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        seqs = [r.prompt_ids + r.out.output_ids for r in batch]
+    def _forward(self, batch: list[_Request]) -> tuple[list[_Request], torch.Tensor, torch.Tensor]:
+        """One token for each request in ``batch``: the cached rows still in it decode their last
+        token, the others (new since the last step, or all of them after new weights) are prefilled.
+        Returns the requests in the cache's row order, with their tokens and log-probs."""
+        wanted = {id(r) for r in batch}
+        parts: list[tuple[KVBatch[_Request], torch.Tensor]] = []
+        if self._kv is not None:
+            keep = [i for i, r in enumerate(self._kv.rows) if id(r) in wanted]
+            if keep:
+                parts.append(self._decode(selected(self._kv, keep)))
+        cached = {id(r) for kv, _ in parts for r in kv.rows}
+        joined = [r for r in batch if id(r) not in cached]
+        if joined:
+            parts.append(self._prefill(joined))
+        kv = parts[0][0] if len(parts) == 1 else concat(parts[0][0], parts[1][0])
+        self._kv = kv
+        logits = torch.cat([step_logits for _, step_logits in parts])
+        temperature = torch.tensor([r.params.temperature for r in kv.rows])
+        top_p = torch.tensor([r.params.top_p for r in kv.rows])
+        return kv.rows, *sample_tokens(logits, temperature, top_p, self._generator)
+
+    def _prefill(self, rows: list[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
+        """Whole sequences (prompt and output so far), left-padded: their cache and last logits."""
+        seqs = [r.prompt_ids + r.out.output_ids for r in rows]
         width = max(map(len, seqs))
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, width - len(s):] = torch.tensor(s)
             mask[i, width - len(s):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         device = self.model.device
-        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                            position_ids=positions.to(device)).logits[:, -1, :].float().cpu()
-        temperature = torch.tensor([r.params.temperature for r in batch])
-        top_p = torch.tensor([r.params.top_p for r in batch])
-        return sample_tokens(logits, temperature, top_p, self._generator)
+        mask = mask.to(device)
+        out = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                         use_cache=True)
+        return KVBatch(rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float().cpu()
+
+    def _decode(self, kv: KVBatch[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
+        """Each cached row's last token through the cache: the grown cache and the next logits."""
+        last = torch.tensor([[r.out.output_ids[-1]] for r in kv.rows], device=kv.mask.device)
+        mask = torch.nn.functional.pad(kv.mask, (0, 1), value=1)
+        out = self.model(input_ids=last, attention_mask=mask, position_ids=kv.positions(),
+                         past_key_values=DynamicCache(ddp_cache_data=kv.layers), use_cache=True)
+        return KVBatch(kv.rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float().cpu()
 
     @staticmethod
     def _finish(req: _Request, reason: str) -> None:
         if not req.future.done():
             req.out.finish_reason = reason
             req.future.set_result(req.out)
+
+
+def _layers(cache: DynamicCache) -> list[LayerKV]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
