@@ -6,10 +6,10 @@ import argparse
 import logging
 from typing import Any
 
-import torch
 from aiohttp import web
 
 from ..auth import MissingToken, checked_token
+from ..devices import set_compute_threads
 from ..runconfig import RunConfig, load_run_config
 from ..settings import Settings, from_environment
 from ..weights import disk_directory
@@ -47,7 +47,7 @@ def main() -> None:
         injected_faults(settings.fault_injection)  # an unknown mode is refused before anything starts
     except (MissingToken, ValueError) as err:
         raise SystemExit(str(err)) from err
-    torch.set_num_threads(settings.threads)
+    set_compute_threads(settings.threads)
     host, port = args.host or settings.bind_host or "0.0.0.0", args.port or settings.inference_port
     sync = run.spec.weight_sync
     weights_dir = disk_directory(sync.directory, settings) if str(sync.mode) == "disk" else None

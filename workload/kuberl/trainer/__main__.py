@@ -16,7 +16,7 @@ from ..api.contract import inference_pool_name, inference_replica_host
 from ..api.spec import Accelerator
 from ..auth import MissingToken, checked_token
 from ..collectives import exit_without_teardown
-from ..devices import DIST_BACKENDS, accelerator_device
+from ..devices import DIST_BACKENDS, accelerator_device, set_compute_threads
 from ..runconfig import RunConfig, load_run_config
 from ..settings import Settings, from_environment
 from .loop import train
@@ -63,7 +63,7 @@ def main() -> None:
         checked_token(settings.api_token)  # before joining the gang: every rank fails alike, with one clear line
     except (MissingToken, ValueError) as err:
         raise SystemExit(str(err)) from err
-    torch.set_num_threads(settings.threads)
+    set_compute_threads(settings.threads)
     rank, world, device = init_distributed(run.spec.trainer.accelerator, run.spec.trainer.step_timeout_seconds,
                                            settings)
     try:
