@@ -35,7 +35,7 @@ from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor, token_logprobs_and_entropy
 from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import Batch, collate
+from kuberl.trainer.batch import Batch, collate, split
 from kuberl.trainer.loss import ppo_loss
 
 
@@ -213,6 +213,7 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
 
 
 PPO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
+DR_GRPO = AlgorithmConfig(name="drgrpo", group_size=2, kl_coef=0.0, max_new_tokens=8)  # Σ loss ÷ (rows · 8)
 
 
 def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
@@ -232,8 +233,10 @@ def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
 
 def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: str, out: str) -> None:
     """Two decoupled-PPO steps on two batches: the FSDP actor (``world`` 1) or the Megatron actor with
-    tensor parallelism ``world``, which also checkpoints after the first step and then takes the
-    second step again from that checkpoint in a new actor; rank 0 saves the weights under HF names."""
+    tensor parallelism 2 and data parallelism ``world`` ÷ 2 (each data-parallel rank trains on its
+    share of the rows, as the trainer loop splits them), which also checkpoints after the first step
+    and then takes the second step again from that checkpoint in a new actor; rank 0 saves the
+    weights under HF names."""
     from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -245,22 +248,27 @@ def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: 
         if megatron:
             from megatron.core import parallel_state
 
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
             qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
             result["qwen3"] = read_and_differentiate(qwen3, first)
             actor: Actor = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
             result["first"] = read_and_differentiate(actor, first)
         else:
             actor = Actor.create(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
-        norms = [actor.train_step(first, first.size)["ppo_actor/grad_norm"]]
+        data_rank, data_ranks = actor.data_parallel()
+        mine = [split(b, data_ranks)[data_rank] for b in (first, second)]
+        norms = [actor.train_step(mine[0], first.size)["ppo_actor/grad_norm"]]
         if megatron:
             save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
-        norms.append(actor.train_step(second, second.size)["ppo_actor/grad_norm"])
+        norms.append(actor.train_step(mine[1], second.size)["ppo_actor/grad_norm"])
         result |= {"state": actor.full_state_dict(), "grad_norms": norms}
+        dr_grpo = (MegatronActor.from_hf(qwen2(tied=False), DR_GRPO, lr=1e-2, temperature=0.7) if megatron
+                   else Actor.create(qwen2(tied=False), DR_GRPO, lr=1e-2, temperature=0.7))
+        result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
         if megatron:
             resumed = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
             assert load_trainer(resumed, Path(staging)).step == 1
-            resumed.train_step(second, second.size)
+            resumed.train_step(mine[1], second.size)
             result["resumed"] = resumed.full_state_dict()
         if rank == 0:
             torch.save(result, out)
@@ -270,24 +278,26 @@ def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: 
 
 
 def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_path):
-    """Megatron with tensor parallelism 2 (two processes over gloo, vocabulary-parallel logits) against
+    """Megatron with tensor parallelism 2 × data parallelism 2 (four processes over gloo,
+    vocabulary-parallel logits, each data-parallel pair on half the rows) against
     the FSDP actor's own functions on the same HF weights and batch: the same per-token log-probs and
     entropy, the same decoupled-PPO loss, the same gradient for every HF parameter (the untied output
     layer is split over the vocabulary too; a tied model trains in tests/test_local_run.py) — for
     Qwen2 and for Qwen3, whose q/k norms each rank feeds only its own heads. Then the
     same two optimizer steps (AdamW, gradient clipping at 1.0, the decoupled-PPO loss) from the
-    same weights on the same batches: the Megatron actor with tensor parallelism 2 sees the FSDP
-    actor's gradient norms and ends at its weights. Each tensor-parallel rank checkpoints its pieces
+    same weights on the same batches: the Megatron actor with tensor parallelism 2, its gradients
+    averaged over the two data-parallel halves of each batch, sees the FSDP actor's (one process,
+    every row) gradient norms and ends at its weights. Each tensor-parallel rank checkpoints its pieces
     and optimizer state (``tp<r>`` in the DCP checkpoint): the second step taken again after a
     resume gives bit-identical weights."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     runs = {}
-    for name, world, megatron in (("fsdp", 1, False), ("megatron-tp2", 2, True)):
+    for name, world, megatron in (("fsdp", 1, False), ("megatron-tp2-dp2", 4, True)):
         out = tmp_path / f"{name}.pt"
         mp.start_processes(_train_two_steps, args=(world, free_port(), megatron, str(tmp_path / "staging"), str(out)),
                            nprocs=world, start_method="spawn")
         runs[name] = torch.load(out)
-    fsdp, megatron = runs["fsdp"], runs["megatron-tp2"]
+    fsdp, megatron = runs["fsdp"], runs["megatron-tp2-dp2"]
 
     first = random_batch(qwen2().config.vocab_size, seed=6, rows=6)
     for hf, got in ((qwen2(tied=False), megatron["first"]), (qwen3_qk_norm(tied=False), megatron["qwen3"])):
@@ -305,6 +315,7 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
 
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
+    assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
     start = qwen2(tied=False).state_dict()
     assert fsdp["state"].keys() == megatron["state"].keys() == megatron["resumed"].keys() == start.keys()
     for name, weights in fsdp["state"].items():

@@ -179,16 +179,16 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     assert "Traceback" not in stderr
 
 
-def test_megatron_trains_tensor_parallel_layouts_and_refuses_the_others_naming_each_field():
-    accepted, issues = validate_document(with_spec(
-        allocation="vllm:d1+megatron:t2", trainer__accelerator="cpu", trainer__acceleratorsPerNode=2,
-        inference__accelerator="cpu", weightSync={"mode": "broadcast"}))
-    assert accepted is not None and issues == []
+def test_megatron_trains_tensor_and_data_parallel_layouts_and_refuses_the_others_naming_each_field():
+    for trainer, devices in (("t2", 2), ("d2t2", 4)):
+        accepted, issues = validate_document(with_spec(
+            allocation=f"vllm:d1+megatron:{trainer}", trainer__accelerator="cpu", trainer__acceleratorsPerNode=devices,
+            inference__accelerator="cpu", weightSync={"mode": "broadcast"}))
+        assert accepted is not None and issues == [], trainer
     _, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
                                             trainer__acceleratorsPerNode=16))
-    assert sorted(i.path for i in issues) == ["spec.model.dtype", "spec.trainer.parallelism.data",
-                                              "spec.trainer.parallelism.expert", "spec.trainer.parallelism.pipeline",
-                                              "spec.weightSync.mode"]
+    assert sorted(i.path for i in issues) == ["spec.model.dtype", "spec.trainer.parallelism.expert",
+                                              "spec.trainer.parallelism.pipeline", "spec.weightSync.mode"]
     assert all("must be 1" in i.message for i in issues if i.path.startswith("spec.trainer.parallelism"))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .resolve import FieldIssue, TrainerPlan
 from .spec import Accelerator, Backend, ModelDtype, RLExperimentSpec, WeightSyncMode
 
-MEGATRON_SCOPE = "backend megatron trains with tensor parallelism only in this build (kuberl.megatron)"
+MEGATRON_SCOPE = "backend megatron trains with tensor and data parallelism only in this build (kuberl.megatron)"
 
 
 def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
@@ -18,7 +18,7 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return []
     issues = [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
-              for field, value in (("data", trainer.data), ("pipeline", trainer.pipeline),
+              for field, value in (("pipeline", trainer.pipeline),
                                    ("expert", trainer.expert), ("expertTensor", trainer.expert_tensor))
               if value != 1]  # fmt: skip
     if spec.weight_sync.mode == WeightSyncMode.P2P:

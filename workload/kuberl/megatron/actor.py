@@ -6,13 +6,18 @@ parallelism. What differs is how the model is read and how the gradient norm is 
   :func:`.cpu.on_device` (the CPU shim on CPU, nothing on an accelerator);
 - Qwen3's q/k norms, whole on every rank but fed only its heads: their gradients summed over the
   tensor-parallel ranks first (as Megatron's ``finalize_model_grads``);
+- data parallelism: the ranks of a data-parallel group hold the same pieces and split the batch's
+  rows (:meth:`MegatronActor.data_parallel`); their gradients are averaged (an all-reduce over the
+  group ÷ its size) before anything else reads them, so every replica takes the same step — the
+  actor's loss normaliser (global tokens ÷ data-parallel ranks) makes that average the global mean;
 - the global gradient norm for clipping, ‖g‖² = all-reduce_TP(Σ_split ‖g_r‖²) + Σ_whole ‖g‖²: a split
   parameter's pieces are summed over the tensor-parallel ranks, a whole one (the norms, the same on
   every rank) is counted once; then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
 
-Tensor parallelism only (data parallelism 1): every rank holds the whole batch. The actor's
-world-wide sums (the loss normaliser's token count, the gap and entropy sums) then count each token
-once per rank in numerator and denominator alike, so every mean is the one-rank mean.
+The ranks of a tensor-parallel group hold the same rows; the actor's world-wide sums (the gap and
+entropy sums) then count each token once per tensor-parallel rank in numerator and denominator
+alike, so every mean is the global one. The optimizer is torch's AdamW on each rank's pieces
+(Megatron's distributed optimizer, which shards its state over the data-parallel ranks, is not used).
 """
 
 from __future__ import annotations
@@ -45,11 +50,28 @@ def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch
     return score
 
 
-def clip_tensor_parallel_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Complete the partial gradients (:func:`.model.sum_partial_gradients`), then clip in place to the
-    global norm over every tensor-parallel rank; returns that norm."""
+def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
+    """g ← all-reduce_DP(g) / |DP| for every gradient, one flat buffer per call (no-op without data parallelism)."""
     from megatron.core import parallel_state
 
+    size = parallel_state.get_data_parallel_world_size()
+    grads = [p.grad for p in params if p.grad is not None]
+    if size == 1 or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=parallel_state.get_data_parallel_group())
+    flat /= size
+    for g, piece in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        g.copy_(piece.view_as(g))
+
+
+def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Average the gradients over the data-parallel ranks, complete the partial ones
+    (:func:`.model.sum_partial_gradients`), then clip in place to the global norm over every
+    tensor-parallel rank; returns that norm."""
+    from megatron.core import parallel_state
+
+    average_over_data_parallel_ranks(params)
     sum_partial_gradients(params)
     grads = [p for p in params if p.grad is not None]
     split = [p.grad.float().pow(2).sum() for p in grads if getattr(p, "tensor_model_parallel", False)]
@@ -72,12 +94,16 @@ class MegatronActor(Actor):
         return self.hf_model.config
 
     def data_parallel(self) -> tuple[int, int]:
-        """Tensor parallelism only: every rank trains on every row."""
-        return 0, 1
+        """(this rank's data-parallel index, the data-parallel size): the ranks of one tensor-parallel
+        group train on the same rows."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
 
     @property
     def checkpoint_namespace(self) -> str:
-        """Tensor-parallel rank r saves its pieces under ``tp<r>`` (a resume needs the same tensor-parallel size)."""
+        """Tensor-parallel rank r saves its pieces under ``tp<r>`` (a resume needs the same tensor-parallel
+        size); its data-parallel replicas save the same tensors under the same names, which DCP writes once."""
         from megatron.core import parallel_state
 
         return f"tp{parallel_state.get_tensor_model_parallel_rank()}"
@@ -109,7 +135,7 @@ class MegatronActor(Actor):
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer_on(device), clip_gradients=clip_tensor_parallel_gradients, hf_model=hf_model)
+                   scorer=scorer_on(device), clip_gradients=reduce_and_clip_gradients, hf_model=hf_model)
 
     def freeze_reference(self) -> None:
         """π_ref := the current policy (each rank copies its own pieces)."""

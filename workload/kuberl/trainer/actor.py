@@ -5,8 +5,8 @@ A step, for a batch of trajectories already split across data-parallel ranks:
 1. proximal log-probs: log π_prox(token) with the weights at the start of the step, no grad;
 2. the batch is split into ``mini_batches`` equal parts, one optimizer update each; within a part,
    micro-batches by token budget accumulate gradients of the decoupled PPO loss normalised by the
-   part's *global* token count ÷ world size (FSDP averages gradients over ranks, so the sum is the
-   global mean);
+   part's *global* token count ÷ data-parallel ranks (gradients are averaged over those ranks, so
+   the sum is the global mean);
 3. gradient clipping, AdamW step.
 
 Every step also measures ``ppo_actor/entropy``, the policy's mean token entropy over the trained
@@ -190,11 +190,12 @@ class Actor:
         is None), then step. ``local_tokens``: this rank's loss tokens in ``chunks``. The stats include
         this rank's sums in :data:`TOKEN_SUMS`: :func:`.loss.behaviour_gap` as ``gap/sum`` and
         ``gap/tokens``, Σ mask · H as ``entropy/sum`` over ``entropy/tokens``."""
-        world = world_size()
+        _, data_ranks = self.data_parallel()
         if self.config.loss_agg == "seq_sum_const":
-            normalizer = global_rows * self.config.max_new_tokens / world
-        else:
-            normalizer = max(all_reduce(local_tokens), 1.0) / world
+            normalizer = global_rows * self.config.max_new_tokens / data_ranks
+        else:  # every rank's tokens, each row counted once (ranks that share rows count them alike)
+            global_tokens = all_reduce(local_tokens) * data_ranks / world_size()
+            normalizer = max(global_tokens, 1.0) / data_ranks
         rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, torch.Tensor] = {}

@@ -73,8 +73,8 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
 
 
 def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> Actor:
-    """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor
-    parallelism (``kuberl.api.support`` says which Megatron layouts this build trains; the trainer
+    """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor and
+    data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains; the trainer
     refuses the others too, should a spec reach it unvalidated)."""
     spec = run.spec
     _, plan, issues = resolve(spec)
@@ -87,7 +87,7 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
 
         from ..megatron.actor import MegatronActor
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor)  # data: world ÷ tensor
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed)
     return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
