@@ -100,7 +100,7 @@ def test_the_megatron_example_trains_and_the_engine_serves_the_gathered_policy(t
     """examples/cpu-megatron.yaml, shortened: two trainer processes hold a Megatron GPTModel split by
     tensor parallelism; every step trains, checkpoints carry both ranks' pieces, and the engine's
     log-probs for tokens sampled by the very weights being trained equal Megatron's to float noise
-    (the broadcast weights, gathered from both pieces, are the policy the trainer trains)."""
+    (the pieces each rank sent over p2p, under HF names, are the policy the trainer trains)."""
     summary = run_local(ROOT / "examples/cpu-megatron.yaml",
                         ["model.sftWarmup.steps=5", "checkpoint.everySteps=3", NO_EVAL], 6, None,
                         workdir=tmp_path / "run", quiet=True)
@@ -109,6 +109,9 @@ def test_the_megatron_example_trains_and_the_engine_serves_the_gathered_policy(t
     assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-4, summary
     shards = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    logs = tmp_path / "run"
+    assert "p2p weight exchange (group 0): 2 trainer ranks → 1 replicas" in (logs / "trainer-0.log").read_text()
+    assert "received weights version 6 over p2p" in (logs / "inference-0.log").read_text()
 
 
 def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):

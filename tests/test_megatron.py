@@ -329,7 +329,7 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
 
 def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():
     """Should a spec reach the trainer unvalidated, it stops with the same field-naming message as
-    ``kuberl validate`` (here: p2p weight sync, which does not carry Megatron's pieces yet)."""
+    ``kuberl validate`` (here: bfloat16, which this build's Megatron backend does not compute in)."""
     from types import SimpleNamespace
 
     import yaml
@@ -338,7 +338,7 @@ def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field(
     from kuberl.trainer.loop import make_actor
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron.yaml").read_text())
-    doc["spec"]["weightSync"]["mode"] = "p2p"  # the schema admits it; kuberl.api.support refuses it
+    doc["spec"]["model"]["dtype"] = "bfloat16"  # the schema admits it; kuberl.api.support refuses it
     obj = RLExperiment.model_validate(doc)
-    with pytest.raises(SystemExit, match=r"invalid spec: spec\.weightSync\.mode: p2p does not carry"):
+    with pytest.raises(SystemExit, match=r"invalid spec: spec\.model\.dtype: backend megatron computes in float32"):
         make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))

@@ -79,8 +79,6 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"allocation": "vllm:d2+megatron:d8", "trainer__backend": "fsdp"}, "spec.trainer.backend", "implies megatron"),
         ({"inference__accelerator": "ascend", "inference__engine": "torch"}, "spec.inference.engine", "use vllm"),
         ({"trainer__accelerator": "cpu", "trainer__backend": "megatron", "trainer__acceleratorsPerNode": 2,
-          "trainer__parallelism": {"tensor": 2}}, "spec.weightSync.mode", "allowed with backend megatron: broadcast"),
-        ({"trainer__accelerator": "cpu", "trainer__backend": "megatron", "trainer__acceleratorsPerNode": 2,
           "trainer__parallelism": {"tensor": 2}, "weightSync": {"mode": "broadcast"}, "model__dtype": "bfloat16"},
          "spec.model.dtype", "computes in float32"),
         ({"trainer__nodes": 2, "trainer__parallelism": {"data": 3}}, "spec.trainer.parallelism",
@@ -183,12 +181,12 @@ def test_megatron_trains_tensor_and_data_parallel_layouts_and_refuses_the_others
     for trainer, devices in (("t2", 2), ("d2t2", 4)):
         accepted, issues = validate_document(with_spec(
             allocation=f"vllm:d1+megatron:{trainer}", trainer__accelerator="cpu", trainer__acceleratorsPerNode=devices,
-            inference__accelerator="cpu", weightSync={"mode": "broadcast"}))
+            inference__accelerator="cpu", weightSync={"mode": "p2p"}))
         assert accepted is not None and issues == [], trainer
     _, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
                                             trainer__acceleratorsPerNode=16))
     assert sorted(i.path for i in issues) == ["spec.model.dtype", "spec.trainer.parallelism.expert",
-                                              "spec.trainer.parallelism.pipeline", "spec.weightSync.mode"]
+                                              "spec.trainer.parallelism.pipeline"]
     assert all("must be 1" in i.message for i in issues if i.path.startswith("spec.trainer.parallelism"))
 
 

@@ -8,7 +8,7 @@ lands.
 from __future__ import annotations
 
 from .resolve import FieldIssue, TrainerPlan
-from .spec import Accelerator, Backend, ModelDtype, RLExperimentSpec, WeightSyncMode
+from .spec import Accelerator, Backend, ModelDtype, RLExperimentSpec
 
 MEGATRON_SCOPE = "backend megatron trains with tensor and data parallelism only in this build (kuberl.megatron)"
 
@@ -21,9 +21,6 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
               for field, value in (("pipeline", trainer.pipeline),
                                    ("expert", trainer.expert), ("expertTensor", trainer.expert_tensor))
               if value != 1]  # fmt: skip
-    if spec.weight_sync.mode == WeightSyncMode.P2P:
-        issues.append(FieldIssue("spec.weightSync.mode", "p2p does not carry Megatron's tensor-parallel pieces yet; "
-                                 "allowed with backend megatron: broadcast, disk"))
     on_cpu = spec.trainer.accelerator == Accelerator.CPU
     if not (spec.model.dtype == ModelDtype.FLOAT32 or (spec.model.dtype == ModelDtype.AUTO and on_cpu)):
         issues.append(FieldIssue("spec.model.dtype", "backend megatron computes in float32 in this build; "

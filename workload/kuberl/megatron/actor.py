@@ -31,15 +31,17 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
-from ..collectives import broadcast_from_rank0
+from ..collectives import all_gather, broadcast_from_rank0
 from ..data.datasets import Example
 from ..trainer.actor import Actor
 from ..trainer.algorithms import AlgorithmConfig
 from ..trainer.batch import Batch
 from ..trainer.sft import sft_warmup
+from ..weights.layouts import ParamMeta, tp_box
+from ..weights.plan import Holding
 from .cpu import on_device
 from .logprobs import token_logprobs_and_entropy
-from .model import build_gpt_model, export_hf_state, load_hf_state, sum_partial_gradients
+from .model import build_gpt_model, export_hf_state, load_hf_state, local_hf_state, sum_partial_gradients
 
 
 def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
@@ -143,6 +145,25 @@ class MegatronActor(Actor):
             with torch.no_grad():
                 for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
                     ref.copy_(param)
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter under its HF name with its whole shape (the HF twin's: a tied output layer once)."""
+        return dict(self.hf_model.named_parameters())
+
+    def local_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's piece of every parameter under its HF name (:func:`.model.local_hf_state`)."""
+        names = self.named_parameters()
+        return {n: t for n, t in local_hf_state(self.model, self.hf_config).items() if n in names}
+
+    def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
+        """Rank g holds :func:`~kuberl.weights.layouts.tp_box` of its tensor-parallel index (all-gathered:
+        Megatron's rank order decides it); data-parallel replicas hold the same boxes, so the planner
+        spreads the sending over them."""
+        from megatron.core import parallel_state
+
+        size = parallel_state.get_tensor_model_parallel_world_size()
+        indices = all_gather(parallel_state.get_tensor_model_parallel_rank())
+        return [Holding(rank, m.name, tp_box(m, size, index)) for rank, index in enumerate(indices) for m in metas]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights under HF names on rank 0 (CPU), an empty dict elsewhere; every rank must call it."""

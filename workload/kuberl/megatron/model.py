@@ -9,11 +9,12 @@ the model inside :func:`kuberl.megatron.cpu.cpu_shim`.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 
-from .convert import hf_to_megatron, megatron_to_hf, transformer_config_kwargs
+from .convert import AttentionShape, hf_to_megatron, megatron_to_hf, transformer_config_kwargs
 from .tensor_parallel import shard, split_of, unshard
 
 PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -114,6 +115,21 @@ def gathered(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Te
         dist.all_gather(pieces, piece.contiguous(), group=group)
         whole[name] = unshard(pieces, split)
     return whole
+
+
+def local_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
+    """This tensor-parallel rank's pieces under HF names, no communication: a rank holds whole
+    query groups (their query, key and value heads), a slice of the MLP width and of the vocabulary,
+    i.e. the whole weights of the same model with 1/tp of its heads, so :func:`.convert.megatron_to_hf`
+    converts them with the head counts divided (the head size kept). The pieces are the HF tensors'
+    consecutive rows (q/k/v, gate/up, embedding, output layer) or columns (o_proj, down_proj) of rank
+    index ``tp_rank`` — what :func:`kuberl.weights.layouts.tp_box` models."""
+    _, size, _ = _tensor_parallel()
+    shape = AttentionShape.of(hf_config)
+    local_config = copy.copy(hf_config)
+    local_config.num_attention_heads, local_config.num_key_value_heads = shape.heads // size, shape.groups // size
+    local_config.head_dim = shape.head_dim
+    return megatron_to_hf({n: p.detach() for n, p in model.named_parameters()}, local_config)
 
 
 def export_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:

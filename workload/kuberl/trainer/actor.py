@@ -41,6 +41,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..data.datasets import Example
+from ..weights.layouts import ParamMeta, fsdp2_holdings
+from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
@@ -246,3 +248,7 @@ class Actor:
     def local_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's FSDP2 shard of every parameter (rows ``torch.chunk`` gives it on dim 0)."""
         return {name: local_tensor(p) for name, p in self.model.named_parameters()}
+
+    def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
+        """FSDP2's dim-0 shards over every rank (:func:`~kuberl.weights.layouts.fsdp2_holdings`)."""
+        return fsdp2_holdings(metas, list(range(world_size())))

@@ -1,10 +1,12 @@
-"""``weightSync.mode: p2p`` in a running experiment: FSDP2 shards go straight to the replicas.
+"""``weightSync.mode: p2p`` in a running experiment: FSDP2 shards or Megatron's tensor-parallel pieces
+go straight to the replicas.
 
 Set-up (once, at the first push; every trainer rank takes part):
 
 1. every rank reads its place from its pod labels (:mod:`.discovery`); the trainer ranks
    all-gather theirs, rank 0 asks each replica for its own (``GET /topology``);
-2. every rank computes the same plan (pure, deterministic): the FSDP2 shards → each replica;
+2. every rank computes the same plan (pure, deterministic): what each trainer rank holds (the
+   source's ``holdings``) → each replica;
 3. rank 0 hands every replica its part of the plan (``POST /weights/p2p/join``) and all ranks
    open one exchange group (trainer ranks, then replica i as rank ``world + i``).
 
@@ -39,8 +41,8 @@ import torch.distributed as dist
 from ..collectives import all_gather, all_reduce, broadcast_from_rank0
 from ..settings import Settings
 from .discovery import from_json, own_topology, to_json
-from .layouts import fsdp2_holdings, inference_needs
-from .plan import Plan, RankTopology, Transfer, plan
+from .layouts import ParamMeta, inference_needs
+from .plan import Holding, Plan, RankTopology, Transfer, plan
 from .transport import open_group, param_metas, run_exchange, transfer_to_json
 
 log = logging.getLogger("kuberl.weights")
@@ -49,10 +51,16 @@ log = logging.getLogger("kuberl.weights")
 class WeightSource(Protocol):
     def full_state_dict(self) -> dict[str, torch.Tensor]: ...
 
-    def local_parameters(self) -> dict[str, torch.Tensor]: ...
+    def local_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's piece of every parameter, under the names of :meth:`named_parameters`."""
+        ...
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name, with its full (unsharded) shape."""
+        ...
+
+    def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
+        """Which region of each parameter every trainer rank holds (every rank must call it)."""
         ...
 
 
@@ -70,12 +78,13 @@ class ReplicaControl(Protocol):
         ...
 
 
-def plan_for(metas: Any, trainers: list[RankTopology], replicas: list[RankTopology]) -> Plan:
-    """FSDP2 shards over the trainer ranks → every replica (one rank each: the torch engine has no TP)."""
+def plan_for(metas: list[ParamMeta], holdings: list[Holding], trainers: list[RankTopology],
+             replicas: list[RankTopology]) -> Plan:
+    """The trainer ranks' ``holdings`` → every replica (one rank each: the torch engine has no TP)."""
     n = len(trainers)
     topology = dict(enumerate([*trainers, *replicas]))
     needs = inference_needs(metas, [[n + i] for i in range(len(replicas))])
-    return plan(fsdp2_holdings(metas, list(range(n))), needs, topology, {m.name: m.itemsize for m in metas})
+    return plan(holdings, needs, topology, {m.name: m.itemsize for m in metas})
 
 
 class P2PSync:
@@ -114,10 +123,11 @@ class P2PSync:
     def _set_up(self, source: WeightSource) -> bool:
         """Form this generation's group; False (on every rank) when a replica could not join."""
         metas = param_metas(source.named_parameters())
+        holdings = source.holdings(metas)
         trainers = all_gather(own_topology(self.settings.podinfo_labels, self.settings.node_name))
 
         def schedule_for(replicas: list[dict[str, str]]) -> Plan:
-            return plan_for(metas, trainers, [from_json(t) for t in replicas])
+            return plan_for(metas, holdings, trainers, [from_json(t) for t in replicas])
 
         replicas = broadcast_from_rank0(self._replicas_of_rank0(schedule_for) if self.rank == 0 else None)
         if replicas is None:
