@@ -332,6 +332,17 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
                     ports, progress_port, gateway_port)
 
 
+def final_progress(summary: dict[str, Any]) -> Progress:
+    """Where a finished run ended, from its summary: the trainer's ``/progress`` went away with it,
+    usually before the last step was polled."""
+    rewards, evals = summary.get("rewards") or [], summary.get("eval") or []
+    return Progress(step=summary["final_version"], max_steps=summary["final_version"],
+                    first_step=summary.get("resumed_from_step"), reward=rewards[-1] if rewards else None,
+                    eval_reward=evals[-1]["reward"] if evals else None,
+                    observed_staleness=summary.get("observed_staleness"),
+                    tokens_per_second=summary.get("trained_tokens_per_second"))
+
+
 def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
               workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
     """``kuberl run``: every process until training succeeds (or fails for good); the run summary."""
@@ -340,11 +351,13 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         run.supervise(display, quiet)
+        summary = {**json.loads(run.summary_file.read_text()), "workdir": str(run.work), "restarts": run.restarts}
+        if not quiet:
+            display.update(final_progress(summary))
     finally:
         display.close()
         signal.signal(signal.SIGTERM, previous)
         run.children.terminate()
-    summary = {**json.loads(run.summary_file.read_text()), "workdir": str(run.work), "restarts": run.restarts}
     curves = run.work / "tensorboard"
     display.message(f"training curves in {curves} (tensorboard --logdir {curves})")
     if summary_path:
