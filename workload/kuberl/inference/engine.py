@@ -1,8 +1,8 @@
 """The embedded ``torch`` engine: continuous batching over a transformers causal LM.
 
-Every engine step runs one forward pass over all active sequences (left-padded) and samples one
-token for each; requests join and leave between steps, so a batch is never drained before new
-work starts. Each generated token carries its behaviour log-prob (under the temperature-scaled
+Every engine step samples one token for each active sequence (left-padded): one forward pass
+over the running ones through their cached keys and values, one over those that joined; requests
+join and leave between steps, so a batch is never drained before new work starts. Each generated token carries its behaviour log-prob (under the temperature-scaled
 distribution the token was sampled from) and the weight version that produced it.
 
 ``pause()`` aborts in-flight requests: they complete with ``finish_reason="abort"`` and the
