@@ -2,8 +2,9 @@
 
 Every engine step samples one token for each active sequence (left-padded): one forward pass
 over the running ones through their cached keys and values, one over those that joined; requests
-join and leave between steps, so a batch is never drained before new work starts. Each generated token carries its behaviour log-prob (under the temperature-scaled
-distribution the token was sampled from) and the weight version that produced it.
+join and leave between steps, so a batch is never drained before new work starts. Each generated
+token carries its behaviour log-prob (under the temperature-scaled distribution the token was
+sampled from) and the weight version that produced it.
 
 ``pause()`` aborts in-flight requests: they complete with ``finish_reason="abort"`` and the
 tokens generated so far, so the client can resume them (prompt + partial output) under the next
