@@ -41,7 +41,14 @@ from ..weights.layouts import ParamMeta, tp_box
 from ..weights.plan import Holding
 from .cpu import on_device
 from .logprobs import token_logprobs_and_entropy
-from .model import build_gpt_model, export_hf_state, load_hf_state, local_hf_state, sum_partial_gradients
+from .model import (
+    all_reduce_in_place,
+    build_gpt_model,
+    export_hf_state,
+    load_hf_state,
+    local_hf_state,
+    sum_partial_gradients,
+)
 
 
 def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
@@ -57,14 +64,9 @@ def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
     from megatron.core import parallel_state
 
     size = parallel_state.get_data_parallel_world_size()
-    grads = [p.grad for p in params if p.grad is not None]
-    if size == 1 or not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=parallel_state.get_data_parallel_group())
-    flat /= size
-    for g, piece in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-        g.copy_(piece.view_as(g))
+    if size > 1:
+        all_reduce_in_place([p.grad for p in params if p.grad is not None], parallel_state.get_data_parallel_group(),
+                            divisor=size)
 
 
 def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

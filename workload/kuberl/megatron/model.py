@@ -67,16 +67,24 @@ def sum_partial_gradients(params: list[torch.nn.Parameter]) -> None:
     """Sum, over the tensor-parallel ranks, the gradients of the parameters marked ``partial_gradient``
     (as Megatron's ``finalize_model_grads`` does): every rank holds them whole but feeds them only its
     own attention heads, so each rank's gradient is a part of the whole."""
+    _, size, group = _tensor_parallel()
+    if size > 1:
+        all_reduce_in_place([p.grad for p in params if getattr(p, "partial_gradient", False) and p.grad is not None],
+                            group)
+
+
+def all_reduce_in_place(tensors: list[torch.Tensor], group: Any, divisor: int = 1) -> None:
+    """t ← (Σ_group t) / ``divisor`` for every tensor, through one flat buffer (one collective per call)."""
     import torch.distributed as dist
 
-    _, size, group = _tensor_parallel()
-    grads = [p.grad for p in params if getattr(p, "partial_gradient", False) and p.grad is not None]
-    if size == 1 or not grads:
+    if not tensors:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat, group=group)
-    for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-        grad.copy_(summed.view_as(grad))
+    if divisor != 1:
+        flat /= divisor
+    for tensor, reduced in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+        tensor.copy_(reduced.view_as(tensor))
 
 
 def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) -> None:
