@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from kuberl.collectives import exit_without_teardown
 from kuberl.local_processes import free_port
 from kuberl.megatron.actor import MegatronActor
 from kuberl.megatron.convert import AttentionShape, fuse_qkv, hf_to_megatron, megatron_to_hf, split_qkv
-from kuberl.megatron.model import gathered
+from kuberl.megatron.cpu import on_device
+from kuberl.megatron.model import gathered, with_every_expert
 from kuberl.megatron.tensor_parallel import Split, shard, unshard
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.types import Trajectory
@@ -222,51 +224,70 @@ def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
     tensor-parallel ranks), without an optimizer step."""
     logp, entropy = actor.scorer(actor.model, batch, actor.temperature)
     loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
-    loss.backward()
+    with on_device(actor.device):  # as MegatronActor.train_step
+        loss.backward()
     actor.clip_gradients(list(actor.model.parameters()), float("inf"))  # completes them, as in train_step
     grads = {n: p.grad for n, p in actor.model.named_parameters()}
     if isinstance(actor, MegatronActor):
-        grads = megatron_to_hf(gathered(actor.model, grads), actor.hf_config)
+        grads = megatron_to_hf(with_every_expert(gathered(actor.model, grads), actor.hf_config), actor.hf_config)
     actor.optimizer.zero_grad(set_to_none=True)
     return {"logp": logp.detach(), "entropy": entropy, "loss": loss.detach(), "grads": grads}
 
 
-def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: str, out: str) -> None:
-    """Two decoupled-PPO steps on two batches: the FSDP actor (``world`` 1) or the Megatron actor with
-    tensor parallelism 2 and data parallelism ``world`` ÷ 2 (each data-parallel rank trains on its
-    share of the rows, as the trainer loop splits them), which also checkpoints after the first step
-    and then takes the second step again from that checkpoint in a new actor; rank 0 saves the
-    weights under HF names."""
+def as_collated_alone(batch: Batch) -> Batch:
+    """``batch`` as the trainer loop gives a data-parallel rank its rows: collated on their own, so
+    only as wide as their longest row (the ranks' widths differ)."""
+    width = int(batch.attention_mask.sum(1).max())  # the longest row's tokens
+
+    def cut(t: torch.Tensor) -> torch.Tensor:  # [B] as it is; [B, L] → width columns, [B, L−1] → width − 1
+        return t if t.dim() == 1 else t[:, :width - (batch.input_ids.shape[1] - t.shape[1])]
+
+    return Batch(*(cut(getattr(batch, f.name)) for f in fields(batch)))
+
+
+MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen3-moe": qwen3_moe}
+LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2}}
+
+
+def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str | None, staging: str,
+                     out: str) -> None:
+    """Two decoupled-PPO steps on two batches: the FSDP actor (``layout`` None, ``world`` 1) or the
+    Megatron actor laid out as ``LAYOUTS[layout]`` over ``world`` ranks (each data-parallel rank
+    trains on its share of the rows, as the trainer loop splits them), which also checkpoints after
+    the first step and then takes the second step again from that checkpoint in a new actor; rank 0
+    saves the weights under HF names."""
     from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    make = MODELS_TRAINED[model]
     try:
-        first, second = (random_batch(qwen2(tied=False).config.vocab_size, seed=s, rows=6) for s in (6, 7))
+        first, second = (random_batch(make().config.vocab_size, seed=s, rows=6) for s in (6, 7))
         result: dict[str, Any] = {}
-        if megatron:
+        if layout:
             from megatron.core import parallel_state
 
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-            qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
-            result["qwen3"] = read_and_differentiate(qwen3, first)
-            actor: Actor = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
+            parallel_state.initialize_model_parallel(**LAYOUTS[layout])
+            if layout == "tp2-dp2":
+                qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
+                result["qwen3"] = read_and_differentiate(qwen3, first)
+            actor: Actor = MegatronActor.from_hf(make(), PPO, lr=1e-2, temperature=0.7)
             result["first"] = read_and_differentiate(actor, first)
         else:
-            actor = Actor.create(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
+            actor = Actor.create(make(), PPO, lr=1e-2, temperature=0.7)
         data_rank, data_ranks = actor.data_parallel()
-        mine = [split(b, data_ranks)[data_rank] for b in (first, second)]
+        mine = [as_collated_alone(split(b, data_ranks)[data_rank]) for b in (first, second)]
         norms = [actor.train_step(mine[0], first.size)["ppo_actor/grad_norm"]]
-        if megatron:
+        if layout:
             save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
         norms.append(actor.train_step(mine[1], second.size)["ppo_actor/grad_norm"])
         result |= {"state": actor.full_state_dict(), "grad_norms": norms}
-        dr_grpo = (MegatronActor.from_hf(qwen2(tied=False), DR_GRPO, lr=1e-2, temperature=0.7) if megatron
-                   else Actor.create(qwen2(tied=False), DR_GRPO, lr=1e-2, temperature=0.7))
+        dr_grpo = (MegatronActor.from_hf(make(), DR_GRPO, lr=1e-2, temperature=0.7) if layout
+                   else Actor.create(make(), DR_GRPO, lr=1e-2, temperature=0.7))
         result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
-        if megatron:
-            resumed = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7)
+        if layout:
+            resumed = MegatronActor.from_hf(make(), PPO, lr=1e-2, temperature=0.7)
             assert load_trainer(resumed, Path(staging)).step == 1
             resumed.train_step(mine[1], second.size)
             result["resumed"] = resumed.full_state_dict()
@@ -275,6 +296,49 @@ def _train_two_steps(rank: int, world: int, port: int, megatron: bool, staging: 
     finally:
         dist.destroy_process_group()
     exit_without_teardown(0)
+
+
+def train_both(tmp_path: Path, model: str, layout: str, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the FSDP actor's run, the Megatron actor's run) of :func:`_train_two_steps`."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
+    runs = []
+    for name, procs, megatron_layout in (("fsdp", 1, None), (layout, world, layout)):
+        out = tmp_path / f"{name}.pt"
+        mp.start_processes(_train_two_steps, args=(procs, free_port(), model, megatron_layout,
+                                                   str(tmp_path / f"staging-{name}"), str(out)),
+                           nprocs=procs, start_method="spawn")  # fmt: skip
+        runs.append(torch.load(out))
+    return runs[0], runs[1]
+
+
+def assert_reads_and_differentiates_as_hf(hf: torch.nn.Module, got: dict[str, Any], batch: Batch) -> None:
+    """``got`` (:func:`read_and_differentiate`) against the FSDP actor's own functions on the HF model."""
+    logp, entropy = token_logprobs_and_entropy(hf, batch, temperature=0.7)
+    loss = ppo_loss(logp, logp.detach(), batch.behav_logp, batch.advantages, batch.loss_mask, PPO).loss
+    loss.backward()
+    trained = batch.loss_mask.bool()
+    assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
+    assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
+    assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
+    for name, param in hf.named_parameters():
+        assert param.grad is not None and param.grad.abs().max() > 0, name
+        assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
+
+
+def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start: dict[str, torch.Tensor]) -> None:
+    """The same gradient norms (clipped at 1.0: exercised), the same two updates, and a resumed second
+    step bit-identical to the uninterrupted one."""
+    assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
+    assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
+    assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
+    assert fsdp["state"].keys() == megatron["state"].keys() == megatron["resumed"].keys() == start.keys()
+    for name, weights in fsdp["state"].items():
+        change, other = weights - start[name], megatron["state"][name] - start[name]
+        assert change.norm() > 0, f"{name} did not train"
+        # Adam turns float noise in a near-zero gradient into a step of up to lr, so compare the
+        # updates as a whole: measured ≤ 3e-4 relative
+        assert (other - change).norm() <= 1e-2 * change.norm(), name
+        assert torch.equal(megatron["resumed"][name], megatron["state"][name]), name
 
 
 def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_path):
@@ -290,41 +354,23 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
     every row) gradient norms and ends at its weights. Each tensor-parallel rank checkpoints its pieces
     and optimizer state (``tp<r>`` in the DCP checkpoint): the second step taken again after a
     resume gives bit-identical weights."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
-    runs = {}
-    for name, world, megatron in (("fsdp", 1, False), ("megatron-tp2-dp2", 4, True)):
-        out = tmp_path / f"{name}.pt"
-        mp.start_processes(_train_two_steps, args=(world, free_port(), megatron, str(tmp_path / "staging"), str(out)),
-                           nprocs=world, start_method="spawn")
-        runs[name] = torch.load(out)
-    fsdp, megatron = runs["fsdp"], runs["megatron-tp2-dp2"]
-
+    fsdp, megatron = train_both(tmp_path, "qwen2", "tp2-dp2", world=4)
     first = random_batch(qwen2().config.vocab_size, seed=6, rows=6)
-    for hf, got in ((qwen2(tied=False), megatron["first"]), (qwen3_qk_norm(tied=False), megatron["qwen3"])):
-        # the reference: the FSDP actor's own functions on the HF model
-        logp, entropy = token_logprobs_and_entropy(hf, first, temperature=0.7)
-        loss = ppo_loss(logp, logp.detach(), first.behav_logp, first.advantages, first.loss_mask, PPO).loss
-        loss.backward()
-        trained = first.loss_mask.bool()
-        assert torch.allclose(got["logp"][trained], logp.detach()[trained], atol=1e-5)
-        assert torch.allclose(got["entropy"][trained], entropy[trained], atol=1e-5)
-        assert torch.allclose(got["loss"], loss.detach(), atol=1e-6)
-        for name, param in hf.named_parameters():
-            assert param.grad is not None and param.grad.abs().max() > 0, name
-            assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
+    assert_reads_and_differentiates_as_hf(qwen2(tied=False), megatron["first"], first)
+    assert_reads_and_differentiates_as_hf(qwen3_qk_norm(tied=False), megatron["qwen3"], first)
+    assert_trains_as_fsdp(fsdp, megatron, qwen2(tied=False).state_dict())
 
-    assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
-    assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
-    assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
-    start = qwen2(tied=False).state_dict()
-    assert fsdp["state"].keys() == megatron["state"].keys() == megatron["resumed"].keys() == start.keys()
-    for name, weights in fsdp["state"].items():
-        change, other = weights - start[name], megatron["state"][name] - start[name]
-        assert change.norm() > 0, f"{name} did not train"
-        # Adam turns float noise in a near-zero gradient into a step of up to lr, so compare the
-        # updates as a whole: measured ≤ 3e-4 relative
-        assert (other - change).norm() <= 1e-2 * change.norm(), name
-        assert torch.equal(megatron["resumed"][name], megatron["state"][name]), name
+
+def test_the_megatron_actor_with_expert_parallelism_trains_a_mixture_of_experts_as_the_fsdp_actor_does(tmp_path):
+    """Qwen3-MoE (4 experts, top 2) with expert parallelism 2 — two processes, each holding two of
+    every layer's experts, tokens exchanged between them by Megatron's all-gather dispatcher — and
+    data parallelism 2 (each rank on half the rows): the FSDP actor's log-probs, entropy, loss and
+    gradient for every HF parameter (the experts' gathered from both ranks), the same two steps and
+    gradient norms, and a bit-identical resume from the ``tp0-ep<k>`` checkpoint pieces."""
+    fsdp, megatron = train_both(tmp_path, "qwen3-moe", "ep2-dp2", world=2)
+    first = random_batch(qwen3_moe().config.vocab_size, seed=6, rows=6)
+    assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
+    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
 def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():
@@ -342,3 +388,27 @@ def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field(
     obj = RLExperiment.model_validate(doc)
     with pytest.raises(SystemExit, match=r"invalid spec: spec\.model\.dtype: backend megatron computes in float32"):
         make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))
+
+
+def test_a_layout_that_does_not_fit_the_model_is_refused_by_the_trainer_naming_the_field():
+    """Expert parallelism needs experts that split evenly over its ranks; a mixture of experts trains
+    without tensor parallelism here. ``kuberl validate`` does not load the model; the trainer does,
+    and stops before it forms any group."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from kuberl.api.resources import RLExperiment
+    from kuberl.megatron.model import layout_issues
+    from kuberl.models.tiny import tiny_qwen3_moe
+    from kuberl.trainer.loop import make_actor
+
+    assert layout_issues(qwen3_moe().config, tensor=1, expert=2) == []
+    assert [f for f, _ in layout_issues(qwen2().config, 1, 2)] == ["spec.trainer.parallelism.expert"]
+    assert [f for f, _ in layout_issues(qwen3_moe().config, 1, 3)] == ["spec.trainer.parallelism.expert"]
+    assert [f for f, _ in layout_issues(qwen3_moe().config, 2, 2)] == ["spec.trainer.parallelism.tensor"]
+    doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron-moe.yaml").read_text())
+    doc["spec"]["trainer"] |= {"parallelism": {"expert": 2, "tensor": 2}, "acceleratorsPerNode": 4}
+    obj = RLExperiment.model_validate(doc)
+    with pytest.raises(SystemExit, match=r"spec\.trainer\.parallelism\.tensor: is 2: a mixture-of-experts model"):
+        make_actor(SimpleNamespace(spec=obj.spec), tiny_qwen3_moe(40, seed=0), torch.device("cpu"))

@@ -177,16 +177,15 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     assert "Traceback" not in stderr
 
 
-def test_megatron_trains_tensor_and_data_parallel_layouts_and_refuses_the_others_naming_each_field():
-    for trainer, devices in (("t2", 2), ("d2t2", 4)):
+def test_megatron_trains_tensor_expert_and_data_parallel_layouts_and_refuses_the_others_naming_each_field():
+    for trainer, devices in (("t2", 2), ("d2t2", 4), ("(attn:d2|ffn:d1e2)", 2)):
         accepted, issues = validate_document(with_spec(
             allocation=f"vllm:d1+megatron:{trainer}", trainer__accelerator="cpu", trainer__acceleratorsPerNode=devices,
             inference__accelerator="cpu", weightSync={"mode": "p2p"}))
         assert accepted is not None and issues == [], trainer
     _, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
                                             trainer__acceleratorsPerNode=16))
-    assert sorted(i.path for i in issues) == ["spec.model.dtype", "spec.trainer.parallelism.expert",
-                                              "spec.trainer.parallelism.pipeline"]
+    assert sorted(i.path for i in issues) == ["spec.model.dtype", "spec.trainer.parallelism.pipeline"]
     assert all("must be 1" in i.message for i in issues if i.path.startswith("spec.trainer.parallelism"))
 
 

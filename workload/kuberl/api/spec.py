@@ -119,7 +119,8 @@ class ModelSource(ApiModel):
                                   "(its checkpoints hold this model); create a new RLExperiment"))
     }
     path: str = Field(min_length=1, max_length=1024,
-                      description="builtin:tiny-qwen2, file:///dir (from_pretrained) or s3://prefix/")
+                      description="builtin:tiny-qwen2, builtin:tiny-qwen3-moe, file:///dir "
+                                  "(from_pretrained) or s3://prefix/")
     tokenizer: str | None = Field(None, max_length=1024, description="tokenizer path; defaults to the model path")
     dtype: ModelDtype = Field(
         ModelDtype.AUTO,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from .resolve import FieldIssue, TrainerPlan
 from .spec import Accelerator, Backend, ModelDtype, RLExperimentSpec
 
-MEGATRON_SCOPE = "backend megatron trains with tensor and data parallelism only in this build (kuberl.megatron)"
+MEGATRON_SCOPE = ("backend megatron trains with tensor, expert and data parallelism only in this build "
+                  "(kuberl.megatron)")
 
 
 def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
@@ -19,7 +20,7 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
         return []
     issues = [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
               for field, value in (("pipeline", trainer.pipeline),
-                                   ("expert", trainer.expert), ("expertTensor", trainer.expert_tensor))
+                                   ("expertTensor", trainer.expert_tensor))
               if value != 1]  # fmt: skip
     on_cpu = spec.trainer.accelerator == Accelerator.CPU
     if not (spec.model.dtype == ModelDtype.FLOAT32 or (spec.model.dtype == ModelDtype.AUTO and on_cpu)):

@@ -10,9 +10,10 @@ parallelism. What differs is how the model is read and how the gradient norm is 
   rows (:meth:`MegatronActor.data_parallel`); their gradients are averaged (an all-reduce over the
   group ÷ its size) before anything else reads them, so every replica takes the same step — the
   actor's loss normaliser (global tokens ÷ data-parallel ranks) makes that average the global mean;
-- the global gradient norm for clipping, ‖g‖² = all-reduce_TP(Σ_split ‖g_r‖²) + Σ_whole ‖g‖²: a split
-  parameter's pieces are summed over the tensor-parallel ranks, a whole one (the norms, the same on
-  every rank) is counted once; then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
+- expert parallelism (a mixture of experts): each rank holds some of every layer's experts
+  (:mod:`.expert_parallel`); their gradients are averaged over the ranks that hold the same experts;
+- the global gradient norm for clipping (:func:`global_squared_norm`): every piece counted once;
+  then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
 
 The ranks of a tensor-parallel group hold the same rows; the actor's world-wide sums (the gap and
 entropy sums) then count each token once per tensor-parallel rank in numerator and denominator
@@ -37,7 +38,7 @@ from ..trainer.actor import Actor
 from ..trainer.algorithms import AlgorithmConfig
 from ..trainer.batch import Batch
 from ..trainer.sft import sft_warmup
-from ..weights.layouts import ParamMeta, tp_box
+from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
 from .cpu import on_device
 from .logprobs import token_logprobs_and_entropy
@@ -52,41 +53,79 @@ from .model import (
 
 
 def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`.logprobs.token_logprobs_and_entropy`, run where megatron-core can run on ``device``."""
+    """:func:`.logprobs.token_logprobs_and_entropy`, run where megatron-core can run on ``device``, on
+    the batch padded to the same shape on every expert-parallel rank (:func:`shaped_alike`)."""
     def score(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, positions = batch.targets.shape
         with on_device(device):
-            return token_logprobs_and_entropy(model, batch, temperature)
+            logp, entropy = token_logprobs_and_entropy(model, shaped_alike(batch), temperature)
+        return logp[:rows, :positions], entropy[:rows, :positions]
     return score
 
 
+def shaped_alike(batch: Batch) -> Batch:
+    """``batch`` padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to the largest rows × width of
+    its expert-parallel group: Megatron's all-gather token dispatcher exchanges equal-sized blocks
+    of tokens, while each data-parallel rank's share of a step has its own length (no-op without
+    expert parallelism)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_expert_model_parallel_world_size() == 1:
+        return batch
+    shape = torch.tensor(batch.input_ids.shape)
+    dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
+    return batch.padded(int(shape[0]), int(shape[1]))
+
+
 def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
-    """g ← all-reduce_DP(g) / |DP| for every gradient, one flat buffer per call (no-op without data parallelism)."""
+    """g ← all-reduce(g) / |DP| for every gradient, one flat buffer per group (no-op on one rank): a
+    dense parameter's over its data-parallel group; an expert's over its expert-data-parallel group
+    (the ranks holding the same experts) — its gradient already sums what every rank of its
+    expert-parallel group routed to it, so it is divided by the whole |DP| too (as Megatron's DDP)."""
     from megatron.core import parallel_state
 
     size = parallel_state.get_data_parallel_world_size()
-    if size > 1:
-        all_reduce_in_place([p.grad for p in params if p.grad is not None], parallel_state.get_data_parallel_group(),
-                            divisor=size)
+    if size == 1:
+        return
+    grads = [p for p in params if p.grad is not None]
+    all_reduce_in_place([p.grad for p in grads if not getattr(p, "expert_parallel", False)],
+                        parallel_state.get_data_parallel_group(), divisor=size)
+    all_reduce_in_place([p.grad for p in grads if getattr(p, "expert_parallel", False)],
+                        parallel_state.get_expert_data_parallel_group(), divisor=size)
+
+
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
 
 
 def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Average the gradients over the data-parallel ranks, complete the partial ones
-    (:func:`.model.sum_partial_gradients`), then clip in place to the global norm over every
-    tensor-parallel rank; returns that norm."""
-    from megatron.core import parallel_state
+    (:func:`.model.sum_partial_gradients`), then clip in place to the global norm over every rank's
+    pieces; returns that norm."""
 
     average_over_data_parallel_ranks(params)
     sum_partial_gradients(params)
     grads = [p for p in params if p.grad is not None]
-    split = [p.grad.float().pow(2).sum() for p in grads if getattr(p, "tensor_model_parallel", False)]
-    whole = [p.grad.float().pow(2).sum() for p in grads if not getattr(p, "tensor_model_parallel", False)]
-    split_sq = torch.stack(split).sum() if split else torch.zeros(())
-    dist.all_reduce(split_sq, group=parallel_state.get_tensor_model_parallel_group())
-    norm = (split_sq + (torch.stack(whole).sum() if whole else torch.zeros(()))).sqrt()
+    experts = [p.grad for p in grads if getattr(p, "expert_parallel", False)]
+    dense = [p for p in grads if not getattr(p, "expert_parallel", False)]
+    split = [p.grad for p in dense if getattr(p, "tensor_model_parallel", False)]
+    whole = [p.grad for p in dense if not getattr(p, "tensor_model_parallel", False)]
+    norm = (global_squared_norm(_squared_norm(split), _squared_norm(experts), _squared_norm(whole))).sqrt()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for p in grads:
         p.grad.mul_(coefficient.to(p.grad.dtype))
     return norm
+
+
+def global_squared_norm(split: torch.Tensor, experts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """‖g‖² = all-reduce_TP(Σ_split ‖g_r‖²) + all-reduce_EP(Σ_experts ‖g‖²) + Σ_whole ‖g‖²: a split
+    parameter's pieces summed over the tensor-parallel ranks, each expert counted on the one
+    expert-parallel rank that holds it, a whole parameter (the same on every rank) once."""
+    from megatron.core import parallel_state
+
+    dist.all_reduce(split, group=parallel_state.get_tensor_model_parallel_group())
+    dist.all_reduce(experts, group=parallel_state.get_expert_model_parallel_group())
+    return split + experts + whole
 
 
 @dataclass
@@ -106,11 +145,15 @@ class MegatronActor(Actor):
 
     @property
     def checkpoint_namespace(self) -> str:
-        """Tensor-parallel rank r saves its pieces under ``tp<r>`` (a resume needs the same tensor-parallel
-        size); its data-parallel replicas save the same tensors under the same names, which DCP writes once."""
+        """Tensor-parallel rank t saves its pieces under ``tp<t>``, expert-parallel rank k its experts
+        under ``tp<t>-ep<k>`` (a resume needs the same layout); data-parallel replicas save the same
+        tensors under the same names, which DCP writes once."""
         from megatron.core import parallel_state
 
-        return f"tp{parallel_state.get_tensor_model_parallel_rank()}"
+        namespace = f"tp{parallel_state.get_tensor_model_parallel_rank()}"
+        if parallel_state.get_expert_model_parallel_world_size() > 1:
+            namespace += f"-ep{parallel_state.get_expert_model_parallel_rank()}"
+        return namespace
 
     def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
@@ -141,6 +184,12 @@ class MegatronActor(Actor):
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
                    scorer=scorer_on(device), clip_gradients=reduce_and_clip_gradients, hf_model=hf_model)
 
+    def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
+        """The actor's step where megatron-core can run on this device: the backward of its token
+        exchange between expert-parallel ranks allocates on the device too, not only the forward."""
+        with on_device(self.device):
+            return super().train_step(batch, global_rows)
+
     def freeze_reference(self) -> None:
         """π_ref := the current policy (each rank copies its own pieces)."""
         if self.reference is not None:
@@ -158,14 +207,18 @@ class MegatronActor(Actor):
         return {n: t for n, t in local_hf_state(self.model, self.hf_config).items() if n in names}
 
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
-        """Rank g holds :func:`~kuberl.weights.layouts.tp_box` of its tensor-parallel index (all-gathered:
-        Megatron's rank order decides it); data-parallel replicas hold the same boxes, so the planner
-        spreads the sending over them."""
+        """Rank g holds :func:`~kuberl.weights.layouts.tp_box` of its tensor-parallel index and
+        :func:`~kuberl.weights.layouts.ep_box` of its expert-parallel index (all-gathered: Megatron's
+        rank order decides them); data-parallel replicas hold the same boxes, so the planner spreads
+        the sending over them."""
         from megatron.core import parallel_state
 
-        size = parallel_state.get_tensor_model_parallel_world_size()
-        indices = all_gather(parallel_state.get_tensor_model_parallel_rank())
-        return [Holding(rank, m.name, tp_box(m, size, index)) for rank, index in enumerate(indices) for m in metas]
+        tp, ep = (parallel_state.get_tensor_model_parallel_world_size(),
+                  parallel_state.get_expert_model_parallel_world_size())
+        indices = all_gather((parallel_state.get_tensor_model_parallel_rank(),
+                              parallel_state.get_expert_model_parallel_rank()))
+        return [Holding(rank, m.name, ep_box(m, ep, e) if is_stacked_expert(m.name) else tp_box(m, tp, t))
+                for rank, (t, e) in enumerate(indices) for m in metas]  # fmt: skip
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights under HF names on rank 0 (CPU), an empty dict elsewhere; every rank must call it."""

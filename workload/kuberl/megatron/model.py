@@ -3,8 +3,9 @@
 Needs ``megatron-core`` (imported here, not at package import) and an initialised
 ``megatron.core.parallel_state``. Uses Megatron's local (non-Transformer-Engine) layer spec, whose
 parameter names :mod:`.convert` maps. With tensor parallelism each rank loads its piece of every
-split parameter (:mod:`.tensor_parallel`) and the export gathers them back. On CPU, build and run
-the model inside :func:`kuberl.megatron.cpu.cpu_shim`.
+split parameter (:mod:`.tensor_parallel`), with expert parallelism its own experts
+(:mod:`.expert_parallel`), and the export gathers them back. On CPU, build and run the model inside
+:func:`kuberl.megatron.cpu.cpu_shim`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .convert import AttentionShape, hf_to_megatron, megatron_to_hf, transformer_config_kwargs
+from .convert import AttentionShape, experts, hf_to_megatron, megatron_to_hf, transformer_config_kwargs
+from .expert_parallel import expert_of, experts_per_rank, global_name, local_state
 from .tensor_parallel import shard, split_of, unshard
 
 PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -25,6 +27,29 @@ def _tensor_parallel() -> tuple[int, int, Any]:
 
     return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_tensor_model_parallel_group())
+
+
+def _expert_parallel() -> tuple[int, int, Any]:
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_expert_model_parallel_rank(), parallel_state.get_expert_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_group())
+
+
+def layout_issues(hf_config: Any, tensor: int, expert: int) -> list[tuple[str, str]]:
+    """(field, message) for a Megatron layout this build cannot train ``hf_config`` with: expert
+    parallelism needs experts that split evenly over its ranks; a mixture of experts trains without
+    tensor parallelism (Megatron requires sequence parallelism there, not built here)."""
+    count, issues = experts(hf_config), []
+    if expert > 1 and not count:
+        issues.append(("spec.trainer.parallelism.expert", f"is {expert}: the model has no experts (a dense model)"))
+    elif count and count % expert:
+        issues.append(("spec.trainer.parallelism.expert", f"is {expert}: the model's {count} experts do not split "
+                       "evenly over it"))
+    if count and tensor > 1:
+        issues.append(("spec.trainer.parallelism.tensor", f"is {tensor}: a mixture-of-experts model trains with "
+                       "tensor 1 in this build (Megatron needs sequence parallelism for it, not built here)"))
+    return issues
 
 
 def build_gpt_model(hf_config: Any, seed: int = 0) -> Any:
@@ -50,6 +75,8 @@ def build_gpt_model(hf_config: Any, seed: int = 0) -> Any:
     for name, param in model.named_parameters():
         if name.endswith(PARTIAL_GRADIENT_SUFFIXES):
             param.partial_gradient = True
+        if expert_of(name) is not None:
+            param.expert_parallel = True  # this expert-parallel rank's own: reduced over other groups
     return model
 
 
@@ -88,11 +115,14 @@ def all_reduce_in_place(tensors: list[torch.Tensor], group: Any, divisor: int = 
 
 
 def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) -> None:
-    """Copy a full HF state dict into ``model``, this tensor-parallel rank's piece of each parameter;
-    every parameter must be set."""
+    """Copy a full HF state dict into ``model``, this tensor-parallel rank's piece of each parameter
+    and this expert-parallel rank's experts; every parameter must be set."""
     rank, size, _ = _tensor_parallel()
+    expert_rank, expert_size, _ = _expert_parallel()
     gated = model.config.gated_linear_unit
     converted = hf_to_megatron(state, hf_config)
+    if expert_size > 1:
+        converted = local_state(converted, experts(hf_config), expert_rank, expert_size)
     params = dict(model.named_parameters())
     missing, unexpected = sorted(params.keys() - converted.keys()), sorted(converted.keys() - params.keys())
     if missing or unexpected:
@@ -125,13 +155,35 @@ def gathered(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return whole
 
 
+def with_every_expert(tensors: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+    """``tensors`` (this rank's, named like the model's parameters) with every expert-parallel rank's
+    experts under their global names: an all-gather over the expert-parallel group per expert
+    tensor; every rank of the group must call it."""
+    import torch.distributed as dist
+
+    _, size, group = _expert_parallel()
+    if size == 1:
+        return tensors
+    per_rank, whole = experts_per_rank(experts(hf_config), size), {}
+    for name, tensor in tensors.items():
+        if expert_of(name) is None:
+            whole[name] = tensor
+            continue
+        pieces = [torch.empty_like(tensor) for _ in range(size)]
+        dist.all_gather(pieces, tensor.contiguous(), group=group)
+        whole |= {global_name(name, k, per_rank): piece for k, piece in enumerate(pieces)}
+    return whole
+
+
 def local_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
     """This tensor-parallel rank's pieces under HF names, no communication: a rank holds whole
     query groups (their query, key and value heads), a slice of the MLP width and of the vocabulary,
     i.e. the whole weights of the same model with 1/tp of its heads, so :func:`.convert.megatron_to_hf`
     converts them with the head counts divided (the head size kept). The pieces are the HF tensors'
     consecutive rows (q/k/v, gate/up, embedding, output layer) or columns (o_proj, down_proj) of rank
-    index ``tp_rank`` — what :func:`kuberl.weights.layouts.tp_box` models."""
+    index ``tp_rank`` — what :func:`kuberl.weights.layouts.tp_box` models. An expert-parallel rank's
+    experts, numbered from 0, stack into rows ``[k·E/e, (k+1)·E/e)`` of the HF expert tensors
+    (:func:`kuberl.weights.layouts.ep_box`)."""
     _, size, _ = _tensor_parallel()
     shape = AttentionShape.of(hf_config)
     local_config = copy.copy(hf_config)
@@ -141,6 +193,7 @@ def local_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
 
 
 def export_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
-    """The model's whole parameters under HF names (every tensor-parallel rank must call it): what
-    the weight sync sends to vLLM / torch replicas."""
-    return megatron_to_hf(gathered(model, {n: p.detach() for n, p in model.named_parameters()}), hf_config)
+    """The model's whole parameters under HF names (every rank must call it): what the weight sync
+    sends to vLLM / torch replicas."""
+    state = gathered(model, {n: p.detach() for n, p in model.named_parameters()})
+    return megatron_to_hf(with_every_expert(state, hf_config), hf_config)

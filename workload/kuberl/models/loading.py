@@ -1,4 +1,5 @@
-"""Load the policy named by ``spec.model``: ``builtin:tiny-qwen2`` or a `from_pretrained` directory.
+"""Load the policy named by ``spec.model``: a builtin (``builtin:tiny-qwen2``, ``builtin:tiny-qwen3-moe``)
+or a `from_pretrained` directory.
 
 ``file:///path`` and plain paths load with ``from_pretrained`` (weights and tokenizer from disk);
 an ``s3://bucket/prefix/`` is first copied into the node-local cache (:mod:`kuberl.remote`), the
@@ -16,9 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from ..api.spec import ModelSource
 from ..remote import RemoteError, local_copy
 from ..settings import DEFAULTS, Settings
-from .tiny import char_tokenizer, tiny_qwen2
+from .tiny import char_tokenizer, tiny_qwen2, tiny_qwen3_moe
 
-BUILTIN = {"builtin:tiny-qwen2"}
+BUILTIN = {"builtin:tiny-qwen2": tiny_qwen2, "builtin:tiny-qwen3-moe": tiny_qwen3_moe}  # name → (vocab, seed) → model
 
 
 class ModelLoadError(ValueError):
@@ -58,7 +59,7 @@ def load_model(source: ModelSource, seed: int, settings: Settings = DEFAULTS
     ``settings``' cache and endpoint)."""
     tokenizer = load_tokenizer(source, settings)
     if source.path in BUILTIN:
-        model = tiny_qwen2(len(tokenizer), seed)
+        model = BUILTIN[source.path](len(tokenizer), seed)
     else:
         # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
         model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path", settings),

@@ -1,6 +1,8 @@
 """A tiny Qwen2-style causal LM and a character tokenizer, built in code (no hub, no files).
 
 ``builtin:tiny-qwen2``: 2 layers, hidden 128, a vocabulary of the task's characters (~20 tokens).
+``builtin:tiny-qwen3-moe``: the same size shaped like Qwen3-MoE — q/k norms, and in every layer 4
+experts of which each token takes 2 (their width together the dense model's MLP width).
 Random init from the experiment's seed; it generates thousands of tokens per second and trains
 a step in tens of milliseconds on one CPU core, which is what CI and laptops need.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 ALPHABET = "0123456789+-*/=()?.,: abcdefghijklmnopqrstuvwxyz"
@@ -37,3 +39,16 @@ def tiny_qwen2(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2, t
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(config)
+
+
+def tiny_qwen3_moe(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2) -> Qwen3MoeForCausalLM:
+    """A mixture of experts in every layer (4 experts, top 2, renormalised), tied embeddings."""
+    config = Qwen3MoeConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=256,
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen3MoeForCausalLM(config)

@@ -39,6 +39,18 @@ class Batch:
         """Every tensor on ``device`` (host-to-device copies overlap compute where pinned)."""
         return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
 
+    def padded(self, rows: int, width: int) -> Batch:
+        """This batch grown to ``rows`` × ``width`` (≥ its own): rows appended as masked copies of row 0,
+        columns appended as padding (token 0, attention and every mask 0) — nothing to learn in either,
+        and, with right padding under a causal mask, nothing that changes the real positions' outputs."""
+        grow_rows, grow_cols = rows - self.size, width - self.input_ids.shape[1]
+        if grow_rows < 0 or grow_cols < 0:
+            raise ValueError(f"cannot pad a {self.size}×{self.input_ids.shape[1]} batch to {rows}×{width}")
+        filler = self.select([0] * grow_rows).masked()
+        grown = Batch(*(torch.cat([getattr(self, f.name), getattr(filler, f.name)]) for f in fields(self)))
+        return Batch(*(torch.nn.functional.pad(getattr(grown, f.name), (0, grow_cols)) if f.name != "advantages"
+                       else grown.advantages for f in fields(grown)))  # fmt: skip
+
     def masked(self) -> Batch:
         """A copy with nothing to learn (zero loss mask and advantages): filler that keeps collectives in step."""
         return Batch(self.input_ids, self.attention_mask, self.targets, torch.zeros_like(self.loss_mask),

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..api import resolve
+from ..api.resolve import FieldIssue
 from ..api.spec import Backend
 from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
@@ -73,12 +74,17 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
 
 
 def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> Actor:
-    """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor and
-    data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains; the trainer
-    refuses the others too, should a spec reach it unvalidated)."""
+    """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor,
+    expert and data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains,
+    :func:`kuberl.megatron.model.layout_issues` which fit the model; the trainer refuses the others,
+    should a spec reach it unvalidated)."""
     spec = run.spec
     _, plan, issues = resolve(spec)
     issues += unsupported_issues(spec, plan)
+    if plan is not None and plan.backend == Backend.MEGATRON and not issues:
+        from ..megatron.model import layout_issues
+
+        issues += [FieldIssue(f, m) for f, m in layout_issues(model.config, plan.tensor, plan.expert)]
     if issues or plan is None:
         raise SystemExit("invalid spec: " + "; ".join(map(str, issues)))
     config = algorithm_config(run)
@@ -87,7 +93,8 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
 
         from ..megatron.actor import MegatronActor
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor)  # data: world ÷ tensor
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ tensor
+                                                 expert_model_parallel_size=plan.expert)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed)
     return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,

@@ -71,6 +71,20 @@ def tp_box(meta: ParamMeta, tp: int, t: int) -> Box:
     return tuple(box)
 
 
+def is_stacked_expert(name: str) -> bool:
+    """transformers' stacked expert tensors, ``mlp.experts.gate_up_proj`` [E, 2I, H] and
+    ``mlp.experts.down_proj`` [E, H, I]: expert j in row j."""
+    return name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))
+
+
+def ep_box(meta: ParamMeta, ep: int, k: int) -> Box:
+    """The slice expert-parallel rank ``k`` of ``ep`` holds of a stacked expert tensor: its experts'
+    rows ``[k·E/ep, (k+1)·E/ep)`` (:mod:`kuberl.megatron.expert_parallel`)."""
+    box = list(full_box(meta.shape))
+    box[0] = chunk_range(meta.shape[0], ep, k)
+    return tuple(box)
+
+
 # ---- trainer layouts -----------------------------------------------------------------------
 
 
