@@ -96,19 +96,23 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert processes_mentioning(str(work)) == []
 
 
-def test_the_megatron_example_trains_and_the_engine_serves_the_gathered_policy(tmp_path):
-    """examples/cpu-megatron.yaml, shortened: two trainer processes hold a Megatron GPTModel split by
-    tensor parallelism; every step trains, checkpoints carry both ranks' pieces, and the engine's
+@pytest.mark.parametrize(("example", "layout"), [("cpu-megatron.yaml", {"data": 1, "tensor": 2, "expert": 1}),
+                                               ("cpu-megatron-moe.yaml", {"data": 2, "tensor": 1, "expert": 2})],
+                         ids=["tensor-parallel", "mixture-of-experts"])
+def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(tmp_path, example, layout):
+    """examples/cpu-megatron.yaml (a GPTModel split by tensor parallelism) and cpu-megatron-moe.yaml
+    (a Qwen3-MoE-shaped model, each rank holding half of every layer's experts), shortened: two
+    trainer processes; every step trains, checkpoints carry both ranks' pieces, and the engine's
     log-probs for tokens sampled by the very weights being trained equal Megatron's to float noise
     (the pieces each rank sent over p2p, under HF names, are the policy the trainer trains)."""
-    summary = run_local(ROOT / "examples/cpu-megatron.yaml",
+    summary = run_local(ROOT / "examples" / example,
                         ["model.sftWarmup.steps=5", "checkpoint.everySteps=3", NO_EVAL], 6, None,
                         workdir=tmp_path / "run", quiet=True)
     assert summary["world_size"] == 2 and len(summary["rewards"]) == summary["steps"] == 6
-    assert summary["trainer"] == {"backend": "megatron", "data": 1, "tensor": 2, "pipeline": 1, "expert": 1}
+    assert summary["trainer"] == {"backend": "megatron", "pipeline": 1, **layout}
     assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-4, summary
-    shards = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
-    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    written = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
+    assert written == ["__0_0.distcp", "__1_0.distcp"]
     logs = tmp_path / "run"
     assert "p2p weight exchange (group 0): 2 trainer ranks → 1 replicas" in (logs / "trainer-0.log").read_text()
     assert "received weights version 6 over p2p" in (logs / "inference-0.log").read_text()

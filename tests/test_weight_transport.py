@@ -19,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 
 from kuberl.collectives import exit_without_teardown
 from kuberl.local_processes import free_port
-from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.models.tiny import char_tokenizer, tiny_qwen2, tiny_qwen3_moe
 from kuberl.weights.layouts import fsdp2_holdings, inference_needs
 from kuberl.weights.plan import RankTopology, plan
 from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
@@ -77,28 +77,36 @@ def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):
     assert max(sent) < 0.5 * REPLICAS * total  # the trainer ranks share the sending
 
 
-def _megatron_worker(rank: int, train_port: int, exchange_port: int, out: str) -> None:
-    """Ranks 0 and 1: a Megatron trainer with tensor parallelism 2 whose pieces are then changed at
-    random (so what arrives cannot be the HF weights it loaded); rank 2: a replica. The plan comes from
-    the trainer (as rank 0 hands it to replicas in a run)."""
+MEGATRON_LAYOUTS = {  # the output layer splits over the vocabulary too
+    "tensor2": (lambda: tiny_qwen2(len(char_tokenizer()), 7, tied=False), {"tensor_model_parallel_size": 2}),
+    "expert2": (lambda: tiny_qwen3_moe(len(char_tokenizer()), 7), {"expert_model_parallel_size": 2}),
+}
+
+
+def _megatron_worker(rank: int, train_port: int, exchange_port: int, layout: str, out: str) -> None:
+    """Ranks 0 and 1: a Megatron trainer laid out as ``MEGATRON_LAYOUTS[layout]`` whose pieces are then
+    changed at random (so what arrives cannot be the HF weights it loaded); rank 2: a replica. The
+    plan comes from the trainer (as rank 0 hands it to replicas in a run)."""
     from megatron.core import parallel_state
 
     from kuberl.megatron.actor import MegatronActor
     from kuberl.trainer.algorithms import AlgorithmConfig
     from kuberl.weights.p2p import plan_for
 
-    hf = tiny_qwen2(len(char_tokenizer()), 7, tied=False)  # the output layer splits over the vocabulary too
+    make, parallel = MEGATRON_LAYOUTS[layout]
+    hf = make()
     metas = param_metas(dict(hf.named_parameters()))
     sources: dict[str, torch.Tensor] = {}
     dests: dict[str, torch.Tensor] = {}
     if rank < 2:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{train_port}", rank=rank, world_size=2)
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+        parallel_state.initialize_model_parallel(**parallel)
         actor = MegatronActor.from_hf(hf, AlgorithmConfig(name="grpo", group_size=2), lr=1e-3, temperature=1.0)
-        torch.manual_seed(0)  # the same noise on every rank: the norms both ranks hold whole stay equal
+        torch.manual_seed(0)  # the same noise on every rank: what two ranks both hold whole stays equal
         with torch.no_grad():
-            for param in actor.model.parameters():
-                param.add_(torch.randn_like(param))
+            for name, param in actor.model.named_parameters():
+                noise = torch.randn((2, *param.shape))  # an expert's noise: its rank's (the rest: alike)
+                param.add_(noise[parallel_state.get_expert_model_parallel_rank() if "experts" in name else 0])
         metas = param_metas(actor.named_parameters())
         topology = [RankTopology(node="node0")] * 3
         schedule = plan_for(metas, actor.holdings(metas), topology[:2], topology[2:])
@@ -117,7 +125,8 @@ def _megatron_worker(rank: int, train_port: int, exchange_port: int, out: str) -
     stats = run_exchange(pg, mine, rank, sources, dests, bucket_bytes=4096)
     if rank == 2:
         whole = expected["whole"]
-        same = sorted(whole) == sorted(dests) and all(torch.equal(dests[n], whole[n]) for n in whole)
+        # every parameter (a tied output layer is the embedding: the export names it twice, p2p once)
+        same = set(dests) <= set(whole) and all(torch.equal(dests[n], whole[n]) for n in dests)
         Path(out, "replica.txt").write_text(f"{same} {stats.bytes_received}")
     else:
         Path(out, f"{rank}.txt").write_text(f"{stats.bytes_sent}")
@@ -125,18 +134,20 @@ def _megatron_worker(rank: int, train_port: int, exchange_port: int, out: str) -
     exit_without_teardown(0)
 
 
-def test_megatron_tensor_parallel_pieces_reach_a_replica_as_the_gathered_hf_weights(tmp_path):
+@pytest.mark.parametrize("layout", sorted(MEGATRON_LAYOUTS))
+def test_megatron_tensor_and_expert_parallel_pieces_reach_a_replica_as_the_gathered_hf_weights(tmp_path, layout):
     """p2p from Megatron: each tensor-parallel rank sends its own pieces under HF names (q/k/v out of
     its fused query groups, gate/up out of its fused MLP input, its vocabulary rows, its o/down
-    columns); the replica ends with exactly the weights the trainer's gathered export has, and each
-    rank sent its share."""
+    columns); each expert-parallel rank its experts' rows of the stacked HF expert tensors (the rest,
+    held alike by both, shared out by the planner); the replica ends with exactly the weights the
+    trainer's gathered export has, and each rank sent its share."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.start_processes(_megatron_worker, args=(free_port(), free_port(), str(tmp_path)), nprocs=3,
+    mp.start_processes(_megatron_worker, args=(free_port(), free_port(), layout, str(tmp_path)), nprocs=3,
                        start_method="spawn")
     same, received = (tmp_path / "replica.txt").read_text().split()
     assert same == "True"
-    total = sum(p.numel() * p.element_size() for p in tiny_qwen2(len(char_tokenizer()), 7, tied=False).parameters())
+    total = sum(p.numel() * p.element_size() for p in MEGATRON_LAYOUTS[layout][0]().parameters())
     assert int(received) == total
     sent = [int((tmp_path / f"{r}.txt").read_text()) for r in range(2)]
     assert sum(sent) == total and min(sent) > 0.3 * total  # both ranks send their pieces
