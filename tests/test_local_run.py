@@ -109,7 +109,7 @@ def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(t
                         ["model.sftWarmup.steps=5", "checkpoint.everySteps=3", NO_EVAL], 6, None,
                         workdir=tmp_path / "run", quiet=True)
     assert summary["world_size"] == 2 and len(summary["rewards"]) == summary["steps"] == 6
-    assert summary["trainer"] == {"backend": "megatron", "pipeline": 1, **layout}
+    assert summary["trainer"] == {"backend": "megatron", "pipeline": 1, "dtype": "float32", **layout}
     assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-4, summary
     written = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
     assert written == ["__0_0.distcp", "__1_0.distcp"]

@@ -8,22 +8,18 @@ lands.
 from __future__ import annotations
 
 from .resolve import FieldIssue, TrainerPlan
-from .spec import Accelerator, Backend, ModelDtype, RLExperimentSpec
+from .spec import Backend, RLExperimentSpec
 
 MEGATRON_SCOPE = ("backend megatron trains with tensor, expert and data parallelism only in this build "
                   "(kuberl.megatron)")
 
 
 def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
-    """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues)."""
+    """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues). Every
+    ``spec.model.dtype`` trains on Megatron as on FSDP2 (float32 parameters, forward and backward in
+    the compute dtype)."""
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return []
-    issues = [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
-              for field, value in (("pipeline", trainer.pipeline),
-                                   ("expertTensor", trainer.expert_tensor))
-              if value != 1]  # fmt: skip
-    on_cpu = spec.trainer.accelerator == Accelerator.CPU
-    if not (spec.model.dtype == ModelDtype.FLOAT32 or (spec.model.dtype == ModelDtype.AUTO and on_cpu)):
-        issues.append(FieldIssue("spec.model.dtype", "backend megatron computes in float32 in this build; "
-                                 "set float32 (auto is bfloat16 on accelerators)"))
-    return issues
+    return [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
+            for field, value in (("pipeline", trainer.pipeline), ("expertTensor", trainer.expert_tensor))
+            if value != 1]

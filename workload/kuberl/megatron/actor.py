@@ -52,13 +52,15 @@ from .model import (
 )
 
 
-def scorer_on(device: torch.device) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`.logprobs.token_logprobs_and_entropy`, run where megatron-core can run on ``device``, on
-    the batch padded to the same shape on every expert-parallel rank (:func:`shaped_alike`)."""
+def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
+              ) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`.logprobs.token_logprobs_and_entropy` in ``compute_dtype``, run where megatron-core can
+    run on ``device``, on the batch padded to the same shape on every expert-parallel rank
+    (:func:`shaped_alike`)."""
     def score(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         rows, positions = batch.targets.shape
         with on_device(device):
-            logp, entropy = token_logprobs_and_entropy(model, shaped_alike(batch), temperature)
+            logp, entropy = token_logprobs_and_entropy(model, shaped_alike(batch), temperature, compute_dtype)
         return logp[:rows, :positions], entropy[:rows, :positions]
     return score
 
@@ -169,20 +171,24 @@ class MegatronActor(Actor):
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
-                mini_batches: int = 1, device: torch.device | None = None, seed: int = 0) -> MegatronActor:
-        """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece), AdamW as the
-        FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. Needs an initialised
+                mini_batches: int = 1, device: torch.device | None = None, seed: int = 0,
+                compute_dtype: torch.dtype = torch.float32) -> MegatronActor:
+        """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece and experts),
+        AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. The
+        parameters, their gradients and the optimizer state are float32; forward and backward run in
+        ``compute_dtype`` (:func:`.logprobs.vocab_parallel_logits`). Needs an initialised
         ``megatron.core.parallel_state``."""
         device = device or torch.device("cpu")
         with on_device(device):
-            model = build_gpt_model(hf_model.config, seed)
+            model = build_gpt_model(hf_model.config, seed, compute_dtype)
             load_hf_state(model, hf_model.state_dict(), hf_model.config)
         model = model.to(device)
         reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_coef > 0 else None
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer_on(device), clip_gradients=reduce_and_clip_gradients, hf_model=hf_model)
+                   scorer=scorer_on(device, compute_dtype), clip_gradients=reduce_and_clip_gradients,
+                   hf_model=hf_model)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """The actor's step where megatron-core can run on this device: the backward of its token

@@ -186,8 +186,10 @@ def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
     return out
 
 
-def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
-    """Megatron ``TransformerConfig`` arguments for a Qwen2 / Qwen3 / Llama HF config (float32, CPU init)."""
+def transformer_config_kwargs(hf_config: Any, compute_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Megatron ``TransformerConfig`` arguments for a Qwen2 / Qwen3 / Llama HF config: float32
+    parameters (initialised on the CPU); a 16-bit ``compute_dtype`` sets Megatron's bf16 / fp16 flag,
+    which keeps the attention softmax in float32 (as HF's attention does) when the forward runs in it."""
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf_config.hidden_act!r}: only silu (gated) MLPs are converted")
     shape = AttentionShape.of(hf_config)
@@ -200,7 +202,8 @@ def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
         "layernorm_epsilon": hf_config.rms_norm_eps, "add_bias_linear": False,
         "add_qkv_bias": hf_config.model_type == "qwen2", "qk_layernorm": has_qk_norm(hf_config),
         "use_cpu_initialization": True,
-        "params_dtype": torch.float32, "bf16": False,
+        "params_dtype": torch.float32,
+        "bf16": compute_dtype == torch.bfloat16, "fp16": compute_dtype == torch.float16,
         # the HF models have no dropout after attention or MLP; Megatron's default of 0.1 would
         # train a different (noisier) policy than the engines sample from
         "hidden_dropout": 0.0, "attention_dropout": float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),

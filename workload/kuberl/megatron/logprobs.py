@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.func import functional_call
 
 from ..trainer.batch import Batch
 
@@ -27,12 +28,18 @@ def causal_mask(length: int) -> torch.Tensor:
     return torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)[None, None]
 
 
-def vocab_parallel_logits(model: Any, batch: Batch) -> torch.Tensor:
-    """The model's logits for ``batch``, [B, L, V/t] on this tensor-parallel rank."""
+def vocab_parallel_logits(model: Any, batch: Batch, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The model's logits for ``batch``, [B, L, V/t] on this tensor-parallel rank. A ``compute_dtype``
+    other than the parameters' runs the forward on copies cast to it (``functional_call``): the
+    backward flows through the casts, so the gradients land on the float32 parameters in float32 —
+    FSDP2's mixed precision (``param_dtype``, float32 reduction and master weights) without FSDP."""
     rows, length = batch.input_ids.shape
     positions = torch.arange(length, device=batch.input_ids.device).expand(rows, -1)
     mask = causal_mask(length).to(batch.input_ids.device).expand(rows, 1, length, length)
-    return model(batch.input_ids, positions, mask)
+    if compute_dtype == torch.float32:
+        return model(batch.input_ids, positions, mask)
+    cast = {name: p.to(compute_dtype) for name, p in model.named_parameters()}
+    return functional_call(model, cast, (batch.input_ids, positions, mask))
 
 
 def vocab_parallel_entropy(scaled: torch.Tensor, group: Any) -> torch.Tensor:
@@ -47,11 +54,13 @@ def vocab_parallel_entropy(scaled: torch.Tensor, group: Any) -> torch.Tensor:
         return sums[0].log() - sums[1] / sums[0]
 
 
-def token_logprobs_and_entropy(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log π(target), H(π)) at every position [B, L−1], as the FSDP actor computes them."""
+def token_logprobs_and_entropy(model: Any, batch: Batch, temperature: float,
+                               compute_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(target), H(π)) at every position [B, L−1], as the FSDP actor computes them (the logits
+    in ``compute_dtype``, the softmax over them in float32)."""
     from megatron.core import parallel_state, tensor_parallel
 
-    logits = vocab_parallel_logits(model, batch)[:, :-1].float()
+    logits = vocab_parallel_logits(model, batch, compute_dtype)[:, :-1].float()
     scaled = logits / temperature if temperature > 0 else logits * 1.0  # a fresh tensor: CE works in place
     entropy = vocab_parallel_entropy(scaled.detach(), parallel_state.get_tensor_model_parallel_group())
     logp = -tensor_parallel.vocab_parallel_cross_entropy(scaled, batch.targets)

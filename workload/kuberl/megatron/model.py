@@ -52,16 +52,17 @@ def layout_issues(hf_config: Any, tensor: int, expert: int) -> list[tuple[str, s
     return issues
 
 
-def build_gpt_model(hf_config: Any, seed: int = 0) -> Any:
-    """A GPTModel shaped like ``hf_config`` (its weights random until :func:`load_hf_state`); seeds
-    Megatron's per-rank RNG streams (``model_parallel_cuda_manual_seed``) first."""
+def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = torch.float32) -> Any:
+    """A GPTModel shaped like ``hf_config`` (its weights random until :func:`load_hf_state`, float32
+    whatever ``compute_dtype``: :func:`.logprobs.vocab_parallel_logits` casts them for the forward);
+    seeds Megatron's per-rank RNG streams (``model_parallel_cuda_manual_seed``) first."""
     from megatron.core import tensor_parallel
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    config = TransformerConfig(**transformer_config_kwargs(hf_config))
+    config = TransformerConfig(**transformer_config_kwargs(hf_config, compute_dtype))
     if config.num_moe_experts:
         _router_without_transformer_engine()
     model = GPTModel(

@@ -87,7 +87,7 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
         issues += [FieldIssue(f, m) for f, m in layout_issues(model.config, plan.tensor, plan.expert)]
     if issues or plan is None:
         raise SystemExit("invalid spec: " + "; ".join(map(str, issues)))
-    config = algorithm_config(run)
+    config, dtype = algorithm_config(run), compute_dtype(spec.model.dtype, spec.trainer.accelerator)
     if plan.backend == Backend.MEGATRON:
         from megatron.core import parallel_state
 
@@ -96,9 +96,9 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ tensor
                                                  expert_model_parallel_size=plan.expert)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                                     spec.algorithm.mini_batches, device, spec.seed)
+                                     spec.algorithm.mini_batches, device, spec.seed, dtype)
     return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                        spec.algorithm.mini_batches, device, compute_dtype(spec.model.dtype, spec.trainer.accelerator))
+                        spec.algorithm.mini_batches, device, dtype)
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,

@@ -19,6 +19,7 @@ from typing import Any
 from ..api import Progress, resolve
 from ..api.spec import RLExperimentSpec
 from ..data.datasets import examples
+from ..devices import compute_dtype, dtype_name
 from ..gateway.server import Gateway, GatewayConfig
 from ..rewards import load_reward
 from ..rollout.client import InferenceClient
@@ -68,12 +69,12 @@ class Tally:
 
 
 def trainer_layout(spec: RLExperimentSpec) -> dict[str, Any]:
-    """Which backend trained, over which layout (the summary's ``trainer``)."""
+    """Which backend trained, over which layout, computing in which dtype (the summary's ``trainer``)."""
     _, plan, _ = resolve(spec)
     if plan is None:
         return {"backend": str(spec.trainer.backend)}
     return {"backend": str(plan.backend), "data": plan.data, "tensor": plan.tensor, "pipeline": plan.pipeline,
-            "expert": plan.expert}
+            "expert": plan.expert, "dtype": dtype_name(compute_dtype(spec.model.dtype, spec.trainer.accelerator))}
 
 
 def prompt_summary(state: dict[str, Any] | None) -> dict[str, int] | None:
