@@ -71,12 +71,15 @@ def test_bad_override_names_the_field(tmp_path):
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
+    """SIGINT, as a terminal's Ctrl-C sends it, stops the run and every process it started. (The
+    run starts with SIGINT's default action: a background job of a non-interactive shell, as some CI
+    harnesses start the suite, inherits it ignored, and would otherwise never hear it.)"""
     work, output = tmp_path / "run", tmp_path / "kuberl-run.log"
     with output.open("wb") as sink:  # a file, not a pipe nobody reads: a full pipe would block its exit
         proc = subprocess.Popen(
             [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "100000",
              "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL, "--workdir", str(work)],
-            stdout=sink, stderr=subprocess.STDOUT,
+            stdout=sink, stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     deadline = time.monotonic() + 120
     while not list(work.glob("trainer-0.log")) or "step 1/" not in (work / "trainer-0.log").read_text():
@@ -89,9 +92,11 @@ def test_ctrl_c_stops_every_process(tmp_path):
         code = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         alive = processes_mentioning(str(work))
+        proc.send_signal(signal.SIGUSR1)  # its threads' stacks, into its output (kuberl.local.run_local)
+        time.sleep(2)
         proc.kill()
-        pytest.fail(f"kuberl run still running 60 s after Ctrl-C; alive: {alive}; its output: "
-                    f"{output.read_text(errors='replace')[-2000:]}")
+        pytest.fail(f"kuberl run still running 60 s after Ctrl-C; alive: {alive}; its output and stacks: "
+                    f"{output.read_text(errors='replace')[-6000:]}")
     assert code == 130
     assert processes_mentioning(str(work)) == []
 

@@ -11,6 +11,7 @@ given an existing ``--workdir`` resumes from its newest complete checkpoint, as 
 from __future__ import annotations
 
 import copy
+import faulthandler
 import json
 import os
 import secrets
@@ -345,8 +346,11 @@ def final_progress(summary: dict[str, Any]) -> Progress:
 
 def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
               workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
-    """``kuberl run``: every process until training succeeds (or fails for good); the run summary."""
+    """``kuberl run``: every process until training succeeds (or fails for good); the run summary.
+    SIGTERM stops it as Ctrl-C does; SIGUSR1 prints every thread's stack to stderr (where a run that
+    seems stuck is waiting) and lets it go on."""
     run = plan_run(path, overrides, max_steps, workdir, spec_checkpoints)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     display = ProgressDisplay(sys.stderr)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
