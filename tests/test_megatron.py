@@ -247,7 +247,8 @@ def as_collated_alone(batch: Batch) -> Batch:
 
 
 MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen3-moe": qwen3_moe}
-LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2}}
+LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2},
+           "tp2": {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1}}
 
 
 def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str | None, staging: str,
@@ -398,6 +399,17 @@ def test_the_megatron_actor_with_expert_parallelism_trains_a_mixture_of_experts_
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
+def test_a_mixture_of_experts_with_tensor_and_sequence_parallelism_trains_as_the_fsdp_actor_does(tmp_path):
+    """Qwen3-MoE with tensor parallelism 2, which Megatron runs with sequence parallelism: each rank
+    holds half the attention heads and takes half of each row's tokens through its norms, router and
+    experts (every expert whole on both ranks; the rows padded to an even width) — the FSDP actor's
+    log-probs, loss, gradients (norms and router summed over the ranks), two steps and a resume."""
+    fsdp, megatron = train_both(tmp_path, "qwen3-moe", "tp2", world=2)
+    first = random_batch(qwen3_moe().config.vocab_size, seed=6, rows=6)
+    assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
+    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
+
+
 def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():
     """Should a spec reach the trainer unvalidated, it stops with the same field-naming message as
     ``kuberl validate`` (here: pipeline parallelism, which this build's Megatron backend does not train)."""
@@ -416,24 +428,20 @@ def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field(
 
 
 def test_a_layout_that_does_not_fit_the_model_is_refused_by_the_trainer_naming_the_field():
-    """Expert parallelism needs experts that split evenly over its ranks; a mixture of experts trains
-    without tensor parallelism here. ``kuberl validate`` does not load the model; the trainer does,
-    and stops before it forms any group."""
+    """Expert parallelism needs experts, and experts that split evenly over its ranks. ``kuberl
+    validate`` does not load the model; the trainer does, and stops before it forms any group."""
     from types import SimpleNamespace
 
     import yaml
 
     from kuberl.api.resources import RLExperiment
     from kuberl.megatron.model import layout_issues
-    from kuberl.models.tiny import tiny_qwen3_moe
     from kuberl.trainer.loop import make_actor
 
-    assert layout_issues(qwen3_moe().config, tensor=1, expert=2) == []
-    assert [f for f, _ in layout_issues(qwen2().config, 1, 2)] == ["spec.trainer.parallelism.expert"]
-    assert [f for f, _ in layout_issues(qwen3_moe().config, 1, 3)] == ["spec.trainer.parallelism.expert"]
-    assert [f for f, _ in layout_issues(qwen3_moe().config, 2, 2)] == ["spec.trainer.parallelism.tensor"]
+    assert layout_issues(qwen3_moe().config, expert=2) == layout_issues(qwen3_moe().config, expert=4) == []
+    assert [f for f, _ in layout_issues(qwen2().config, 2)] == ["spec.trainer.parallelism.expert"]
+    assert [f for f, _ in layout_issues(qwen3_moe().config, 3)] == ["spec.trainer.parallelism.expert"]
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron-moe.yaml").read_text())
-    doc["spec"]["trainer"] |= {"parallelism": {"expert": 2, "tensor": 2}, "acceleratorsPerNode": 4}
     obj = RLExperiment.model_validate(doc)
-    with pytest.raises(SystemExit, match=r"spec\.trainer\.parallelism\.tensor: is 2: a mixture-of-experts model"):
-        make_actor(SimpleNamespace(spec=obj.spec), tiny_qwen3_moe(40, seed=0), torch.device("cpu"))
+    with pytest.raises(SystemExit, match=r"spec\.trainer\.parallelism\.expert: is 2: the model has no experts"):
+        make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))

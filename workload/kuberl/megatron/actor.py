@@ -55,45 +55,51 @@ from .model import (
 def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
               ) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
     """:func:`.logprobs.token_logprobs_and_entropy` in ``compute_dtype``, run where megatron-core can
-    run on ``device``, on the batch padded to the same shape on every expert-parallel rank
+    run on ``device``, on the batch padded to a shape the model's parallelism can take
     (:func:`shaped_alike`)."""
     def score(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         rows, positions = batch.targets.shape
         with on_device(device):
-            logp, entropy = token_logprobs_and_entropy(model, shaped_alike(batch), temperature, compute_dtype)
+            shaped = shaped_alike(batch, model.config.sequence_parallel)
+            logp, entropy = token_logprobs_and_entropy(model, shaped, temperature, compute_dtype)
         return logp[:rows, :positions], entropy[:rows, :positions]
     return score
 
 
-def shaped_alike(batch: Batch) -> Batch:
+def shaped_alike(batch: Batch, sequence_parallel: bool) -> Batch:
     """``batch`` padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to the largest rows × width of
-    its expert-parallel group: Megatron's all-gather token dispatcher exchanges equal-sized blocks
-    of tokens, while each data-parallel rank's share of a step has its own length (no-op without
-    expert parallelism)."""
+    its expert-parallel group — Megatron's all-gather token dispatcher exchanges equal-sized blocks
+    of tokens, while each data-parallel rank's share of a step has its own length — and, with
+    sequence parallelism, to a width the tensor-parallel ranks split evenly."""
     from megatron.core import parallel_state
 
-    if parallel_state.get_expert_model_parallel_world_size() == 1:
-        return batch
-    shape = torch.tensor(batch.input_ids.shape)
-    dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
-    return batch.padded(int(shape[0]), int(shape[1]))
+    rows, width = batch.input_ids.shape
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        shape = torch.tensor([rows, width])
+        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
+        rows, width = int(shape[0]), int(shape[1])
+    if sequence_parallel:
+        tensor = parallel_state.get_tensor_model_parallel_world_size()
+        width = -(-width // tensor) * tensor
+    return batch.padded(rows, width) if (rows, width) != tuple(batch.input_ids.shape) else batch
 
 
 def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
     """g ← all-reduce(g) / |DP| for every gradient, one flat buffer per group (no-op on one rank): a
     dense parameter's over its data-parallel group; an expert's over its expert-data-parallel group
-    (the ranks holding the same experts) — its gradient already sums what every rank of its
+    (every rank holding the same experts: with sequence parallelism the tensor-parallel ranks too,
+    each having routed its own tokens) — its gradient already sums what every rank of its
     expert-parallel group routed to it, so it is divided by the whole |DP| too (as Megatron's DDP)."""
     from megatron.core import parallel_state
 
     size = parallel_state.get_data_parallel_world_size()
-    if size == 1:
-        return
     grads = [p for p in params if p.grad is not None]
-    all_reduce_in_place([p.grad for p in grads if not getattr(p, "expert_parallel", False)],
-                        parallel_state.get_data_parallel_group(), divisor=size)
-    all_reduce_in_place([p.grad for p in grads if getattr(p, "expert_parallel", False)],
-                        parallel_state.get_expert_data_parallel_group(), divisor=size)
+    if size > 1:
+        all_reduce_in_place([p.grad for p in grads if not getattr(p, "expert_parallel", False)],
+                            parallel_state.get_data_parallel_group(), divisor=size)
+    if parallel_state.get_expert_data_parallel_world_size() > 1 or size > 1:
+        all_reduce_in_place([p.grad for p in grads if getattr(p, "expert_parallel", False)],
+                            parallel_state.get_expert_data_parallel_group(), divisor=size)
 
 
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:

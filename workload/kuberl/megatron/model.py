@@ -17,6 +17,7 @@ import torch
 
 from .convert import AttentionShape, experts, hf_to_megatron, megatron_to_hf, transformer_config_kwargs
 from .expert_parallel import expert_of, experts_per_rank, global_name, local_state
+from .layer_spec import block_spec
 from .tensor_parallel import shard, split_of, unshard
 
 PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -36,39 +37,35 @@ def _expert_parallel() -> tuple[int, int, Any]:
             parallel_state.get_expert_model_parallel_group())
 
 
-def layout_issues(hf_config: Any, tensor: int, expert: int) -> list[tuple[str, str]]:
-    """(field, message) for a Megatron layout this build cannot train ``hf_config`` with: expert
-    parallelism needs experts that split evenly over its ranks; a mixture of experts trains without
-    tensor parallelism (Megatron requires sequence parallelism there, not built here)."""
-    count, issues = experts(hf_config), []
+def layout_issues(hf_config: Any, expert: int) -> list[tuple[str, str]]:
+    """(field, message) for an expert-parallel layout ``hf_config`` cannot be trained with: expert
+    parallelism needs experts, and experts that split evenly over its ranks."""
+    count = experts(hf_config)
     if expert > 1 and not count:
-        issues.append(("spec.trainer.parallelism.expert", f"is {expert}: the model has no experts (a dense model)"))
-    elif count and count % expert:
-        issues.append(("spec.trainer.parallelism.expert", f"is {expert}: the model's {count} experts do not split "
-                       "evenly over it"))
-    if count and tensor > 1:
-        issues.append(("spec.trainer.parallelism.tensor", f"is {tensor}: a mixture-of-experts model trains with "
-                       "tensor 1 in this build (Megatron needs sequence parallelism for it, not built here)"))
-    return issues
+        return [("spec.trainer.parallelism.expert", f"is {expert}: the model has no experts (a dense model)")]
+    if count and count % expert:
+        return [("spec.trainer.parallelism.expert", f"is {expert}: the model's {count} experts do not split "
+                 "evenly over it")]
+    return []
 
 
 def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = torch.float32) -> Any:
     """A GPTModel shaped like ``hf_config`` (its weights random until :func:`load_hf_state`, float32
     whatever ``compute_dtype``: :func:`.logprobs.vocab_parallel_logits` casts them for the forward);
     seeds Megatron's per-rank RNG streams (``model_parallel_cuda_manual_seed``) first."""
-    from megatron.core import tensor_parallel
+    from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    config = TransformerConfig(**transformer_config_kwargs(hf_config, compute_dtype))
+    _, tensor, _ = _tensor_parallel()
+    config = TransformerConfig(**transformer_config_kwargs(hf_config, compute_dtype), tensor_model_parallel_size=tensor,
+                               expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
+                               sequence_parallel=tensor > 1 and experts(hf_config) > 0)  # fmt: skip
     if config.num_moe_experts:
         _router_without_transformer_engine()
     model = GPTModel(
-        config, get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
-                                         normalization="RMSNorm", qk_layernorm=config.qk_layernorm),
-        vocab_size=hf_config.vocab_size,
+        config, block_spec(config), vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
         rotary_base=int(getattr(hf_config, "rope_theta", None) or hf_config.rope_parameters["rope_theta"]),
         share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
@@ -92,13 +89,14 @@ def _router_without_transformer_engine() -> None:
 
 
 def sum_partial_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Sum, over the tensor-parallel ranks, the gradients of the parameters marked ``partial_gradient``
-    (as Megatron's ``finalize_model_grads`` does): every rank holds them whole but feeds them only its
-    own attention heads, so each rank's gradient is a part of the whole."""
+    """Sum, over the tensor-parallel ranks, the gradients of the parameters every rank holds whole but
+    feeds only a part of (as Megatron's ``finalize_model_grads`` does): ``partial_gradient`` ones (q/k
+    norms: the rank's attention heads) and, with sequence parallelism, ``sequence_parallel`` ones
+    (norms, the router: the rank's slice of the tokens)."""
     _, size, group = _tensor_parallel()
     if size > 1:
-        all_reduce_in_place([p.grad for p in params if getattr(p, "partial_gradient", False) and p.grad is not None],
-                            group)
+        all_reduce_in_place([p.grad for p in params if p.grad is not None and (
+            getattr(p, "partial_gradient", False) or getattr(p, "sequence_parallel", False))], group)
 
 
 def all_reduce_in_place(tensors: list[torch.Tensor], group: Any, divisor: int = 1) -> None:
@@ -117,7 +115,8 @@ def all_reduce_in_place(tensors: list[torch.Tensor], group: Any, divisor: int = 
 
 def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) -> None:
     """Copy a full HF state dict into ``model``, this tensor-parallel rank's piece of each parameter
-    and this expert-parallel rank's experts; every parameter must be set."""
+    and this expert-parallel rank's experts (whole on every tensor-parallel rank: expert tensor
+    parallelism is 1); every parameter must be set."""
     rank, size, _ = _tensor_parallel()
     expert_rank, expert_size, _ = _expert_parallel()
     gated = model.config.gated_linear_unit
@@ -131,7 +130,7 @@ def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) ->
                          f"unexpected {unexpected[:5]}")
     with torch.no_grad():
         for name, full in converted.items():
-            tensor = shard(full, split_of(name, params[name], gated), rank, size)
+            tensor = shard(full, split_of(name, params[name], gated), rank, size) if expert_of(name) is None else full
             if params[name].shape != tensor.shape:
                 raise ValueError(f"{name}: model has {tuple(params[name].shape)}, weights {tuple(tensor.shape)}")
             params[name].copy_(tensor)
@@ -147,7 +146,7 @@ def gathered(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Te
     params, gated, whole = dict(model.named_parameters()), model.config.gated_linear_unit, {}
     for name, piece in tensors.items():
         split = split_of(name, params[name], gated)
-        if split.dim is None or size == 1:
+        if split.dim is None or size == 1 or expert_of(name) is not None:  # experts: whole on every rank
             whole[name] = piece
             continue
         pieces = [torch.empty_like(piece) for _ in range(size)]
