@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 from kuberl.api.contract import ENV_REPLICA
 from kuberl.local import run_local
-from kuberl.local_processes import RunError
+from kuberl.local_processes import RunError, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/cpu-tiny.yaml"
@@ -304,3 +305,17 @@ def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
     assert statistics.fmean(summary["tool_calls_per_episode"][-10:]) >= 0.8
     gain = statistics.fmean(rewards[-10:]) - statistics.fmean(rewards[:10])
     assert gain >= 0.1, f"no real improvement in {steps} steps: {rewards}"
+
+
+def test_free_ports_come_from_outside_the_range_the_kernel_gives_outgoing_connections():
+    """A port from ``bind(0)`` is one the kernel also gives outgoing connections, so another socket
+    could take it before the process meant to listen there binds it (a CI run saw EADDRINUSE)."""
+    from kuberl.local_processes import ephemeral_ports
+
+    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    ephemeral = ephemeral_ports(path.read_text() if path.exists() else None)
+    ports = [free_port() for _ in range(20)]
+    assert not [p for p in ports if p in ephemeral], ports
+    for port in set(ports):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free indeed

@@ -5,6 +5,7 @@ predecessor's log, and every child terminated (then killed) when the run ends.""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,7 +23,29 @@ class RunError(RuntimeError):
     """A user-facing failure of `kuberl run`; the message says what to change."""
 
 
-def free_port() -> int:
+def ephemeral_ports(text: str | None) -> range:
+    """The kernel's range for outgoing connections' local ports (``/proc/sys/net/ipv4/ip_local_port_range``
+    text, e.g. "32768\t60999"; Linux's default when unknown)."""
+    low, high = (int(x) for x in text.split()) if text else (32768, 60999)
+    return range(low, high + 1)
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A port on 127.0.0.1 nobody listens on, for a process that binds it later. Taken *below* the
+    ephemeral range: a port from ``bind(0)`` is one the kernel also hands to outgoing connections,
+    so under load (many local connections) another socket could take it before the process binds
+    it — as a CI run saw (EADDRINUSE). Falls back to ``bind(0)`` when no such port is free."""
+    rng = rng or random.SystemRandom()
+    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    ephemeral = ephemeral_ports(path.read_text() if path.exists() else None)
+    below = range(max(10000, ephemeral.start - 12000), ephemeral.start)
+    for port in (rng.choice(below) for _ in range(50)) if len(below) else ():
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -16,6 +16,7 @@ import ast
 import json
 import operator
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,12 +107,20 @@ def _value(node: ast.AST) -> int | float:
     raise ValueError("only numbers, + - * / // % ** and parentheses are allowed")
 
 
+# CPython keeps ast.parse's recursion-depth counter per interpreter, not per thread: tool calls
+# parsed at once in rollout threads could fail with "SystemError: AST constructor recursion depth
+# mismatch" (seen in CI: a rollout failed and the trainer restarted; cpython gh-106905).
+_PARSE_LOCK = threading.Lock()
+
+
 def calculator(expression: str) -> str:
     """Arithmetic on numbers, evaluated from the syntax tree (no names, calls or attributes)."""
     if len(expression) > MAX_EXPRESSION:
         return f"error: the expression is longer than {MAX_EXPRESSION} characters"
     try:
-        result = _value(ast.parse(expression.strip(), mode="eval").body)
+        with _PARSE_LOCK:
+            tree = ast.parse(expression.strip(), mode="eval")
+        result = _value(tree.body)
     except ZeroDivisionError:
         return "error: division by zero"
     except (SyntaxError, ValueError, TypeError, OverflowError, RecursionError) as err:
