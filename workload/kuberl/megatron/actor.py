@@ -12,6 +12,11 @@ parallelism. What differs is how the model is read and how the gradient norm is 
   actor's loss normaliser (global tokens ÷ data-parallel ranks) makes that average the global mean;
 - expert parallelism (a mixture of experts): each rank holds some of every layer's experts
   (:mod:`.expert_parallel`); their gradients are averaged over the ranks that hold the same experts;
+  with tensor parallelism a mixture of experts runs sequence-parallel (:mod:`.layer_spec`), its
+  norm and router gradients summed over the tensor-parallel ranks; batches are padded to a shape
+  the layout can take (:func:`shaped_alike`);
+- the compute dtype: float32 parameters, gradients and optimizer state, the forward and backward on
+  copies cast to ``model.dtype`` (:func:`.logprobs.vocab_parallel_logits`), as FSDP2's mixed precision;
 - the global gradient norm for clipping (:func:`global_squared_norm`): every piece counted once;
   then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
 
