@@ -30,12 +30,12 @@ def ephemeral_ports(text: str | None) -> range:
     return range(low, high + 1)
 
 
-def free_port(rng: random.Random | None = None) -> int:
+def free_port() -> int:
     """A port on 127.0.0.1 nobody listens on, for a process that binds it later. Taken *below* the
     ephemeral range: a port from ``bind(0)`` is one the kernel also hands to outgoing connections,
     so under load (many local connections) another socket could take it before the process binds
     it — as a CI run saw (EADDRINUSE). Falls back to ``bind(0)`` when no such port is free."""
-    rng = rng or random.SystemRandom()
+    rng = random.SystemRandom()
     path = Path("/proc/sys/net/ipv4/ip_local_port_range")
     ephemeral = ephemeral_ports(path.read_text() if path.exists() else None)
     below = range(max(10000, ephemeral.start - 12000), ephemeral.start)
