@@ -115,7 +115,6 @@ def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float)
     """Average the gradients over the data-parallel ranks, complete the partial ones
     (:func:`.model.sum_partial_gradients`), then clip in place to the global norm over every rank's
     pieces; returns that norm."""
-
     average_over_data_parallel_ranks(params)
     sum_partial_gradients(params)
     grads = [p for p in params if p.grad is not None]
@@ -123,7 +122,7 @@ def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float)
     dense = [p for p in grads if not getattr(p, "expert_parallel", False)]
     split = [p.grad for p in dense if getattr(p, "tensor_model_parallel", False)]
     whole = [p.grad for p in dense if not getattr(p, "tensor_model_parallel", False)]
-    norm = (global_squared_norm(_squared_norm(split), _squared_norm(experts), _squared_norm(whole))).sqrt()
+    norm = global_squared_norm(_squared_norm(split), _squared_norm(experts), _squared_norm(whole)).sqrt()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for p in grads:
         p.grad.mul_(coefficient.to(p.grad.dtype))

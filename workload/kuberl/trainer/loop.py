@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from ..api import resolve
-from ..api.resolve import FieldIssue
+from ..api import FieldIssue, resolve
 from ..api.spec import Backend
 from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
