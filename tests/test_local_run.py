@@ -310,10 +310,9 @@ def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
 def test_free_ports_come_from_outside_the_range_the_kernel_gives_outgoing_connections():
     """A port from ``bind(0)`` is one the kernel also gives outgoing connections, so another socket
     could take it before the process meant to listen there binds it (a CI run saw EADDRINUSE)."""
-    from kuberl.local_processes import ephemeral_ports
+    from kuberl.local_processes import kernel_ephemeral_ports
 
-    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    ephemeral = ephemeral_ports(path.read_text() if path.exists() else None)
+    ephemeral = kernel_ephemeral_ports()
     ports = [free_port() for _ in range(20)]
     assert not [p for p in ports if p in ephemeral], ports
     for port in set(ports):

@@ -30,14 +30,18 @@ def ephemeral_ports(text: str | None) -> range:
     return range(low, high + 1)
 
 
+def kernel_ephemeral_ports() -> range:
+    """This host's ephemeral range (:func:`ephemeral_ports` of ``/proc/sys/net/ipv4/ip_local_port_range``)."""
+    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    return ephemeral_ports(path.read_text() if path.exists() else None)
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 nobody listens on, for a process that binds it later. Taken *below* the
     ephemeral range: a port from ``bind(0)`` is one the kernel also hands to outgoing connections,
     so under load (many local connections) another socket could take it before the process binds
     it — as a CI run saw (EADDRINUSE). Falls back to ``bind(0)`` when no such port is free."""
-    rng = random.SystemRandom()
-    path = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    ephemeral = ephemeral_ports(path.read_text() if path.exists() else None)
+    rng, ephemeral = random.SystemRandom(), kernel_ephemeral_ports()
     below = range(max(10000, ephemeral.start - 12000), ephemeral.start)
     for port in (rng.choice(below) for _ in range(50)) if len(below) else ():
         with socket.socket() as s:
