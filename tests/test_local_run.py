@@ -102,20 +102,24 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert processes_mentioning(str(work)) == []
 
 
-@pytest.mark.parametrize(("example", "layout"), [("cpu-megatron.yaml", {"data": 1, "tensor": 2, "expert": 1}),
-                                               ("cpu-megatron-moe.yaml", {"data": 2, "tensor": 1, "expert": 2})],
-                         ids=["tensor-parallel", "mixture-of-experts"])
-def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(tmp_path, example, layout):
-    """examples/cpu-megatron.yaml (a GPTModel split by tensor parallelism) and cpu-megatron-moe.yaml
-    (a Qwen3-MoE-shaped model, each rank holding half of every layer's experts), shortened: two
-    trainer processes; every step trains, checkpoints carry both ranks' pieces, and the engine's
-    log-probs for tokens sampled by the very weights being trained equal Megatron's to float noise
-    (the pieces each rank sent over p2p, under HF names, are the policy the trainer trains)."""
+@pytest.mark.parametrize(("example", "settings", "layout"), [
+    ("cpu-megatron.yaml", [], {"data": 1, "tensor": 2, "pipeline": 1, "expert": 1}),
+    ("cpu-megatron.yaml", ["trainer.parallelism.tensor=1", "trainer.parallelism.pipeline=2"],
+     {"data": 1, "tensor": 1, "pipeline": 2, "expert": 1}),
+    ("cpu-megatron-moe.yaml", [], {"data": 2, "tensor": 1, "pipeline": 1, "expert": 2})],
+    ids=["tensor-parallel", "pipeline-parallel", "mixture-of-experts"])
+def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(tmp_path, example, settings, layout):
+    """examples/cpu-megatron.yaml (a GPTModel split by tensor parallelism; or into two pipeline
+    stages, one layer each) and cpu-megatron-moe.yaml (a Qwen3-MoE-shaped model, each rank holding
+    half of every layer's experts), shortened: two trainer processes; every step trains, checkpoints
+    carry both ranks' pieces, and the engine's log-probs for tokens sampled by the very weights being
+    trained equal Megatron's to float noise (the pieces each rank sent over p2p, under HF names, are
+    the policy the trainer trains)."""
     summary = run_local(ROOT / "examples" / example,
-                        ["model.sftWarmup.steps=5", "checkpoint.everySteps=3", NO_EVAL], 6, None,
+                        ["model.sftWarmup.steps=5", "checkpoint.everySteps=3", NO_EVAL, *settings], 6, None,
                         workdir=tmp_path / "run", quiet=True)
     assert summary["world_size"] == 2 and len(summary["rewards"]) == summary["steps"] == 6
-    assert summary["trainer"] == {"backend": "megatron", "pipeline": 1, "dtype": "float32", **layout}
+    assert summary["trainer"] == {"backend": "megatron", "dtype": "float32", **layout}
     assert summary["behav_logp_gap_max"] is not None and summary["behav_logp_gap_max"] < 1e-4, summary
     written = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step-00000006" / "dcp").glob("*.distcp"))
     assert written == ["__0_0.distcp", "__1_0.distcp"]

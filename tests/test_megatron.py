@@ -146,6 +146,44 @@ def test_unshard_inverts_shard(rows, cols, size, dim, gated):
         assert torch.equal(pieces[0], torch.cat([gate.chunk(size, dim)[0], up.chunk(size, dim)[0]], dim))
 
 
+@settings(max_examples=40, deadline=None)
+@given(stages=st.sampled_from([1, 2, 4]), per_stage=st.integers(1, 3), tied=st.booleans())
+def test_pipeline_stages_hold_every_layer_once_and_give_it_back_under_its_own_number(stages, per_stage, tied):
+    """Each stage's layers, renumbered from 0, are the model's consecutive layers; put back under
+    their global numbers the stages make up the whole model again, each parameter once (a tied
+    last stage's copy of the embedding, which it holds as its output layer, dropped); and every HF
+    parameter's stage is the one that holds it."""
+    from kuberl.megatron.pipeline import EMBEDDING, OUTPUT_LAYER, global_state, hf_stage, stage_state
+
+    layers = stages * per_stage
+    hf = {"model.embed_tokens.weight": torch.randn(3), "model.norm.weight": torch.randn(3),
+          **{f"model.layers.{i}.mlp.down_proj.weight": torch.randn(2) for i in range(layers)},
+          **({} if tied else {"lm_head.weight": torch.randn(3)})}
+    whole = {f"decoder.layers.{i}.mlp.linear_fc2.weight": hf[f"model.layers.{i}.mlp.down_proj.weight"]
+             for i in range(layers)} | {EMBEDDING: hf["model.embed_tokens.weight"],
+                                        "decoder.final_layernorm.weight": hf["model.norm.weight"]}
+    if not tied:
+        whole[OUTPUT_LAYER] = hf["lm_head.weight"]
+    pieces = [stage_state(whole, layers, s, stages, tied) for s in range(stages)]
+    for s, piece in enumerate(pieces):
+        local_layers = {n.split(".")[2] for n in piece if n.startswith("decoder.layers.")}
+        assert local_layers == {str(i) for i in range(per_stage)}
+        assert torch.equal(piece["decoder.layers.0.mlp.linear_fc2.weight"],
+                           hf[f"model.layers.{s * per_stage}.mlp.down_proj.weight"])
+        assert (EMBEDDING in piece) == (s == 0)
+        assert (OUTPUT_LAYER in piece) == (s == stages - 1 and (not tied or stages > 1))
+    if tied and stages > 1:
+        assert torch.equal(pieces[-1][OUTPUT_LAYER], hf["model.embed_tokens.weight"])
+    back = [global_state(piece, layers, s, stages, tied) for s, piece in enumerate(pieces)]
+    assert sum(len(b) for b in back) == len(whole)
+    assert all(torch.equal(whole[n], t) for b in back for n, t in b.items())
+    hf_name = {EMBEDDING: "model.embed_tokens.weight", "decoder.final_layernorm.weight": "model.norm.weight",
+               OUTPUT_LAYER: "lm_head.weight"} | {f"decoder.layers.{i}.mlp.linear_fc2.weight":
+                                                   f"model.layers.{i}.mlp.down_proj.weight" for i in range(layers)}
+    holder = {hf_name[n]: s for s, b in enumerate(back) for n in b}
+    assert {n: hf_stage(n, layers, stages) for n in hf} == holder
+
+
 def test_a_dimension_that_does_not_split_is_refused():
     with pytest.raises(ValueError, match="does not split over 2 tensor-parallel ranks"):
         shard(torch.zeros(3, 4), Split(0), 0, 2)
@@ -216,6 +254,8 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
 
 PPO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
 DR_GRPO = AlgorithmConfig(name="drgrpo", group_size=2, kl_coef=0.0, max_new_tokens=8)  # Σ loss ÷ (rows · 8)
+KL = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.5)  # with two updates a batch: π_prox and π_ref passes
+TOKEN_BUDGET = 24  # rows of ≤ 13 tokens: one or two a micro-batch, so gradients accumulate over several
 
 
 def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
@@ -246,9 +286,18 @@ def as_collated_alone(batch: Batch) -> Batch:
     return Batch(*(cut(getattr(batch, f.name)) for f in fields(batch)))
 
 
-MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen3-moe": qwen3_moe}
+MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen2-tied": qwen2, "qwen3-moe": qwen3_moe}
 LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2},
-           "tp2": {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1}}
+           "tp2": {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
+           "pp2": {"pipeline_model_parallel_size": 2}}
+
+
+def make_actor(make: Any, layout: str | None, config: AlgorithmConfig = PPO, **kwargs: Any) -> Actor:
+    """The Megatron actor (``layout``) or the FSDP actor on ``make()``'s weights, several micro-batches a step."""
+    actor = (MegatronActor.from_hf(make(), config, lr=1e-2, temperature=0.7, **kwargs) if layout
+             else Actor.create(make(), config, lr=1e-2, temperature=0.7, **kwargs))
+    actor.token_budget = TOKEN_BUDGET
+    return actor
 
 
 def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str | None, staging: str,
@@ -274,14 +323,12 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
             if layout == "tp2-dp2":
                 qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
                 result["qwen3"] = read_and_differentiate(qwen3, first)
-                result["bf16"] = read_and_differentiate(MegatronActor.from_hf(
-                    make(), PPO, lr=1e-2, temperature=0.7, compute_dtype=torch.bfloat16), first)
-            actor: Actor = MegatronActor.from_hf(make(), PPO, lr=1e-2, temperature=0.7)
-            result["first"] = read_and_differentiate(actor, first)
+                result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
         else:
-            result["bf16"] = read_and_differentiate(Actor.create(make(), PPO, lr=1e-2, temperature=0.7,
-                                                                 compute_dtype=torch.bfloat16), first)
-            actor = Actor.create(make(), PPO, lr=1e-2, temperature=0.7)
+            result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
+        actor = make_actor(make, layout)
+        if parallel_state_stages(layout) == 1:  # the scorer reads the whole model: not a pipeline stage
+            result["first"] = read_and_differentiate(actor, first)
         data_rank, data_ranks = actor.data_parallel()
         mine = [as_collated_alone(split(b, data_ranks)[data_rank]) for b in (first, second)]
         norms = [actor.train_step(mine[0], first.size)["ppo_actor/grad_norm"]]
@@ -289,11 +336,14 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
             save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
         norms.append(actor.train_step(mine[1], second.size)["ppo_actor/grad_norm"])
         result |= {"state": actor.full_state_dict(), "grad_norms": norms}
-        dr_grpo = (MegatronActor.from_hf(make(), DR_GRPO, lr=1e-2, temperature=0.7) if layout
-                   else Actor.create(make(), DR_GRPO, lr=1e-2, temperature=0.7))
+        dr_grpo = make_actor(make, layout, DR_GRPO)
         result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
+        if data_ranks == 1:  # two updates a batch split alike: the same rows in each
+            kl = make_actor(make, layout, KL, mini_batches=2)
+            kl.freeze_reference()
+            result["kl_stats"] = [kl.train_step(b, first.size) for b in mine]
         if layout:
-            resumed = MegatronActor.from_hf(make(), PPO, lr=1e-2, temperature=0.7)
+            resumed = make_actor(make, layout)
             assert load_trainer(resumed, Path(staging)).step == 1
             resumed.train_step(mine[1], second.size)
             result["resumed"] = resumed.full_state_dict()
@@ -302,6 +352,10 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
     finally:
         dist.destroy_process_group()
     exit_without_teardown(0)
+
+
+def parallel_state_stages(layout: str | None) -> int:
+    return LAYOUTS.get(layout or "", {}).get("pipeline_model_parallel_size", 1)
 
 
 def train_both(tmp_path: Path, model: str, layout: str, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -331,12 +385,20 @@ def assert_reads_and_differentiates_as_hf(hf: torch.nn.Module, got: dict[str, An
         assert torch.allclose(got["grads"][name], param.grad, atol=1e-6, rtol=1e-4), name
 
 
-def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start: dict[str, torch.Tensor]) -> None:
+def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start: dict[str, torch.Tensor],
+                          one_data_rank: bool = False) -> None:
     """The same gradient norms (clipped at 1.0: exercised), the same two updates, and a resumed second
-    step bit-identical to the uninterrupted one."""
+    step bit-identical to the uninterrupted one; without data parallelism also, with the KL term and
+    two updates a batch (π_prox and π_ref read before the updates), the same stats."""
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
     assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
+    assert fsdp["kl_stats"][1]["ppo_actor/kl"] > 0  # π_ref is read: the second update's policy has moved
+    if one_data_rank:
+        compared = ("ppo_actor/grad_norm", "ppo_actor/entropy", "mismatch/behav_logp_gap", "ppo_actor/loss",
+                    "ppo_actor/kl")
+        for got, expected in zip(megatron["kl_stats"], fsdp["kl_stats"], strict=True):  # measured ≤ 2e-4 relative
+            assert {k: got[k] for k in compared} == pytest.approx({k: expected[k] for k in compared}, rel=1e-3)
     assert fsdp["state"].keys() == megatron["state"].keys() == megatron["resumed"].keys() == start.keys()
     for name, weights in fsdp["state"].items():
         change, other = weights - start[name], megatron["state"][name] - start[name]
@@ -407,12 +469,23 @@ def test_a_mixture_of_experts_with_tensor_and_sequence_parallelism_trains_as_the
     fsdp, megatron = train_both(tmp_path, "qwen3-moe", "tp2", world=2)
     first = random_batch(qwen3_moe().config.vocab_size, seed=6, rows=6)
     assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
-    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
+    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict(), one_data_rank=True)
+
+
+def test_pipeline_parallelism_trains_a_tied_model_as_the_fsdp_actor_does(tmp_path):
+    """Pipeline parallelism 2 (two processes, one layer each; the first holds the embedding, the last
+    the final norm and its own copy of the tied embedding as the output layer) through Megatron's
+    1F1B schedule, several micro-batches a step: the FSDP actor's two steps and gradient norms (the
+    two copies' gradients summed, counted once), the same stats reported by rank 0 — which holds no
+    loss: the last stage's — with π_prox and π_ref read through the pipeline, and a bit-identical resume
+    from the ``pp<s>-tp0`` checkpoint pieces."""
+    fsdp, megatron = train_both(tmp_path, "qwen2-tied", "pp2", world=2)
+    assert_trains_as_fsdp(fsdp, megatron, qwen2().state_dict(), one_data_rank=True)
 
 
 def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():
     """Should a spec reach the trainer unvalidated, it stops with the same field-naming message as
-    ``kuberl validate`` (here: pipeline parallelism, which this build's Megatron backend does not train)."""
+    ``kuberl validate`` (here: expert tensor parallelism, which this build's Megatron backend does not train)."""
     from types import SimpleNamespace
 
     import yaml
@@ -421,9 +494,9 @@ def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field(
     from kuberl.trainer.loop import make_actor
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron.yaml").read_text())
-    doc["spec"]["trainer"] |= {"parallelism": {"tensor": 2, "pipeline": 2}, "acceleratorsPerNode": 4}
+    doc["spec"]["trainer"] |= {"parallelism": {"tensor": 2, "expert": 2, "expertTensor": 2}, "acceleratorsPerNode": 4}
     obj = RLExperiment.model_validate(doc)  # the schema admits it; kuberl.api.support refuses it
-    with pytest.raises(SystemExit, match=r"invalid spec: spec\.trainer\.parallelism\.pipeline: is 2: backend megatron"):
+    with pytest.raises(SystemExit, match=r"invalid spec: spec\.trainer\.parallelism\.expertTensor: is 2: backend"):
         make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))
 
 
@@ -441,6 +514,8 @@ def test_a_layout_that_does_not_fit_the_model_is_refused_by_the_trainer_naming_t
     assert layout_issues(qwen3_moe().config, expert=2) == layout_issues(qwen3_moe().config, expert=4) == []
     assert [f for f, _ in layout_issues(qwen2().config, 2)] == ["spec.trainer.parallelism.expert"]
     assert [f for f, _ in layout_issues(qwen3_moe().config, 3)] == ["spec.trainer.parallelism.expert"]
+    assert layout_issues(qwen2().config, 1, pipeline=2) == []
+    assert [f for f, _ in layout_issues(qwen2().config, 1, pipeline=3)] == ["spec.trainer.parallelism.pipeline"]
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron-moe.yaml").read_text())
     obj = RLExperiment.model_validate(doc)
     with pytest.raises(SystemExit, match=r"spec\.trainer\.parallelism\.expert: is 2: the model has no experts"):

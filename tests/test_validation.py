@@ -79,8 +79,8 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"allocation": "vllm:d2+megatron:d8", "trainer__backend": "fsdp"}, "spec.trainer.backend", "implies megatron"),
         ({"inference__accelerator": "ascend", "inference__engine": "torch"}, "spec.inference.engine", "use vllm"),
         ({"trainer__accelerator": "cpu", "trainer__backend": "megatron", "trainer__acceleratorsPerNode": 4,
-          "trainer__parallelism": {"tensor": 2, "pipeline": 2}, "weightSync": {"mode": "broadcast"}},
-         "spec.trainer.parallelism.pipeline", "pipeline must be 1"),
+          "trainer__parallelism": {"tensor": 2, "expert": 2, "expertTensor": 2}, "weightSync": {"mode": "broadcast"}},
+         "spec.trainer.parallelism.expertTensor", "expertTensor must be 1"),
         ({"trainer__nodes": 2, "trainer__parallelism": {"data": 3}}, "spec.trainer.parallelism",
          "must equal nodes×acceleratorsPerNode"),
         ({"trainer__parallelism": {"tensor": 2}}, "spec.trainer.parallelism", "backend fsdp shards over data"),
@@ -177,15 +177,18 @@ def test_a_reader_that_leaves_early_is_not_an_error():
     assert "Traceback" not in stderr
 
 
-def test_megatron_trains_tensor_expert_and_data_parallel_layouts_and_refuses_the_others_naming_each_field():
-    for trainer, devices in (("t2", 2), ("d2t2", 4), ("(attn:d2|ffn:d1e2)", 2)):
+def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_refuses_the_others_naming_each_field():
+    for trainer, devices in (("t2", 2), ("d2t2", 4), ("p2", 2), ("(attn:d2|ffn:d1e2)", 2)):
         accepted, issues = validate_document(with_spec(
             allocation=f"vllm:d1+megatron:{trainer}", trainer__accelerator="cpu", trainer__acceleratorsPerNode=devices,
             inference__accelerator="cpu", weightSync={"mode": "p2p"}))
         assert accepted is not None and issues == [], trainer
-    _, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
-                                            trainer__acceleratorsPerNode=16))
-    assert [i.path for i in issues] == ["spec.trainer.parallelism.pipeline"]  # bfloat16 (auto on NPUs) trains
-    assert all("must be 1" in i.message for i in issues if i.path.startswith("spec.trainer.parallelism"))
+    accepted, issues = validate_document(with_spec(allocation="vllm:d4t4+megatron:(attn:d2p4t4|ffn:d1p4e8)",
+                                                   trainer__acceleratorsPerNode=16))
+    assert accepted is not None and issues == []  # examples/ascend-qwen3-30b-a3b.yaml: bfloat16 (auto on NPUs)
+    _, issues = validate_document(with_spec(allocation="vllm:d1+megatron:(attn:d1t2|ffn:d1e1t2)",
+                                            trainer__acceleratorsPerNode=2))
+    assert [i.path for i in issues] == ["spec.trainer.parallelism.expertTensor"]
+    assert "must be 1" in issues[0].message
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from .resolve import FieldIssue, TrainerPlan
 from .spec import Backend, RLExperimentSpec
 
-MEGATRON_SCOPE = ("backend megatron trains with tensor, expert and data parallelism only in this build "
-                  "(kuberl.megatron)")
+MEGATRON_SCOPE = ("backend megatron trains with tensor, pipeline, expert and data parallelism in this build "
+                  "(kuberl.megatron), each expert whole on a rank")
 
 
 def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
@@ -21,5 +21,4 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return []
     return [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
-            for field, value in (("pipeline", trainer.pipeline), ("expertTensor", trainer.expert_tensor))
-            if value != 1]
+            for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]

@@ -1,6 +1,6 @@
 """The Megatron-core backend's actor: the FSDP actor's decoupled-PPO step
-(:class:`kuberl.trainer.actor.Actor`: one loss, one update rule) on a Megatron GPTModel with tensor
-parallelism. What differs is how the model is read and how the gradient norm is taken:
+(:class:`kuberl.trainer.actor.Actor`: one loss, one update rule) on a Megatron GPTModel with tensor,
+pipeline, expert and data parallelism. What differs is how the model is read and how the gradient norm is taken:
 
 - log-probs and entropy from vocabulary-parallel logits (:mod:`.logprobs`), the forward under
   :func:`.cpu.on_device` (the CPU shim on CPU, nothing on an accelerator);
@@ -17,6 +17,10 @@ parallelism. What differs is how the model is read and how the gradient norm is 
   the layout can take (:func:`shaped_alike`);
 - the compute dtype: float32 parameters, gradients and optimizer state, the forward and backward on
   copies cast to ``model.dtype`` (:func:`.logprobs.vocab_parallel_logits`), as FSDP2's mixed precision;
+- pipeline parallelism: each stage holds consecutive layers (:mod:`.pipeline`); micro-batches go
+  through megatron-core's 1F1B schedule (:mod:`.schedule`) with the actor's own loss on the last
+  stage, π_prox and π_ref read by forward-only passes, the last stage's stats reported by every
+  stage; a tied embedding's two copies (first and last stage) have their gradients summed;
 - the global gradient norm for clipping (:func:`global_squared_norm`): every piece counted once;
   then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
 
@@ -28,7 +32,6 @@ alike, so every mean is the global one. The optimizer is torch's AdamW on each r
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,14 +42,14 @@ from transformers import PreTrainedTokenizerBase
 
 from ..collectives import all_gather, broadcast_from_rank0
 from ..data.datasets import Example
-from ..trainer.actor import Actor
+from ..trainer.actor import TOKEN_SUMS, Actor
 from ..trainer.algorithms import AlgorithmConfig
 from ..trainer.batch import Batch
 from ..trainer.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
 from .cpu import on_device
-from .logprobs import token_logprobs_and_entropy
+from .logprobs import scores_of_logits, token_logprobs_and_entropy
 from .model import (
     all_reduce_in_place,
     build_gpt_model,
@@ -54,7 +57,10 @@ from .model import (
     load_hf_state,
     local_hf_state,
     sum_partial_gradients,
+    sum_shared_embedding_gradients,
 )
+from .pipeline import hf_stage
+from .schedule import through_pipeline
 
 
 def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
@@ -118,8 +124,9 @@ def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float)
     average_over_data_parallel_ranks(params)
     sum_partial_gradients(params)
     grads = [p for p in params if p.grad is not None]
-    experts = [p.grad for p in grads if getattr(p, "expert_parallel", False)]
-    dense = [p for p in grads if not getattr(p, "expert_parallel", False)]
+    counted = [p for p in grads if not getattr(p, "shared", False)]  # a tied last stage's copy of the embedding
+    experts = [p.grad for p in counted if getattr(p, "expert_parallel", False)]
+    dense = [p for p in counted if not getattr(p, "expert_parallel", False)]
     split = [p.grad for p in dense if getattr(p, "tensor_model_parallel", False)]
     whole = [p.grad for p in dense if not getattr(p, "tensor_model_parallel", False)]
     norm = global_squared_norm(_squared_norm(split), _squared_norm(experts), _squared_norm(whole)).sqrt()
@@ -130,19 +137,23 @@ def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float)
 
 
 def global_squared_norm(split: torch.Tensor, experts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """‖g‖² = all-reduce_TP(Σ_split ‖g_r‖²) + all-reduce_EP(Σ_experts ‖g‖²) + Σ_whole ‖g‖²: a split
-    parameter's pieces summed over the tensor-parallel ranks, each expert counted on the one
-    expert-parallel rank that holds it, a whole parameter (the same on every rank) once."""
+    """‖g‖² = all-reduce_PP(all-reduce_TP(Σ_split ‖g_r‖²) + all-reduce_EP(Σ_experts ‖g‖²) + Σ_whole ‖g‖²):
+    a split parameter's pieces summed over the tensor-parallel ranks, each expert counted on the one
+    expert-parallel rank that holds it, a whole parameter (the same on every rank of a stage) once,
+    and every pipeline stage's parameters added up."""
     from megatron.core import parallel_state
 
     dist.all_reduce(split, group=parallel_state.get_tensor_model_parallel_group())
     dist.all_reduce(experts, group=parallel_state.get_expert_model_parallel_group())
-    return split + experts + whole
+    total = split + experts + whole
+    dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
+    return total
 
 
 @dataclass
 class MegatronActor(Actor):
     hf_model: Any = None  # the HF twin: its config names the exported weights; the SFT warm-up trains it
+    compute_dtype: torch.dtype = torch.float32
 
     @property
     def hf_config(self) -> Any:
@@ -158,11 +169,13 @@ class MegatronActor(Actor):
     @property
     def checkpoint_namespace(self) -> str:
         """Tensor-parallel rank t saves its pieces under ``tp<t>``, expert-parallel rank k its experts
-        under ``tp<t>-ep<k>`` (a resume needs the same layout); data-parallel replicas save the same
-        tensors under the same names, which DCP writes once."""
+        under ``tp<t>-ep<k>``, pipeline stage s under ``pp<s>-…`` (a resume needs the same layout);
+        data-parallel replicas save the same tensors under the same names, which DCP writes once."""
         from megatron.core import parallel_state
 
         namespace = f"tp{parallel_state.get_tensor_model_parallel_rank()}"
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            namespace = f"pp{parallel_state.get_pipeline_model_parallel_rank()}-{namespace}"
         if parallel_state.get_expert_model_parallel_world_size() > 1:
             namespace += f"-ep{parallel_state.get_expert_model_parallel_rank()}"
         return namespace
@@ -192,19 +205,76 @@ class MegatronActor(Actor):
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)
             load_hf_state(model, hf_model.state_dict(), hf_model.config)
+            reference = None
+            if config.kl_coef > 0:  # built anew: a GPTModel holds process groups, which do not deep-copy
+                reference = build_gpt_model(hf_model.config, seed, compute_dtype)
+                reference.load_state_dict(model.state_dict())
+                reference = reference.to(device).requires_grad_(False).eval()
         model = model.to(device)
-        reference = copy.deepcopy(model).requires_grad_(False).eval() if config.kl_coef > 0 else None
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
                    scorer=scorer_on(device, compute_dtype), clip_gradients=reduce_and_clip_gradients,
-                   hf_model=hf_model)
+                   hf_model=hf_model, compute_dtype=compute_dtype)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """The actor's step where megatron-core can run on this device: the backward of its token
         exchange between expert-parallel ranks allocates on the device too, not only the forward."""
         with on_device(self.device):
             return super().train_step(batch, global_rows)
+
+    @property
+    def stages(self) -> int:
+        """The pipeline-parallel size."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_pipeline_model_parallel_world_size()
+
+    def logprobs(self, model: torch.nn.Module, chunks: list[Batch]) -> list[torch.Tensor]:
+        """log π(target) for each chunk; with pipeline parallelism through the pipeline, forward
+        only — on the last stage (the only one that reads them), an empty list elsewhere."""
+        if self.stages == 1:
+            return super().logprobs(model, chunks)
+
+        def read(_: int, chunk: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.zeros(()), scores_of_logits(logits, chunk.targets, self.temperature)[0]
+
+        with torch.no_grad():
+            return through_pipeline(model, chunks, read, self.compute_dtype, forward_only=True)
+
+    def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
+                             normalizer: float) -> list[dict[str, torch.Tensor]]:
+        """The actor's per-chunk loss and backward — with pipeline parallelism through Megatron's 1F1B
+        schedule (:func:`.schedule.through_pipeline`), the loss on the last stage (stats there, empty
+        elsewhere) — then a tied embedding's two copies' gradients summed."""
+        if self.stages == 1:
+            stats = super().accumulate_gradients(chunks, prox, normalizer)
+        else:
+            ref = self.logprobs(self.reference, chunks) if self.reference is not None else None
+
+            def loss(i: int, chunk: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                logp, entropy = scores_of_logits(logits, chunk.targets, self.temperature)
+                return self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
+                                       None if ref is None else ref[i], normalizer)
+
+            stats = through_pipeline(self.model, chunks, loss, self.compute_dtype, forward_only=False)
+            stats = stats or [{} for _ in chunks]
+        sum_shared_embedding_gradients(self.model)
+        return stats
+
+    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
+                local_tokens: float) -> dict[str, float]:
+        """The actor's update; with pipeline parallelism every stage reports the last stage's stats
+        (the loss is there), but the token sums only the last stage counts."""
+        stats = super()._update(chunks, prox, global_rows, local_tokens)
+        if self.stages == 1:
+            return stats
+        from megatron.core import parallel_state
+
+        last = [stats]
+        dist.broadcast_object_list(last, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                   group=parallel_state.get_pipeline_model_parallel_group())
+        return stats | {k: v for k, v in last[0].items() if k not in TOKEN_SUMS}
 
     def freeze_reference(self) -> None:
         """π_ref := the current policy (each rank copies its own pieces)."""
@@ -223,7 +293,8 @@ class MegatronActor(Actor):
         return {n: t for n, t in local_hf_state(self.model, self.hf_config).items() if n in names}
 
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
-        """Rank g holds :func:`~kuberl.weights.layouts.tp_box` of its tensor-parallel index and
+        """Rank g holds, of its pipeline stage's parameters (:func:`.pipeline.hf_stage`),
+        :func:`~kuberl.weights.layouts.tp_box` of its tensor-parallel index and
         :func:`~kuberl.weights.layouts.ep_box` of its expert-parallel index (all-gathered: Megatron's
         rank order decides them); data-parallel replicas hold the same boxes, so the planner spreads
         the sending over them."""
@@ -231,10 +302,13 @@ class MegatronActor(Actor):
 
         tp, ep = (parallel_state.get_tensor_model_parallel_world_size(),
                   parallel_state.get_expert_model_parallel_world_size())
+        layers = self.hf_config.num_hidden_layers
         indices = all_gather((parallel_state.get_tensor_model_parallel_rank(),
-                              parallel_state.get_expert_model_parallel_rank()))
+                              parallel_state.get_expert_model_parallel_rank(),
+                              parallel_state.get_pipeline_model_parallel_rank()))
         return [Holding(rank, m.name, ep_box(m, ep, e) if is_stacked_expert(m.name) else tp_box(m, tp, t))
-                for rank, (t, e) in enumerate(indices) for m in metas]  # fmt: skip
+                for rank, (t, e, s) in enumerate(indices) for m in metas
+                if hf_stage(m.name, layers, self.stages) == s]  # fmt: skip
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights under HF names on rank 0 (CPU), an empty dict elsewhere; every rank must call it."""

@@ -56,6 +56,11 @@ _GLOBAL = {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
            "lm_head.weight": "output_layer.weight"}  # fmt: skip
 
 
+def tied(hf_config: Any) -> bool:
+    """Whether the output layer is the word embedding (``tie_word_embeddings``)."""
+    return bool(getattr(hf_config, "tie_word_embeddings", False))
+
+
 def has_qk_norm(hf_config: Any) -> bool:
     """Qwen3 normalises each query and key head (``q_norm`` / ``k_norm``)."""
     return str(getattr(hf_config, "model_type", "")).startswith("qwen3")
@@ -115,11 +120,10 @@ def split_qkv(qkv: torch.Tensor, shape: AttentionShape) -> tuple[torch.Tensor, t
 def hf_to_megatron(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
     """A full HF state dict → the Megatron-core GPTModel state dict (tied ``lm_head`` dropped)."""
     shape = AttentionShape.of(hf_config)
-    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     renames, moe = _renames(hf_config), bool(experts(hf_config))
     out: dict[str, torch.Tensor] = {}
     for hf_name, meg_name in _GLOBAL.items():
-        if hf_name in state and not (tied and hf_name == "lm_head.weight"):
+        if hf_name in state and not (tied(hf_config) and hf_name == "lm_head.weight"):
             out[meg_name] = state[hf_name]
     for i in range(hf_config.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
@@ -147,7 +151,8 @@ _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
 def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
     """Inverse of :func:`hf_to_megatron` (``_extra_state`` entries ignored); a tied model gets
-    ``lm_head.weight`` as the embedding again, as HF's state dict has it."""
+    ``lm_head.weight`` as the embedding again, as HF's state dict has it (when ``state`` holds the
+    embedding: a later pipeline stage's does not)."""
     shape = AttentionShape.of(hf_config)
     back_global = {v: k for k, v in _GLOBAL.items()}
     back_layer = {v: k for k, v in _renames(hf_config).items()}
@@ -181,7 +186,7 @@ def megatron_to_hf(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, 
             raise ValueError(f"{prefix}: experts {sorted(pieces)} are not 0..{len(pieces) - 1}")
         stacked = torch.stack([pieces[j] for j in range(len(pieces))])
         out[prefix + ("mlp.experts.gate_up_proj" if fc == "1" else "mlp.experts.down_proj")] = stacked
-    if getattr(hf_config, "tie_word_embeddings", False):
+    if tied(hf_config) and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 

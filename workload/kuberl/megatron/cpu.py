@@ -7,11 +7,15 @@ local (non-Transformer-Engine) layer spec and gloo, except for a few calls that 
 - ``torch.cuda.manual_seed(seed)`` / ``torch.cuda.get_rng_state()`` — ``model_parallel_cuda_manual_seed``
   seeds the device and keeps its generator's state per stream;
 - ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` — the RNG tracker that
-  gives tensor-parallel ranks their own dropout streams saves and restores the device's generator.
+  gives tensor-parallel ranks their own dropout streams saves and restores the device's generator;
+- pipeline parallelism: the schedules count tokens in ``torch.zeros(..., device="cuda")``, the p2p
+  exchange may call ``torch.cuda.synchronize()``, and a tied embedding's start-up all-reduce moves
+  the last stage's copy with ``Tensor.cuda()``.
 
-``cpu_shim()`` maps them to the CPU (device ``"cpu"``, the CPU generator) while it is active and
-restores them after. It is used only when the trainer's device is the CPU: the same code runs on
-CUDA/NPU without it. Nothing else in megatron-core is changed.
+``cpu_shim()`` maps them to the CPU (device ``"cpu"``, the CPU generator, no-ops; the schedules'
+module sees a ``torch`` whose ``zeros`` takes CUDA for the CPU) while it is active and restores them
+after. It is used only when the trainer's device is the CPU: the same code runs on CUDA/NPU without
+it. Nothing else in megatron-core is changed.
 """
 
 from __future__ import annotations
@@ -42,9 +46,22 @@ def _swapped(owner: Any, name: str, replacement: Any) -> Iterator[None]:
         setattr(owner, name, original)
 
 
+class _TorchOnCpu:
+    """``torch`` as a module that asks for ``device="cuda"`` sees it: the same attributes, but
+    ``zeros`` on the CPU when told CUDA (megatron-core's pipeline schedules count tokens on it)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*size: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*size, device="cpu" if str(device).startswith("cuda") else device, **kwargs)
+
+
 @contextlib.contextmanager
 def cpu_shim() -> Iterator[None]:
     """Megatron-core's CUDA-only calls answered by the CPU for the duration of the block."""
+    from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as tp_random
 
     with contextlib.ExitStack() as stack:
@@ -53,6 +70,9 @@ def cpu_shim() -> Iterator[None]:
         stack.enter_context(_swapped(torch.cuda, "get_rng_state", _get_cpu_rng_state))
         stack.enter_context(_swapped(tp_random, "_get_cuda_rng_state", _get_cpu_rng_state))
         stack.enter_context(_swapped(tp_random, "_set_cuda_rng_state", _set_cpu_rng_state))
+        stack.enter_context(_swapped(torch.cuda, "synchronize", lambda device=None: None))
+        stack.enter_context(_swapped(torch.Tensor, "cuda", lambda self, *args, **kwargs: self))
+        stack.enter_context(_swapped(schedules, "torch", _TorchOnCpu()))
         yield
 
 

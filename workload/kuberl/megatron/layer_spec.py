@@ -39,14 +39,14 @@ def _with_norm(spec: Any, fallback: type) -> Any:
 
 
 def block_spec(config: Any) -> Any:
-    """``TransformerBlockSubmodules`` for ``config``: every layer the local spec (experts when
-    ``config.num_moe_experts``, q/k norms when ``config.qk_layernorm``), the final norm and every
-    norm inside the layers :class:`RMSNorm`."""
+    """``TransformerBlockSubmodules`` for ``config`` on this pipeline stage: each of its layers the
+    local spec (experts when ``config.num_moe_experts``, q/k norms when ``config.qk_layernorm``), the
+    final norm and every norm inside the layers :class:`RMSNorm`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     layer = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
                                      normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
-    return TransformerBlockSubmodules(layer_specs=[_with_norm(layer, WrappedTorchNorm)] * config.num_layers,
-                                      layer_norm=RMSNorm)
+    layers = get_num_layers_to_build(config)  # this stage's
+    return TransformerBlockSubmodules(layer_specs=[_with_norm(layer, WrappedTorchNorm)] * layers, layer_norm=RMSNorm)

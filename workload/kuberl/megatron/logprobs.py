@@ -58,10 +58,16 @@ def token_logprobs_and_entropy(model: Any, batch: Batch, temperature: float,
                                compute_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """(log π(target), H(π)) at every position [B, L−1], as the FSDP actor computes them (the logits
     in ``compute_dtype``, the softmax over them in float32)."""
+    return scores_of_logits(vocab_parallel_logits(model, batch, compute_dtype), batch.targets, temperature)
+
+
+def scores_of_logits(logits: torch.Tensor, targets: torch.Tensor,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(target), H(π)) [B, L−1] from this rank's vocabulary-parallel ``logits`` [B, L, V/t]."""
     from megatron.core import parallel_state, tensor_parallel
 
-    logits = vocab_parallel_logits(model, batch, compute_dtype)[:, :-1].float()
+    logits = logits[:, :-1].float()
     scaled = logits / temperature if temperature > 0 else logits * 1.0  # a fresh tensor: CE works in place
     entropy = vocab_parallel_entropy(scaled.detach(), parallel_state.get_tensor_model_parallel_group())
-    logp = -tensor_parallel.vocab_parallel_cross_entropy(scaled, batch.targets)
+    logp = -tensor_parallel.vocab_parallel_cross_entropy(scaled, targets)
     return logp, entropy

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from .convert import AttentionShape, experts, hf_to_megatron, megatron_to_hf, transformer_config_kwargs
+from .convert import AttentionShape, experts, hf_to_megatron, megatron_to_hf, tied, transformer_config_kwargs
 from .expert_parallel import expert_of, experts_per_rank, global_name, local_state
 from .layer_spec import block_spec
+from .pipeline import global_state, stage_state
 from .tensor_parallel import shard, split_of, unshard
 
 PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -37,16 +38,27 @@ def _expert_parallel() -> tuple[int, int, Any]:
             parallel_state.get_expert_model_parallel_group())
 
 
-def layout_issues(hf_config: Any, expert: int) -> list[tuple[str, str]]:
-    """(field, message) for an expert-parallel layout ``hf_config`` cannot be trained with: expert
-    parallelism needs experts, and experts that split evenly over its ranks."""
-    count = experts(hf_config)
+def _pipeline() -> tuple[int, int, Any]:
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_group())
+
+
+def layout_issues(hf_config: Any, expert: int, pipeline: int = 1) -> list[tuple[str, str]]:
+    """(field, message) for a layout ``hf_config`` cannot be trained with: expert parallelism needs
+    experts, and experts that split evenly over its ranks; pipeline stages need layers that split
+    evenly over them."""
+    count, issues = experts(hf_config), []
     if expert > 1 and not count:
-        return [("spec.trainer.parallelism.expert", f"is {expert}: the model has no experts (a dense model)")]
-    if count and count % expert:
-        return [("spec.trainer.parallelism.expert", f"is {expert}: the model's {count} experts do not split "
-                 "evenly over it")]
-    return []
+        issues.append(("spec.trainer.parallelism.expert", f"is {expert}: the model has no experts (a dense model)"))
+    elif count and count % expert:
+        issues.append(("spec.trainer.parallelism.expert", f"is {expert}: the model's {count} experts do not split "
+                       "evenly over it"))
+    if hf_config.num_hidden_layers % pipeline:
+        issues.append(("spec.trainer.parallelism.pipeline", f"is {pipeline}: the model's "
+                       f"{hf_config.num_hidden_layers} layers do not split evenly over it"))
+    return issues
 
 
 def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = torch.float32) -> Any:
@@ -59,16 +71,20 @@ def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = 
 
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     _, tensor, _ = _tensor_parallel()
+    stage, stages, _ = _pipeline()
     config = TransformerConfig(**transformer_config_kwargs(hf_config, compute_dtype), tensor_model_parallel_size=tensor,
                                expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
-                               sequence_parallel=tensor > 1 and experts(hf_config) > 0)  # fmt: skip
+                               sequence_parallel=tensor > 1 and experts(hf_config) > 0,
+                               pipeline_model_parallel_size=stages, pipeline_dtype=compute_dtype,
+                               calculate_per_token_loss=True)  # fmt: skip
     if config.num_moe_experts:
         _router_without_transformer_engine()
     model = GPTModel(
         config, block_spec(config), vocab_size=hf_config.vocab_size,
         max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
         rotary_base=int(getattr(hf_config, "rope_theta", None) or hf_config.rope_parameters["rope_theta"]),
-        share_embeddings_and_output_weights=bool(hf_config.tie_word_embeddings),
+        share_embeddings_and_output_weights=tied(hf_config),
+        pre_process=stage == 0, post_process=stage == stages - 1,
     )  # fmt: skip
     for name, param in model.named_parameters():
         if name.endswith(PARTIAL_GRADIENT_SUFFIXES):
@@ -99,6 +115,22 @@ def sum_partial_gradients(params: list[torch.nn.Parameter]) -> None:
             getattr(p, "partial_gradient", False) or getattr(p, "sequence_parallel", False))], group)
 
 
+def sum_shared_embedding_gradients(model: Any) -> None:
+    """With tied embeddings over more than one pipeline stage: g ← g_first + g_last for the first
+    stage's embedding and the last stage's copy of it (Megatron's embedding group), so that both
+    copies take the same step and stay equal."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    _, stages, _ = _pipeline()
+    if stages == 1 or not model.share_embeddings_and_output_weights or not parallel_state.is_rank_in_embedding_group():
+        return
+    weight = model.shared_embedding_or_output_weight()
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
 def all_reduce_in_place(tensors: list[torch.Tensor], group: Any, divisor: int = 1) -> None:
     """t ← (Σ_group t) / ``divisor`` for every tensor, through one flat buffer (one collective per call)."""
     import torch.distributed as dist
@@ -123,6 +155,9 @@ def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) ->
     converted = hf_to_megatron(state, hf_config)
     if expert_size > 1:
         converted = local_state(converted, experts(hf_config), expert_rank, expert_size)
+    stage, stages, _ = _pipeline()
+    if stages > 1:
+        converted = stage_state(converted, hf_config.num_hidden_layers, stage, stages, tied(hf_config))
     params = dict(model.named_parameters())
     missing, unexpected = sorted(params.keys() - converted.keys()), sorted(converted.keys() - params.keys())
     if missing or unexpected:
@@ -183,17 +218,38 @@ def local_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
     consecutive rows (q/k/v, gate/up, embedding, output layer) or columns (o_proj, down_proj) of rank
     index ``tp_rank`` — what :func:`kuberl.weights.layouts.tp_box` models. An expert-parallel rank's
     experts, numbered from 0, stack into rows ``[k·E/e, (k+1)·E/e)`` of the HF expert tensors
-    (:func:`kuberl.weights.layouts.ep_box`)."""
+    (:func:`kuberl.weights.layouts.ep_box`). A pipeline stage has only its own layers (under their
+    global numbers) and, first or last, the embedding or the final norm and output layer."""
     _, size, _ = _tensor_parallel()
     shape = AttentionShape.of(hf_config)
     local_config = copy.copy(hf_config)
     local_config.num_attention_heads, local_config.num_key_value_heads = shape.heads // size, shape.groups // size
     local_config.head_dim = shape.head_dim
-    return megatron_to_hf({n: p.detach() for n, p in model.named_parameters()}, local_config)
+    return megatron_to_hf(_globally_named({n: p.detach() for n, p in model.named_parameters()}, hf_config),
+                          local_config)
+
+
+def _globally_named(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+    """This pipeline stage's ``state`` under whole-model layer numbers (:func:`.pipeline.global_state`)."""
+    stage, stages, _ = _pipeline()
+    return global_state(state, hf_config.num_hidden_layers, stage, stages, tied(hf_config)) if stages > 1 else state
+
+
+def with_every_stage(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's ``state`` (whole-model names) merged, on every rank of the pipeline group."""
+    import torch.distributed as dist
+
+    _, stages, group = _pipeline()
+    if stages == 1:
+        return state
+    pieces: list[dict[str, torch.Tensor]] = [{} for _ in range(stages)]
+    dist.all_gather_object(pieces, {n: t.cpu() for n, t in state.items()}, group=group)
+    return {n: t for piece in pieces for n, t in piece.items()}
 
 
 def export_hf_state(model: Any, hf_config: Any) -> dict[str, torch.Tensor]:
     """The model's whole parameters under HF names (every rank must call it): what the weight sync
     sends to vLLM / torch replicas."""
     state = gathered(model, {n: p.detach() for n, p in model.named_parameters()})
-    return megatron_to_hf(with_every_expert(state, hf_config), hf_config)
+    state = _globally_named(with_every_expert(state, hf_config), hf_config)
+    return megatron_to_hf(with_every_stage(state), hf_config)

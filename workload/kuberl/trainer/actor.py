@@ -168,8 +168,7 @@ class Actor:
         part_tokens = [float(part.loss_mask.sum()) for part in parts]  # counted on the host copy
         prox: list[list[torch.Tensor] | None] = [None] * len(parts)
         if self.mini_batches > 1:
-            with torch.no_grad():
-                prox = [[self.scorer(self.model, c, self.temperature)[0] for c in part] for part in chunks]
+            prox = [self.logprobs(self.model, part) for part in chunks]
         stats: dict[str, float] = {}
         sums = dict.fromkeys(TOKEN_SUMS, 0.0)
         for part_chunks, part_prox, tokens in zip(chunks, prox, part_tokens, strict=True):
@@ -186,12 +185,16 @@ class Actor:
         stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
 
+    def logprobs(self, model: torch.nn.Module, chunks: list[Batch]) -> list[torch.Tensor]:
+        """log π(target) of ``model`` (the policy before an update, or π_ref) for each chunk, no grad."""
+        with torch.no_grad():
+            return [self.scorer(model, chunk, self.temperature)[0] for chunk in chunks]
+
     def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
                 local_tokens: float) -> dict[str, float]:
         """Accumulate the loss gradient over ``chunks`` (on ``device``; π_prox = sg(π_θ) when ``prox``
-        is None), then step. ``local_tokens``: this rank's loss tokens in ``chunks``. The stats include
-        this rank's sums in :data:`TOKEN_SUMS`: :func:`.loss.behaviour_gap` as ``gap/sum`` and
-        ``gap/tokens``, Σ mask · H as ``entropy/sum`` over ``entropy/tokens``."""
+        is None), then step. ``local_tokens``: this rank's loss tokens in ``chunks``. The stats (each
+        chunk's weighted by its rows) include this rank's sums in :data:`TOKEN_SUMS`."""
         _, data_ranks = self.data_parallel()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / data_ranks
@@ -201,26 +204,41 @@ class Actor:
         rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, torch.Tensor] = {}
-        for i, chunk in enumerate(chunks):
-            ref_logp = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logp = self.scorer(self.reference, chunk, self.temperature)[0]
-            logp, entropy = self.scorer(self.model, chunk, self.temperature)
-            prox_logp = logp.detach() if prox is None else prox[i]
-            gap = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
-            out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
-                           ref_logp=ref_logp, normalizer=normalizer)
-            out.loss.backward()
-            weighted = {k: v * (chunk.size / rows) for k, v in out.stats.items()}
-            sums = {"gap/sum": gap[0], "gap/tokens": gap[1], "entropy/sum": (entropy * chunk.loss_mask).sum(),
-                    "entropy/tokens": chunk.loss_mask.sum()}
-            for k, v in {**weighted, **sums}.items():
+        for chunk, chunk_stats in zip(chunks, self.accumulate_gradients(chunks, prox, normalizer), strict=True):
+            for k, v in chunk_stats.items():
+                v = v if k in TOKEN_SUMS else v * (chunk.size / rows)
                 stats[k] = stats[k] + v if k in stats else v
         grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         return host_floats(stats)
+
+    def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
+                             normalizer: float) -> list[dict[str, torch.Tensor]]:
+        """The loss's backward for each chunk in turn (gradients add up); each chunk's stats."""
+        ref = self.logprobs(self.reference, chunks) if self.reference is not None else None
+        stats = []
+        for i, chunk in enumerate(chunks):
+            logp, entropy = self.scorer(self.model, chunk, self.temperature)
+            loss, chunk_stats = self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
+                                                None if ref is None else ref[i], normalizer)
+            loss.backward()
+            stats.append(chunk_stats)
+        return stats
+
+    def chunk_loss(self, chunk: Batch, logp: torch.Tensor, entropy: torch.Tensor, prox_logp: torch.Tensor | None,
+                   ref_logp: torch.Tensor | None, normalizer: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The decoupled-PPO loss of one chunk (:func:`.loss.ppo_loss`; π_prox = sg(π_θ) when
+        ``prox_logp`` is None) and its stats: the loss's, and the sums :data:`TOKEN_SUMS` —
+        :func:`.loss.behaviour_gap` as ``gap/sum`` and ``gap/tokens``, Σ mask · H as ``entropy/sum``
+        over ``entropy/tokens``."""
+        prox_logp = logp.detach() if prox_logp is None else prox_logp
+        gap = behaviour_gap(prox_logp, chunk.behav_logp, chunk.fresh_mask * chunk.loss_mask)
+        out = ppo_loss(logp, prox_logp, chunk.behav_logp, chunk.advantages, chunk.loss_mask, self.config,
+                       ref_logp=ref_logp, normalizer=normalizer)
+        sums = {"gap/sum": gap[0], "gap/tokens": gap[1], "entropy/sum": (entropy * chunk.loss_mask).sum(),
+                "entropy/tokens": chunk.loss_mask.sum()}
+        return out.loss, {**out.stats, **sums}
 
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""

@@ -83,7 +83,7 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
     if plan is not None and plan.backend == Backend.MEGATRON and not issues:
         from ..megatron.model import layout_issues
 
-        issues += [FieldIssue(f, m) for f, m in layout_issues(model.config, plan.expert)]
+        issues += [FieldIssue(f, m) for f, m in layout_issues(model.config, plan.expert, plan.pipeline)]
     if issues or plan is None:
         raise SystemExit("invalid spec: " + "; ".join(map(str, issues)))
     config, dtype = algorithm_config(run), compute_dtype(spec.model.dtype, spec.trainer.accelerator)
@@ -92,7 +92,8 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
 
         from ..megatron.actor import MegatronActor
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ tensor
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ (tp·pp)
+                                                 pipeline_model_parallel_size=plan.pipeline,
                                                  expert_model_parallel_size=plan.expert,
                                                  expert_tensor_parallel_size=plan.expert_tensor)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
