@@ -252,6 +252,27 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
     assert torch.allclose(got[valid], expected[valid], atol=1e-5), (got[valid] - expected[valid]).abs().max()
 
 
+def test_a_checkpoint_resumes_only_into_the_layout_that_cut_its_pieces(megatron_parallel_state, tmp_path):
+    """Shards cut by one backend and layout do not load into another: refused before anything is
+    read, naming the field and what differs (a rank of a different tensor-parallel size would find
+    its ``tp<t>`` namespace with pieces of the wrong shape)."""
+    from kuberl.checkpoint import CheckpointError
+    from kuberl.trainer.checkpointing import TrainerState, layout_mismatch, load_trainer, save_trainer
+
+    fsdp, megatron = make_actor(qwen2, None), make_actor(qwen2, "megatron")
+    save_trainer(fsdp, TrainerState.capture(1, 1, 0), tmp_path / "fsdp")
+    save_trainer(megatron, TrainerState.capture(1, 1, 0), tmp_path / "megatron")
+    assert load_trainer(make_actor(qwen2, "megatron"), tmp_path / "megatron").step == 1
+    with pytest.raises(CheckpointError, match=r"spec\.trainer: .*backend fsdp → megatron, expert - → 1"):
+        load_trainer(megatron, tmp_path / "fsdp")
+    with pytest.raises(CheckpointError, match=r"backend megatron → fsdp"):
+        load_trainer(fsdp, tmp_path / "megatron")
+    saved = megatron.checkpoint_layout
+    assert layout_mismatch(saved, saved | {"tensor": 2}) == (
+        "spec.trainer: the checkpoint's pieces were cut by another layout (tensor 1 → 2); resume with the "
+        "backend and parallelism it was written with, or start a new run")
+
+
 PPO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
 DR_GRPO = AlgorithmConfig(name="drgrpo", group_size=2, kl_coef=0.0, max_new_tokens=8)  # Σ loss ÷ (rows · 8)
 KL = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.5)  # with two updates a batch: π_prox and π_ref passes
@@ -289,11 +310,13 @@ def as_collated_alone(batch: Batch) -> Batch:
 MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen2-tied": qwen2, "qwen3-moe": qwen3_moe}
 LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2},
            "tp2": {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
-           "pp2": {"pipeline_model_parallel_size": 2}}
+           "pp2": {"pipeline_model_parallel_size": 2},
+           "pp2-ep2-dp2": {"pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2}}
 
 
-def make_actor(make: Any, layout: str | None, config: AlgorithmConfig = PPO, **kwargs: Any) -> Actor:
+def make_actor(make: Any, layout: str | None, config: AlgorithmConfig | None = None, **kwargs: Any) -> Actor:
     """The Megatron actor (``layout``) or the FSDP actor on ``make()``'s weights, several micro-batches a step."""
+    config = config or PPO
     actor = (MegatronActor.from_hf(make(), config, lr=1e-2, temperature=0.7, **kwargs) if layout
              else Actor.create(make(), config, lr=1e-2, temperature=0.7, **kwargs))
     actor.token_budget = TOKEN_BUDGET
@@ -481,6 +504,15 @@ def test_pipeline_parallelism_trains_a_tied_model_as_the_fsdp_actor_does(tmp_pat
     from the ``pp<s>-tp0`` checkpoint pieces."""
     fsdp, megatron = train_both(tmp_path, "qwen2-tied", "pp2", world=2)
     assert_trains_as_fsdp(fsdp, megatron, qwen2().state_dict(), one_data_rank=True)
+
+
+def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_as_the_fsdp_actor_does(tmp_path):
+    """The shape of the Ascend Qwen3-MoE layout (``ffn:d1p4e8``) in small: pipeline 2 × expert 2 ×
+    data 2 in four processes — each stage one layer, each of its ranks two of its four experts and
+    half the rows — gives the FSDP actor's two steps, gradient norms and a bit-identical resume from
+    ``pp<s>-tp0-ep<k>`` pieces."""
+    fsdp, megatron = train_both(tmp_path, "qwen3-moe", "pp2-ep2-dp2", world=4)
+    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
 def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():

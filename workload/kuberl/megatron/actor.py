@@ -180,6 +180,16 @@ class MegatronActor(Actor):
             namespace += f"-ep{parallel_state.get_expert_model_parallel_rank()}"
         return namespace
 
+    @property
+    def checkpoint_layout(self) -> dict[str, str | int]:
+        """The backend and its tensor, pipeline and expert parallel sizes: each rank's pieces are cut
+        by them (the data-parallel size may change: its replicas save the same pieces)."""
+        from megatron.core import parallel_state
+
+        return {"backend": "megatron", "tensor": parallel_state.get_tensor_model_parallel_world_size(),
+                "pipeline": self.stages,
+                "expert": parallel_state.get_expert_model_parallel_world_size()}
+
     def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
         """``spec.model.sftWarmup`` on the HF twin in rank 0 (every batch whole), then every rank loads

@@ -249,6 +249,12 @@ class Actor:
         """Where this rank's state sits in a checkpoint: "" (FSDP2 shards carry their own placement)."""
         return ""
 
+    @property
+    def checkpoint_layout(self) -> dict[str, str | int]:
+        """What a resume must share with the run that saved: the backend (DCP re-shards FSDP2's
+        shards over any number of ranks)."""
+        return {"backend": "fsdp"}
+
     def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
         """``spec.model.sftWarmup`` on the sharded model, each rank on its share of every batch."""

@@ -71,15 +71,32 @@ def _sharded_state(actor: Actor) -> dict[str, Any]:
 
 
 def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
-    """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state."""
+    """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state and
+    the layout the shards were cut by (:attr:`~.actor.Actor.checkpoint_layout`)."""
     dcp.save(_sharded_state(actor), checkpoint_id=str(staging / SHARDS_DIR))
     if not dist.is_initialized() or dist.get_rank() == 0:
-        (staging / STATE_FILE).write_text(json.dumps(asdict(state)))
+        (staging / STATE_FILE).write_text(json.dumps(asdict(state) | {"layout": actor.checkpoint_layout}))
     return staging
 
 
+def layout_mismatch(saved: dict[str, str | int], current: dict[str, str | int]) -> str | None:
+    """Why shards cut by layout ``saved`` cannot load into an actor of layout ``current`` (None: they can)."""
+    differ = [f"{k} {saved.get(k, '-')} → {current.get(k, '-')}" for k in sorted(saved.keys() | current.keys())
+              if saved.get(k) != current.get(k)]
+    if not differ:
+        return None
+    return (f"spec.trainer: the checkpoint's pieces were cut by another layout ({', '.join(differ)}); "
+            "resume with the backend and parallelism it was written with, or start a new run")
+
+
 def load_trainer(actor: Actor, staging: Path) -> TrainerState:
-    """Load shards and counters written by ``save_trainer`` (into an actor built the same way)."""
+    """Load shards and counters written by ``save_trainer`` into an actor built the same way (a
+    different layout is refused, naming the field, before anything is read)."""
+    saved_state = json.loads((staging / STATE_FILE).read_text())
+    saved_layout = saved_state.pop("layout", None)  # None: written before layouts were recorded
+    mismatch = saved_layout is not None and layout_mismatch(saved_layout, actor.checkpoint_layout)
+    if mismatch:
+        raise CheckpointError(mismatch)
     if actor.reference is not None:
         saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
         if not any(key.removeprefix(f"{actor.checkpoint_namespace}.").startswith("reference.") for key in saved):
@@ -91,7 +108,7 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     set_state_dict(actor.model, actor.optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
     if actor.reference is not None:
         set_model_state_dict(actor.reference, target["reference"])
-    state = TrainerState(**json.loads((staging / STATE_FILE).read_text()))
+    state = TrainerState(**saved_state)
     state.restore_rng()
     return state
 
