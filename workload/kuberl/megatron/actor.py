@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ from ..trainer.batch import Batch
 from ..trainer.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
+from . import checkpoint
 from .cpu import on_device
 from .logprobs import scores_of_logits, token_logprobs_and_entropy
 from .model import (
@@ -166,29 +168,20 @@ class MegatronActor(Actor):
 
         return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
 
-    @property
-    def checkpoint_namespace(self) -> str:
-        """Tensor-parallel rank t saves its pieces under ``tp<t>``, expert-parallel rank k its experts
-        under ``tp<t>-ep<k>``, pipeline stage s under ``pp<s>-…`` (a resume needs the same layout);
-        data-parallel replicas save the same tensors under the same names, which DCP writes once."""
-        from megatron.core import parallel_state
+    def save_shards(self, directory: Path) -> None:
+        """Every rank writes its pieces under whole-model keys (:mod:`.checkpoint`): any layout can resume."""
+        with on_device(self.device):
+            checkpoint.save(self.model, self.optimizer, self.reference, directory)
 
-        namespace = f"tp{parallel_state.get_tensor_model_parallel_rank()}"
-        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-            namespace = f"pp{parallel_state.get_pipeline_model_parallel_rank()}-{namespace}"
-        if parallel_state.get_expert_model_parallel_world_size() > 1:
-            namespace += f"-ep{parallel_state.get_expert_model_parallel_rank()}"
-        return namespace
+    def load_shards(self, directory: Path) -> None:
+        """Every rank reads the slices its own pieces cover, whatever layout wrote them."""
+        with on_device(self.device):
+            checkpoint.load(self.model, self.optimizer, self.reference, directory)
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:
-        """The backend and its tensor, pipeline and expert parallel sizes: each rank's pieces are cut
-        by them (the data-parallel size may change: its replicas save the same pieces)."""
-        from megatron.core import parallel_state
-
-        return {"backend": "megatron", "tensor": parallel_state.get_tensor_model_parallel_world_size(),
-                "pipeline": self.stages,
-                "expert": parallel_state.get_expert_model_parallel_world_size()}
+        """The backend: Megatron's checkpoints load into any of its layouts (:mod:`.checkpoint`)."""
+        return {"backend": "megatron"}
 
     def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
@@ -321,6 +314,7 @@ class MegatronActor(Actor):
                 if hf_stage(m.name, layers, self.stages) == s]  # fmt: skip
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Whole weights under HF names on rank 0 (CPU), an empty dict elsewhere; every rank must call it."""
+        """Whole weights under HF names on rank 0 (CPU), an empty dict elsewhere; every rank must call it.
+        A snapshot: no tensor shares memory with a parameter the next step changes."""
         state = export_hf_state(self.model, self.hf_config)
-        return {n: t.detach().cpu() for n, t in state.items()} if dist.get_rank() == 0 else {}
+        return {n: t.detach().to("cpu", copy=True) for n, t in state.items()} if dist.get_rank() == 0 else {}

@@ -32,10 +32,19 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedTokenizerBase
 
@@ -244,10 +253,25 @@ class Actor:
         """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""
         return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
-    @property
-    def checkpoint_namespace(self) -> str:
-        """Where this rank's state sits in a checkpoint: "" (FSDP2 shards carry their own placement)."""
-        return ""
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+        if self.reference is not None:
+            state["reference"] = get_model_state_dict(self.reference)
+        return state
+
+    def save_shards(self, directory: Path) -> None:
+        """Every rank writes its shards into ``directory`` (torch.distributed.checkpoint)."""
+        dcp.save(self._sharded_state(), checkpoint_id=str(directory))
+
+    def load_shards(self, directory: Path) -> None:
+        """Every rank reads its shards from what :meth:`save_shards` wrote, over any number of ranks."""
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if self.reference is not None:
+            set_model_state_dict(self.reference, state["reference"])
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:

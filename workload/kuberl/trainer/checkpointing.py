@@ -20,12 +20,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
 from ..checkpoint import CheckpointError, CheckpointManager, open_store
 from ..collectives import all_gather, barrier, broadcast_from_rank0
@@ -54,26 +48,10 @@ class TrainerState:
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(self.rng)), dtype=torch.uint8))
 
 
-def _actor_state(actor: Actor) -> dict[str, Any]:
-    """Model, optimizer and, with a KL term, the frozen reference."""
-    model_state, optim_state = get_state_dict(actor.model, actor.optimizer)
-    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
-    if actor.reference is not None:
-        state["reference"] = get_model_state_dict(actor.reference)
-    return state
-
-
-def _sharded_state(actor: Actor) -> dict[str, Any]:
-    """What ``dcp`` saves and loads: the actor's state, under its ``checkpoint_namespace`` if it has
-    one (Megatron's tensor-parallel pieces: one namespace per tensor-parallel rank)."""
-    namespace = actor.checkpoint_namespace
-    return {namespace: _actor_state(actor)} if namespace else _actor_state(actor)
-
-
 def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
     """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state and
     the layout the shards were cut by (:attr:`~.actor.Actor.checkpoint_layout`)."""
-    dcp.save(_sharded_state(actor), checkpoint_id=str(staging / SHARDS_DIR))
+    actor.save_shards(staging / SHARDS_DIR)
     if not dist.is_initialized() or dist.get_rank() == 0:
         (staging / STATE_FILE).write_text(json.dumps(asdict(state) | {"layout": actor.checkpoint_layout}))
     return staging
@@ -99,15 +77,10 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
         raise CheckpointError(mismatch)
     if actor.reference is not None:
         saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
-        if not any(key.removeprefix(f"{actor.checkpoint_namespace}.").startswith("reference.") for key in saved):
+        if not any(key.startswith("reference.") for key in saved):
             raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was "
                                   "written with klCoef 0); resume with klCoef 0 or start a new run")
-    loaded = _sharded_state(actor)
-    dcp.load(loaded, checkpoint_id=str(staging / SHARDS_DIR))
-    target = loaded[actor.checkpoint_namespace] if actor.checkpoint_namespace else loaded
-    set_state_dict(actor.model, actor.optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
-    if actor.reference is not None:
-        set_model_state_dict(actor.reference, target["reference"])
+    actor.load_shards(staging / SHARDS_DIR)
     state = TrainerState(**saved_state)
     state.restore_rng()
     return state
