@@ -5,6 +5,7 @@ processes over gloo — the FSDP actor's log-probs, entropy, decoupled-PPO loss 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import fields
@@ -319,6 +320,18 @@ def make_actor(make: Any, layout: str | None, config: AlgorithmConfig | None = N
     return actor
 
 
+@contextlib.contextmanager
+def gloo_world(rank: int, world: int, port: int) -> Iterator[None]:
+    """This spawned process as rank ``rank`` of a gloo world on the loopback, one thread."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str | None, staging: str,
                      out: str) -> None:
     """Two decoupled-PPO steps on two batches: the FSDP actor (``layout`` None, ``world`` 1) or the
@@ -328,11 +341,8 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
     saves the weights under HF names."""
     from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     make = MODELS_TRAINED[model]
-    try:
+    with gloo_world(rank, world, port):
         first, second = (random_batch(make().config.vocab_size, seed=s, rows=6) for s in (6, 7))
         result: dict[str, Any] = {}
         if layout:
@@ -369,8 +379,6 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
             result["resumed"] = resumed.full_state_dict()
         if rank == 0:
             torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
     exit_without_teardown(0)
 
 
@@ -382,10 +390,7 @@ def _resume_elsewhere(rank: int, world: int, port: int, model: str, layout: str,
 
     from kuberl.trainer.checkpointing import load_trainer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_world(rank, world, port):
         make = MODELS_TRAINED[model]
         second = random_batch(make().config.vocab_size, seed=7, rows=6)
         parallel_state.initialize_model_parallel(**LAYOUTS[layout])
@@ -397,8 +402,6 @@ def _resume_elsewhere(rank: int, world: int, port: int, model: str, layout: str,
         result["state"] = actor.full_state_dict()
         if rank == 0:
             torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
     exit_without_teardown(0)
 
 
