@@ -122,14 +122,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(n: int, timeout: float, qps: float) -> dict[str, Any]:
+async def measure(n: int, timeout: float, qps: float, profile: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"experiments": n, "api_qps": qps}
     with tempfile.TemporaryDirectory() as tmp:
         async with emulated_cluster(Path(tmp)) as cluster:
             api = cluster.api
             kubelet = asyncio.create_task(instant_kubelet(api))
             log = (Path(tmp) / "operator.log").open("w")
-            operator = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "operator"],
+            profiler = ["-m", "cProfile", "-o", profile] if profile else []
+            operator = subprocess.Popen([sys.executable, *profiler, "-m", "kuberl_cli", "operator"],
                                         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
                                              "KUBERL_PROGRESS_SECONDS": "3600", "KUBERL_API_QPS": str(qps),
                                              "KUBERL_API_BURST": str(int(2 * qps))},
@@ -197,8 +198,10 @@ def main() -> None:
     parser.add_argument("--experiments", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all to be Running")
     parser.add_argument("--qps", type=float, default=2000.0, help="the operator's client-side rate limit (burst: 2×)")
+    parser.add_argument("--profile", metavar="PATH", help="run the operator under cProfile, its stats written here "
+                        "(pstats; the profiler's overhead inflates the CPU numbers)")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.experiments, args.timeout, args.qps))
+    result = asyncio.run(measure(args.experiments, args.timeout, args.qps, args.profile))
     for key, value in result.items():
         print(f"{key}: {value}")
     print(json.dumps(result))

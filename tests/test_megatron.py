@@ -273,7 +273,7 @@ def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_paral
 PPO = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.0)
 DR_GRPO = AlgorithmConfig(name="drgrpo", group_size=2, kl_coef=0.0, max_new_tokens=8)  # Σ loss ÷ (rows · 8)
 KL = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.5)  # with two updates a batch: π_prox and π_ref passes
-TOKEN_BUDGET = 24  # rows of ≤ 13 tokens: one or two a micro-batch, so gradients accumulate over several
+TOKEN_BUDGET = 24  # rows of ≤ 13 tokens: one or two a micro-batch, several through a pipeline
 
 
 def read_and_differentiate(actor: Actor, batch: Batch) -> dict[str, Any]:
@@ -311,12 +311,14 @@ LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_mod
            "pp2-ep2-dp2": {"pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2}}
 
 
-def make_actor(make: Any, layout: str | None, config: AlgorithmConfig | None = None, **kwargs: Any) -> Actor:
-    """The Megatron actor (``layout``) or the FSDP actor on ``make()``'s weights, several micro-batches a step."""
+def make_actor(make: Any, layout: str | None, config: AlgorithmConfig | None = None, token_budget: int | None = None,
+               **kwargs: Any) -> Actor:
+    """The Megatron actor (``layout``) or the FSDP actor on ``make()``'s weights (``token_budget``:
+    the micro-batches' size, the actor's default when None)."""
     config = config or PPO
     actor = (MegatronActor.from_hf(make(), config, lr=1e-2, temperature=0.7, **kwargs) if layout
              else Actor.create(make(), config, lr=1e-2, temperature=0.7, **kwargs))
-    actor.token_budget = TOKEN_BUDGET
+    actor.token_budget = token_budget or actor.token_budget
     return actor
 
 
@@ -333,12 +335,14 @@ def gloo_world(rank: int, world: int, port: int) -> Iterator[None]:
 
 
 def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str | None, staging: str,
-                     out: str) -> None:
+                     out: str, pipelined: bool) -> None:
     """Two decoupled-PPO steps on two batches: the FSDP actor (``layout`` None, ``world`` 1) or the
     Megatron actor laid out as ``LAYOUTS[layout]`` over ``world`` ranks (each data-parallel rank
     trains on its share of the rows, as the trainer loop splits them), which also checkpoints after
     the first step and then takes the second step again from that checkpoint in a new actor; rank 0
-    saves the weights under HF names."""
+    saves the weights under HF names. ``pipelined`` (a pipeline layout, and the FSDP run it is
+    compared with): several micro-batches a step, and without data parallelism also a KL term with
+    two updates a batch (π_prox and π_ref read through the pipeline)."""
     from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
     make = MODELS_TRAINED[model]
@@ -355,8 +359,9 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
                 result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
         else:
             result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
-        actor = make_actor(make, layout)
-        if parallel_state_stages(layout) == 1:  # the scorer reads the whole model: not a pipeline stage
+        budget = TOKEN_BUDGET if pipelined else None
+        actor = make_actor(make, layout, token_budget=budget)
+        if layout and not pipelined:  # the scorer reads the whole model: not a pipeline stage
             result["first"] = read_and_differentiate(actor, first)
         data_rank, data_ranks = actor.data_parallel()
         mine = [as_collated_alone(split(b, data_ranks)[data_rank]) for b in (first, second)]
@@ -366,14 +371,14 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
             result["after_first"] = actor.full_state_dict()
         norms.append(actor.train_step(mine[1], second.size)["ppo_actor/grad_norm"])
         result |= {"state": actor.full_state_dict(), "grad_norms": norms}
-        dr_grpo = make_actor(make, layout, DR_GRPO)
+        dr_grpo = make_actor(make, layout, DR_GRPO, token_budget=budget)
         result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
-        if data_ranks == 1:  # two updates a batch split alike: the same rows in each
-            kl = make_actor(make, layout, KL, mini_batches=2)
+        if pipelined and data_ranks == 1:  # two updates a batch split alike: the same rows in each
+            kl = make_actor(make, layout, KL, token_budget=budget, mini_batches=2)
             kl.freeze_reference()
             result["kl_stats"] = [kl.train_step(b, first.size) for b in mine]
         if layout:
-            resumed = make_actor(make, layout)
+            resumed = make_actor(make, layout, token_budget=budget)
             assert load_trainer(resumed, Path(staging)).step == 1
             resumed.train_step(mine[1], second.size)
             result["resumed"] = resumed.full_state_dict()
@@ -412,11 +417,11 @@ def parallel_state_stages(layout: str | None) -> int:
 def train_both(tmp_path: Path, model: str, layout: str, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the FSDP actor's run, the Megatron actor's run) of :func:`_train_two_steps`."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
-    runs = []
+    runs, pipelined = [], parallel_state_stages(layout) > 1
     for name, procs, megatron_layout in (("fsdp", 1, None), (layout, world, layout)):
         out = tmp_path / f"{name}.pt"
         mp.start_processes(_train_two_steps, args=(procs, free_port(), model, megatron_layout,
-                                                   str(tmp_path / f"staging-{name}"), str(out)),
+                                                   str(tmp_path / f"staging-{name}"), str(out), pipelined),
                            nprocs=procs, start_method="spawn")  # fmt: skip
         runs.append(torch.load(out))
     return runs[0], runs[1]
@@ -437,15 +442,15 @@ def assert_reads_and_differentiates_as_hf(hf: torch.nn.Module, got: dict[str, An
 
 
 def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start: dict[str, torch.Tensor],
-                          one_data_rank: bool = False) -> None:
+                          with_kl: bool = False) -> None:
     """The same gradient norms (clipped at 1.0: exercised), the same two updates, and a resumed second
-    step bit-identical to the uninterrupted one; without data parallelism also, with the KL term and
-    two updates a batch (π_prox and π_ref read before the updates), the same stats."""
+    step bit-identical to the uninterrupted one; ``with_kl``: also, with the KL term and two updates a
+    batch (π_prox and π_ref read before the updates), the same stats."""
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
     assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
-    assert fsdp["kl_stats"][1]["ppo_actor/kl"] > 0  # π_ref is read: the second update's policy has moved
-    if one_data_rank:
+    if with_kl:
+        assert fsdp["kl_stats"][1]["ppo_actor/kl"] > 0  # π_ref is read: the second update's policy has moved
         compared = ("ppo_actor/grad_norm", "ppo_actor/entropy", "mismatch/behav_logp_gap", "ppo_actor/loss",
                     "ppo_actor/kl")
         for got, expected in zip(megatron["kl_stats"], fsdp["kl_stats"], strict=True):  # measured ≤ 2e-4 relative
@@ -520,7 +525,7 @@ def test_a_mixture_of_experts_with_tensor_and_sequence_parallelism_trains_as_the
     fsdp, megatron = train_both(tmp_path, "qwen3-moe", "tp2", world=2)
     first = random_batch(qwen3_moe().config.vocab_size, seed=6, rows=6)
     assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
-    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict(), one_data_rank=True)
+    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
 def test_pipeline_parallelism_trains_a_tied_model_as_the_fsdp_actor_does(tmp_path):
@@ -530,7 +535,7 @@ def test_pipeline_parallelism_trains_a_tied_model_as_the_fsdp_actor_does(tmp_pat
     two copies' gradients summed, counted once), the same stats reported by rank 0 — which holds no
     loss: the last stage's — with π_prox and π_ref read through the pipeline, and a bit-identical resume."""
     fsdp, megatron = train_both(tmp_path, "qwen2-tied", "pp2", world=2)
-    assert_trains_as_fsdp(fsdp, megatron, qwen2().state_dict(), one_data_rank=True)
+    assert_trains_as_fsdp(fsdp, megatron, qwen2().state_dict(), with_kl=True)
 
 
 def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_as_the_fsdp_actor_does(tmp_path):
