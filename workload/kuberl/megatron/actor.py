@@ -62,7 +62,7 @@ from .model import (
     sum_shared_embedding_gradients,
 )
 from .pipeline import hf_stage
-from .schedule import through_pipeline
+from .schedule import layout_shape, through_pipeline
 
 
 def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
@@ -80,20 +80,9 @@ def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
 
 
 def shaped_alike(batch: Batch, sequence_parallel: bool) -> Batch:
-    """``batch`` padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to the largest rows × width of
-    its expert-parallel group — Megatron's all-gather token dispatcher exchanges equal-sized blocks
-    of tokens, while each data-parallel rank's share of a step has its own length — and, with
-    sequence parallelism, to a width the tensor-parallel ranks split evenly."""
-    from megatron.core import parallel_state
-
-    rows, width = batch.input_ids.shape
-    if parallel_state.get_expert_model_parallel_world_size() > 1:
-        shape = torch.tensor([rows, width])
-        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
-        rows, width = int(shape[0]), int(shape[1])
-    if sequence_parallel:
-        tensor = parallel_state.get_tensor_model_parallel_world_size()
-        width = -(-width // tensor) * tensor
+    """``batch`` padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to the shape its layout can take
+    (:func:`.schedule.layout_shape`)."""
+    rows, width = layout_shape(*batch.input_ids.shape, sequence_parallel)
     return batch.padded(rows, width) if (rows, width) != tuple(batch.input_ids.shape) else batch
 
 

@@ -6,7 +6,7 @@ schedule runs ``p − s − 1`` forwards ahead on stage s of p, then alternates 
 backward, so at most p micro-batches' activations are alive on a stage. Its p2p buffers have one
 shape for every micro-batch: the chunks are padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to
 one rows × width, the same over the expert-parallel group and split evenly by the tensor-parallel
-ranks under sequence parallelism (:func:`common_shape`); the last stage reads each chunk's own
+ranks under sequence parallelism (:func:`layout_shape`); the last stage reads each chunk's own
 positions back out of the padded logits.
 
 The loss is what ``on_logits`` makes of a chunk's logits, used as it is
@@ -29,16 +29,18 @@ LogitsReader = Callable[[int, Batch, torch.Tensor], tuple[torch.Tensor, Any]]
 """(chunk index, chunk, its vocabulary-parallel logits [rows, width, V/t]) → (loss, what to keep)."""
 
 
-def common_shape(chunks: list[Batch], sequence_parallel: bool) -> tuple[int, int]:
-    """The largest rows × width of ``chunks`` over the expert-parallel group (Megatron's token
-    dispatcher exchanges equal blocks), the width rounded up to a multiple of the tensor-parallel
-    size under sequence parallelism."""
+def layout_shape(rows: int, width: int, sequence_parallel: bool) -> tuple[int, int]:
+    """The shape to pad a batch of ``rows`` × ``width`` to for this rank's layout: the largest over
+    its expert-parallel group (Megatron's all-gather token dispatcher exchanges equal blocks of
+    tokens, while each data-parallel rank's share of a step has its own length), the width rounded
+    up to a multiple of the tensor-parallel size under sequence parallelism (each rank takes an equal
+    slice of the tokens). Every rank of the expert-parallel group calls it."""
     from megatron.core import parallel_state
 
-    shape = torch.tensor([max(c.input_ids.shape[0] for c in chunks), max(c.input_ids.shape[1] for c in chunks)])
     if parallel_state.get_expert_model_parallel_world_size() > 1:
+        shape = torch.tensor([rows, width])
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
-    rows, width = int(shape[0]), int(shape[1])
+        rows, width = int(shape[0]), int(shape[1])
     if sequence_parallel:
         tensor = parallel_state.get_tensor_model_parallel_world_size()
         width = -(-width // tensor) * tensor
@@ -52,7 +54,8 @@ def through_pipeline(model: Any, chunks: list[Batch], on_logits: LogitsReader, c
     order; elsewhere an empty list. Every rank of the pipeline group calls it with as many chunks."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    rows, width = common_shape(chunks, model.config.sequence_parallel)
+    rows, width = layout_shape(max(c.input_ids.shape[0] for c in chunks), max(c.input_ids.shape[1] for c in chunks),
+                               model.config.sequence_parallel)
     padded = [c.padded(rows, width) for c in chunks]
 
     def forward_step(indices: Any, stage_model: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
