@@ -256,12 +256,16 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
 def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_parallel_state, tmp_path):
     """FSDP2's DCP shards and Megatron's sharded tensors do not load into each other: refused before
     anything is read, naming the field and what differs."""
+    import psutil
+
     from kuberl.checkpoint import CheckpointError
     from kuberl.trainer.checkpointing import TrainerState, layout_mismatch, load_trainer, save_trainer
 
     fsdp, megatron = make_actor(qwen2, None), make_actor(qwen2, "megatron")
     save_trainer(fsdp, TrainerState.capture(1, 1, 0), tmp_path / "fsdp")
     save_trainer(megatron, TrainerState.capture(1, 1, 0), tmp_path / "megatron")
+    # megatron-core's writer leaves no process behind (a process ending by os._exit would orphan it)
+    assert [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())] == []
     assert load_trainer(make_actor(qwen2, "megatron"), tmp_path / "megatron").step == 1
     with pytest.raises(CheckpointError, match=r"spec\.trainer: .*\(backend fsdp → megatron\)"):
         load_trainer(megatron, tmp_path / "fsdp")

@@ -60,6 +60,19 @@ def save(model: Any, optimizer: torch.optim.Optimizer, reference: Any | None, di
 
     directory.mkdir(parents=True, exist_ok=True)
     dist_checkpointing.save(sharded_state(model, optimizer, reference), str(directory))
+    _stop_writer_results_queue()
+
+
+def _stop_writer_results_queue() -> None:
+    """megatron-core's file writer starts a multiprocessing Manager (a server process) for its results
+    the first time a process saves, and never stops it: a process that ends by ``os._exit`` leaves
+    it behind for good. Stopped after every save (the next save starts another)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    queue = filesystem_async._results_queue
+    if queue is not None:
+        queue._manager.shutdown()
+        filesystem_async._results_queue = None
 
 
 def load(model: Any, optimizer: torch.optim.Optimizer, reference: Any | None, directory: Path) -> None:
