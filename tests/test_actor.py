@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from kuberl.collectives import exit_without_teardown
@@ -20,7 +22,7 @@ from kuberl.models.tiny import tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor, token_logprobs
 from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import collate, split
+from kuberl.trainer.batch import PASS_COST_TOKENS, collate, micro_batch_count, split
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=4, behavior_imp_cap=None)
 
@@ -45,6 +47,54 @@ def test_split_gives_exact_part_count_with_masked_fillers():
     parts = split(collate(trajs, advs, 0), 5)
     assert [p.size for p in parts] == [1, 1, 1, 1, 1]
     assert [float(p.loss_mask.sum()) > 0 for p in parts].count(True) == 3
+
+
+def _batch_of_lengths(lengths: list[int]) -> object:
+    rng = random.Random(len(lengths))
+    trajs = [Trajectory([2] * (n // 2), [rng.randrange(4, 30) for _ in range(n - n // 2)],
+                        [-3.0] * (n - n // 2), [0] * (n - n // 2)) for n in lengths]
+    return collate(trajs, [rng.gauss(0.0, 1.0) for _ in trajs], 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(2, 120), min_size=1, max_size=200), st.integers(8, 4096))
+def test_micro_batches_fit_the_budget_keep_every_row_and_pay_the_least_padding_tried(lengths, budget):
+    """Rows sorted by length, split into the chosen count and trimmed: every slice within the token
+    budget (or one row), every row's tokens in exactly one slice, and the padded cost no more
+    than the least count that fits pays (one slice whenever it fits)."""
+    batch = _batch_of_lengths(lengths)
+    count = micro_batch_count(batch, budget)
+    chunks = [c.trimmed() for c in split(batch.by_length(), count)]
+    assert all(c.input_ids.numel() <= budget or c.size == 1 for c in chunks)
+    real = [c for c in chunks if c.loss_mask.sum() > 0]
+    assert sorted(int(n) for c in real for n in c.lengths) == sorted(lengths)
+    assert sum(float(c.loss_mask.sum()) for c in chunks) == float(batch.loss_mask.sum())
+
+    def cost(n: int) -> int:
+        chunks = [c.trimmed() for c in split(batch.by_length(), n)]
+        return sum(c.input_ids.numel() for c in chunks) + n * PASS_COST_TOKENS
+
+    fits = max(1, -(-len(lengths) // max(1, budget // max(lengths))))
+    assert cost(count) <= cost(fits)
+
+
+def test_rows_of_very_different_lengths_train_in_length_sorted_micro_batches_as_in_one(world_of_one):
+    """128 rows of mean length ~30 and one of 95 (the gateway's multi-turn episodes): several
+    trimmed micro-batches instead of one padded to 95 — under half the padded tokens — and the
+    same update as the whole batch in one pass."""
+    rng = random.Random(0)
+    batch = _batch_of_lengths([95] + [max(9, int(rng.gauss(30, 8))) for _ in range(127)])
+    actors = [Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0) for _ in range(2)]
+    chunks = actors[0]._micro_batches(batch)
+    assert len(chunks) > 1 and sum(c.input_ids.numel() for c in chunks) < batch.input_ids.numel() / 2
+    stats = [actors[0]._update(chunks, None, batch.size, float(batch.loss_mask.sum())),
+             actors[1]._update([batch], None, batch.size, float(batch.loss_mask.sum()))]
+    assert stats[0]["ppo_actor/loss"] == pytest.approx(stats[1]["ppo_actor/loss"], rel=1e-5)
+    assert stats[0]["ppo_actor/grad_norm"] == pytest.approx(stats[1]["ppo_actor/grad_norm"], rel=1e-5)
+    start, sorted_, whole = tiny_qwen2(40, seed=3).state_dict(), weights(actors[0]), weights(actors[1])
+    apart = math.sqrt(sum(float((sorted_[n] - whole[n]).pow(2).sum()) for n in whole))
+    update = math.sqrt(sum(float((whole[n] - start[n]).pow(2).sum()) for n in whole))
+    assert apart < 1e-3 * update  # AdamW's step: the same up to summation order
 
 
 def test_a_padded_batch_keeps_its_rows_and_adds_nothing_to_learn():

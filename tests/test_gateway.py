@@ -1,6 +1,7 @@
 """The OpenAI-compatible gateway, driven by the real ``openai`` client: an agent's calls become
-rewarded, masked, grouped trajectories; an exhausted staleness budget answers 429 + Retry-After and
-the client's own retry gets through once the trainer has caught up."""
+rewarded, masked, grouped trajectories; an exhausted staleness budget holds a new session's first
+call until the trainer catches up, and after the hold answers 429 + Retry-After, and the client's own
+retry gets through once the trainer has caught up."""
 
 from __future__ import annotations
 
@@ -147,10 +148,12 @@ def serve_in_thread(app: Any, port: int) -> Any:
 
 
 @contextlib.contextmanager
-def gateway_over(model: Any, tok: Any, batch_size: int = 1, max_staleness: int = 0) -> Iterator[Any]:
+def gateway_over(model: Any, tok: Any, batch_size: int = 1, max_staleness: int = 0,
+                 admission_wait: float = 1.0) -> Iterator[Any]:
     """``model`` behind the real inference server, a rollout controller whose episodes come from
-    outside (``batch_size`` groups of 2 a step, η = ``max_staleness``), and the gateway in front:
-    yields (gateway, an openai client holding the agent's token)."""
+    outside (``batch_size`` groups of 2 a step, η = ``max_staleness``), and the gateway in front
+    (a new session waits ``admission_wait`` s for the budget before its 429): yields (gateway, an
+    openai client holding the agent's token)."""
     from kuberl.gateway.server import Gateway, GatewayConfig
     from kuberl.inference.engine import TorchEngine
     from kuberl.inference.server import build_app
@@ -166,7 +169,7 @@ def gateway_over(model: Any, tok: Any, batch_size: int = 1, max_staleness: int =
                                                     max_concurrent=4))
     controller.start()
     gateway = Gateway(controller, tok, GatewayConfig("tiny-agent", group_size=2, max_new_tokens=24, temperature=1.0,
-                                                     top_p=1.0, session_timeout=60),
+                                                     top_p=1.0, session_timeout=60, admission_wait=admission_wait),
                       AGENT_TOKEN, tasks=examples(DatasetSource(path="builtin:multiplication-tools"), 1))
     gateway.start_in(gateway_port)
     try:
@@ -266,6 +269,39 @@ def test_agent_episodes_become_a_rewarded_group_the_trainer_trains_on(served, wo
     assert {v for t in group.trajectories for v in t.versions} == {1}  # served by the trained policy
 
 
+def test_a_call_without_budget_is_held_and_served_once_the_trainer_catches_up_without_a_429(
+        tool_warmed_weights):
+    """While the staleness budget is used up, a new session's first call waits for a slot instead
+    of a 429 (a client retrying every 100 ms costs the trainer's process CPU): it is answered as
+    soon as the trainer takes the batch and serves the next version, and nothing was refused."""
+    model, tok = load_tool_warmed(tool_warmed_weights)
+    ask = {"model": "tiny-agent", "messages": [{"role": "user", "content": "12*34="}]}
+    with gateway_over(model, tok, admission_wait=60) as (gateway, client):
+        def call(session: str, group: str) -> Any:
+            headers = {"X-KubeRL-Session": session, "X-KubeRL-Group": group}
+            return client.with_options(max_retries=0).chat.completions.create(**ask, extra_headers=headers)
+
+        weights = to_safetensors(model.state_dict())
+        gateway.controller.update_weights(weights, 0).result(60)
+        call("s1", "g1")  # g1 takes the whole budget (η = 0, one group of 2 a step)
+        call("s2", "g1")
+        answered: list[Any] = []
+        held = threading.Thread(target=lambda: answered.append(call("s3", "g2")))
+        held.start()
+        deadline = time.monotonic() + 30
+        while gateway.stats.held < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert gateway.stats.held == 1 and not answered  # waiting, not refused
+        for session in ("s1", "s2"):
+            client.post(f"/sessions/{session}/reward", body={"reward": 1.0}, cast_to=object)
+        assert gateway.controller.take(1, 0) is not None  # the trainer catches up …
+        gateway.controller.update_weights(weights, 1).result(60)
+        held.join(30)  # … and the held call is answered
+        assert answered and answered[0].choices[0].message.role == "assistant"
+        assert gateway.stats.rejected == 0 and gateway.stats.sessions == 3
+
+
 def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(served):
     gateway, _, model, client = served
     ask = {"model": "tiny-agent", "messages": [{"role": "user", "content": "12*34="}]}
@@ -280,9 +316,9 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
     gateway.controller.update_weights(weights, version).result(60)
     call("s1", "g1", 0)  # g1 takes the whole budget
     call("s2", "g1", 0)
-    with pytest.raises(openai.RateLimitError) as refused:
+    with pytest.raises(openai.RateLimitError) as refused:  # after the fixture's 1 s of waiting for a slot
         call("s3", "g2", 0)
-    assert refused.value.response.headers["retry-after"] == "1"
+    assert refused.value.response.headers["retry-after"] == "1" and gateway.stats.held >= 1
     retried: list[Any] = []
     waiting = threading.Thread(target=lambda: retried.append(call("s3", "g2", 10)))
     waiting.start()

@@ -12,12 +12,13 @@ Runs on trainer rank 0, on the rollout loop, in front of the inference pool (``s
     GET  /health                open; everything else needs the experiment's API token
 
 Completion calls name their session (``X-KubeRL-Session``) and may name its group
-(``X-KubeRL-Group``); ``kuberl.gateway.sessions`` turns sessions into rewarded trajectories. A
-session's first call is refused with 429 and ``Retry-After`` while the staleness budget is used
-up (OpenAI clients retry on their own). Sampling uses the experiment's ``spec.rollout``
-temperature and top-p, whatever a request asks, so the policy is trained on what it sampled; each
-call gets at most what is left of the session's ``spec.rollout.maxNewTokens``. A streamed reply
-arrives in one piece when the turn is done.
+(``X-KubeRL-Group``); ``kuberl.gateway.sessions`` turns sessions into rewarded trajectories. While
+the staleness budget is used up, a session's first call waits for a slot (up to
+``ADMISSION_WAIT_SECONDS``; held calls cost nothing, a retry storm costs the trainer's own CPU),
+then is refused with 429 and ``Retry-After`` (OpenAI clients retry on their own). Sampling uses
+the experiment's ``spec.rollout`` temperature and top-p, whatever a request asks, so the policy is
+trained on what it sampled; each call gets at most what is left of the session's
+``spec.rollout.maxNewTokens``. A streamed reply arrives in one piece when the turn is done.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .tasks import TaskDealer
 
 log = logging.getLogger("kuberl.gateway")
 SHUTDOWN_SECONDS = 2.0  # how long stop() lets calls in flight finish before it cancels them
+ADMISSION_WAIT_SECONDS = 20.0  # a new session's first call waits this long for a slot before its 429
 RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
 RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
 
@@ -62,6 +64,7 @@ class GatewayConfig:
     temperature: float
     top_p: float
     session_timeout: float
+    admission_wait: float = ADMISSION_WAIT_SECONDS
     reward: Any = None  # spec.reward's function: scores {"completion": ...} against the task's answer
 
 
@@ -69,7 +72,8 @@ class GatewayConfig:
 class GatewayStats:
     sessions: int = 0
     completions: int = 0
-    rejected: int = 0  # 429s: the staleness budget was used up
+    rejected: int = 0  # 429s: the staleness budget was used up (for ``admission_wait`` seconds)
+    held: int = 0  # first calls that waited for the staleness budget (then admitted or refused)
     groups: int = 0  # delivered to the trainer
     groups_dropped: int = 0  # fewer than groupSize rewarded episodes (expired sessions)
     prefix_breaks: int = 0
@@ -141,7 +145,7 @@ class Gateway:
             if tools is not None and not isinstance(tools, list):
                 raise RequestError("tools: must be a list", "tools")
             prompt = chat.render(self.codec, messages, tools)
-            session = self._session(request)
+            session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=True)
@@ -161,7 +165,7 @@ class Gateway:
             prompt_text = body.get("prompt")
             if not isinstance(prompt_text, str) or not prompt_text:
                 raise RequestError("prompt: a non-empty string is required", "prompt")
-            session = self._session(request)
+            session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
             prompt = self.codec.encode_prompt(prompt_text)
@@ -208,16 +212,21 @@ class Gateway:
             raise web.HTTPBadRequest(text="the body must be a JSON object")
         return body
 
-    def _session(self, request: web.Request) -> Session | web.Response:
-        """The request's session (joining its group); a 429 response when no budget is left."""
+    async def _session(self, request: web.Request) -> Session | web.Response:
+        """The request's session (joining its group). A new session with no staleness budget left
+        waits up to ``admission_wait`` seconds for a slot (the trainer catching up), then gets a 429."""
         session_id, key = session_headers(request.headers)
         known = self.table.get(session_id) is not None
-        session = self.table.join(session_id, key, time.monotonic(), self.controller.admit)
-        if session is None:
-            self.stats.rejected += 1
-            return error(429, "the staleness budget is used up: the trainer has not caught up yet; retry after "
-                              f"{RETRY_AFTER_SECONDS} s", "rate_limit_error",
-                         headers={"Retry-After": str(RETRY_AFTER_SECONDS), "retry-after-ms": str(RETRY_AFTER_MS)})
+        deadline = time.monotonic() + self.config.admission_wait
+        held = False
+        while (session := self.table.join(session_id, key, time.monotonic(), self.controller.admit)) is None:
+            if not held:
+                held, self.stats.held = True, self.stats.held + 1
+            if not await self.controller.room(deadline - time.monotonic()):
+                self.stats.rejected += 1
+                return error(429, "the staleness budget is used up: the trainer has not caught up yet; retry "
+                                  f"after {RETRY_AFTER_SECONDS} s", "rate_limit_error",
+                             headers={"Retry-After": str(RETRY_AFTER_SECONDS), "retry-after-ms": str(RETRY_AFTER_MS)})
         if session.ended:
             raise RequestError(f"header {HEADER_SESSION}: this session has ended", HEADER_SESSION)
         self.stats.sessions += int(not known)

@@ -45,6 +45,7 @@ class RolloutController:
         self._changed: asyncio.Condition | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._room_waiters: list[asyncio.Future[None]] = []  # ``room``'s callers, woken by ``_fill``
         self._error: BaseException | None = None
         self.episodes = 0
         self.generated_tokens = 0
@@ -128,9 +129,35 @@ class RolloutController:
             self._changed.notify_all()
         self._fill()
 
+    async def room(self, timeout: float) -> bool:
+        """Wait until admission may have moved on (a version served, a group delivered or dropped:
+        wherever ``_fill`` runs) or ``timeout`` seconds pass; False on the timeout or when stopping.
+        The gateway holds a session's first call here instead of answering 429 at once: a held call
+        costs nothing, while an agent retrying a 429 every 100 ms costs both sides CPU."""
+        if self._stopping:
+            return False
+        waiter = self.loop.create_future()
+        self._room_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            return False
+        finally:
+            with contextlib.suppress(ValueError):
+                self._room_waiters.remove(waiter)
+        return not self._stopping
+
+    def _wake_room_waiters(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     def _fill(self) -> None:
-        """Start dataset episodes while admission allows (none when episodes come from outside)."""
+        """Start dataset episodes while admission allows (none when episodes come from outside:
+        then wake whoever waits for ``room``)."""
         if self.prompts is None or self.workflow is None:
+            self._wake_room_waiters()
             return
         while (group_id := self.admit()) is not None:
             index, example = self.prompts.hand_out()
@@ -200,6 +227,7 @@ class RolloutController:
 
     async def _stop(self) -> None:
         self._stopping = True
+        self._wake_room_waiters()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -55,7 +55,7 @@ from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import Batch, micro_batch_count, split
-from .loss import behaviour_gap, ppo_loss
+from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
 from .sft import sft_warmup
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
@@ -117,6 +117,19 @@ GradientClipper = Callable[[list[torch.nn.Parameter], float], torch.Tensor]
 """(parameters, max norm) → the global gradient norm before clipping; clips in place."""
 
 
+def batch_stats(chunk_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One update's stats from its micro-batches' (tensors where they were computed: no host sync):
+    :data:`TOKEN_SUMS` and :data:`.loss.SUMMED_STATS` added up, the others (per-token means) as
+    Σ mean · valid tokens / Σ valid tokens. (A pipeline stage without the loss has empty dicts.)"""
+    summed: dict[str, torch.Tensor] = {}
+    weighted: dict[str, torch.Tensor] = {}
+    for chunk in chunk_stats:
+        for k, v in chunk.items():
+            into, v = (summed, v) if k in TOKEN_SUMS or k in SUMMED_STATS else (weighted, v * chunk[VALID_TOKENS])
+            into[k] = into[k] + v if k in into else v
+    return summed | {k: v / summed[VALID_TOKENS].clamp(min=1.0) for k, v in weighted.items()}
+
+
 @dataclass
 class Actor:
     """The decoupled-PPO step of every backend; ``scorer`` and ``clip_gradients`` are where a backend
@@ -163,9 +176,10 @@ class Actor:
                 local_tensor(ref).copy_(local_tensor(param))
 
     def _micro_batches(self, part: Batch) -> list[Batch]:
-        """Split by token budget into the same number of micro-batches on every rank."""
+        """Rows of like length together, each micro-batch trimmed to its longest row, within the
+        token budget (``micro_batch_count``); the same number of micro-batches on every rank."""
         count = int(all_reduce(micro_batch_count(part, self.token_budget), dist.ReduceOp.MAX))
-        return split(part, count)
+        return [chunk.trimmed() for chunk in split(part.by_length(), count)]
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """One batch (host memory; moved to ``device`` micro-batch by micro-batch): ``mini_batches``
@@ -210,13 +224,8 @@ class Actor:
         else:  # every rank's tokens, each row counted once (ranks that share rows count them alike)
             global_tokens = all_reduce(local_tokens) * data_ranks / world_size()
             normalizer = max(global_tokens, 1.0) / data_ranks
-        rows = sum(c.size for c in chunks)
         self.optimizer.zero_grad(set_to_none=True)
-        stats: dict[str, torch.Tensor] = {}
-        for chunk, chunk_stats in zip(chunks, self.accumulate_gradients(chunks, prox, normalizer), strict=True):
-            for k, v in chunk_stats.items():
-                v = v if k in TOKEN_SUMS else v * (chunk.size / rows)
-                stats[k] = stats[k] + v if k in stats else v
+        stats = batch_stats(self.accumulate_gradients(chunks, prox, normalizer))
         grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm

@@ -33,6 +33,13 @@ class LossOutput:
     stats: dict[str, torch.Tensor]  # 0-dim, detached, on the loss's device (read them once per step)
 
 
+VALID_TOKENS = "ppo_actor/valid_tokens"
+SUMMED_STATS = ("ppo_actor/loss", "ppo_actor/kl", VALID_TOKENS)
+"""Stats of one micro-batch that add up over a batch's micro-batches (the loss and the KL term are
+already divided by the whole batch's ``normalizer``); the other stats are means over the
+micro-batch's valid tokens, so a batch's is their mean weighted by ``ppo_actor/valid_tokens``."""
+
+
 def ppo_loss(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
@@ -84,7 +91,7 @@ def ppo_loss(
             "ppo_actor/importance_weight": (ratio * mask).sum() / valid,
             "ppo_actor/clip_ratio": clipped_frac.sum() / valid,
             "ppo_actor/behave_imp_weight": (behav_w * mask).sum() / valid,
-            "ppo_actor/valid_tokens": mask.sum(),
+            VALID_TOKENS: mask.sum(),
             "ppo_actor/kl": kl_value,
         }
     return LossOutput(loss, stats)
