@@ -97,7 +97,7 @@ share_cores_among_xdist_workers()
 # (test_e2e.host_node), so they sit three places apart: with scripts/test's three workers on two cores
 # they go to the same worker, one after the other, and nobody waits for the lock.
 LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
-              "test_vllm_local.py", "test_cpu_example_learns", "test_s3_model_data_and_checkpoints",
+              "test_vllm_local.py", "test_the_cpu_example_learns", "test_s3_model_data_and_checkpoints",
               "test_killed_processes", "test_kubectl_apply_trains", "test_local_run.py", "test_curves.py",
               "test_gateway.py", "test_actor.py", "test_weight_transport.py", "test_multiturn.py", "test_fuzz.py")
 

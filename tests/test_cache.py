@@ -123,3 +123,17 @@ def test_an_experiment_is_only_rolled_up_while_its_last_full_sync_converged():
     state.record(key, 4)
     state.forget(key)  # deleted
     assert state.take(key) == (False, None)
+
+
+def test_a_deleted_object_is_held_as_terminating_until_its_watch_says_it_is_gone():
+    """The operator's delete marks the held object terminating (a sync does not count it as a live
+    child), though no new version came; the watch's echo of that same version does not undo it."""
+    cache = ObjectCache()
+    cache.observe(pod("a", 3, role="trainer"))
+    cache.mark_terminating("Pod", "team-a", "a")
+    assert cache.get("Pod", "team-a", "a")["metadata"]["deletionTimestamp"]
+    cache.observe(pod("a", 3, role="trainer"))  # a late re-delivery of the version held
+    assert cache.get("Pod", "team-a", "a")["metadata"]["deletionTimestamp"]
+    assert [p["metadata"]["name"] for p in cache.list("Pod", "team-a", {"role": "trainer"})] == ["a"]
+    cache.forget("Pod", "team-a", "a")
+    assert cache.get("Pod", "team-a", "a") is None

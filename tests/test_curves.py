@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import statistics
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from kuberl.api import Progress
 from kuberl.display import ProgressDisplay, plain_line
 
 from .conftest import ROOT
+from .test_local_run import processes_mentioning
 
 
 def progress(step: int, **extra) -> Progress:
@@ -73,7 +75,10 @@ def test_a_display_prints_again_once_the_interval_has_passed_and_never_repeats_a
     assert "elapsed 0:00:10" in lines[1]
 
 
-def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a_pipe(tmp_path):
+def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_curves_and_plain_lines(tmp_path):
+    """The README's main job, shortened (120 steps; the full run's gain is ≥ 0.3) through the CLI in a
+    pipe: training reward rises, per-token versions never exceed η = 2 (and the run is asynchronous),
+    held-out evaluations at 0/60/120, TensorBoard curves, plain progress lines, no process left."""
     work = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "120",
@@ -99,6 +104,13 @@ def test_a_cpu_run_evaluates_writes_tensorboard_events_and_logs_plain_lines_in_a
     assert learning_rates[0] == pytest.approx(3e-4) and learning_rates[-1] < 0.15 * 3e-4
     assert learning_rates == sorted(learning_rates, reverse=True)
     per_step = json.loads((tmp_path / "summary.json").read_text())  # stdout leaves per-step lists out
+    rewards = per_step["rewards"]
+    assert per_step["steps"] == len(rewards) == per_step["final_version"] == 120
+    gain = statistics.fmean(rewards[-20:]) - statistics.fmean(rewards[:20])
+    assert gain >= 0.05, f"no real improvement in 120 steps: {rewards}"
+    assert 0 < summary["max_token_staleness_trained"] <= 2  # asynchronous, and never beyond η = 2
+    assert summary["trained_tokens_per_second"] > 0
+    assert processes_mentioning(str(work)) == []
     assert len(entropies) == 120 and per_step["entropies"] == [round(h, 4) for h in entropies]
     assert 0 < summary["entropy_last10_mean"] < summary["entropy_first10_mean"]  # learning sharpens the policy
     assert [e.step for e in events.Scalars("eval/reward")] == [0, 60, 120]

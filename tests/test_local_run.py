@@ -1,8 +1,8 @@
 """`kuberl run` end to end: real inference and trainer processes on this machine's CPU.
 
-The short CI version of the README's main job: the example learns (a smaller but real
-improvement than the full run's ≥ 0.3), per-token versions never exceed the staleness bound,
-η = 0 is synchronous, and Ctrl-C leaves no process behind.
+η = 0 is synchronous, Ctrl-C leaves no process behind, killed processes restart, runs resume, the
+agent examples learn. (The short CI version of the README's main job — it learns within the
+staleness bound — is in test_curves.py, with its evaluation and curves: one run for both.)
 """
 
 from __future__ import annotations
@@ -40,20 +40,6 @@ def processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return [p for p in pids if p != os.getpid()]
-
-
-def test_cpu_example_learns_within_the_staleness_bound(tmp_path):
-    steps = 120
-    summary = run_local(EXAMPLE, ["algorithm.learningRate=3e-4", NO_EVAL], steps, tmp_path / "summary.json",
-                        workdir=tmp_path / "run", quiet=True)
-    rewards = summary["rewards"]
-    assert summary["steps"] == steps == len(rewards) and summary["final_version"] == steps
-    gain = statistics.fmean(rewards[-20:]) - statistics.fmean(rewards[:20])
-    assert gain >= 0.05, f"no real improvement in {steps} steps: {rewards}"
-    assert 0 < summary["max_token_staleness_trained"] <= 2  # asynchronous, and never beyond η = 2
-    assert summary["trained_tokens_per_second"] > 0
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == steps
-    assert processes_mentioning(str(tmp_path / "run")) == []
 
 
 def test_zero_staleness_is_synchronous(tmp_path):

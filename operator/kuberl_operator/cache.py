@@ -126,7 +126,7 @@ class ObjectCache:
         resync's re-list re-syncs everything). A version older than the one held does not replace
         it; it is news unless it is an own write's late echo: someone changed the object before the
         operator's write that the cache already holds (a kubelet's status under a label patch)."""
-        key, obj = _key(obj), slim(obj)
+        key = _key(obj)
         version = obj["metadata"].get("resourceVersion")
         held = self._objects.get(key)
         if held is None and key in self._creating:  # the watch was quicker than the create's answer
@@ -134,6 +134,10 @@ class ObjectCache:
         if quiet:
             self._ours[key].append(version)
         news = version not in self._ours.get(key, ()) or self._clock() - self._seen.get(key, 0.0) > self._refresh
+        if held is not None and version is not None and held["metadata"].get("resourceVersion") == version:
+            self._seen[key] = self._clock()  # the version held (a write's echo, a re-list): nothing to copy
+            return news
+        obj = slim(obj)
         if held is not None and not _newer_or_same(held, obj):
             return news
         self._unindex(key)
@@ -153,6 +157,13 @@ class ObjectCache:
             yield
         finally:
             self._creating.discard(key)
+
+    def mark_terminating(self, kind: str, namespace: str | None, name: str) -> None:
+        """The operator deleted the object: held as terminating until its watch says it is gone."""
+        key = (kind, namespace, name)
+        held = self._current(key)
+        if held is not None and not held["metadata"].get("deletionTimestamp"):
+            self._objects[key] = {**held, "metadata": {**held["metadata"], "deletionTimestamp": "deleting"}}
 
     def forget(self, kind: str, namespace: str | None, name: str) -> None:
         self._drop((kind, namespace, name))
@@ -239,8 +250,6 @@ class CachedKube(Kube):
         deleted = await super().delete(api_version, kind, namespace, name)
         if kind == "Secret":
             self._secrets.pop((kind, namespace, name), None)
-        held = self.cache.get(kind, namespace, name) if kind in self.cached else None
-        if held is not None and not held["metadata"].get("deletionTimestamp"):
-            held["metadata"]["deletionTimestamp"] = "deleting"
-            self.cache.observe(held)
+        if kind in self.cached:
+            self.cache.mark_terminating(kind, namespace, name)
         return deleted
