@@ -54,7 +54,7 @@ from ..weights.layouts import ParamMeta, fsdp2_holdings
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
-from .batch import Batch, micro_batch_count, split
+from .batch import TOKEN_BUDGET, Batch, micro_batch_count, split
 from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
 from .sft import sft_warmup
 
@@ -140,7 +140,7 @@ class Actor:
     config: AlgorithmConfig
     temperature: float
     mini_batches: int = 1
-    token_budget: int = 16384
+    token_budget: int = TOKEN_BUDGET
     max_grad_norm: float = 1.0
     reference: torch.nn.Module | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))

@@ -104,14 +104,18 @@ PASS_COST_TOKENS = 256
 core: ~10-25 ms a pass, ~0.1 ms a token; a GPU's passes cost relatively more, so the figure errs high)."""
 
 
-def micro_batch_count(batch: Batch, token_budget: int, pass_cost: int = PASS_COST_TOKENS) -> int:
-    """How many slices of ``batch.by_length()`` (``split``: near-equal row counts) cost the least:
+TOKEN_BUDGET = 16384
+"""Padded tokens (rows × width) a micro-batch may hold, unless a single row is longer."""
+
+
+def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
+    """How many near-equal slices of rows sorted by ``lengths`` (longest first) cost the least:
     Σ rows × the slice's longest row + ``pass_cost`` a slice, among the counts whose every slice keeps
     rows × its width within ``token_budget`` (≥ 1 row each). Tried: the least count that fits, then
     doubling it. Rows of very different lengths (multi-turn episodes) get several slices even when
     one would fit: 128 rows of mean length 30 and longest 95 in one slice pay 12,160 tokens, in 8
     slices about 5,000."""
-    lengths = sorted(batch.lengths.tolist(), reverse=True)
+    lengths = sorted(lengths, reverse=True)
     rows = len(lengths)
     count = max(1, -(-rows // max(1, token_budget // max(1, lengths[0]))))
     best, best_cost = count, None
@@ -122,6 +126,11 @@ def micro_batch_count(batch: Batch, token_budget: int, pass_cost: int = PASS_COS
             best, best_cost = count, cost
         count *= 2
     return best
+
+
+def micro_batch_count(batch: Batch, token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
+    """``slice_count`` of the batch's row lengths: how many slices of ``batch.by_length()`` to train in."""
+    return slice_count(batch.lengths.tolist(), token_budget, pass_cost)
 
 
 def split(batch: Batch, parts: int) -> list[Batch]:
