@@ -45,7 +45,7 @@ class RolloutController:
         self._changed: asyncio.Condition | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._room_waiters: list[asyncio.Future[None]] = []  # ``room``'s callers, woken by ``_fill``
+        self._room = asyncio.Event()  # set (and replaced) by ``_fill``: ``room``'s callers wake up
         self._error: BaseException | None = None
         self.episodes = 0
         self.generated_tokens = 0
@@ -136,22 +136,15 @@ class RolloutController:
         costs nothing, while an agent retrying a 429 every 100 ms costs both sides CPU."""
         if self._stopping:
             return False
-        waiter = self.loop.create_future()
-        self._room_waiters.append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
+            await asyncio.wait_for(self._room.wait(), timeout)
         except TimeoutError:
             return False
-        finally:
-            with contextlib.suppress(ValueError):
-                self._room_waiters.remove(waiter)
         return not self._stopping
 
     def _wake_room_waiters(self) -> None:
-        waiters, self._room_waiters = self._room_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        woken, self._room = self._room, asyncio.Event()
+        woken.set()
 
     def _fill(self) -> None:
         """Start dataset episodes while admission allows (none when episodes come from outside:

@@ -122,11 +122,13 @@ def batch_stats(chunk_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
     :data:`TOKEN_SUMS` and :data:`.loss.SUMMED_STATS` added up, the others (per-token means) as
     Σ mean · valid tokens / Σ valid tokens. (A pipeline stage without the loss has empty dicts.)"""
     summed: dict[str, torch.Tensor] = {}
-    weighted: dict[str, torch.Tensor] = {}
+    weighted: dict[str, torch.Tensor] = {}  # Σ mean · valid tokens
     for chunk in chunk_stats:
         for k, v in chunk.items():
-            into, v = (summed, v) if k in TOKEN_SUMS or k in SUMMED_STATS else (weighted, v * chunk[VALID_TOKENS])
-            into[k] = into[k] + v if k in into else v
+            if k in TOKEN_SUMS or k in SUMMED_STATS:
+                summed[k] = summed.get(k, 0.0) + v
+            else:
+                weighted[k] = weighted.get(k, 0.0) + v * chunk[VALID_TOKENS]
     return summed | {k: v / summed[VALID_TOKENS].clamp(min=1.0) for k, v in weighted.items()}
 
 

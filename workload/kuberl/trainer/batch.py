@@ -108,6 +108,12 @@ TOKEN_BUDGET = 16384
 """Padded tokens (rows × width) a micro-batch may hold, unless a single row is longer."""
 
 
+def slice_bounds(rows: int, count: int) -> list[tuple[int, int]]:
+    """``count`` consecutive [lo, hi) row ranges of near-equal size covering ``rows`` rows (some
+    empty when ``count`` > ``rows``)."""
+    return list(itertools.pairwise(rows * i // count for i in range(count + 1)))
+
+
 def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
     """How many near-equal slices of rows sorted by ``lengths`` (longest first) cost the least:
     Σ rows × the slice's longest row + ``pass_cost`` a slice, among the counts whose every slice keeps
@@ -120,8 +126,7 @@ def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost:
     count = max(1, -(-rows // max(1, token_budget // max(1, lengths[0]))))
     best, best_cost = count, None
     while count <= rows:
-        bounds = [rows * i // count for i in range(count + 1)]
-        cost = sum((hi - lo) * lengths[lo] for lo, hi in itertools.pairwise(bounds) if hi > lo) + count * pass_cost
+        cost = sum((hi - lo) * lengths[lo] for lo, hi in slice_bounds(rows, count) if hi > lo) + count * pass_cost
         if best_cost is None or cost < best_cost:
             best, best_cost = count, cost
         count *= 2
@@ -137,6 +142,5 @@ def split(batch: Batch, parts: int) -> list[Batch]:
     """Exactly ``parts`` consecutive slices of near-equal size. Every data-parallel rank must run the
     same number of forward/backward passes (FSDP's collectives pair up by call), so a slice that
     would be empty is a masked copy of row 0 instead: it costs a pass and contributes nothing."""
-    bounds = [batch.size * i // parts for i in range(parts + 1)]
     return [batch.select(slice(lo, hi)) if hi > lo else batch.select([0]).masked()
-            for lo, hi in itertools.pairwise(bounds)]
+            for lo, hi in slice_bounds(batch.size, parts)]

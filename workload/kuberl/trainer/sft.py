@@ -8,7 +8,6 @@ padded only to its own longest row: the same gradient, without computing the pad
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import torch
@@ -18,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from ..collectives import all_reduce
 from ..data.datasets import Example
 from ..models.text import TextCodec
-from .batch import slice_count
+from .batch import slice_bounds, slice_count
 
 Row = tuple[list[int], list[int]]  # prompt tokens, answer tokens (+ eos)
 
@@ -70,13 +69,13 @@ def sft_warmup(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data:
             count = int(all_reduce(count, dist.ReduceOp.MAX))
         answer_tokens = max(1, sum(len(a) for _, a in rows))
         optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
-        for lo, hi in itertools.pairwise([len(rows) * i // count for i in range(count + 1)]):
+        loss = torch.zeros(())
+        for lo, hi in slice_bounds(len(rows), count):
             part = answer_loss_sum(model, rows[lo:hi] or rows[:1], codec.pad_id) / answer_tokens
             part = part if hi > lo else part * 0.0  # an empty slice: a pass that adds nothing
             part.backward()
-            loss += float(part.detach())
+            loss = loss + part.detach().cpu()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss)
+        losses.append(float(loss))
     return losses
