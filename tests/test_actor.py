@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -23,6 +22,8 @@ from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor, token_logprobs
 from kuberl.trainer.algorithms import AlgorithmConfig
 from kuberl.trainer.batch import PASS_COST_TOKENS, collate, micro_batch_count, split
+
+from .workers import start_workers
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=4, behavior_imp_cap=None)
 
@@ -294,7 +295,7 @@ def _rank_main(rank: int, world: int, port: int, budget: int, out: str) -> None:
 
 
 def _train(world: int, budget: int, out: str) -> dict[str, torch.Tensor]:
-    mp.start_processes(_rank_main, args=(world, free_port(), budget, out), nprocs=world, start_method="spawn")
+    start_workers(_rank_main, world, (world, free_port(), budget, out))
     return torch.load(out)
 
 
@@ -381,8 +382,7 @@ def test_checkpoints_from_nodes_without_shared_storage_resume_exactly(tmp_path, 
     from kuberl.checkpoint import CheckpointManager, open_store
 
     def run(resume: bool, steps: int, out: str) -> dict[str, torch.Tensor]:
-        mp.start_processes(_two_node_main, args=(free_port(), uri, str(tmp_path), resume, steps, out), nprocs=2,
-                           start_method="spawn")  # fmt: skip
+        start_workers(_two_node_main, 2, (free_port(), uri, str(tmp_path), resume, steps, out))
         return torch.load(out)
 
     straight = run(False, 4, str(tmp_path / "straight.pt"))

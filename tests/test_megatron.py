@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import (
@@ -40,6 +39,8 @@ from kuberl.trainer.actor import Actor, token_logprobs_and_entropy
 from kuberl.trainer.algorithms import AlgorithmConfig
 from kuberl.trainer.batch import Batch, collate, split
 from kuberl.trainer.loss import ppo_loss
+
+from .workers import start_workers
 
 
 def qwen2(tied: bool = True) -> torch.nn.Module:
@@ -424,9 +425,8 @@ def train_both(tmp_path: Path, model: str, layout: str, world: int) -> tuple[dic
     runs, pipelined = [], parallel_state_stages(layout) > 1
     for name, procs, megatron_layout in (("fsdp", 1, None), (layout, world, layout)):
         out = tmp_path / f"{name}.pt"
-        mp.start_processes(_train_two_steps, args=(procs, free_port(), model, megatron_layout,
-                                                   str(tmp_path / f"staging-{name}"), str(out), pipelined),
-                           nprocs=procs, start_method="spawn")  # fmt: skip
+        start_workers(_train_two_steps, procs, (procs, free_port(), model, megatron_layout,
+                                                str(tmp_path / f"staging-{name}"), str(out), pipelined))
         runs.append(torch.load(out))
     return runs[0], runs[1]
 
@@ -553,8 +553,8 @@ def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_
     fsdp, megatron = train_both(tmp_path, "qwen3-moe", "pp2-ep2-dp2", world=4)
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
     out = tmp_path / "elsewhere.pt"
-    mp.start_processes(_resume_elsewhere, nprocs=2, start_method="spawn",
-                       args=(2, free_port(), "qwen3-moe", "tp2", str(tmp_path / "staging-pp2-ep2-dp2"), str(out)))
+    start_workers(_resume_elsewhere, 2, (2, free_port(), "qwen3-moe", "tp2", str(tmp_path / "staging-pp2-ep2-dp2"),
+                                        str(out)))
     elsewhere = torch.load(out)
     assert elsewhere["loaded"].keys() == megatron["after_first"].keys()
     assert all(torch.equal(elsewhere["loaded"][n], t) for n, t in megatron["after_first"].items())

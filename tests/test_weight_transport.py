@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.fsdp import fully_shard
 
 from kuberl.collectives import exit_without_teardown
@@ -23,6 +22,8 @@ from kuberl.models.tiny import char_tokenizer, tiny_qwen2, tiny_qwen3_moe
 from kuberl.weights.layouts import fsdp2_holdings, inference_needs
 from kuberl.weights.plan import RankTopology, plan
 from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
+
+from .workers import start_workers
 
 TRAINERS, REPLICAS = 3, 2
 
@@ -64,8 +65,7 @@ def _worker(rank: int, train_port: int, exchange_port: int, out: str) -> None:
 
 def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.start_processes(_worker, args=(free_port(), free_port(), str(tmp_path)), nprocs=TRAINERS + REPLICAS,
-                       start_method="spawn")  # fmt: skip
+    start_workers(_worker, TRAINERS + REPLICAS, (free_port(), free_port(), str(tmp_path)))
     total = sum(p.numel() * p.element_size() for p in _model(seed=7).parameters())
     for r in range(TRAINERS, TRAINERS + REPLICAS):
         identical, nbytes, messages = (tmp_path / f"{r}.txt").read_text().split()
@@ -146,8 +146,7 @@ def test_megatron_tensor_expert_and_pipeline_parallel_pieces_reach_a_replica_as_
     trainer's gathered export has, and each rank sent its share."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.start_processes(_megatron_worker, args=(free_port(), free_port(), layout, str(tmp_path)), nprocs=3,
-                       start_method="spawn")
+    start_workers(_megatron_worker, 3, (free_port(), free_port(), layout, str(tmp_path)))
     same, received = (tmp_path / "replica.txt").read_text().split()
     assert same == "True"
     total = sum(p.numel() * p.element_size() for p in MEGATRON_LAYOUTS[layout][0]().parameters())
