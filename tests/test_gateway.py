@@ -27,7 +27,7 @@ from kuberl.gateway.sessions import SessionTable
 from kuberl.local_processes import free_port
 from kuberl.models.text import TextCodec
 from kuberl.models.tiny import char_tokenizer
-from kuberl.weights import BroadcastSync, to_safetensors
+from kuberl.weights.sync import BroadcastSync, to_safetensors
 
 from .conftest import load_tool_warmed
 

@@ -17,7 +17,7 @@ from kuberl.inference.server import build_app
 from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.client import InferenceClient, Rejected
-from kuberl.weights import to_safetensors
+from kuberl.weights.sync import to_safetensors
 
 TOKEN = "test-token-0123456789"
 

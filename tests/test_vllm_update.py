@@ -10,7 +10,7 @@ from safetensors.torch import load as load_safetensors
 
 from kuberl.inference.vllm_engine import checkpoint_state, hf_parameter_layout, tied_aliases
 from kuberl.models.tiny import tiny_qwen2
-from kuberl.weights import to_safetensors
+from kuberl.weights.sync import to_safetensors
 
 
 @pytest.fixture(params=[True, False], ids=["tied", "untied"])

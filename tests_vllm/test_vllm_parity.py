@@ -35,7 +35,7 @@ from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import token_logprobs
 from kuberl.trainer.batch import collate
-from kuberl.weights import DiskSync, to_safetensors
+from kuberl.weights.sync import DiskSync, to_safetensors
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this venv (scripts/setup --vllm)")
 

@@ -12,7 +12,7 @@ from ..auth import MissingToken, checked_token
 from ..devices import set_compute_threads
 from ..runconfig import RunConfig, load_run_config
 from ..settings import Settings, from_environment
-from ..weights import disk_directory
+from ..weights.sync import disk_directory
 from .faults import injected_faults
 from .server import build_app
 

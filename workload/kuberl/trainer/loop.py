@@ -27,7 +27,7 @@ from ..models.loading import load_model
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
-from ..weights import WeightSync, make_weight_sync
+from ..weights.sync import WeightSync, make_weight_sync
 from .actor import Actor
 from .algorithms import AlgorithmConfig, learning_rate_at
 from .batch import collate

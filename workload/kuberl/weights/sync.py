@@ -1,0 +1,107 @@
+"""The exchange modes behind ``spec.weightSync.mode`` (the package docstring has the contract):
+``make_weight_sync`` picks ``p2p``, ``broadcast`` or ``disk``; ``to_safetensors`` is the whole-state wire format."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+from ..settings import Settings
+from .p2p import P2PSync, WeightSource
+
+log = logging.getLogger("kuberl.weights")
+
+
+def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
+    """The wire format of a whole-state update (tied tensors are written once per name)."""
+    return save_safetensors({k: v.detach().contiguous().clone() for k, v in state.items()})
+
+
+class Publisher(Protocol):
+    def update_weights(self, payload: bytes | str, version: int) -> Future[float]:
+        """Start: every replica loads ``payload`` (safetensors bytes, or a file path) as ``version``;
+        the future holds the seconds."""
+        ...
+
+
+class WeightSync(Protocol):
+    def push(self, source: WeightSource, version: int) -> None: ...
+
+    def wait(self) -> float: ...
+
+    def recover(self, source: WeightSource, version: int) -> None:
+        """Every rank: the pool lost its weights (all replicas restarted); send ``version`` again in a
+        way any replica can take."""
+        ...
+
+
+class BroadcastSync:
+    """Rank 0 serialises the full state and pushes it to every replica (pause → load → resume)."""
+
+    def __init__(self, publisher: Publisher | None):
+        self.publisher = publisher
+        self._pending: Future[float] | None = None
+
+    def push(self, source: WeightSource, version: int) -> None:
+        state = source.full_state_dict()  # a collective: every rank takes part, rank 0 gets it
+        if self.publisher is None:  # not rank 0: nothing to send
+            return
+        self.wait()
+        self._pending = self.publisher.update_weights(self.payload(state, version), version)
+
+    def payload(self, state: dict[str, torch.Tensor], version: int) -> bytes | str:
+        return to_safetensors(state)  # a copy: the next optimizer step may run during the transfer
+
+    def wait(self) -> float:
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else 0.0
+
+    def recover(self, source: WeightSource, version: int) -> None:
+        self.wait()
+        self.push(source, version)
+        self.wait()
+
+
+class DiskSync(BroadcastSync):
+    """Broadcast through a shared directory: ``weights-v<version>.safetensors``, written then renamed
+    (a replica never reads half a file); the two newest are kept (one may still be being read)."""
+
+    def __init__(self, publisher: Publisher | None, directory: Path):
+        super().__init__(publisher)
+        self.directory = directory
+
+    def payload(self, state: dict[str, torch.Tensor], version: int) -> bytes | str:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"weights-v{version:08d}.safetensors"
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(to_safetensors(state))
+        partial.rename(path)
+        for old in sorted(self.directory.glob("weights-v*.safetensors"))[:-2]:
+            old.unlink(missing_ok=True)
+        return str(path)
+
+
+def disk_directory(directory: str | None, settings: Settings) -> Path:
+    """Disk mode's shared directory, the same for the trainer that writes and the replicas that read:
+    ``settings.weights_dir`` (local mode's work dir), else ``directory`` (``spec.weightSync.directory``),
+    else ``/tmp/kuberl-weights``."""
+    return settings.weights_dir or Path(directory or "/tmp/kuberl-weights")
+
+
+def make_weight_sync(mode: str, controller: Any | None, settings: Settings, rank: int = 0, world: int = 1,
+                     directory: str | None = None) -> WeightSync:
+    """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``:
+    ``spec.weightSync.directory`` (see ``disk_directory``)."""
+    broadcast = BroadcastSync(controller)
+    if mode == "p2p":
+        return P2PSync(controller, rank, world, broadcast, settings)
+    if mode == "disk":
+        return DiskSync(controller, disk_directory(directory, settings))
+    if mode != "broadcast":
+        raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
+    return broadcast
