@@ -267,10 +267,15 @@ def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict
     ``layout``: the HF parameters the trainer sends (:func:`hf_parameter_layout`); ``aliases``: the
     other names of tied ones (:func:`tied_aliases`).
     ``cpu_kv_cache_gib``: on vLLM's CPU backend, the KV cache size (``VLLM_CPU_KVCACHE_SPACE``,
-    unless already set); without it vLLM reserves ~90 % of the machine's memory."""
+    unless already set); without it vLLM reserves ~90 % of the machine's memory. There, with one
+    worker, the worker also runs inside the engine-core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+    unless already set, keeps the CPU platform from forcing the multiprocessing executor on it): one
+    process fewer to start, ~14 CPU-s and ~14 s less per engine start on 2 cores."""
     require_vllm()
     if cpu_kv_cache_gib is not None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+        if tensor_parallel * pipeline_parallel == 1:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
