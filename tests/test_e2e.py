@@ -23,7 +23,7 @@ from filelock import FileLock
 from .harness import ROOT, Cluster, emulated_cluster, running_operator
 from .test_kubectl import kubectl_binary
 
-STEPS = 150  # enough for the first-10 vs last-10 reward to separate reliably
+STEPS = 80  # first-10 → last-10 reward rose by 0.12, 0.14, 0.22 in 80 steps (seeds 1–3); its noise ≈ 0.03
 
 pytestmark = [
     pytest.mark.integration,
