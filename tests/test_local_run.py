@@ -309,3 +309,13 @@ def test_free_ports_come_from_outside_the_range_the_kernel_gives_outgoing_connec
     for port in set(ports):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free indeed
+
+
+def test_the_cli_and_local_modes_supervisor_import_no_torch():
+    """`kuberl run`'s own process only reads the manifest, pod topology and /progress: torch and
+    transformers (3–4 CPU-s to import) belong in the processes it starts. A package ``__init__`` on
+    the way (``kuberl.weights`` once held the exchange modes) is invisible to import-linter."""
+    probe = "import sys, kuberl_cli.main, kuberl.local; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
