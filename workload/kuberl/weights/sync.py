@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,8 +12,6 @@ from safetensors.torch import save as save_safetensors
 
 from ..settings import Settings
 from .p2p import P2PSync, WeightSource
-
-log = logging.getLogger("kuberl.weights")
 
 
 def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
