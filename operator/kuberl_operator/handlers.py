@@ -32,10 +32,12 @@ from .cache import WRITTEN, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify
+from .workqueue import WorkQueue
 
 log = logging.getLogger("kuberl.operator")
 RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
-MAX_SYNCS = 64  # syncs running at once (KUBERL_MAX_SYNCS): each holds its object, model and children
+MAX_SYNCS = 64  # syncs running at once (KUBERL_MAX_SYNCS, the work queue's workers)
+SYNC_WORKERS = "kuberl-sync"
 PROGRESS_TASK = "kuberl-progress-polling"
 RETRY_TASK = "kuberl-retry-"
 EXPERIMENTS = (API_GROUP, API_VERSION, "rlexperiments")
@@ -67,9 +69,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
                               secret_seconds=float(os.environ.get("KUBERL_SECRET_RECHECK_SECONDS", "60")))
     memo["kube"].connect()  # now, not in the first sync: reading the CA bundle alone takes ~50 ms
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
-    memo["syncing"], memo["dirty"], memo["tasks"] = set(), set(), set()
     memo["convergence"] = Convergence()
-    memo["sync_slots"] = asyncio.Semaphore(int(os.environ.get("KUBERL_MAX_SYNCS") or MAX_SYNCS))
+    memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))
+    memo["queue"].start(int(os.environ.get("KUBERL_MAX_SYNCS") or MAX_SYNCS), SYNC_WORKERS)
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(
         memo["kube"], interval,
@@ -112,11 +114,13 @@ async def trainer_pod_ips(namespace: str, name: str, status: kopf.Status,
 
 @kopf.on.cleanup()
 async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
-    for task in [memo.get("progress"), *memo.get("retries", {}).values(), *memo.get("tasks", ())]:
+    for task in [memo.get("progress"), *memo.get("retries", {}).values()]:
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    if "queue" in memo:
+        await memo["queue"].stop()
     if "kube" in memo:
         await _kube(memo).close()
 
@@ -189,26 +193,14 @@ class Convergence:
         self._converged.pop(key, None)
 
 
-async def sync_object(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up: bool = False) -> None:
-    """Run ``kind``'s sync for one object, one at a time per object: a request while one runs marks
-    the object dirty and the running one goes round once more (any number of events → at most one
-    sync after the current one). ``roll_up``: an experiment's status is all that is asked for (its
-    child wrote its own); any other request for it asks for the full sync, and wins."""
+def request_sync(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up: bool = False) -> None:
+    """Queue ``kind``'s sync of one object (``workqueue``: at most once while it waits, never two at
+    once). ``roll_up``: an experiment's status is all that is asked for (its child wrote its own);
+    any other request for it asks for the full sync, and wins."""
     key = (kind, namespace, name)
     if kind == RLExperiment.KIND and not roll_up:
         memo["convergence"].ask_full(key)
-    if key in memo["syncing"]:
-        memo["dirty"].add(key)
-        return
-    memo["syncing"].add(key)
-    try:
-        while True:
-            memo["dirty"].discard(key)
-            await _sync_once(memo, key)
-            if key not in memo["dirty"]:
-                return
-    finally:
-        memo["syncing"].discard(key)
+    memo["queue"].add(key)
 
 
 async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
@@ -236,8 +228,7 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     written: list[tuple[str, str | None, str]] = []
     token = WRITTEN.set(written)
     try:
-        async with memo["sync_slots"]:  # a waiting sync holds nothing: memory bounded in a burst
-            await _sync(memo, key)
+        await _sync(memo, key)
     except Exception as err:
         if kind == RLExperiment.KIND:  # its retry converges in full
             memo["convergence"].record(key, None)
@@ -258,16 +249,7 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
         if backoff.succeeded(key):
             log.info("%s %s/%s: in sync again", kind, namespace, name)
     for follow in reconcile.follow_ups(key, written, memo["cache"].get):
-        roll_up = follow[0] == RLExperiment.KIND  # a pool's or job's status write: only the roll-up
-        _spawn(memo, sync_object(memo, *follow, roll_up=roll_up), "kuberl-follow-up-" + "/".join(follow))
-
-
-def _spawn(memo: kopf.Memo, coro: Any, name: str) -> None:
-    """Run ``coro`` as a task of its own, held until it ends (cancelled at cleanup)."""
-    tasks: set[asyncio.Task[None]] = memo["tasks"]
-    task = asyncio.create_task(coro, name=name)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+        request_sync(memo, *follow, roll_up=follow[0] == RLExperiment.KIND)  # a child's status: the roll-up
 
 
 def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) -> None:
@@ -278,7 +260,7 @@ def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) ->
         await asyncio.sleep(delay)
         if retries.get(key) is asyncio.current_task():
             del retries[key]
-        await sync_object(memo, *key)
+        request_sync(memo, *key)
 
     if (old := retries.get(key)) is not None:
         old.cancel()
@@ -288,7 +270,7 @@ def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) ->
 @kopf.on.event(*EXPERIMENTS)
 async def experiment_event(event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     if _observed(memo, event) and _live(event):
-        await sync_object(memo, RLExperiment.KIND, namespace, name)
+        request_sync(memo, RLExperiment.KIND, namespace, name)
     elif not _live(event):
         memo["convergence"].forget((RLExperiment.KIND, namespace, name))
 
@@ -304,10 +286,10 @@ async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespa
         return
     if _live(event):
         kind = InferencePool.KIND if resource.plural == InferencePool.PLURAL else TrainerJob.KIND
-        await sync_object(memo, kind, namespace, name)
+        request_sync(memo, kind, namespace, name)
     experiment = reconcile.parent_experiment(dict(body))
     if experiment is not None:
-        await sync_object(memo, RLExperiment.KIND, namespace, experiment)
+        request_sync(memo, RLExperiment.KIND, namespace, experiment)
 
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_JOB: kopf.PRESENT})
@@ -318,7 +300,7 @@ async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace
     integrations.kubeflowTraining), kopf warns once and does not watch. Its deletion too: it may
     end a runtime switch (``reconcile.retire_other_runtime``)."""
     if _observed(memo, event):
-        await sync_object(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
+        request_sync(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: kopf.PRESENT})
@@ -334,7 +316,7 @@ async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
             log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
     owner = reconcile.pod_owner(pod)
     if owner is not None and news:
-        await sync_object(memo, owner[0], pod["metadata"].get("namespace"), owner[1])
+        request_sync(memo, owner[0], pod["metadata"].get("namespace"), owner[1])
 
 
 @kopf.on.event("", "v1", "configmaps", labels=MANAGED_BY)
@@ -348,4 +330,4 @@ async def owned_object_event(event: dict[str, Any], body: kopf.Body, memo: kopf.
         return
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("controller") and ref.get("kind") in SYNCS and ref.get("apiVersion", "").startswith(API_GROUP):
-            await sync_object(memo, ref["kind"], body["metadata"].get("namespace"), ref["name"])
+            request_sync(memo, ref["kind"], body["metadata"].get("namespace"), ref["name"])
