@@ -70,8 +70,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo["kube"].connect()  # now, not in the first sync: reading the CA bundle alone takes ~50 ms
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     memo["convergence"] = Convergence()
-    memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))
-    memo["queue"].start(int(os.environ.get("KUBERL_MAX_SYNCS") or MAX_SYNCS), SYNC_WORKERS)
+    memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))  # started by the first request_sync
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
     poller = progress.poll_forever(
         memo["kube"], interval,
@@ -200,7 +199,10 @@ def request_sync(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up:
     key = (kind, namespace, name)
     if kind == RLExperiment.KIND and not roll_up:
         memo["convergence"].ask_full(key)
-    memo["queue"].add(key)
+    queue: WorkQueue[tuple[str, str, str]] = memo["queue"]
+    if not queue.started:  # from a resource handler: its context has what kopf.warn needs, a startup one's not
+        queue.start(int(os.environ.get("KUBERL_MAX_SYNCS") or MAX_SYNCS), SYNC_WORKERS)
+    queue.add(key)
 
 
 async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:

@@ -44,7 +44,12 @@ class WorkQueue(Generic[K]):
         """Keys waiting for their turn."""
         return len(self._waiting)
 
+    @property
+    def started(self) -> bool:
+        return bool(self._workers)
+
     def start(self, workers: int, name: str) -> None:
+        """``workers`` tasks, each with a copy of the caller's context (contextvars)."""
         self._workers = [asyncio.get_running_loop().create_task(self._work(), name=f"{name}-{i}")
                          for i in range(workers)]
 
