@@ -137,3 +137,27 @@ def test_a_deleted_object_is_held_as_terminating_until_its_watch_says_it_is_gone
     assert [p["metadata"]["name"] for p in cache.list("Pod", "team-a", {"role": "trainer"})] == ["a"]
     cache.forget("Pod", "team-a", "a")
     assert cache.get("Pod", "team-a", "a") is None
+
+
+def test_the_progress_poller_reads_running_experiments_and_rank0s_ip_from_the_cache():
+    from kuberl_operator.handlers import running_targets, trainer_pod_ip
+
+    now = [0.0]
+    cache = ObjectCache(clock=lambda: now[0], max_age=100)
+
+    def experiment(name: str, phase: str, runtime: str = "native") -> dict:
+        return {"kind": "RLExperiment", "metadata": {"name": name, "namespace": "team-a", "resourceVersion": "1"},
+                "spec": {"trainer": {"runtime": runtime}}, "status": {"phase": phase, "progress": {"step": 3}}}
+
+    cache.observe(experiment("a", "Running"))
+    cache.observe(experiment("b", "Pending"))
+    cache.observe(experiment("c", "Running", "kubeflow"))
+    cache.observe({**pod("a-trainer-n0", 2, **{"kuberl.io/role": "trainer"}), "status": {"podIP": "10.0.0.7"}})
+    cache.observe({**pod("a-inference-r0-h0", 2, **{"kuberl.io/role": "inference"}), "status": {"podIP": "10.0.0.8"}})
+    targets = sorted(running_targets(cache), key=lambda t: t.name)
+    assert [(t.name, t.kubeflow, t.progress) for t in targets] == [("a", False, {"step": 3}), ("c", True, {"step": 3})]
+    assert trainer_pod_ip(cache, "team-a", "a-trainer-n0") == "10.0.0.7"
+    assert trainer_pod_ip(cache, "team-a", "a-inference-r0-h0") is None  # not a trainer's
+    assert trainer_pod_ip(cache, "team-a", "missing") is None
+    now[0] = 150.0  # not delivered again for longer than max_age: gone, not polled
+    assert running_targets(cache) == []

@@ -186,6 +186,12 @@ class ObjectCache:
         found = [self._current((kind, namespace, n)) for n in sorted(names)]
         return [json_copy(obj) for obj in found if obj is not None]
 
+    def held(self, kind: str) -> list[Manifest]:
+        """Every current object of ``kind``, as held (not copies: read them, never change them). Linear
+        in all that is held: for a scan every few seconds (the progress poller), not per event."""
+        keys = [key for key in self._objects if key[0] == kind]
+        return [obj for key in keys if (obj := self._current(key)) is not None]
+
     def __len__(self) -> int:
         return len(self._objects)
 

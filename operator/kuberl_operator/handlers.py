@@ -5,8 +5,10 @@ object's idempotent sync. The periodic safety net is kopf's watch itself: every
 ``settings.watching.server_timeout`` seconds it reconnects, re-lists every object and fires these
 handlers again. No timers and no on.delete handlers, so kopf adds no finalizers: deleting an
 experiment never waits for the operator, owner references do the cleanup. A background task
-polls each running experiment's trainer for progress (``progress.py``), reading two kopf indices
-(running experiments, trainer pod IPs) instead of listing anything. Handlers are
+polls each running experiment's trainer for progress (``progress.py``), reading the running
+experiments and rank 0's pod IP from the cache (``cache.ObjectCache``, filled by these handlers'
+events) instead of listing anything: no kopf index, whose upkeep on every event cost more than the
+cache's. Handlers are
 registered with the fully-qualified group (``kuberl.io``), because ``InferencePool`` is also a kind
 of the Gateway API Inference Extension and kopf silently ignores ambiguous selectors. Every
 handler is a coroutine: kopf runs a plain function in its thread pool, a thread hop per event.
@@ -50,9 +52,7 @@ CACHED_KINDS = ("RLExperiment", "InferencePool", "TrainerJob", "Pod", "ConfigMap
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
-                    running_experiments: kopf.Index[tuple[str, str], progress.Target],
-                    trainer_pod_ips: kopf.Index[tuple[str, str], str], **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = NoDiffBase()
@@ -72,10 +72,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo["convergence"] = Convergence()
     memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))  # started by the first request_sync
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
-    poller = progress.poll_forever(
-        memo["kube"], interval,
-        lambda: [t for store in running_experiments.values() for t in store],
-        lambda: {key: ip for key, store in trainer_pod_ips.items() for ip in store})
+    cache: ObjectCache = memo["cache"]
+    poller = progress.poll_forever(memo["kube"], interval, lambda: running_targets(cache),
+                                   lambda namespace, pod: trainer_pod_ip(cache, namespace, pod))
     memo["progress"] = asyncio.get_running_loop().create_task(poller, name=PROGRESS_TASK)
     logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
 
@@ -95,20 +94,19 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-@kopf.index(*EXPERIMENTS)
-async def running_experiments(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status,
-                        **_: Any) -> dict[tuple[str, str], progress.Target] | None:
+def running_targets(cache: ObjectCache) -> list[progress.Target]:
     """What the progress poller polls: the Running experiments of the watched namespaces."""
-    target = progress.running_target(namespace, name, dict(spec), dict(status))
-    return {(namespace, name): target} if target else None
+    targets = (progress.running_target(exp["metadata"].get("namespace"), exp["metadata"]["name"],
+                                       exp.get("spec") or {}, exp.get("status") or {})
+               for exp in cache.held(RLExperiment.KIND))
+    return [t for t in targets if t is not None]
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_ROLE: ROLE_TRAINER})
-async def trainer_pod_ips(namespace: str, name: str, status: kopf.Status,
-                          **_: Any) -> dict[tuple[str, str], str] | None:
-    """Trainer pods' IPs: rank 0's is where the poller finds /progress (the pod binds only it)."""
-    ip = status.get("podIP")
-    return {(namespace, name): ip} if ip else None
+def trainer_pod_ip(cache: ObjectCache, namespace: str, pod: str) -> str | None:
+    """A trainer pod's IP: rank 0's is where the poller finds /progress (the pod binds only it)."""
+    held = cache.get("Pod", namespace, pod)
+    labels = (held or {}).get("metadata", {}).get("labels") or {}
+    return ((held or {}).get("status") or {}).get("podIP") if labels.get(LABEL_ROLE) == ROLE_TRAINER else None
 
 
 @kopf.on.cleanup()

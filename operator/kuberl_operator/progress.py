@@ -3,9 +3,9 @@ columns of ``kubectl get rlx``).
 
 Trainer rank 0 serves ``GET /progress`` (``kuberl.trainer.progress``); the operator polls it for
 every experiment in phase Running and patches the status when it changed, so the workload pods
-need no access to the Kubernetes API. What to poll comes from two kopf indices the handlers keep
-(``handlers.running_experiments``, ``handlers.trainer_pod_ips``), never from a cluster-wide list:
-the poller sees exactly the namespaces the operator watches. The URL is
+need no access to the Kubernetes API. What to poll comes from the operator's cache of what its
+watches delivered (``cache.ObjectCache``: the Running experiments, rank 0's pod IP), never from a
+cluster-wide list: the poller sees exactly the namespaces the operator watches. The URL is
 ``http://{ip}:{port}/progress`` with rank 0's pod IP (the pod binds only that address);
 ``KUBERL_PROGRESS_URL`` overrides it with a template using {ip}, {host} (rank 0's DNS name),
 {pod}, {job}, {namespace}, {name} and {port} (an operator running outside the cluster, or tests).
@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +127,7 @@ async def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: 
 
 @dataclass(frozen=True)
 class Target:
-    """One running experiment to poll (an entry of ``handlers.running_experiments``)."""
+    """One running experiment to poll."""
 
     namespace: str
     name: str
@@ -136,21 +136,22 @@ class Target:
 
 
 def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) -> Target | None:
-    """The index entry of an RLExperiment: a Target while it is Running, else None."""
+    """What to poll for an RLExperiment: a Target while it is Running, else None."""
     if (status or {}).get("phase") != "Running":
         return None
     return Target(namespace, name, is_kubeflow({"spec": spec}), (status or {}).get("progress"))
 
 
-async def poll_once(kube: Kube, targets: Iterable[Target], pod_ips: Mapping[tuple[str, str], str],
-                    template: str | None = None) -> int:
+PodIp = Callable[[str, str], str | None]  # (namespace, pod name) → its IP, None while it has none
+
+
+async def poll_once(kube: Kube, targets: Iterable[Target], pod_ip: PodIp, template: str | None = None) -> int:
     """Update every target whose progress changed; returns how many were patched. One experiment's
     unreachable or slow trainer, or failed write, never costs the others their update."""
     polled: list[tuple[Target, str]] = []
     for target in targets:
         rank0 = trainer_rank0_pod(trainer_job_name(target.name), target.kubeflow)
-        url = progress_url(target.name, target.namespace, pod_ips.get((target.namespace, rank0)), template,
-                           target.kubeflow)
+        url = progress_url(target.name, target.namespace, pod_ip(target.namespace, rank0), template, target.kubeflow)
         if url:
             polled.append((target, url))
     changed = []
@@ -177,15 +178,13 @@ async def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> 
     return patched
 
 
-async def poll_forever(kube: Kube, interval: float, targets: Callable[[], list[Target]],
-                       pod_ips: Callable[[], dict[tuple[str, str], str]]) -> None:
-    """``poll_once`` every ``interval`` seconds until cancelled, over what ``targets`` and
-    ``pod_ips`` return (snapshots of the kopf indices, taken on the event loop); a failed round is
-    logged and retried."""
+async def poll_forever(kube: Kube, interval: float, targets: Callable[[], list[Target]], pod_ip: PodIp) -> None:
+    """``poll_once`` every ``interval`` seconds until cancelled, over what ``targets`` returns then
+    (read on the event loop); a failed round is logged and retried."""
     template = os.environ.get("KUBERL_PROGRESS_URL")
     while True:
         try:
-            await poll_once(kube, targets(), pod_ips(), template)
+            await poll_once(kube, targets(), pod_ip, template)
         except Exception:
             log.exception("progress polling failed; retrying in %.0fs", interval)
         await asyncio.sleep(interval)
