@@ -11,8 +11,10 @@ an instant kubelet (a pod is Running and Ready the moment it is created), then:
 
 Reports the operator's CPU milliseconds per experiment (utime + stime from /proc; the emulated API
 server's and instant kubelet's too: this process, the other half of two cores), its peak RSS
-(VmHWM), and the API requests it made per experiment (reads: get/list; writes: create/patch/
-delete/update; watches are long-lived and counted apart).
+(VmHWM), the API requests it made per experiment (reads: get/list; writes: create/patch/
+delete/update; watches are long-lived and counted apart) and the watch events it received per
+experiment (every change of a kind it watches: its own writes' echoes and the kubelet's; kopf's own
+cost per event is ``kopf_floor.py``'s).
 
     python benchmarks/operator_scale.py --experiments 1000
 
@@ -42,6 +44,7 @@ from tests.harness import GROUP, emulated_cluster  # noqa: E402
 from tests.kube_emulator import ApiError, KubeEmulator  # noqa: E402
 
 READS, WRITES = ("get", "list"), ("create", "patch", "update", "delete")
+UNWATCHED = ("secrets", "namespaces")  # plurals the operator does not watch
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -152,6 +155,7 @@ async def measure(n: int, timeout: float, qps: float, profile: str | None = None
                     await asyncio.sleep(1)
                 out["single_warm_create_to_running_ms"] = round(statistics.median(warm) * 1000, 1)
                 cpu0, requests0, api_cpu0 = cpu_ms(pid), dict(api.requests), cpu_ms(os.getpid())
+                events0 = len(api.log)
                 start = time.perf_counter()
                 created = {}
                 for i in range(n):
@@ -171,6 +175,8 @@ async def measure(n: int, timeout: float, qps: float, profile: str | None = None
                     "reads": round(sum(used.get(k, 0) for k in READS) / n, 1),
                     "writes": round(sum(used.get(k, 0) for k in WRITES) / n, 1),
                     "by_verb": {k: round(v / n, 2) for k, v in sorted(used.items()) if v}}
+                out["watch_events_per_experiment"] = round(
+                    sum(1 for _, key, _, _ in api.log[events0:] if key[1] not in UNWATCHED) / n, 1)
                 out["peak_mib_after_experiments"] = peak_mib(pid)
                 pool = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "InferencePool", "metadata": {"name": "wide"},
                         "spec": {"engine": "torch", "replicas": 1024}}
