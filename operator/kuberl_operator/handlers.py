@@ -29,7 +29,7 @@ import kopf
 from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY, PREFIX, ROLE_TRAINER
 
-from . import kube, progress, reconcile
+from . import kube, progress, reconcile, routing
 from .cache import WRITTEN, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
@@ -248,7 +248,7 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
         WRITTEN.reset(token)
         if backoff.succeeded(key):
             log.info("%s %s/%s: in sync again", kind, namespace, name)
-    for follow in reconcile.follow_ups(key, written, memo["cache"].get):
+    for follow in routing.follow_ups(key, written, memo["cache"].get):
         request_sync(memo, *follow, roll_up=follow[0] == RLExperiment.KIND)  # a child's status: the roll-up
 
 
@@ -280,14 +280,14 @@ async def experiment_event(event: dict[str, Any], name: str, namespace: str, mem
 async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, resource: kopf.Resource,
                       memo: kopf.Memo, **_: Any) -> None:
     """A pool's or job's change (not the echo of the operator's own write: its sync called for
-    what that needs, ``reconcile.follow_ups``): sync it, and the experiment it belongs to (whose
+    what that needs, ``routing.follow_ups``): sync it, and the experiment it belongs to (whose
     status rolls up the child's, and which puts back a spec someone else changed)."""
     if not _observed(memo, event):
         return
     if _live(event):
         kind = InferencePool.KIND if resource.plural == InferencePool.PLURAL else TrainerJob.KIND
         request_sync(memo, kind, namespace, name)
-    experiment = reconcile.parent_experiment(dict(body))
+    experiment = routing.parent_experiment(dict(body))
     if experiment is not None:
         request_sync(memo, RLExperiment.KIND, namespace, experiment)
 
@@ -314,7 +314,7 @@ async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
             await reconcile.label_pod_topology(_kube(memo), pod)
         except Exception as err:
             log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
-    owner = reconcile.pod_owner(pod)
+    owner = routing.pod_owner(pod)
     if owner is not None and news:
         request_sync(memo, owner[0], pod["metadata"].get("namespace"), owner[1])
 

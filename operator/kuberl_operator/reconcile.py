@@ -12,7 +12,6 @@ import asyncio
 import datetime
 import logging
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,8 +19,6 @@ from pydantic import ValidationError
 from kuberl.api import API_GROUP, GROUP_VERSION, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import (
     ANNOTATION_TEMPLATE_HASH,
-    LABEL_JOB,
-    LABEL_POOL,
     agent_deployment_name,
     agent_token_secret_name,
     gateway_service_name,
@@ -435,37 +432,6 @@ async def _roll_up(kube: Kube, body: Manifest, exp: RLExperiment, pool: Manifest
     await write_status(kube, body, {**(body.get("status") or {}), **status})
 
 
-def owner_name(obj: Manifest, kind: str) -> str | None:
-    for ref in obj["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") == kind and ref.get("apiVersion", "").startswith(f"{API_GROUP}/"):
-            return ref.get("name")
-    return None
-
-
-def parent_experiment(child: Manifest) -> str | None:
-    """The RLExperiment a pool or job belongs to: its ``spec.experiment``, when that experiment is
-    also its controller (a standalone object naming one is refused by ``claim_problem``)."""
-    experiment = (child.get("spec") or {}).get("experiment")
-    return experiment if experiment and owner_name(child, RLExperiment.KIND) == experiment else None
-
-
-CacheKey = tuple[str, str | None, str]  # kind, namespace, name
-
-
-def follow_ups(synced: CacheKey, written: list[CacheKey],
-               cached: Callable[[str, str | None, str], Manifest | None]) -> list[CacheKey]:
-    """The syncs that ``synced``'s sync called for by its own writes (whose watch echoes trigger
-    nothing): every pool or job it created or changed (an experiment's children: they build their
-    pods), and — when it wrote its own pool's or job's status — the experiment that rolls it up."""
-    wanted = [k for k in written if k[0] in (InferencePool.KIND, TrainerJob.KIND) and k != synced]
-    if synced[0] in (InferencePool.KIND, TrainerJob.KIND) and synced in written:
-        body = cached(*synced)
-        experiment = parent_experiment(body) if body is not None else None
-        if experiment is not None:
-            wanted.append((RLExperiment.KIND, synced[1], experiment))
-    return list(dict.fromkeys(wanted))
-
-
 async def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:
     """Copy the node's zone / fabric onto a freshly scheduled pod; returns the labels written."""
     node_name = missing_topology(pod)
@@ -476,16 +442,6 @@ async def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None
     meta = pod["metadata"]
     await kube.patch("v1", "Pod", meta.get("namespace"), meta["name"], {"metadata": {"labels": labels}})
     return labels
-
-
-def pod_owner(pod: Manifest) -> tuple[str, str] | None:
-    """(kind, name) of the pool or job a pod belongs to: the one to re-sync when it changes (a
-    PyTorchJob's pods carry the job's label too: their going ends a runtime switch)."""
-    labels = pod["metadata"].get("labels") or {}
-    if LABEL_POOL in labels:
-        return InferencePool.KIND, labels[LABEL_POOL]
-    job = owner_name(pod, TrainerJob.KIND) or labels.get(LABEL_JOB)
-    return (TrainerJob.KIND, job) if job is not None else None
 
 
 async def report_failure(kube: Kube, kind: str, namespace: str, name: str, reason: str,
