@@ -87,8 +87,10 @@ def _newer_or_same(held: Manifest, incoming: Manifest) -> bool:
 
 
 OWN_VERSIONS = 8  # of one object, remembered to tell their watch echoes from someone else's change
-WRITTEN: contextvars.ContextVar[list[Key] | None] = contextvars.ContextVar("kuberl_written", default=None)
-"""The objects the running sync wrote (created or patched), in order; None outside a sync."""
+ON_WRITE: contextvars.ContextVar[Callable[[Key], None] | None] = contextvars.ContextVar("kuberl_on_write",
+                                                                                      default=None)
+"""What the running sync does with each object it writes (created or patched), as the write answers:
+ask for the syncs the write calls for (``handlers``). None outside a sync."""
 
 
 class ObjectCache:
@@ -227,14 +229,14 @@ class CachedKube(Kube):
 
     def _remember(self, obj: Manifest) -> None:
         """A write's result: held as news nobody needs to hear again (its watch echo triggers nothing)
-        and added to the running sync's ``WRITTEN`` list (the syncs it calls for: ``handlers``)."""
+        and handed to the running sync's ``ON_WRITE`` (the syncs it calls for: ``handlers``)."""
         if obj.get("kind") in self.cached:
             self.cache.observe(obj, quiet=True)
         elif obj.get("kind") == "Secret":
             self._secrets[_key(obj)] = (self._clock(), json_copy(obj))
-        written = WRITTEN.get()
-        if written is not None:
-            written.append(_key(obj))
+        on_write = ON_WRITE.get()
+        if on_write is not None:
+            on_write(_key(obj))
 
     async def create(self, obj: Manifest) -> Manifest:
         if obj.get("kind") not in self.cached:

@@ -30,7 +30,7 @@ from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, Trai
 from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY, PREFIX, ROLE_TRAINER
 
 from . import kube, progress, reconcile, routing
-from .cache import WRITTEN, CachedKube, ObjectCache
+from .cache import ON_WRITE, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify
@@ -219,14 +219,20 @@ async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     convergence.record(key, generation)
 
 
+def _follow_up(memo: kopf.Memo, synced: tuple[str, str, str], written: tuple[str, str | None, str]) -> None:
+    """Ask for the syncs one write of ``synced``'s sync calls for (``routing.follow_ups``), as it
+    answers: a pool or job an experiment's sync just created starts on its pods while that sync goes on."""
+    for follow in routing.follow_ups(synced, [written], memo["cache"].get):
+        request_sync(memo, *follow, roll_up=follow[0] == RLExperiment.KIND)  # a child's status: the roll-up
+
+
 async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
-    """One sync, then the syncs its own writes call for (``follow_ups``). On failure: log it,
-    report it on the object when it will not heal by itself (``Degraded`` condition + Event), and
-    schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
+    """One sync; each of its writes asks for the syncs it calls for at once (``_follow_up``). On failure:
+    log it, report it on the object when it will not heal by itself (``Degraded`` condition + Event),
+    and schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
     kind, namespace, name = key
     backoff: Backoff = memo["backoff"]
-    written: list[tuple[str, str | None, str]] = []
-    token = WRITTEN.set(written)
+    token = ON_WRITE.set(lambda written: _follow_up(memo, key, written))
     try:
         await _sync(memo, key)
     except Exception as err:
@@ -242,14 +248,12 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
                                                       failure.message)
             if reported is not None:
                 kopf.warn(reported, reason=failure.reason, message=failure.message)
-        WRITTEN.reset(token)
+        ON_WRITE.reset(token)
         _schedule_retry(memo, key, delay)
     else:
-        WRITTEN.reset(token)
+        ON_WRITE.reset(token)
         if backoff.succeeded(key):
             log.info("%s %s/%s: in sync again", kind, namespace, name)
-    for follow in routing.follow_ups(key, written, memo["cache"].get):
-        request_sync(memo, *follow, roll_up=follow[0] == RLExperiment.KIND)  # a child's status: the roll-up
 
 
 def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) -> None:
