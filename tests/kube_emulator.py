@@ -263,6 +263,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.faults: list[Fault] = []
         self.used: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource[/subresource]) asked for
         self.requests: collections.Counter[str] = collections.Counter()  # RBAC verb → requests served
+        self.delivered: collections.Counter[tuple[str, str]] = collections.Counter()  # (plural, name) → times sent
         self._uids: set[str] = set()  # of the objects created here (``_uid_exists``)
         for plural, (kind, namespaced) in CORE.items():
             self.register(Kind("", "v1", plural, kind, namespaced, plural in WITH_STATUS))
@@ -488,6 +489,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _list_response(self, request: kmock.Request, items: list[Obj]) -> aiohttp.web.Response:
         kind = self.kinds[(request.resource.group, request.resource.plural)]
         meta = {"resourceVersion": str(self.revision)}
+        self.delivered.update((request.resource.plural, obj["metadata"]["name"]) for obj in items)
         if "as=Table" in request.headers.get("Accept", ""):
             return aiohttp.web.json_response(self._table(kind, items, meta))
         return aiohttp.web.json_response(
@@ -525,6 +527,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     and matches_labels(obj["metadata"].get("labels") or {}, labels) and matches_fields(obj, fields))
 
         async def send(kind: str, obj: Obj) -> None:
+            self.delivered[(p, obj["metadata"]["name"])] += 1
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         if since == 0:  # no version: the current state as ADDED, then changes

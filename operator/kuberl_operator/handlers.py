@@ -47,6 +47,16 @@ POOLS = (API_GROUP, API_VERSION, "inferencepools")
 JOBS = (API_GROUP, API_VERSION, "trainerjobs")
 # Read from the watches (``cache``): every kind the operator watches. Secrets (not watchable without
 # list on all of them), Nodes and PodGroups are read from the API server.
+# The children's kinds, each watched only for the labels the operator puts on what it creates: the
+# selector goes to the API server (``watch_selector``), which then never sends another tenant's pods
+# or ConfigMaps; kopf's handler filter (``labels=``) is the same mapping.
+PODS = ("", "v1", "pods")
+PYTORCHJOBS = ("kubeflow.org", "v1", "pytorchjobs")
+OWNED = (("", "v1", "configmaps"), ("", "v1", "services"), ("networking.k8s.io", "v1", "networkpolicies"),
+         ("apps", "v1", "deployments"))
+CHILD_LABELS: dict[tuple[str, str, str], dict[str, Any]] = {
+    PODS: {LABEL_ROLE: kopf.PRESENT}, PYTORCHJOBS: {LABEL_JOB: kopf.PRESENT},
+    **{resource: MANAGED_BY for resource in OWNED}}
 CACHED_KINDS = ("RLExperiment", "InferencePool", "TrainerJob", "Pod", "ConfigMap", "Service", "NetworkPolicy",
                 "Deployment", "PyTorchJob")
 
@@ -58,6 +68,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = RESYNC_SECONDS
+    for resource, labels in CHILD_LABELS.items():
+        settings.watching.label_selectors[resource] = watch_selector(labels)
     settings.queueing.idle_timeout = 0.5  # an idle object worker holds its last event body: let it go soon
     settings.networking.error_backoffs = [1, 2, 5, 10]
     memo["cache"] = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
@@ -77,6 +89,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
                                    lambda namespace, pod: trainer_pod_ip(cache, namespace, pod))
     memo["progress"] = asyncio.get_running_loop().create_task(poller, name=PROGRESS_TASK)
     logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
+
+
+def watch_selector(labels: dict[str, Any]) -> str:
+    """A handler's ``labels=`` filter as the API server's label selector: ``key=value`` for a value,
+    ``key`` for ``kopf.PRESENT``, joined by commas (all must hold)."""
+    terms = []
+    for key, value in labels.items():
+        if value is kopf.PRESENT:
+            terms.append(key)
+        elif isinstance(value, str):
+            terms.append(f"{key}={value}")
+        else:
+            raise ValueError(f"label {key!r}: only a string or kopf.PRESENT goes to the API server, not {value!r}")
+    return ",".join(terms)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -296,7 +322,7 @@ async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespa
         request_sync(memo, RLExperiment.KIND, namespace, experiment)
 
 
-@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels={LABEL_JOB: kopf.PRESENT})
+@kopf.on.event(*PYTORCHJOBS, labels=CHILD_LABELS[PYTORCHJOBS])
 async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace: str, memo: kopf.Memo,
                            **_: Any) -> None:
     """trainer.runtime kubeflow: the Kubeflow training operator's status → the TrainerJob's (whose
@@ -307,7 +333,7 @@ async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace
         request_sync(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_ROLE: kopf.PRESENT})
+@kopf.on.event(*PODS, labels=CHILD_LABELS[PODS])
 async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Label a freshly scheduled pod with its node's topology (a failure is retried by the pod's
     next event), then re-sync the pool or job that owns it."""
@@ -323,10 +349,6 @@ async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_
         request_sync(memo, owner[0], pod["metadata"].get("namespace"), owner[1])
 
 
-@kopf.on.event("", "v1", "configmaps", labels=MANAGED_BY)
-@kopf.on.event("", "v1", "services", labels=MANAGED_BY)
-@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED_BY)
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
 async def owned_object_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The other children: kept in the cache, and a change someone else made (or a deletion) re-syncs
     the owner, which puts the child back."""
@@ -335,3 +357,7 @@ async def owned_object_event(event: dict[str, Any], body: kopf.Body, memo: kopf.
     for ref in body.get("metadata", {}).get("ownerReferences") or []:
         if ref.get("controller") and ref.get("kind") in SYNCS and ref.get("apiVersion", "").startswith(API_GROUP):
             request_sync(memo, ref["kind"], body["metadata"].get("namespace"), ref["name"])
+
+
+for _resource in OWNED:
+    kopf.on.event(*_resource, labels=CHILD_LABELS[_resource])(owned_object_event)
