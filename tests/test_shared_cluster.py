@@ -12,6 +12,7 @@ from .harness import GROUP, emulated_cluster, eventually, pods, running_operator
 from .test_operator import experiment, get_rlx
 
 pytestmark = pytest.mark.integration
+CHILDREN = (("", "configmaps"), ("", "services"), ("networking.k8s.io", "networkpolicies"), ("", "pods"))
 
 
 def foreign(kind: str, name: str) -> dict:
@@ -43,4 +44,8 @@ async def test_other_tenants_pods_and_configmaps_never_reach_the_operator(tmp_pa
                              what="Running")
         theirs = {key: n for key, n in api.delivered.items() if key[1].startswith("theirs")}
         assert theirs == {}, f"other tenants' objects sent to the operator: {theirs}"
-        assert all(api.delivered[("pods", p["metadata"]["name"])] >= 2 for p in ours)  # its own: ADDED, Running
+        children = [(plural, obj["metadata"]["name"]) for group, plural in CHILDREN
+                    for obj in api.list(group, plural, "team-a") if obj["metadata"].get("ownerReferences")]
+        assert len(children) == 6, children  # ConfigMap, 2 Services, NetworkPolicy, 2 pods
+        assert [child for child in children if not api.delivered[child]] == [], "its own children not watched"
+        assert all(api.delivered[("pods", p["metadata"]["name"])] >= 2 for p in ours)  # ADDED, Running
