@@ -52,8 +52,7 @@ async def running_operator(cluster: Cluster, namespaces: list[str] | None = None
 
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     ready = asyncio.Event()
-    scope = {"namespaces": namespaces} if namespaces else {"clusterwide": True}
-    task = asyncio.create_task(kopf.operator(standalone=True, ready_flag=ready, **scope))
+    task = asyncio.create_task(kopf.operator(standalone=True, ready_flag=ready, **handlers.operator_scope(namespaces)))
     await asyncio.wait_for(ready.wait(), timeout=20)
     try:
         yield

@@ -489,6 +489,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _list_response(self, request: kmock.Request, items: list[Obj]) -> aiohttp.web.Response:
         kind = self.kinds[(request.resource.group, request.resource.plural)]
         meta = {"resourceVersion": str(self.revision)}
+        if limit := int(request.params.get("limit") or 0):  # chunks: the continue token is the next offset
+            start = int(request.params.get("continue") or 0)
+            items, rest = items[start:start + limit], items[start + limit:]
+            meta.update({"continue": str(start + limit)} if rest else {})
         self.delivered.update((request.resource.plural, obj["metadata"]["name"]) for obj in items)
         if "as=Table" in request.headers.get("Accept", ""):
             return aiohttp.web.json_response(self._table(kind, items, meta))

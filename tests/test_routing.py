@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kuberl_operator.routing import follow_ups, parent_experiment, pod_owner
+from kuberl_operator.routing import follow_ups, parent_experiment, pod_owner, syncs_for
 
 
 def child(kind: str, name: str, experiment: str | None, owner: str | None) -> dict:
@@ -41,3 +41,22 @@ def test_a_pod_belongs_to_its_pool_by_label_and_to_its_job_by_owner_or_label():
     assert pod_owner(pod({}, owner="exp-trainer")) == ("TrainerJob", "exp-trainer")
     assert pod_owner(pod({"kuberl.io/trainer-job": "exp-trainer"})) == ("TrainerJob", "exp-trainer")  # a PyTorchJob's
     assert pod_owner(pod({"app": "other"})) is None
+
+
+def test_someone_elses_change_calls_for_the_owners_sync_and_a_deletion_not_for_the_deleted_one():
+    pool = child("InferencePool", "exp-inference", "exp", "exp")
+    assert syncs_for(pool, live=True) == [("InferencePool", "ns", "exp-inference"), ("RLExperiment", "ns", "exp")]
+    assert syncs_for(pool, live=False) == [("RLExperiment", "ns", "exp")]
+    assert syncs_for(child("TrainerJob", "solo", "exp", None), live=True) == [("TrainerJob", "ns", "solo")]
+    assert syncs_for({"kind": "RLExperiment", "metadata": {"name": "exp", "namespace": "ns"}}, live=False) == []
+    service = child("Service", "exp-inference", None, "exp")
+    assert syncs_for(service, live=False) == [("RLExperiment", "ns", "exp")]
+    foreign = {**service, "metadata": {**service["metadata"], "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "controller": True}]}}
+    assert syncs_for(foreign, live=True) == []
+    pytorchjob = {"kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "ns",
+                                                     "labels": {"kuberl.io/trainer-job": "exp-trainer"}}}
+    assert syncs_for(pytorchjob, live=False) == [("TrainerJob", "ns", "exp-trainer")]
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns",
+                                       "labels": {"kuberl.io/inference-pool": "exp-inference"}}}
+    assert syncs_for(pod, live=True) == [("InferencePool", "ns", "exp-inference")]

@@ -1,5 +1,5 @@
 """The operator next to other tenants' workloads: the API server sends it only the children it
-labelled (``handlers.CHILD_LABELS`` as server-side label selectors), so another team's pods and
+labelled (``kuberl_operator.watches``: server-side label selectors), so another team's pods and
 ConfigMaps cost it nothing — no watch event, no kopf worker, no memory — however many they are."""
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ class ObjectCache:
         self._seen: dict[Key, float] = {}
         self._ours: dict[Key, deque[str | None]] = defaultdict(lambda: deque(maxlen=OWN_VERSIONS))
         self._creating: set[Key] = set()  # the operator's creates in flight (``creating``)
+        self._unconfirmed: set[Key] = set()  # primed, not delivered by a watch or written since (``prime``)
         self._by_label: dict[tuple[str, str | None, str, str], set[str]] = defaultdict(set)
         self._max_age, self._clock, self._refresh = max_age, clock, refresh
 
@@ -119,6 +120,17 @@ class ObjectCache:
     def _drop(self, key: Key) -> None:
         self._unindex(key)
         self._ours.pop(key, None)
+        self._unconfirmed.discard(key)
+
+    def prime(self, obj: Manifest) -> None:
+        """An object the operator's own list at start-up found (``priming``): held like a watch's, but
+        unconfirmed until a watch delivers it or the operator writes it — one deleted between that
+        list and the watch's own never is (``unconfirmed``)."""
+        self.observe(obj)
+        self._unconfirmed.add(_key(obj))
+
+    def unconfirmed(self) -> list[Key]:
+        return sorted(self._unconfirmed, key=lambda k: (k[0], k[1] or "", k[2]))
 
     def observe(self, obj: Manifest, quiet: bool = False) -> bool:
         """An object as a watch or a write delivered it; ``quiet``: the operator's own write (a create,
@@ -131,6 +143,7 @@ class ObjectCache:
         key = _key(obj)
         version = obj["metadata"].get("resourceVersion")
         held = self._objects.get(key)
+        self._unconfirmed.discard(key)
         if held is None and key in self._creating:  # the watch was quicker than the create's answer
             quiet = True
         if quiet:

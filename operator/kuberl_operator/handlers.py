@@ -26,14 +26,15 @@ from typing import Any
 
 import kopf
 
-from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
-from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY, PREFIX, ROLE_TRAINER
+from kuberl.api import InferencePool, RLExperiment, TrainerJob
+from kuberl.api.contract import LABEL_ROLE, PREFIX, ROLE_TRAINER
 
-from . import kube, progress, reconcile, routing
+from . import kube, priming, progress, reconcile, routing
 from .cache import ON_WRITE, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify
+from .watches import CACHED_KINDS, WATCHED
 from .workqueue import WorkQueue
 
 log = logging.getLogger("kuberl.operator")
@@ -42,38 +43,27 @@ MAX_SYNCS = 64  # syncs running at once (KUBERL_MAX_SYNCS, the work queue's work
 SYNC_WORKERS = "kuberl-sync"
 PROGRESS_TASK = "kuberl-progress-polling"
 RETRY_TASK = "kuberl-retry-"
-EXPERIMENTS = (API_GROUP, API_VERSION, "rlexperiments")
-POOLS = (API_GROUP, API_VERSION, "inferencepools")
-JOBS = (API_GROUP, API_VERSION, "trainerjobs")
-# Read from the watches (``cache``): every kind the operator watches. Secrets (not watchable without
-# list on all of them), Nodes and PodGroups are read from the API server.
-# The children's kinds, each watched only for the labels the operator puts on what it creates: the
-# selector goes to the API server (``watch_selector``), which then never sends another tenant's pods
-# or ConfigMaps; kopf's handler filter (``labels=``) is the same mapping.
-PODS = ("", "v1", "pods")
-PYTORCHJOBS = ("kubeflow.org", "v1", "pytorchjobs")
-OWNED = (("", "v1", "configmaps"), ("", "v1", "services"), ("networking.k8s.io", "v1", "networkpolicies"),
-         ("apps", "v1", "deployments"))
-CHILD_LABELS: dict[tuple[str, str, str], dict[str, Any]] = {
-    PODS: {LABEL_ROLE: kopf.PRESENT}, PYTORCHJOBS: {LABEL_JOB: kopf.PRESENT},
-    **{resource: MANAGED_BY for resource in OWNED}}
-CACHED_KINDS = ("RLExperiment", "InferencePool", "TrainerJob", "Pod", "ConfigMap", "Service", "NetworkPolicy",
-                "Deployment", "PyTorchJob")
+PRIME_CONFIRM_SECONDS = float(os.environ.get("KUBERL_PRIME_CONFIRM_SECONDS", "30"))
+PRIME_TASK = "kuberl-prime-confirm"
+
+
+def operator_scope(namespaces: list[str] | None) -> dict[str, Any]:
+    """``kopf.operator``'s arguments to watch ``namespaces`` (None or empty: the whole cluster); the
+    memo tells the start-up list (``priming``) the same."""
+    return {"clusterwide": not namespaces, "namespaces": list(namespaces or []),
+            "memo": kopf.Memo(namespaces=list(namespaces or []))}
+
+
+def _scope(memo: kopf.Memo) -> list[str | None]:
+    """Where the start-up lists look: the watched namespaces, or None: all."""
+    return list(memo.get("namespaces") or [None])
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = NoDiffBase()
-    settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = RESYNC_SECONDS
-    for resource, labels in CHILD_LABELS.items():
-        settings.watching.label_selectors[resource] = watch_selector(labels)
-    settings.queueing.idle_timeout = 0.5  # an idle object worker holds its last event body: let it go soon
-    settings.networking.error_backoffs = [1, 2, 5, 10]
-    memo["cache"] = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
-    memo["kube"] = CachedKube(lambda: kube.login(settings), memo["cache"], CACHED_KINDS,
+    _tune_kopf(settings)
+    memo["cache"] = cache = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
+    memo["kube"] = CachedKube(lambda: kube.login(settings), cache, CACHED_KINDS,
                               timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
                               limit=RateLimit.from_env(),
                               max_in_flight=int(os.environ.get("KUBERL_API_MAX_IN_FLIGHT")
@@ -83,26 +73,45 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     memo["convergence"] = Convergence()
     memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))  # started by the first request_sync
+    held = await priming.prime(memo["kube"], cache, _scope(memo))
+    logger.info("Listed before the first sync: %s", ", ".join(f"{n} {kind}" for kind, n in held.items()))
+    loop = asyncio.get_running_loop()
+    memo["prime_confirm"] = loop.create_task(_confirm_primed(memo, PRIME_CONFIRM_SECONDS), name=PRIME_TASK)
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
-    cache: ObjectCache = memo["cache"]
     poller = progress.poll_forever(memo["kube"], interval, lambda: running_targets(cache),
                                    lambda namespace, pod: trainer_pod_ip(cache, namespace, pod))
-    memo["progress"] = asyncio.get_running_loop().create_task(poller, name=PROGRESS_TASK)
+    memo["progress"] = loop.create_task(poller, name=PROGRESS_TASK)
     logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
 
 
-def watch_selector(labels: dict[str, Any]) -> str:
-    """A handler's ``labels=`` filter as the API server's label selector: ``key=value`` for a value,
-    ``key`` for ``kopf.PRESENT``, joined by commas (all must hold)."""
-    terms = []
-    for key, value in labels.items():
-        if value is kopf.PRESENT:
-            terms.append(key)
-        elif isinstance(value, str):
-            terms.append(f"{key}={value}")
-        else:
-            raise ValueError(f"label {key!r}: only a string or kopf.PRESENT goes to the API server, not {value!r}")
-    return ",".join(terms)
+def _tune_kopf(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = NoDiffBase()
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = RESYNC_SECONDS
+    for watched in WATCHED:
+        if watched.selector is not None:
+            settings.watching.label_selectors[watched.resource] = watched.selector
+    settings.queueing.idle_timeout = 0.5  # an idle object worker holds its last event body: let it go soon
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+async def _confirm_primed(memo: kopf.Memo, delay: float) -> None:
+    """After ``delay``: forget what the start-up list held that no watch delivered since and the API
+    server no longer has (``priming.confirm``), and re-sync its owners."""
+    await asyncio.sleep(delay)
+    try:
+        gone = await priming.confirm(_kube(memo), memo["cache"], _scope(memo))
+    except Exception as err:  # held until two resyncs pass without it (``ObjectCache``'s max_age)
+        log.warning("start-up list not confirmed (%s)", classify(err).message)
+        return
+    for obj in gone:
+        log.info("%s %s/%s: deleted while the operator started", obj["kind"], obj["metadata"].get("namespace"),
+                 obj["metadata"]["name"])
+        if memo["queue"].started:  # else no sync ran yet: the first finds it gone
+            for key in routing.syncs_for(obj, live=False):
+                request_sync(memo, *key)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -137,7 +146,7 @@ def trainer_pod_ip(cache: ObjectCache, namespace: str, pod: str) -> str | None:
 
 @kopf.on.cleanup()
 async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
-    for task in [memo.get("progress"), *memo.get("retries", {}).values()]:
+    for task in [memo.get("progress"), memo.get("prime_confirm"), *memo.get("retries", {}).values()]:
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -297,67 +306,24 @@ def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) ->
     retries[key] = asyncio.create_task(later(), name=RETRY_TASK + "/".join(key))
 
 
-@kopf.on.event(*EXPERIMENTS)
-async def experiment_event(event: dict[str, Any], name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    if _observed(memo, event) and _live(event):
-        request_sync(memo, RLExperiment.KIND, namespace, name)
-    elif not _live(event):
-        memo["convergence"].forget((RLExperiment.KIND, namespace, name))
-
-
-@kopf.on.event(*POOLS)
-@kopf.on.event(*JOBS)
-async def child_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, resource: kopf.Resource,
-                      memo: kopf.Memo, **_: Any) -> None:
-    """A pool's or job's change (not the echo of the operator's own write: its sync called for
-    what that needs, ``routing.follow_ups``): sync it, and the experiment it belongs to (whose
-    status rolls up the child's, and which puts back a spec someone else changed)."""
+async def watched_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Any watched object's event: into the cache; someone else's change (not the echo of the operator's
+    own write, whose sync called for what it needs: ``routing.follow_ups``) asks for the syncs it calls
+    for (``routing.syncs_for``). A freshly scheduled pod is first labelled with its node's topology (a
+    failure is retried by the pod's next event)."""
+    obj, live = dict(body), _live(event)
     if not _observed(memo, event):
         return
-    if _live(event):
-        kind = InferencePool.KIND if resource.plural == InferencePool.PLURAL else TrainerJob.KIND
-        request_sync(memo, kind, namespace, name)
-    experiment = routing.parent_experiment(dict(body))
-    if experiment is not None:
-        request_sync(memo, RLExperiment.KIND, namespace, experiment)
-
-
-@kopf.on.event(*PYTORCHJOBS, labels=CHILD_LABELS[PYTORCHJOBS])
-async def pytorchjob_event(event: dict[str, Any], labels: kopf.Labels, namespace: str, memo: kopf.Memo,
-                           **_: Any) -> None:
-    """trainer.runtime kubeflow: the Kubeflow training operator's status → the TrainerJob's (whose
-    own event then updates the experiment). Without the PyTorchJob CRD or RBAC for it (chart value
-    integrations.kubeflowTraining), kopf warns once and does not watch. Its deletion too: it may
-    end a runtime switch (``reconcile.retire_other_runtime``)."""
-    if _observed(memo, event):
-        request_sync(memo, TrainerJob.KIND, namespace, labels[LABEL_JOB])
-
-
-@kopf.on.event(*PODS, labels=CHILD_LABELS[PODS])
-async def pod_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Label a freshly scheduled pod with its node's topology (a failure is retried by the pod's
-    next event), then re-sync the pool or job that owns it."""
-    pod = dict(body)
-    news = _observed(memo, event)
-    if news and _live(event):
+    if obj.get("kind") == RLExperiment.KIND and not live:
+        memo["convergence"].forget((RLExperiment.KIND, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
+    if obj.get("kind") == "Pod" and live:
         try:
-            await reconcile.label_pod_topology(_kube(memo), pod)
+            await reconcile.label_pod_topology(_kube(memo), obj)
         except Exception as err:
-            log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
-    owner = routing.pod_owner(pod)
-    if owner is not None and news:
-        request_sync(memo, owner[0], pod["metadata"].get("namespace"), owner[1])
+            log.warning("pod %s: topology labels not written (%s)", obj["metadata"]["name"], classify(err).message)
+    for key in routing.syncs_for(obj, live):
+        request_sync(memo, *key)
 
 
-async def owned_object_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """The other children: kept in the cache, and a change someone else made (or a deletion) re-syncs
-    the owner, which puts the child back."""
-    if not _observed(memo, event):
-        return
-    for ref in body.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") in SYNCS and ref.get("apiVersion", "").startswith(API_GROUP):
-            request_sync(memo, ref["kind"], body["metadata"].get("namespace"), ref["name"])
-
-
-for _resource in OWNED:
-    kopf.on.event(*_resource, labels=CHILD_LABELS[_resource])(owned_object_event)
+for _watched in WATCHED:  # the custom resources by their full group: InferencePool is a Gateway API kind too
+    kopf.on.event(*_watched.resource, labels=_watched.labels)(watched_event)

@@ -43,6 +43,7 @@ PLURALS = {
 }
 CLUSTER_SCOPED = {"Node", "Namespace"}
 DEFAULT_MAX_IN_FLIGHT = 32
+LIST_PAGE = 500  # objects per list request (the API server's chunking; kubectl asks for 500 too)
 
 
 class ApiError(Exception):
@@ -140,6 +141,21 @@ class Kube:
                    selector: dict[str, str]) -> list[Manifest]:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
         return (await self._call("GET", resource_path(api_version, kind, namespace), query=query)).get("items", [])
+
+    async def list_all(self, api_version: str, kind: str, namespace: str | None, label_selector: str | None,
+                       page: int = LIST_PAGE) -> list[Manifest]:
+        """Every object of ``kind`` in ``namespace`` (None: all) that ``label_selector`` selects, ``page``
+        at a time (``limit``/``continue``), each with its ``apiVersion`` and ``kind`` (a list's items
+        lack them)."""
+        query = {"limit": str(page), **({"labelSelector": label_selector} if label_selector else {})}
+        items: list[Manifest] = []
+        while True:
+            answer = await self._call("GET", resource_path(api_version, kind, namespace), query=query)
+            items += [{"apiVersion": api_version, "kind": kind, **item} for item in answer.get("items") or []]
+            token = (answer.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
 
     async def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,
                     subresource: str | None = None) -> Manifest:

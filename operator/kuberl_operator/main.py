@@ -27,7 +27,7 @@ def run_operator(namespace: list[str] | None = None, verbose: bool = False, live
 
     ``liveness``: e.g. ``http://0.0.0.0:8080/healthz``, kopf's health endpoint for the pod's probes.
     """
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers  # registers the handlers
 
     tune_garbage_collection()
 
@@ -35,10 +35,5 @@ def run_operator(namespace: list[str] | None = None, verbose: bool = False, live
     logging.getLogger("kuberl").setLevel(logging.DEBUG if verbose else logging.INFO)
     if not verbose:  # kopf says "Handler … succeeded" at INFO for every event of every object
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    asyncio.run(kopf.operator(
-        clusterwide=not namespace,
-        namespaces=namespace or [],
-        standalone=True,
-        liveness_endpoint=liveness,
-    ))
+    asyncio.run(kopf.operator(standalone=True, liveness_endpoint=liveness, **handlers.operator_scope(namespace)))
     return 0

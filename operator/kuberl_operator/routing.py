@@ -1,7 +1,8 @@
 """Which object's sync an event or a write calls for: pure functions of the objects involved.
 
 An RLExperiment owns its InferencePool and TrainerJob (``parent_experiment``); a pool or job owns its
-pods (``pod_owner``); a sync's own writes call for the syncs they need (``follow_ups``), since their
+pods (``pod_owner``); someone else's change of a watched object calls for its owner's sync
+(``syncs_for``); a sync's own writes call for the syncs they need (``follow_ups``), since their
 watch echoes trigger nothing (``cache.ObjectCache.observe``).
 """
 
@@ -31,6 +32,32 @@ def parent_experiment(child: Manifest) -> str | None:
 
 
 CacheKey = tuple[str, str | None, str]  # kind, namespace, name
+SYNCED_KINDS = (RLExperiment.KIND, InferencePool.KIND, TrainerJob.KIND)
+
+
+def syncs_for(obj: Manifest, live: bool) -> list[CacheKey]:
+    """The syncs a change of ``obj`` that the operator did not make calls for (``live``: it still
+    exists; else it was deleted). An experiment: its own. A pool or job: its own and its experiment's
+    (whose status rolls up the child's, and which puts back a spec someone else changed). A pod: its
+    pool's or job's. A PyTorchJob: its TrainerJob's (a deletion may end a runtime switch). Any other
+    child: its controller's, which puts it back."""
+    kind, meta = obj.get("kind"), obj["metadata"]
+    namespace = meta.get("namespace")
+    own = [(kind, namespace, meta["name"])] if live and kind in SYNCED_KINDS else []
+    if kind == RLExperiment.KIND:
+        return own
+    if kind in (InferencePool.KIND, TrainerJob.KIND):
+        experiment = parent_experiment(obj)
+        return own + ([(RLExperiment.KIND, namespace, experiment)] if experiment is not None else [])
+    if kind == "Pod":
+        owner = pod_owner(obj)
+        return [(owner[0], namespace, owner[1])] if owner is not None else []
+    if kind == "PyTorchJob":
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        return [(TrainerJob.KIND, namespace, job)] if job else []
+    return [(ref["kind"], namespace, ref["name"]) for ref in meta.get("ownerReferences") or []
+            if ref.get("controller") and ref.get("kind") in SYNCED_KINDS
+            and ref.get("apiVersion", "").startswith(API_GROUP)]
 
 
 def follow_ups(synced: CacheKey, written: list[CacheKey],

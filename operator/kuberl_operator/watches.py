@@ -1,0 +1,73 @@
+"""What the operator watches: each kind, where its API lives, and which of its objects it cares about.
+
+The custom resources are watched whole. The children's kinds only for the labels the operator puts
+on what it creates (``Watched.labels``): kopf's handler filter and the API server's label selector
+(``Watched.selector``, kopf's ``settings.watching.label_selectors``) are the same mapping, so the API
+server never sends another tenant's pods or ConfigMaps. Everything watched is held in the cache
+(``cache.ObjectCache``) and filled before the first sync (``priming``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import kopf
+
+from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
+from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY
+
+LabelFilter = Mapping[str, object]  # a value, or kopf.PRESENT
+
+
+def label_selector(labels: LabelFilter) -> str:
+    """A handler's ``labels=`` filter as the API server's label selector: ``key=value`` for a value,
+    ``key`` for ``kopf.PRESENT``, joined by commas (all must hold)."""
+    terms = []
+    for key, value in labels.items():
+        if value is kopf.PRESENT:
+            terms.append(key)
+        elif isinstance(value, str):
+            terms.append(f"{key}={value}")
+        else:
+            raise ValueError(f"label {key!r}: only a string or kopf.PRESENT goes to the API server, not {value!r}")
+    return ",".join(terms)
+
+
+@dataclass(frozen=True)
+class Watched:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    labels: LabelFilter | None = None  # None: every object of the kind
+
+    @property
+    def resource(self) -> tuple[str, str, str]:
+        """(group, version, plural): kopf's decorators' and settings' key."""
+        return self.group, self.version, self.plural
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def selector(self) -> str | None:
+        return label_selector(self.labels) if self.labels is not None else None
+
+
+EXPERIMENTS = Watched(API_GROUP, API_VERSION, "rlexperiments", RLExperiment.KIND)
+POOLS = Watched(API_GROUP, API_VERSION, "inferencepools", InferencePool.KIND)
+JOBS = Watched(API_GROUP, API_VERSION, "trainerjobs", TrainerJob.KIND)
+PODS = Watched("", "v1", "pods", "Pod", {LABEL_ROLE: kopf.PRESENT})
+PYTORCHJOBS = Watched("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", {LABEL_JOB: kopf.PRESENT})
+OWNED = (  # the other children: by the labels every object the operator creates carries
+    Watched("", "v1", "configmaps", "ConfigMap", MANAGED_BY),
+    Watched("", "v1", "services", "Service", MANAGED_BY),
+    Watched("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", MANAGED_BY),
+    Watched("apps", "v1", "deployments", "Deployment", MANAGED_BY),
+)
+WATCHED = (EXPERIMENTS, POOLS, JOBS, PODS, PYTORCHJOBS, *OWNED)
+# Read from the cache, not the API server: every kind watched. Secrets (not watchable without list
+# on all of them), Nodes and PodGroups are read from the API server.
+CACHED_KINDS = tuple(w.kind for w in WATCHED)

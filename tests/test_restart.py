@@ -1,0 +1,86 @@
+"""The operator restarted beside running experiments (an upgrade, a drained node): it lists every
+watched kind before its first sync (``kuberl_operator.priming``), so no sync sees an experiment
+without its pods — nothing is written, no status flaps — and what was deleted while it started is
+forgotten and replaced."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from kuberl.api.contract import LABEL_ROLE
+from kuberl_operator.cache import ObjectCache
+from kuberl_operator.kube import Kube
+from kuberl_operator.priming import confirm, prime
+from kuberl_operator.watches import WATCHED
+
+from .harness import GROUP, emulated_cluster, eventually, pods, running_operator, set_pod
+from .test_operator import experiment, get_rlx, quiet_requests
+
+pytestmark = pytest.mark.integration
+WRITES = ("create", "patch", "update", "delete")
+
+
+async def test_a_restart_beside_running_experiments_writes_nothing_and_no_status_flaps(tmp_path):
+    names = [f"run-{i}" for i in range(4)]
+    async with emulated_cluster(tmp_path) as cluster:
+        api = cluster.api
+        async with running_operator(cluster):
+            for name in names:
+                doc = experiment()
+                doc["metadata"]["name"] = name
+                await api.create(GROUP, "rlexperiments", "team-a", doc)
+            await eventually(lambda: len(pods(api, "team-a")) == 2 * len(names), what="pods")
+            for pod in pods(api, "team-a"):
+                await set_pod(api, pod, "Running", ready=True)
+            await eventually(lambda: all(get_rlx(api, n).get("status", {}).get("phase") == "Running" for n in names),
+                             what="all Running")
+            await quiet_requests(api)
+        before, logged = dict(api.requests), len(api.log)
+        async with running_operator(cluster):
+            after = await quiet_requests(api)
+        written = {verb: after.get(verb, 0) - before.get(verb, 0) for verb in WRITES
+                   if after.get(verb, 0) != before.get(verb, 0)}
+        changed = [(key[1], kind, obj["metadata"]["name"], (obj.get("status") or {}).get("phase"))
+                   for _, key, kind, obj in api.log[logged:]]
+        assert written == {} and changed == [], (written, changed)
+
+
+async def test_what_was_deleted_between_the_start_up_list_and_the_watch_is_forgotten(tmp_path):
+    """``prime`` holds what the list found, ``confirm`` forgets what no watch delivered since and the
+    API server no longer has (nothing would ever report it gone), and keeps the rest."""
+    async with emulated_cluster(tmp_path) as cluster:
+        api = cluster.api
+        for name in ("a", "b", "c"):
+            await api.create("", "pods", "team-a", {"metadata": {"name": name, "labels": {LABEL_ROLE: "trainer"}},
+                                                    "spec": {"containers": [{"name": "main", "image": "i"}]}})
+        await api.create("", "pods", "team-a", {"metadata": {"name": "theirs"},
+                                                "spec": {"containers": [{"name": "main", "image": "i"}]}})
+        kube = Kube(lambda: kopf.ConnectionInfo(server=cluster.url, token="t"))
+        cache = ObjectCache()
+        try:
+            held = await prime(kube, cache, [None], WATCHED)
+            assert held["Pod"] == 3  # not another tenant's
+            assert [key[2] for key in cache.unconfirmed()] == ["a", "b", "c"]
+            cache.observe(cache.get("Pod", "team-a", "a"))  # the watch delivered it: confirmed
+            await api.delete("", "pods", "team-a", "b")  # gone before any watch delivered it
+            gone = await confirm(kube, cache, [None], WATCHED)
+        finally:
+            await kube.close()
+        assert [obj["metadata"]["name"] for obj in gone] == ["b"]
+        assert cache.get("Pod", "team-a", "b") is None
+        assert cache.get("Pod", "team-a", "c") is not None and cache.unconfirmed() == []
+
+
+async def test_the_start_up_list_reads_every_page(tmp_path):
+    async with emulated_cluster(tmp_path) as cluster:
+        for i in range(7):
+            await cluster.api.create("", "configmaps", "team-a", {"metadata": {"name": f"cm-{i}"}})
+        kube = Kube(lambda: kopf.ConnectionInfo(server=cluster.url, token="t"))
+        try:
+            items = await kube.list_all("v1", "ConfigMap", None, None, page=2)
+        finally:
+            await kube.close()
+        assert sorted(obj["metadata"]["name"] for obj in items) == [f"cm-{i}" for i in range(7)]
+        assert {(obj["apiVersion"], obj["kind"]) for obj in items} == {("v1", "ConfigMap")}
+        assert cluster.api.requests["list"] == 4  # 2 + 2 + 2 + 1
