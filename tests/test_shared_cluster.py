@@ -49,3 +49,15 @@ async def test_other_tenants_pods_and_configmaps_never_reach_the_operator(tmp_pa
         assert len(children) == 6, children  # ConfigMap, 2 Services, NetworkPolicy, 2 pods
         assert [child for child in children if not api.delivered[child]] == [], "its own children not watched"
         assert all(api.delivered[("pods", p["metadata"]["name"])] >= 2 for p in ours)  # ADDED, Running
+
+
+async def test_no_pod_is_created_before_its_network_policy_and_config_exist(tmp_path):
+    """The NetworkPolicy that fences an experiment's pods from other tenants, and the ConfigMap they
+    read, are stored before the pool, job or any pod is created (``reconcile.ensure_in_stages``)."""
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+        await eventually(lambda: len(pods(api, "team-a", LABEL_ROLE)) == 2, what="pods")
+        created = [key[1] for _, key, kind, _ in api.log if kind == "ADDED"]
+        fenced = max(created.index("networkpolicies"), created.index("configmaps"))
+        assert fenced < min(created.index(plural) for plural in ("inferencepools", "trainerjobs", "pods")), created

@@ -1,17 +1,17 @@
 """kopf handlers: thin, level-triggered, all logic in ``reconcile``.
 
-Every event on an RLExperiment, InferencePool, TrainerJob or one of our pods re-runs the owning
-object's idempotent sync. The periodic safety net is kopf's watch itself: every
-``settings.watching.server_timeout`` seconds it reconnects, re-lists every object and fires these
-handlers again. No timers and no on.delete handlers, so kopf adds no finalizers: deleting an
+One event handler for every watched kind (``watches``): the object goes into the cache, and someone
+else's change asks for the idempotent syncs it calls for (``routing.syncs_for``) on a work queue. The
+start-up handler fills the cache first (``priming``). The periodic safety net is kopf's watch itself:
+every ``settings.watching.server_timeout`` seconds it reconnects, re-lists every object and fires the
+handler again. No timers and no on.delete handlers, so kopf adds no finalizers: deleting an
 experiment never waits for the operator, owner references do the cleanup. A background task
 polls each running experiment's trainer for progress (``progress.py``), reading the running
-experiments and rank 0's pod IP from the cache (``cache.ObjectCache``, filled by these handlers'
-events) instead of listing anything: no kopf index, whose upkeep on every event cost more than the
-cache's. Handlers are
-registered with the fully-qualified group (``kuberl.io``), because ``InferencePool`` is also a kind
-of the Gateway API Inference Extension and kopf silently ignores ambiguous selectors. Every
-handler is a coroutine: kopf runs a plain function in its thread pool, a thread hop per event.
+experiments and rank 0's pod IP from the cache instead of listing anything: no kopf index, whose
+upkeep on every event cost more than the cache's. Handlers are registered with the fully-qualified
+group (``kuberl.io``), because ``InferencePool`` is also a kind of the Gateway API Inference
+Extension and kopf silently ignores ambiguous selectors. Every handler is a coroutine: kopf runs a
+plain function in its thread pool, a thread hop per event.
 """
 
 from __future__ import annotations

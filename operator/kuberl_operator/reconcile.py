@@ -360,6 +360,30 @@ async def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children
     await write_status(kube, body, status)
 
 
+STARTS_PODS = (InferencePool.KIND, TrainerJob.KIND, "Deployment")
+
+
+async def ensure_in_stages(kube: Kube, children: list[Manifest]) -> dict[str, Manifest]:
+    """``ensure`` an experiment's children in two stages, each stage's at once: first what its pods
+    use or are fenced by (ConfigMap, NetworkPolicy, Service), then what starts pods (pool, job, the
+    agent's Deployment). A child whose name is taken (``NotOurs``) stops the second stage: no pod
+    starts beside a ConfigMap or a policy that is not ours. Returns the stored children by kind."""
+    first = [c for c in children if c["kind"] not in STARTS_PODS]
+    second = [c for c in children if c["kind"] in STARTS_PODS]
+    stored: dict[str, Manifest] = {}
+    for stage in (first, second):
+        results = await asyncio.gather(*(ensure(kube, c) for c in stage), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raised = next((f for f in failed if isinstance(f, NotOurs)), failed[0])
+            for other in failed:
+                if other is not raised:  # the sync's retry ensures it again
+                    log.info("%s: also failed in the same stage (%s)", type(other).__name__, other)
+            raise raised
+        stored.update({c["kind"]: r for c, r in zip(stage, results, strict=True)})
+    return stored
+
+
 async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
     """Validate, converge the ConfigMap, InferencePool and TrainerJob, then roll their status up.
     Returns the generation it converged (None: gone, invalid, or a child's name taken)."""
@@ -386,7 +410,7 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
         elif generation != 1:  # an agent is removed by a spec change; the first spec had none to remove
             await prune_agent(kube, body, name)
         children = build_experiment_children(exp, body, token_version=token_version(*tokens))
-        stored = {c["kind"]: await ensure(kube, c) for c in children}  # in order: a conflict stops the rest
+        stored = await ensure_in_stages(kube, children)
     except NotOurs as err:
         await write_status(kube, body, child_conflict_status(generation, str(err)))
         log.warning("RLExperiment %s/%s: %s", namespace, name, err)
