@@ -72,15 +72,16 @@ async def test_what_was_deleted_between_the_start_up_list_and_the_watch_is_forgo
         assert cache.get("Pod", "team-a", "c") is not None and cache.unconfirmed() == []
 
 
-async def test_the_start_up_list_reads_every_page(tmp_path):
+async def test_the_start_up_list_reads_every_page_one_at_a_time(tmp_path):
     async with emulated_cluster(tmp_path) as cluster:
         for i in range(7):
             await cluster.api.create("", "configmaps", "team-a", {"metadata": {"name": f"cm-{i}"}})
         kube = Kube(lambda: kopf.ConnectionInfo(server=cluster.url, token="t"))
         try:
-            items = await kube.list_all("v1", "ConfigMap", None, None, page=2)
+            pages = [page async for page in kube.list_pages("v1", "ConfigMap", None, None, page=2)]
+            items = [obj for page in pages for obj in page]
         finally:
             await kube.close()
         assert sorted(obj["metadata"]["name"] for obj in items) == [f"cm-{i}" for i in range(7)]
         assert {(obj["apiVersion"], obj["kind"]) for obj in items} == {("v1", "ConfigMap")}
-        assert cluster.api.requests["list"] == 4  # 2 + 2 + 2 + 1
+        assert [len(page) for page in pages] == [2, 2, 2, 1] and cluster.api.requests["list"] == 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -142,19 +142,18 @@ class Kube:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
         return (await self._call("GET", resource_path(api_version, kind, namespace), query=query)).get("items", [])
 
-    async def list_all(self, api_version: str, kind: str, namespace: str | None, label_selector: str | None,
-                       page: int = LIST_PAGE) -> list[Manifest]:
+    async def list_pages(self, api_version: str, kind: str, namespace: str | None, label_selector: str | None,
+                         page: int = LIST_PAGE) -> AsyncIterator[list[Manifest]]:
         """Every object of ``kind`` in ``namespace`` (None: all) that ``label_selector`` selects, ``page``
-        at a time (``limit``/``continue``), each with its ``apiVersion`` and ``kind`` (a list's items
-        lack them)."""
+        at a time (``limit``/``continue``: one page in memory at once), each with its ``apiVersion`` and
+        ``kind`` (a list's items lack them)."""
         query = {"limit": str(page), **({"labelSelector": label_selector} if label_selector else {})}
-        items: list[Manifest] = []
         while True:
             answer = await self._call("GET", resource_path(api_version, kind, namespace), query=query)
-            items += [{"apiVersion": api_version, "kind": kind, **item} for item in answer.get("items") or []]
+            yield [{"apiVersion": api_version, "kind": kind, **item} for item in answer.get("items") or []]
             token = (answer.get("metadata") or {}).get("continue")
             if not token:
-                return items
+                return
             query["continue"] = token
 
     async def patch(self, api_version: str, kind: str, namespace: str | None, name: str, patch: Manifest,

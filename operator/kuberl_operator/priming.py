@@ -16,29 +16,35 @@ owners re-sync.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 from .cache import ObjectCache
 from .kube import ApiError, Kube, Manifest
 from .watches import WATCHED, Watched
 
-log = logging.getLogger("kuberl.operator")
-
 NOT_SERVED = (403, 404)  # a kind the cluster does not have (no CRD) or the operator may not list: kopf warns
 
 
-async def _list(kube: Kube, watched: Watched, namespaces: Sequence[str | None]) -> list[Manifest] | None:
-    """Every selected object of ``watched`` in ``namespaces`` (None in it: all); None if not served."""
-    items: list[Manifest] = []
+class NotServed(Exception):
+    """No CRD for the kind, or no RBAC to list it (kopf warns once and does not watch it either)."""
+
+
+def _key(obj: Manifest) -> tuple[str, str | None, str]:
+    return obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
+
+
+async def _pages(kube: Kube, watched: Watched, namespaces: Sequence[str | None]) -> AsyncIterator[list[Manifest]]:
+    """Every selected object of ``watched`` in ``namespaces`` (None in it: all), a page at a time.
+    Raises ``NotServed`` for a kind the cluster does not serve to the operator."""
     for namespace in namespaces:
         try:
-            items += await kube.list_all(watched.api_version, watched.kind, namespace, watched.selector)
+            async for page in kube.list_pages(watched.api_version, watched.kind, namespace, watched.selector):
+                yield page
         except ApiError as err:
-            if err.status not in NOT_SERVED:
-                raise
-            return None
-    return items
+            if err.status in NOT_SERVED:
+                raise NotServed(watched.kind) from err
+            raise
 
 
 async def prime(kube: Kube, cache: ObjectCache, namespaces: Sequence[str | None],
@@ -46,12 +52,13 @@ async def prime(kube: Kube, cache: ObjectCache, namespaces: Sequence[str | None]
     """List ``kinds`` into ``cache``; the count held of each (a kind not served is left out)."""
     counts: dict[str, int] = {}
     for watched in kinds:
-        items = await _list(kube, watched, namespaces)
-        if items is None:
-            continue
-        for obj in items:
-            cache.prime(obj)
-        counts[watched.kind] = len(items)
+        try:
+            async for page in _pages(kube, watched, namespaces):
+                for obj in page:
+                    cache.prime(obj)
+                counts[watched.kind] = counts.get(watched.kind, 0) + len(page)
+        except NotServed:
+            counts.pop(watched.kind, None)
     return counts
 
 
@@ -65,8 +72,10 @@ async def confirm(kube: Kube, cache: ObjectCache, namespaces: Sequence[str | Non
         keys = {key for key in unconfirmed if key[0] == watched.kind}
         if not keys:
             continue
-        items = await _list(kube, watched, namespaces) or []
-        listed = {(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]): obj for obj in items}
+        listed: dict[tuple[str, str | None, str], Manifest] = {}
+        with contextlib.suppress(NotServed):  # not any more (the CRD deleted): all of it gone
+            async for page in _pages(kube, watched, namespaces):
+                listed.update({_key(obj): obj for obj in page if _key(obj) in keys})
         for key in sorted(keys, key=str):
             if key in listed:
                 cache.observe(listed[key])
