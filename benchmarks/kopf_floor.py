@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.operator_scale import cpu_ms  # noqa: E402
+from benchmarks.operator_scale import cpu_ms, report  # noqa: E402
 from tests.harness import emulated_cluster  # noqa: E402
 
 HANDLERS = '''
@@ -84,10 +83,7 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
-    result = asyncio.run(measure(args.objects, args.timeout))
-    for key, value in result.items():
-        print(f"{key}: {value}")
-    print(json.dumps(result))
+    report(asyncio.run(measure(args.objects, args.timeout)))
 
 
 if __name__ == "__main__":

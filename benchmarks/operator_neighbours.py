@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.operator_scale import cpu_ms, peak_mib  # noqa: E402
+from benchmarks.operator_scale import cpu_ms, peak_mib, report  # noqa: E402
 from tests.harness import emulated_cluster  # noqa: E402
 from tests.kube_emulator import KubeEmulator  # noqa: E402
 
@@ -89,10 +88,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=5000, help="another team's pods (and as many ConfigMaps)")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds to let the operator catch up")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.pods, args.settle))
-    for key, value in result.items():
-        print(f"{key}: {value}")
-    print(json.dumps(result))
+    report(asyncio.run(measure(args.pods, args.settle)))
 
 
 if __name__ == "__main__":

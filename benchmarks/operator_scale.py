@@ -259,6 +259,13 @@ async def measure(n: int, timeout: float, qps: float, profile: str | None = None
     return out
 
 
+def report(result: dict[str, Any]) -> None:
+    """The operator benchmarks' output: a line per measure, then all of it as JSON (the last line)."""
+    for key, value in result.items():
+        print(f"{key}: {value}")
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", type=int, default=100)
@@ -267,10 +274,7 @@ def main() -> None:
     parser.add_argument("--profile", metavar="PATH", help="run the operator under cProfile, its stats written here "
                         "(pstats; the profiler's overhead inflates the CPU numbers)")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.experiments, args.timeout, args.qps, args.profile))
-    for key, value in result.items():
-        print(f"{key}: {value}")
-    print(json.dumps(result))
+    report(asyncio.run(measure(args.experiments, args.timeout, args.qps, args.profile)))
 
 
 if __name__ == "__main__":
