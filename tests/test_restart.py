@@ -15,6 +15,7 @@ from kuberl_operator.priming import confirm, prime
 from kuberl_operator.watches import WATCHED
 
 from .harness import GROUP, emulated_cluster, eventually, pods, running_operator, set_pod
+from .kube_emulator import Fault
 from .test_operator import experiment, get_rlx, quiet_requests
 
 pytestmark = pytest.mark.integration
@@ -85,3 +86,15 @@ async def test_the_start_up_list_reads_every_page_one_at_a_time(tmp_path):
         assert sorted(obj["metadata"]["name"] for obj in items) == [f"cm-{i}" for i in range(7)]
         assert {(obj["apiVersion"], obj["kind"]) for obj in items} == {("v1", "ConfigMap")}
         assert [len(page) for page in pages] == [2, 2, 2, 1] and cluster.api.requests["list"] == 4
+
+
+async def test_a_start_up_list_that_fails_does_not_stop_the_operator(tmp_path):
+    """The API server answers 500 to the start-up list of pods: the operator says so and serves."""
+    async with emulated_cluster(tmp_path) as cluster:
+        api = cluster.api
+        fault = Fault("LIST", "pods", 500)
+        api.faults.append(fault)
+        async with running_operator(cluster):
+            assert fault.hits == 1
+            await api.create(GROUP, "rlexperiments", "team-a", experiment())
+            await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")

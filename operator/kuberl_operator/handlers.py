@@ -73,8 +73,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo["backoff"], memo["retries"] = Backoff.from_env(), {}
     memo["convergence"] = Convergence()
     memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))  # started by the first request_sync
-    held = await priming.prime(memo["kube"], cache, _scope(memo))
-    logger.info("Listed before the first sync: %s", ", ".join(f"{n} {kind}" for kind, n in held.items()))
+    await _prime(memo, logger)
     loop = asyncio.get_running_loop()
     memo["prime_confirm"] = loop.create_task(_confirm_primed(memo, PRIME_CONFIRM_SECONDS), name=PRIME_TASK)
     interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
@@ -95,6 +94,18 @@ def _tune_kopf(settings: kopf.OperatorSettings) -> None:
             settings.watching.label_selectors[watched.resource] = watched.selector
     settings.queueing.idle_timeout = 0.5  # an idle object worker holds its last event body: let it go soon
     settings.networking.error_backoffs = [1, 2, 5, 10]
+
+
+async def _prime(memo: kopf.Memo, logger: logging.Logger) -> None:
+    """Fill the cache before the first sync (``priming``). A failure does not stop the operator (nor
+    repeat this start-up handler): its syncs then may see an object before its children's list."""
+    try:
+        held = await priming.prime(_kube(memo), memo["cache"], _scope(memo))
+    except Exception as err:
+        logger.warning("The cache is not filled before the first sync (%s): a sync may find an object's "
+                       "children missing until their watch delivers them", classify(err).message)
+        return
+    logger.info("Listed before the first sync: %s", ", ".join(f"{n} {kind}" for kind, n in held.items()))
 
 
 async def _confirm_primed(memo: kopf.Memo, delay: float) -> None:
