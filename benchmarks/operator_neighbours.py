@@ -6,7 +6,7 @@ another team (no KubeRL label) in a namespace beside it: half exist when the ope
 first lists), half are created while it runs, and every pod then changes status twice (a scheduler
 and a kubelet). Reports the operator's CPU milliseconds and peak RSS (VmHWM) while it starts and
 while the neighbours come and change, and how many of their objects the API server sent it (in lists
-and watch events; 0 with server-side label selectors, ``kuberl_operator.handlers.CHILD_LABELS``).
+and watch events; 0 with server-side label selectors, ``kuberl_operator.watches``).
 
     python benchmarks/operator_neighbours.py --pods 5000
 
