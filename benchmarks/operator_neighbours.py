@@ -3,8 +3,8 @@
 Runs the real operator (``kuberl operator``, its own process, watching every namespace as the chart's
 default does) against the emulated API server, with ``--pods`` pods and as many ConfigMaps of
 another team (no KubeRL label) in a namespace beside it: half exist when the operator starts (its
-first lists), half are created while it runs, and every pod then changes status twice (a scheduler
-and a kubelet). Reports the operator's CPU milliseconds and peak RSS (VmHWM) while it starts and
+first lists), half are created while it runs, and every pod then changes status twice (Running,
+Succeeded). Reports the operator's CPU milliseconds and peak RSS (VmHWM) while it starts and
 while the neighbours come and change, and how many of their objects the API server sent it (in lists
 and watch events; 0 with server-side label selectors, ``kuberl_operator.watches``).
 
@@ -46,8 +46,8 @@ async def neighbours(api: KubeEmulator, first: int, count: int) -> None:
 
 
 async def churn(api: KubeEmulator, count: int) -> None:
-    """Every pod scheduled, then Running: two status changes each."""
-    for phase in ("Pending", "Running"):
+    """Every pod Running, then Succeeded: two status changes each."""
+    for phase in ("Running", "Succeeded"):
         for i in range(count):
             await api.patch("", "pods", NAMESPACE, f"pod-{i:06d}", {"status": {"phase": phase}}, subresource="status")
 
