@@ -15,7 +15,8 @@ for every registered resource, and nothing else in the tests emulates the API:
 * watches resume from ``resourceVersion`` (no replay, so handlers do not re-fire), honour
   ``timeoutSeconds`` and label/field selectors, and stream ``application/json;stream=watch``;
 * label selectors (``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``) and the
-  field selectors ``metadata.name`` / ``metadata.namespace``;
+  field selectors ``metadata.name`` / ``metadata.namespace`` (``kube_objects``); lists in pages
+  (``limit``/``continue``);
 * finalizers (deletionTimestamp until they are gone) and owner-reference garbage collection
   (immediate, cascading; an object created for owners that are already gone is collected at once,
   as the real collector does shortly after);
@@ -36,9 +37,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import datetime
 import json
-import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,6 +49,8 @@ import jsonpatch
 import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
+
+from .kube_objects import age, json_copy, json_path, matches_fields, matches_labels, merge_patch, now_timestamp
 
 Obj = dict[str, Any]
 
@@ -117,99 +118,6 @@ class Kind:
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
-
-
-def _copy(value: Any) -> Any:
-    """A copy of a JSON value: ``copy.deepcopy`` for dicts, lists and scalars, three times faster
-    (every object the server stores, logs or answers is copied)."""
-    if type(value) is dict:
-        return {k: _copy(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_copy(v) for v in value]
-    return value
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: dicts merge recursively, null deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return _copy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-_SET_RE = re.compile(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$")
-
-
-def _split_selector(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    return [p for p in [*parts, cur.strip()] if p]
-
-
-def matches_labels(labels: dict[str, str], selector: str | None) -> bool:
-    """Kubernetes label-selector semantics for the string forms kubectl and clients send."""
-    for term in _split_selector(selector or ""):
-        if m := _SET_RE.match(term):
-            key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if (op == "in") != (labels.get(key) in values):
-                return False
-        elif "!=" in term:
-            key, value = (s.strip() for s in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (s.strip() for s in term.replace("==", "=").split("=", 1))
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def matches_fields(obj: Obj, selector: str | None) -> bool:
-    for term in _split_selector(selector or ""):
-        key, _, value = term.replace("==", "=").partition("=")
-        negate = key.endswith("!")
-        key = key.rstrip("!")
-        actual = {"metadata.name": obj["metadata"].get("name"),
-                  "metadata.namespace": obj["metadata"].get("namespace")}.get(key)
-        if (actual == value) == negate:
-            return False
-    return True
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _age(timestamp: str | None) -> str:
-    if not timestamp:
-        return "<unknown>"
-    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
-    seconds = int((datetime.datetime.now(datetime.UTC) - then).total_seconds())
-    return f"{seconds}s" if seconds < 120 else f"{seconds // 60}m"
-
-
-def _json_path(obj: Obj, path: str) -> Any:
-    node: Any = obj
-    for part in path.strip(".").split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 FAULT_REASONS = {403: "Forbidden", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests",
@@ -307,7 +215,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise ApiError(status=404, reason="NotFound", message=f"the server could not find {plural}") from None
 
     async def _emit(self, key: Key, kind: str, obj: Obj) -> None:
-        self.log.append((int(obj["metadata"]["resourceVersion"]), key, kind, _copy(obj)))
+        self.log.append((int(obj["metadata"]["resourceVersion"]), key, kind, json_copy(obj)))
         async with self.changed:
             self.changed.notify_all()
 
@@ -320,19 +228,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = self.store[(group, plural)].get((namespace if kind.namespaced else None, name))
         if obj is None:
             raise ApiError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
-        return _copy(obj)
+        return json_copy(obj)
 
     def list(self, group: str, plural: str, namespace: str | None = None, labels: str | None = None,
              fields: str | None = None) -> list[Obj]:
         return [
-            _copy(o) for (ns, _), o in sorted(self.store[(group, plural)].items(), key=lambda kv: str(kv[0]))
+            json_copy(o) for (ns, _), o in sorted(self.store[(group, plural)].items(), key=lambda kv: str(kv[0]))
             if (namespace is None or ns == namespace)
             and matches_labels(o["metadata"].get("labels") or {}, labels) and matches_fields(o, fields)
         ]
 
     async def create(self, group: str, plural: str, namespace: str | None, body: Obj) -> Obj:
         kind = self.kind_of(group, plural)
-        obj = _copy(body)
+        obj = json_copy(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -348,7 +256,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if kind.kind == "Secret" and obj.get("stringData"):  # as the API server stores it: data, base64
             encoded = {k: base64.b64encode(str(v).encode()).decode() for k, v in obj.pop("stringData").items()}
             obj["data"] = {**(obj.get("data") or {}), **encoded}
-        meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
+        meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_timestamp())
         obj.update(apiVersion=kind.api_version, kind=kind.kind)
         if kind.has_status:
             obj["status"] = {"phase": "Pending"} if plural == "pods" else {}
@@ -356,7 +264,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         store[(ns, meta["name"])] = obj
         self._uids.add(meta["uid"])
         await self._emit((group, plural), "ADDED", obj)
-        created = _copy(obj)
+        created = json_copy(obj)
         refs = meta.get("ownerReferences") or []
         if refs and not any(self._uid_exists(ref.get("uid")) for ref in refs):
             await self.delete(group, plural, ns, meta["name"])  # an orphan from birth: the GC takes it
@@ -379,27 +287,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
         expected = (new.get("metadata") or {}).get("resourceVersion")
         if expected and expected != old["metadata"]["resourceVersion"]:
             raise conflict(f'the object "{name}" has been modified; please apply your changes to the latest version')
-        obj = _copy(old)
+        obj = json_copy(old)
         if subresource == "status":
-            obj["status"] = _copy(new.get("status"))
+            obj["status"] = json_copy(new.get("status"))
         else:
             for k, v in new.items():
                 if k not in ("metadata", "status", "apiVersion", "kind"):
-                    obj[k] = _copy(v)
+                    obj[k] = json_copy(v)
             for k in [k for k in obj if k not in new and k not in ("metadata", "status", "apiVersion", "kind")]:
                 del obj[k]
             if not kind.has_status:
-                obj["status"] = _copy(new.get("status"))
+                obj["status"] = json_copy(new.get("status"))
             meta = new.get("metadata") or {}
             for k in ("labels", "annotations", "finalizers", "ownerReferences"):
                 if meta.get(k) is not None:
-                    obj["metadata"][k] = _copy(meta[k])
+                    obj["metadata"][k] = json_copy(meta[k])
                 else:
                     obj["metadata"].pop(k, None)
         if obj.get("status") is None:
             obj.pop("status", None)
         if obj == old:
-            return _copy(old)
+            return json_copy(old)
         if {k: v for k, v in obj.items() if k not in ("metadata", "status")} != \
            {k: v for k, v in old.items() if k not in ("metadata", "status")}:
             obj["metadata"]["generation"] = old["metadata"]["generation"] + 1
@@ -408,7 +316,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await self._remove(group, plural, key, obj)
         self.store[(group, plural)][key] = obj
         await self._emit((group, plural), "MODIFIED", obj)
-        return _copy(obj)
+        return json_copy(obj)
 
     async def patch(self, group: str, plural: str, namespace: str | None, name: str, patch: Any,
                     subresource: str | None = None, content_type: str = "application/merge-patch+json") -> Obj:
@@ -435,11 +343,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise ApiError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
-                obj["metadata"]["deletionTimestamp"] = _now()
+                obj["metadata"]["deletionTimestamp"] = now_timestamp()
                 self._bump(obj)
                 await self._emit((group, plural), "MODIFIED", obj)
-            return _copy(obj)
-        return await self._remove(group, plural, key, _copy(obj))
+            return json_copy(obj)
+        return await self._remove(group, plural, key, json_copy(obj))
 
     async def _remove(self, group: str, plural: str, key: tuple[str | None, str], obj: Obj) -> Obj:
         self.store[(group, plural)].pop(key, None)
@@ -508,8 +416,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         for obj in items:
             cells: list[Any] = [obj["metadata"]["name"]]
             for c in printer:
-                value = _json_path(obj, c["jsonPath"])
-                cells.append(_age(value) if c["type"] == "date" else value)
+                value = json_path(obj, c["jsonPath"])
+                cells.append(age(value) if c["type"] == "date" else value)
             partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
             rows.append({"cells": cells, "object": partial})
         return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,

@@ -15,7 +15,8 @@ from kuberl_operator.patch import merge_patch_to
 from kuberl_operator.replacement import pods_to_replace
 
 from .harness import GROUP, emulated_cluster, eventually, pods, running_operator, set_pod
-from .kube_emulator import ApiError, merge_patch
+from .kube_emulator import ApiError
+from .kube_objects import merge_patch
 from .test_operator import experiment
 
 json_values = st.recursive(st.booleans() | st.integers() | st.text(max_size=3),
