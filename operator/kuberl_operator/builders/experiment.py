@@ -12,11 +12,13 @@ import yaml
 from kuberl.api import (
     GROUP_VERSION,
     FieldIssue,
+    InferencePlan,
     InferencePool,
     InferencePoolSpec,
     RLExperiment,
     TrainerJob,
     TrainerJobSpec,
+    TrainerPlan,
     resolve,
 )
 from kuberl.api.contract import (
@@ -29,7 +31,7 @@ from kuberl.api.contract import (
     trainer_rank0_host,
 )
 from kuberl.api.resources import Phase
-from kuberl.api.spec import Parallelism, TrainerRuntime
+from kuberl.api.spec import Parallelism, StorageSpec, TrainerRuntime
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
@@ -60,46 +62,31 @@ def _run_config_text(run_config_json: str) -> str:
 SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def check_experiment(exp: RLExperiment) -> None:
-    """Raise ``InvalidSpec`` naming every field that breaks a cross-field rule (what
-    ``build_experiment_children`` checks first, without building anything)."""
+def _resolved(exp: RLExperiment) -> tuple[InferencePlan, TrainerPlan]:
+    """The spec's resolved inference and trainer layouts; raises ``InvalidSpec`` naming every field
+    that breaks a cross-field rule."""
     inference, trainer, issues = resolve(exp.spec)
     issues += unsupported_issues(exp.spec, trainer) + cluster_issues(exp.spec, exp.metadata.name)
     if issues or inference is None or trainer is None:
         raise InvalidSpec(issues)
+    return inference, trainer
 
 
-def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None,
-                              token_version: str = "") -> list[Manifest]:
-    """ConfigMap, InferencePool, TrainerJob and NetworkPolicy for ``exp``; raises ``InvalidSpec``.
-    ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
-    The API token Secrets are not among them: they hold random values (``reconcile.ensure_api_token``);
-    ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
-    started with another token is replaced: configRevision = SHA-256(run config + token_version)[:16]."""
-    inference, trainer, issues = resolve(exp.spec)
-    issues += unsupported_issues(exp.spec, trainer) + cluster_issues(
-        exp.spec, exp.metadata.name)
-    if issues or inference is None or trainer is None:
-        raise InvalidSpec(issues)
+def check_experiment(exp: RLExperiment) -> None:
+    """Raise ``InvalidSpec`` naming every field that breaks a cross-field rule (what
+    ``build_experiment_children`` checks first, without building anything)."""
+    _resolved(exp)
+
+
+PLACEMENT_KEYS = {"accelerator", "image", "resources", "node_selector", "tolerations"}
+
+
+def _pool_spec(exp: RLExperiment, inference: InferencePlan, revision: str) -> InferencePoolSpec:
     name, spec = exp.metadata.name, exp.spec
-    labels = {LABEL_EXPERIMENT: name}
-    pool_name, job_name, cm_name = inference_pool_name(name), trainer_job_name(name), config_map_name(name)
-    run_config = {
-        "experiment": name,
-        "namespace": exp.metadata.namespace,
-        **({"runId": parent["metadata"]["uid"]} if parent["metadata"].get("uid") else {}),
-        "spec": spec.to_wire(),
-        "inferencePool": pool_name,
-        "trainerJob": job_name,
-    }
-    config_text = _run_config_text(json.dumps(run_config, sort_keys=False))
-    revision = hashlib.sha256((config_text + token_version).encode()).hexdigest()[:16]
-    placement_keys = {"accelerator", "image", "resources", "node_selector", "tolerations"}
-    storage = spec.storage.model_copy(update={"credentials_secret": credentials_secret(spec)})
-    pool_spec = InferencePoolSpec(
-        **spec.inference.model_dump(include=placement_keys),
+    return InferencePoolSpec(
+        **spec.inference.model_dump(include=PLACEMENT_KEYS),
         experiment=name,
-        config_map=cm_name,
+        config_map=config_map_name(name),
         engine=inference.engine,
         replicas=inference.replicas,
         tensor_parallel=inference.tensor_parallel,
@@ -107,17 +94,21 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
         hosts_per_replica=inference.hosts_per_replica,
         accelerators_per_host=inference.devices_per_host,
         port=spec.inference.port,
-        trainer_address=trainer_rank0_host(job_name, exp.metadata.namespace,
+        trainer_address=trainer_rank0_host(trainer_job_name(name), exp.metadata.namespace,
                                            spec.trainer.runtime == TrainerRuntime.KUBEFLOW),
         config_revision=revision,
-        storage=storage,
+        storage=_storage(exp),
         scheduling=spec.scheduling,
         suspend=spec.suspend,
     )
-    job_spec = TrainerJobSpec(
-        **spec.trainer.model_dump(include=placement_keys),
+
+
+def _job_spec(exp: RLExperiment, trainer: TrainerPlan, revision: str) -> TrainerJobSpec:
+    name, spec = exp.metadata.name, exp.spec
+    return TrainerJobSpec(
+        **spec.trainer.model_dump(include=PLACEMENT_KEYS),
         experiment=name,
-        config_map=cm_name,
+        config_map=config_map_name(name),
         backend=trainer.backend,
         runtime=spec.trainer.runtime,
         nodes=trainer.nodes,
@@ -127,22 +118,54 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
             context=trainer.context, expert=trainer.expert, expert_tensor=trainer.expert_tensor,
         ),
         backoff_limit=spec.trainer.backoff_limit,
-        inference_service=pool_name,
+        inference_service=inference_pool_name(name),
         config_revision=revision,
-        storage=storage,
+        storage=_storage(exp),
         scheduling=spec.scheduling,
         suspend=spec.suspend,
     )
-    config_map: Manifest = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": child_metadata(parent, cm_name, labels),
-        "data": {CONFIG_FILE: config_text},
+
+
+def _storage(exp: RLExperiment) -> StorageSpec:
+    return exp.spec.storage.model_copy(update={"credentials_secret": credentials_secret(exp.spec)})
+
+
+def _run_config(exp: RLExperiment, parent: Manifest) -> str:
+    """The run config the pods read (YAML), from the experiment's spec and identity."""
+    name = exp.metadata.name
+    run_config = {
+        "experiment": name,
+        "namespace": exp.metadata.namespace,
+        **({"runId": parent["metadata"]["uid"]} if parent["metadata"].get("uid") else {}),
+        "spec": exp.spec.to_wire(),
+        "inferencePool": inference_pool_name(name),
+        "trainerJob": trainer_job_name(name),
     }
+    return _run_config_text(json.dumps(run_config, sort_keys=False))
+
+
+def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None,
+                              token_version: str = "") -> list[Manifest]:
+    """ConfigMap, InferencePool, TrainerJob and NetworkPolicy for ``exp`` (and the agent's Deployment
+    and gateway Service with ``spec.agent``); raises ``InvalidSpec``.
+    ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
+    The API token Secrets are not among them: they hold random values (``reconcile.ensure_api_token``);
+    ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
+    started with another token is replaced: configRevision = SHA-256(run config + token_version)[:16]."""
+    inference, trainer = _resolved(exp)
+    name, spec = exp.metadata.name, exp.spec
+    labels = {LABEL_EXPERIMENT: name}
+    config_text = _run_config(exp, parent)
+    revision = hashlib.sha256((config_text + token_version).encode()).hexdigest()[:16]
+    config_map: Manifest = {"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": child_metadata(parent, config_map_name(name), labels),
+                            "data": {CONFIG_FILE: config_text}}
     pool = {"apiVersion": GROUP_VERSION, "kind": InferencePool.KIND,
-            "metadata": child_metadata(parent, pool_name, labels), "spec": pool_spec.to_wire()}
+            "metadata": child_metadata(parent, inference_pool_name(name), labels),
+            "spec": _pool_spec(exp, inference, revision).to_wire()}
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
-           "metadata": child_metadata(parent, job_name, labels), "spec": job_spec.to_wire()}
+           "metadata": child_metadata(parent, trainer_job_name(name), labels),
+           "spec": _job_spec(exp, trainer, revision).to_wire()}
     policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT],
                             metadata=bool(spec.storage.service_account_name))  # workload identity (GKE)
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
