@@ -121,116 +121,124 @@ def weights_file(path: str, directory: Path | None) -> Path:
     return resolved
 
 
-def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Path | None = None,
-              settings: Settings | None = None) -> web.Application:
-    """The HTTP contract above over ``engine``; ``token``: the experiment's API token; ``weights_dir``:
-    disk mode's shared directory, the only place ``/update_weights?path=`` may read from (None: no
-    file updates); ``settings``: this pod's (the p2p exchange's address, its place; default: a bare
-    process next to trainer rank 0)."""
-    settings = settings or Settings()
-    metrics = Metrics()
-    receiver = P2PReceiver(engine, settings)
-    faults = injected_faults(settings.fault_injection)
-    app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS),
-                                                              *([faults.middleware] if faults else [])])
+class Replica:
+    """The HTTP contract above over one ``engine``: a handler per route (``routes``), the metrics they
+    keep, the p2p receiver and the start/stop hooks. ``token``: the experiment's API token;
+    ``weights_dir``: disk mode's shared directory, the only place ``/update_weights?path=`` may read
+    from (None: no file updates); ``settings``: this pod's (the p2p exchange's address, its place)."""
 
-    async def generate(request: web.Request) -> web.Response:
+    def __init__(self, engine: Engine, tokenizer: Any | None, weights_dir: Path | None, settings: Settings):
+        self.engine, self.tokenizer, self.weights_dir, self.settings = engine, tokenizer, weights_dir, settings
+        self.metrics = Metrics()
+        self.receiver = P2PReceiver(engine, settings)
+        self.faults = injected_faults(settings.fault_injection)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/generate", self.generate), web.post("/pause", self.pause),
+                web.post("/resume", self.resume), web.post("/update_weights", self.update_weights),
+                web.get("/version", self.version), web.get("/topology", self.topology),
+                web.post("/weights/p2p/join", self.p2p_join), web.post("/weights/p2p/receive", self.p2p_receive),
+                web.get("/health", self.health), web.get("/metrics", self.prometheus)]
+
+    async def generate(self, request: web.Request) -> web.Response:
         body = await read_json(request)
+        engine = self.engine
         try:
-            ids, params, n = parse_generate(body, engine.vocab_size, tokenizer, engine.max_model_len)
+            ids, params, n = parse_generate(body, engine.vocab_size, self.tokenizer, engine.max_model_len)
         except ValueError as err:
             raise bad_request(str(err)) from err
-        metrics.requests.inc()
+        self.metrics.requests.inc()
         try:
             outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
         except EngineDown as err:
             raise web.HTTPServiceUnavailable(text=str(err)) from err
         return web.json_response(GenerateReply(engine.version, list(outs)).to_json())
 
-    async def pause(request: web.Request) -> web.Response:
-        return web.json_response({"aborted": await engine.pause(), "version": engine.version})
+    async def pause(self, request: web.Request) -> web.Response:
+        return web.json_response({"aborted": await self.engine.pause(), "version": self.engine.version})
 
-    async def resume(request: web.Request) -> web.Response:
-        engine.resume()
-        return web.json_response({"version": engine.version})
+    async def resume(self, request: web.Request) -> web.Response:
+        self.engine.resume()
+        return web.json_response({"version": self.engine.version})
 
-    async def update_weights(request: web.Request) -> web.Response:
-        try:
-            version = int(request.query["version"])
-        except (KeyError, ValueError) as err:
-            raise bad_request("query parameter version=N is required") from err
+    async def update_weights(self, request: web.Request) -> web.Response:
+        version = _version_query(request)
         path = request.query.get("path")
         try:
-            file = weights_file(path, weights_dir) if path is not None else None
+            file = weights_file(path, self.weights_dir) if path is not None else None
         except ValueError as err:
             raise bad_request(str(err)) from err
         state = load_file(file) if file is not None else load_safetensors(await request.read())
         try:
-            await engine.load_weights(state, version)
+            await self.engine.load_weights(state, version)
         except ValueError as err:
             raise bad_request(str(err)) from err
-        metrics.weight_updates.inc()
+        self.metrics.weight_updates.inc()
         log.info("loaded weights version %d (%d tensors)", version, len(state))
-        return web.json_response({"version": engine.version})
+        return web.json_response({"version": self.engine.version})
 
-    async def topology(request: web.Request) -> web.Response:
-        return web.json_response(to_json(own_topology(settings.podinfo_labels, settings.node_name)))
+    async def topology(self, request: web.Request) -> web.Response:
+        return web.json_response(to_json(own_topology(self.settings.podinfo_labels, self.settings.node_name)))
 
-    async def p2p_join(request: web.Request) -> web.Response:
+    async def p2p_join(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         try:
-            receiver.join(body)
+            self.receiver.join(body)
         except (KeyError, ValueError, TypeError, AttributeError) as err:
             raise bad_request(f"bad p2p join request: {err}") from err
         return web.json_response({"status": "joining"})
 
-    async def p2p_receive(request: web.Request) -> web.Response:
+    async def p2p_receive(self, request: web.Request) -> web.Response:
+        version = _version_query(request)
         try:
-            version = int(request.query["version"])
-        except (KeyError, ValueError) as err:
-            raise bad_request("query parameter version=N is required") from err
-        try:
-            seconds = await receiver.receive(version)
+            seconds = await self.receiver.receive(version)
         except NotJoined as err:
             raise web.HTTPConflict(text=str(err)) from err
-        metrics.weight_updates.inc()
+        self.metrics.weight_updates.inc()
         log.info("received weights version %d over p2p in %.3f s", version, seconds)
-        return web.json_response({"version": engine.version, "seconds": seconds})
+        return web.json_response({"version": self.engine.version, "seconds": seconds})
 
-    async def version(request: web.Request) -> web.Response:
-        return web.json_response({"version": engine.version, "paused": engine.paused})
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.engine.version, "paused": self.engine.paused})
 
-    async def health(request: web.Request) -> web.Response:
-        problem = engine.health()
+    async def health(self, request: web.Request) -> web.Response:
+        problem = self.engine.health()
         if problem is not None:
-            return web.json_response({"status": problem, "version": engine.version}, status=503)
-        return web.json_response({"status": "ok", "version": engine.version})
+            return web.json_response({"status": problem, "version": self.engine.version}, status=503)
+        return web.json_response({"status": "ok", "version": self.engine.version})
 
-    async def prometheus(request: web.Request) -> web.Response:
+    async def prometheus(self, request: web.Request) -> web.Response:
+        metrics, engine = self.metrics, self.engine
         metrics.tokens.set(engine.generated_tokens)
         metrics.aborted.set(engine.aborted)
         metrics.version.set(engine.version)
         metrics.in_flight.set(engine.in_flight)
         return web.Response(body=generate_latest(metrics.registry), content_type="text/plain")
 
-    async def on_startup(app: web.Application) -> None:
-        engine.start()
-        if faults is not None:
-            faults.install(asyncio.get_running_loop())
+    async def on_startup(self, app: web.Application) -> None:
+        self.engine.start()
+        if self.faults is not None:
+            self.faults.install(asyncio.get_running_loop())
 
-    async def on_cleanup(app: web.Application) -> None:
-        await engine.stop()
+    async def on_cleanup(self, app: web.Application) -> None:
+        await self.engine.stop()
 
-    app.router.add_post("/generate", generate)
-    app.router.add_post("/pause", pause)
-    app.router.add_post("/resume", resume)
-    app.router.add_post("/update_weights", update_weights)
-    app.router.add_get("/version", version)
-    app.router.add_get("/topology", topology)
-    app.router.add_post("/weights/p2p/join", p2p_join)
-    app.router.add_post("/weights/p2p/receive", p2p_receive)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", prometheus)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+
+def _version_query(request: web.Request) -> int:
+    try:
+        return int(request.query["version"])
+    except (KeyError, ValueError) as err:
+        raise bad_request("query parameter version=N is required") from err
+
+
+def build_app(engine: Engine, tokenizer: Any | None, token: str, weights_dir: Path | None = None,
+              settings: Settings | None = None) -> web.Application:
+    """The replica's aiohttp application (``Replica``) behind the token check (``OPEN_PATHS`` open) and
+    the injected faults, if any; ``settings`` default: a bare process next to trainer rank 0."""
+    replica = Replica(engine, tokenizer, weights_dir, settings or Settings())
+    faults = [replica.faults.middleware] if replica.faults else []
+    app = web.Application(client_max_size=2**34, middlewares=[require_token(token, OPEN_PATHS), *faults])
+    app.router.add_routes(replica.routes())
+    app.on_startup.append(replica.on_startup)
+    app.on_cleanup.append(replica.on_cleanup)
     return app
