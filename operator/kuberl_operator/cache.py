@@ -32,7 +32,8 @@ from .ratelimit import RateLimit
 Key = tuple[str, str | None, str]  # kind, namespace, name
 
 
-def _key(obj: Manifest) -> Key:
+def object_key(obj: Manifest) -> Key:
+    """(kind, namespace, name) of an object: how the cache, the work queue and routing name it."""
     meta = obj["metadata"]
     return obj["kind"], meta.get("namespace"), meta["name"]
 
@@ -127,7 +128,7 @@ class ObjectCache:
         unconfirmed until a watch delivers it or the operator writes it — one deleted between that
         list and the watch's own never is (``unconfirmed``)."""
         self.observe(obj)
-        self._unconfirmed.add(_key(obj))
+        self._unconfirmed.add(object_key(obj))
 
     def unconfirmed(self) -> list[Key]:
         return sorted(self._unconfirmed, key=lambda k: (k[0], k[1] or "", k[2]))
@@ -140,7 +141,7 @@ class ObjectCache:
         resync's re-list re-syncs everything). A version older than the one held does not replace
         it; it is news unless it is an own write's late echo: someone changed the object before the
         operator's write that the cache already holds (a kubelet's status under a label patch)."""
-        key = _key(obj)
+        key = object_key(obj)
         version = obj["metadata"].get("resourceVersion")
         held = self._objects.get(key)
         self._unconfirmed.discard(key)
@@ -166,7 +167,7 @@ class ObjectCache:
     def creating(self, obj: Manifest) -> Iterator[None]:
         """While the operator's create of ``obj`` is in flight, its watch event (which may come before
         the answer) is the echo of the operator's own write, not news (an "expectation")."""
-        key = _key(obj)
+        key = object_key(obj)
         self._creating.add(key)
         try:
             yield
@@ -246,10 +247,10 @@ class CachedKube(Kube):
         if obj.get("kind") in self.cached:
             self.cache.observe(obj, quiet=True)
         elif obj.get("kind") == "Secret":
-            self._secrets[_key(obj)] = (self._clock(), json_copy(obj))
+            self._secrets[object_key(obj)] = (self._clock(), json_copy(obj))
         on_write = ON_WRITE.get()
         if on_write is not None:
-            on_write(_key(obj))
+            on_write(object_key(obj))
 
     async def create(self, obj: Manifest) -> Manifest:
         if obj.get("kind") not in self.cached:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from .cache import ObjectCache
+from .cache import Key, ObjectCache, object_key
 from .kube import ApiError, Kube, Manifest
 from .watches import WATCHED, Watched
 
@@ -28,10 +28,6 @@ NOT_SERVED = (403, 404)  # a kind the cluster does not have (no CRD) or the oper
 
 class NotServed(Exception):
     """No CRD for the kind, or no RBAC to list it (kopf warns once and does not watch it either)."""
-
-
-def _key(obj: Manifest) -> tuple[str, str | None, str]:
-    return obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
 
 
 async def _pages(kube: Kube, watched: Watched, namespaces: Sequence[str | None]) -> AsyncIterator[list[Manifest]]:
@@ -72,10 +68,10 @@ async def confirm(kube: Kube, cache: ObjectCache, namespaces: Sequence[str | Non
         keys = {key for key in unconfirmed if key[0] == watched.kind}
         if not keys:
             continue
-        listed: dict[tuple[str, str | None, str], Manifest] = {}
+        listed: dict[Key, Manifest] = {}
         with contextlib.suppress(NotServed):  # not any more (the CRD deleted): all of it gone
             async for page in _pages(kube, watched, namespaces):
-                listed.update({_key(obj): obj for obj in page if _key(obj) in keys})
+                listed.update({object_key(obj): obj for obj in page if object_key(obj) in keys})
         for key in sorted(keys, key=str):
             if key in listed:
                 cache.observe(listed[key])

@@ -14,6 +14,8 @@ from typing import Any
 from kuberl.api import API_GROUP, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import LABEL_JOB, LABEL_POOL
 
+from .cache import Key
+
 Manifest = dict[str, Any]
 
 
@@ -31,11 +33,10 @@ def parent_experiment(child: Manifest) -> str | None:
     return experiment if experiment and owner_name(child, RLExperiment.KIND) == experiment else None
 
 
-CacheKey = tuple[str, str | None, str]  # kind, namespace, name
 SYNCED_KINDS = (RLExperiment.KIND, InferencePool.KIND, TrainerJob.KIND)
 
 
-def syncs_for(obj: Manifest, live: bool) -> list[CacheKey]:
+def syncs_for(obj: Manifest, live: bool) -> list[Key]:
     """The syncs a change of ``obj`` that the operator did not make calls for (``live``: it still
     exists; else it was deleted). An experiment: its own. A pool or job: its own and its experiment's
     (whose status rolls up the child's, and which puts back a spec someone else changed). A pod: its
@@ -60,8 +61,8 @@ def syncs_for(obj: Manifest, live: bool) -> list[CacheKey]:
             and ref.get("apiVersion", "").startswith(API_GROUP)]
 
 
-def follow_ups(synced: CacheKey, written: list[CacheKey],
-               cached: Callable[[str, str | None, str], Manifest | None]) -> list[CacheKey]:
+def follow_ups(synced: Key, written: list[Key],
+               cached: Callable[[str, str | None, str], Manifest | None]) -> list[Key]:
     """The syncs that ``synced``'s sync called for by its own writes (whose watch echoes trigger
     nothing): every pool or job it created or changed (an experiment's children: they build their
     pods), and — when it wrote its own pool's or job's status — the experiment that rolls it up."""
