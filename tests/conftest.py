@@ -125,6 +125,7 @@ def tool_warmed_weights(tmp_path_factory) -> Path:
     once per test run (it takes most of a minute on one core) and kept under the run's temp dir."""
     from kuberl.api.spec import DatasetSource
     from kuberl.data.datasets import examples
+    from kuberl.models.text import TextCodec
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
     from kuberl.trainer.sft import sft_warmup
 
@@ -133,8 +134,8 @@ def tool_warmed_weights(tmp_path_factory) -> Path:
         if not path.exists():
             tok = char_tokenizer()
             model = tiny_qwen2(len(tok), seed=0)
-            sft_warmup(model, tok, examples(DatasetSource(path="builtin:multiplication-tools"), 0), TOOL_SFT_STEPS,
-                       64, 2e-3)
+            sft_warmup(model, TextCodec(tok), examples(DatasetSource(path="builtin:multiplication-tools"), 0),
+                       TOOL_SFT_STEPS, 64, 2e-3)
             torch.save(model.state_dict(), f"{path}.partial")
             os.replace(f"{path}.partial", path)
     return path

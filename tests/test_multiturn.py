@@ -65,6 +65,7 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
     from kuberl.inference.server import build_app
     from kuberl.models.text import TextCodec
     from kuberl.rewards import exact_match
+    from kuberl.rewards.pool import InlineScorer
     from kuberl.rollout.client import InferenceClient
     from kuberl.rollout.evaluation import evaluate
 
@@ -73,8 +74,9 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
     server = TestServer(build_app(engine, tok, "test-token-0123456789"))
     await server.start_server()
     codec = TextCodec(tok)
-    workflow = ToolWorkflow(encode_prompt=codec.encode_prompt, encode_text=codec.encode_text,
-                            decode=codec.decode, eos_id=codec.eos_id, reward=exact_match,
+    workflow = ToolWorkflow(encode_prompt=codec.encode_prompt, prompt_text=codec.prompt_text,
+                            encode_text=codec.encode_text, decode=codec.decode, eos_id=codec.eos_id,
+                            reward=InlineScorer(exact_match),
                             tools=["calculator"], group_size=8, max_new_tokens=24, max_turns=3, temperature=0.5)
     try:
         async with InferenceClient([str(server.make_url("/"))], "test-token-0123456789") as client:

@@ -9,14 +9,11 @@ import pytest
 
 from kuberl.api.spec import DatasetSource
 from kuberl.data.datasets import DatasetError, examples
-from kuberl.rewards import digit_match, exact_match, load_reward, math_answer
+from kuberl.rewards import digit_match, exact_match, load_reward
 
 
-def test_exact_match_and_math_answer():
+def test_exact_match():
     assert exact_match("1+1=", " 2 ", "2") == 1.0 and exact_match("1+1=", "3", "2") == 0.0
-    assert math_answer("", "so the answer is \\boxed{42}", "#### 42") == 1.0
-    assert math_answer("", "12 apples, then 7", "7") == 1.0
-    assert math_answer("", "no number", "7") == 0.0
 
 
 def test_digit_match_partial_credit_aligned_from_the_right():
@@ -29,7 +26,7 @@ def test_digit_match_partial_credit_aligned_from_the_right():
 
 def test_load_reward_errors_name_the_field():
     assert load_reward("kuberl.rewards:exact_match") is exact_match
-    with pytest.raises(ValueError, match=r"spec\.reward\.function"):
+    with pytest.raises(ValueError, match=r"spec\.reward\.function.*KubeRL's rewards: exact_match"):
         load_reward("kuberl.rewards:nope")
     with pytest.raises(ValueError, match="cannot import"):
         load_reward("no_such_module:f")
@@ -52,7 +49,7 @@ def test_jsonl_dataset_and_errors(tmp_path):
     stream = list(itertools.islice(examples(source, seed=0), 10))
     assert sorted(e.answer for e in stream[:5]) == ["0", "1", "2", "3", "4"]  # each epoch is a permutation
     assert stream[3:8] == list(itertools.islice(examples(source, seed=0, position=3), 5))
-    with pytest.raises(DatasetError, match="promptKey"):
+    with pytest.raises(DatasetError, match=r"spec\.dataset\.promptKey: the table has no column 'prompt'; it has: a, q"):
         next(examples(DatasetSource(path=str(path)), seed=0))
     with pytest.raises(DatasetError, match="does not exist"):
         next(examples(DatasetSource(path=str(tmp_path / "missing.jsonl")), seed=0))

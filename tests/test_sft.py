@@ -25,7 +25,7 @@ def test_sft_in_length_sorted_slices_takes_the_steps_of_hfs_whole_batch_loss():
     assert slice_count([len(p) + len(a) for p, a in rows]) > 1
     sliced = tiny_qwen2(len(tok), seed=0)
     whole = copy.deepcopy(sliced)
-    got = sft_warmup(sliced, tok, examples(source, 0), 3, 32, 2e-3)
+    got = sft_warmup(sliced, TextCodec(tok), examples(source, 0), 3, 32, 2e-3)
 
     optimizer, want = torch.optim.AdamW(whole.parameters(), lr=2e-3, weight_decay=0.0), []
     data = examples(source, 0)

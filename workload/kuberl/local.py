@@ -34,6 +34,7 @@ from .api.contract import (
     ENV_API_TOKEN,
     ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
+    ENV_HUB_ENDPOINT,
     ENV_OPENAI_API_KEY,
     ENV_OPENAI_BASE_URL,
     ENV_PODINFO_LABELS,
@@ -189,6 +190,8 @@ def local_env(spec: Any) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1", "POD_IP": "127.0.0.1"}
     if spec.storage.endpoint:  # what a pod would get from the operator; the environment's own wins
         env.setdefault(ENV_S3_ENDPOINT, spec.storage.endpoint)
+    if spec.storage.hub_endpoint:
+        env.setdefault(ENV_HUB_ENDPOINT, spec.storage.hub_endpoint)
     return env
 
 

@@ -25,6 +25,8 @@ from .api.contract import (
     ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
     ENV_FAULT_INJECTION,
+    ENV_HUB_ENDPOINT,
+    ENV_HUB_TOKEN,
     ENV_INFERENCE_SERVICE,
     ENV_PODINFO_LABELS,
     ENV_PORT,
@@ -63,6 +65,8 @@ class Settings:
     termination_log: Path = Path(TERMINATION_LOG)
     api_token: str = field(default="", repr=False)
     agent_token: str = field(default="", repr=False)
+    hub_token: str = field(default="", repr=False)  # hf:// models and datasets (spec.storage.hubTokenSecret)
+    hub_endpoint: str | None = None  # spec.storage.hubEndpoint; None: huggingface.co
     fault_injection: str = ""  # "signals": a replica takes injected faults (kuberl.inference.faults); not on clusters
     # from the run config's settings section (kuberl run), else these defaults
     checkpoint_uri: str | None = None  # None: spec.checkpoint.uri
@@ -97,7 +101,8 @@ _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THR
              "exchange_port": ENV_EXCHANGE_PORT, "replica": ENV_REPLICA, "inference_port": ENV_PORT,
              "inference_service": ENV_INFERENCE_SERVICE, "podinfo_labels": ENV_PODINFO_LABELS,
              "s3_endpoint": ENV_S3_ENDPOINT, "cache_dir": ENV_CACHE_DIR, "termination_log": ENV_TERMINATION_LOG,
-             "api_token": ENV_API_TOKEN, "agent_token": ENV_AGENT_TOKEN, "fault_injection": ENV_FAULT_INJECTION}
+             "api_token": ENV_API_TOKEN, "agent_token": ENV_AGENT_TOKEN, "hub_token": ENV_HUB_TOKEN,
+             "hub_endpoint": ENV_HUB_ENDPOINT, "fault_injection": ENV_FAULT_INJECTION}
 
 
 def _typed(name: str, value: Any) -> Any:

@@ -13,6 +13,8 @@ from kuberl.api.contract import (
     API_TOKEN_KEY,
     CONFIG_MOUNT,
     ENV_API_TOKEN,
+    ENV_HUB_ENDPOINT,
+    ENV_HUB_TOKEN,
     ENV_S3_ENDPOINT,
     LABEL_EXPERIMENT,
     MANAGED_BY,
@@ -142,8 +144,9 @@ S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "A
 
 
 def storage_env(storage: StorageSpec) -> list[Manifest]:
-    """S3 access for the workload: credentials only as ``secretKeyRef`` (never values in the pod
-    spec), the endpoint and region as plain values (``KUBERL_S3_ENDPOINT``: kuberl.checkpoint.store)."""
+    """S3 and hub access for the workload: credentials and the hub token only as ``secretKeyRef`` (never
+    values in the pod spec), endpoints and region as plain values (``KUBERL_S3_ENDPOINT``:
+    kuberl.checkpoint.store; ``HF_ENDPOINT``: kuberl.models.hub, kuberl.data.tables)."""
     out: list[Manifest] = []
     if storage.credentials_secret:
         out += [{"name": key, "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key,
@@ -153,6 +156,11 @@ def storage_env(storage: StorageSpec) -> list[Manifest]:
         out.append({"name": ENV_S3_ENDPOINT, "value": storage.endpoint})
     if storage.region:
         out += [{"name": name, "value": storage.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
+    if storage.hub_token_secret:
+        ref = storage.hub_token_secret
+        out.append({"name": ENV_HUB_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if storage.hub_endpoint:
+        out.append({"name": ENV_HUB_ENDPOINT, "value": storage.hub_endpoint})
     return out
 
 

@@ -20,10 +20,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from ..data.datasets import Example
+from ..data.example import Prompt
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
+from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient
 from ..rollout.types import Group, Trajectory
-from ..rollout.workflow import without_eos
+from ..rollout.workflow import score
 from .tools import ToolCall, first_call_end, parse_tool_calls, run_tool
 
 TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" → "=444="
@@ -85,11 +87,12 @@ class Episode:
 
 @dataclass
 class ToolWorkflow:
-    encode_prompt: Callable[[str], list[int]]
+    encode_prompt: Callable[[Prompt], list[int]]
+    prompt_text: Callable[[Prompt], str]
     encode_text: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
     eos_id: int
-    reward: Callable[[str, str, str], float]
+    reward: Scorer
     tools: Collection[str]
     group_size: int
     max_new_tokens: int
@@ -100,7 +103,9 @@ class ToolWorkflow:
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
         prompt = self.encode_prompt(example.prompt)
         episodes = await asyncio.gather(*(self._episode(client, prompt) for _ in range(self.group_size)))
-        return Group([self._trajectory(prompt, ep, final, example, group_id) for ep, final in episodes])
+        text = self.prompt_text(example.prompt)
+        return Group(list(await asyncio.gather(*(self._trajectory(prompt, text, ep, final, example, group_id)
+                                                 for ep, final in episodes))))
 
     async def _episode(self, client: InferenceClient, prompt: list[int]) -> tuple[Episode, Generation]:
         """(the episode, the generation of its last turn: finish "stop" = a final answer)."""
@@ -126,11 +131,12 @@ class ToolWorkflow:
             return f"error: tool {call.name[:40]!r} is not enabled; tools: {', '.join(self.tools)}"
         return run_tool(call)[:MAX_TOOL_MESSAGE_CHARS]
 
-    def _trajectory(self, prompt: list[int], ep: Episode, final: Generation, example: Example,
-                    group_id: int) -> Trajectory:
+    async def _trajectory(self, prompt: list[int], text: str, ep: Episode, final: Generation, example: Example,
+                          group_id: int) -> Trajectory:
+        """The episode as a trajectory, rewarded on its last turn's text if it finished with an answer."""
         finished = final.finish_reason == FINISH_STOP and ep.mask[-1:] == [1]
-        text_ids = without_eos(self._final_turn(ep), self.eos_id)
-        reward = float(self.reward(example.prompt, self.decode(text_ids), example.answer)) if finished else 0.0
+        reward = await score(text, self._final_turn(ep) if finished else None, example, self.decode, self.eos_id,
+                             self.reward)
         return Trajectory(prompt, ep.output_ids, ep.logprobs, ep.versions, reward, group_id,
                           final.finish_reason or FINISH_LENGTH, info={"tool_calls": str(ep.tool_calls)},
                           loss_mask=ep.mask)

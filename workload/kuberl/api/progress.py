@@ -56,6 +56,11 @@ class Progress(ApiModel):
         None, description="prompts handed out again: their group was too stale, their episode failed, or a "
                           "restart found them pending in the checkpoint")
     prompts_skipped: Count | None = Field(None, description="prompts given up after failing repeatedly (else 0)")
+    reward_timeouts: Count | None = Field(None, description="reward calls past spec.reward.timeoutSeconds (scored 0)")
+    reward_errors: Count | None = Field(None, description="reward calls that raised or returned no number (scored 0)")
+    prompts_too_long: Count | None = Field(None, description="dataset rows skipped: prompt over "
+                                                             "spec.dataset.maxPromptTokens")
+    model_revision: str | None = Field(None, max_length=64, description="the hub commit an hf:// model resolved to")
     eval_step: Count | None = Field(None, description="training steps before the last held-out evaluation")
     eval_reward: Number | None = Field(None, description="mean reward of the last held-out evaluation")
     eval_pass_at_k: Number | None = Field(None, description="pass@k of the last held-out evaluation")

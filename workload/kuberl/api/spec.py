@@ -11,7 +11,7 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from .base import ApiModel, cel, shown
 
@@ -104,6 +104,11 @@ ALLOCATION_PATTERN = (
 )
 
 
+class SecretKeyRef(ApiModel):
+    name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253)
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+
+
 class SftWarmup(ApiModel):
     """A short supervised warm start on the task's prompt → answer pairs before RL begins."""
 
@@ -112,16 +117,48 @@ class SftWarmup(ApiModel):
     batch_size: Positive = 64
 
 
+class ChatTemplateMode(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+TemplateArgument = Annotated[str, Field(max_length=1024)] | bool | int | float
+
+
+class ChatTemplateSpec(ApiModel):
+    """How single-turn prompts become tokens: through the tokenizer's chat template (as the model was
+    tuned to read them) or as raw text after BOS. The rollout, the evaluation, the SFT warm-up and the
+    inference engines all get the same token ids (``kuberl.models.text``)."""
+
+    mode: ChatTemplateMode = Field(
+        ChatTemplateMode.AUTO,
+        description="auto: the template when the tokenizer has one (or `template` is given); on: required; "
+                    "off: raw text after BOS (chat-list prompts are then refused)")
+    template: str | None = Field(None, max_length=65536,
+                                 description="a Jinja chat template that replaces the tokenizer's own")
+    system_prompt: str | None = Field(None, max_length=65536,
+                                      description="a system message put before every prompt that has none")
+    kwargs: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=64)], TemplateArgument] = Field(
+        default_factory=dict, max_length=32,
+        description="extra variables of the template, e.g. {enable_thinking: false} for Qwen3")
+
+
+HUB_PREFIX = "hf://"
+MODEL_PATH_PATTERN = r"^(builtin:[a-z0-9-]+|file://.+|s3://.+|hf://[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?|/.+)$"
+
+
 class ModelSource(ApiModel):
     model_config = ApiModel.model_config | {
         # a transition rule (the API server checks it on update): the run's checkpoints hold this model
         "json_schema_extra": cel(("self.path == oldSelf.path", "model.path cannot change in a running experiment "
                                   "(its checkpoints hold this model); create a new RLExperiment"))
     }
-    path: str = Field(min_length=1, max_length=1024,
-                      description="builtin:tiny-qwen2, builtin:tiny-qwen3-moe, file:///dir "
-                                  "(from_pretrained) or s3://prefix/")
-    tokenizer: str | None = Field(None, max_length=1024, description="tokenizer path; defaults to the model path")
+    path: str = Field(min_length=1, max_length=1024, json_schema_extra={"pattern": MODEL_PATH_PATTERN},
+                      description="builtin:tiny-qwen2 (also tiny-qwen2-chat, tiny-qwen3-moe), file:///dir "
+                                  "(from_pretrained), s3://prefix/ or hf://ORG/NAME[@REVISION] (the Hugging Face hub)")
+    tokenizer: str | None = Field(None, max_length=1024, json_schema_extra={"pattern": MODEL_PATH_PATTERN},
+                                  description="tokenizer location (as path); defaults to the model path")
     dtype: ModelDtype = Field(
         ModelDtype.AUTO,
         description="compute dtype of the trainer (FSDP2 mixed precision: forward/backward in this dtype, "
@@ -129,19 +166,54 @@ class ModelSource(ApiModel):
                     "bfloat16 on nvidia/ascend, float32 on cpu",
     )
     sft_warmup: SftWarmup = Field(default_factory=SftWarmup)
+    chat_template: ChatTemplateSpec = Field(default_factory=ChatTemplateSpec)
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _known_location(cls, uri: str | None) -> str | None:
+        if uri is not None and not re.match(MODEL_PATH_PATTERN, uri):
+            hub_id = re.match(r"^[\w.-]+/[\w.-]+$", uri)
+            hint = f"; a Hugging Face hub model is written {HUB_PREFIX}{uri}" if hub_id else ""
+            raise ValueError(f"{uri!r} is not a model location: builtin:NAME, file:///dir, s3://bucket/prefix/ or "
+                             f"hf://ORG/NAME[@REVISION]{hint}")
+        return uri
+
+
+DATASET_PATH_PATTERN = r"^(builtin:[a-z0-9-]+|file://.+|s3://.+|hf://datasets/[A-Za-z0-9][\w.-]*/[\w.-]+|/.+)$"
+ColumnPath = Annotated[str, Field(pattern=r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$", max_length=256)]
 
 
 class DatasetSource(ApiModel):
-    path: str = Field(min_length=1, description="a URI (s3://, file://) or builtin:NAME")
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
+    """Prompts and answers: generated (builtin:NAME) or a table read with the ``datasets`` library."""
+
+    path: str = Field(
+        min_length=1, max_length=1024, pattern=DATASET_PATH_PATTERN,
+        description="builtin:NAME; a .jsonl, .json or .parquet file (file:///path on a claim, s3://bucket/key); or "
+                    "hf://datasets/ORG/NAME (the Hugging Face hub: config and split below)")
+    prompt_key: ColumnPath = Field("prompt", description="the prompt's column: text, or a chat list of "
+                                                         "{role, content} messages; dotted for nested fields")
+    answer_key: ColumnPath = Field("answer",
+                                   description="the reference answer's column, e.g. reward_model.ground_truth")
+    config: str | None = Field(None, max_length=256, description="hf:// datasets: the configuration (subset)")
+    split: str = Field("train", pattern=r"^[\w.\[\]:%-]+$", max_length=256,
+                       description="the split (hf:// datasets; files are one split, 'train')")
+    revision: str | None = Field(None, pattern=r"^[\w./-]+$", max_length=256,
+                                 description="hf:// datasets: a branch, tag or commit")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="rows whose rendered prompt is longer are skipped (and counted: "
+                                "summary dataset.rowsTooLong)")
 
 
 class RewardSpec(ApiModel):
     function: str = Field(
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="import path of the reward function, 'package.module:function'",
+        description="import path of the reward function, 'package.module:function': "
+                    "fn(prompt, completion, answer, **row) -> float, plain or async; KubeRL's: "
+                    "kuberl.rewards:math (math-verify), exact_match, digit_match",
     )
+    workers: int = Field(4, ge=1, le=256, description="reward worker processes of trainer rank 0")
+    timeout_seconds: float = Field(30.0, gt=0, le=3600, description="a call past this scores 0 (counted: "
+                                                                      "rewardTimeouts) and its worker is replaced")
 
 
 class ClipSpec(ApiModel):
@@ -323,6 +395,12 @@ class StorageSpec(ApiModel):
                     "GKE serves their credentials (otherwise the NetworkPolicy blocks it)",
     )
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=8)
+    hub_token_secret: SecretKeyRef | None = Field(
+        None, description="hf:// models and datasets: a Secret key holding a Hugging Face token (gated or private "
+                          "repositories), given to the pods as HF_TOKEN by secretKeyRef only")
+    hub_endpoint: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=512,
+                                     description="hf:// models and datasets: a hub mirror (HF_ENDPOINT); "
+                                                 "huggingface.co if unset")
 
 
 class CheckpointSpec(ApiModel):
@@ -347,11 +425,6 @@ class SchedulingSpec(ApiModel):
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY")  # set by KubeRL: the gateway and the experiment's token
-
-
-class SecretKeyRef(ApiModel):
-    name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253)
-    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
 class EnvSource(ApiModel):

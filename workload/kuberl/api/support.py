@@ -8,17 +8,38 @@ lands.
 from __future__ import annotations
 
 from .resolve import FieldIssue, TrainerPlan
-from .spec import Backend, RLExperimentSpec
+from .rewards import reward_issue
+from .spec import AlgorithmName, Backend, RLExperimentSpec
 
 MEGATRON_SCOPE = ("backend megatron trains with tensor, pipeline, expert and data parallelism in this build "
                   "(kuberl.megatron), each expert whole on a rank")
+
+
+TRAINED_ALGORITHMS = [a.value for a in AlgorithmName if a != AlgorithmName.PPO]
 
 
 def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
     """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues). Every
     ``spec.model.dtype`` trains on Megatron as on FSDP2 (float32 parameters, forward and backward in
     the compute dtype)."""
+    issues = _algorithm_issues(spec) + _reward_issues(spec)
     if trainer is None or trainer.backend != Backend.MEGATRON:
-        return []
-    return [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
-            for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
+        return issues
+    return issues + [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
+                     for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
+
+
+def _algorithm_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
+    if spec.algorithm.name == AlgorithmName.PPO:
+        return [FieldIssue("spec.algorithm.name", "ppo needs a learned critic (GAE), which this build does not "
+                                                  f"train yet; allowed: {', '.join(TRAINED_ALGORITHMS)}")]
+    return []
+
+
+def _reward_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
+    """A ``kuberl.rewards:NAME`` that KubeRL does not ship (a user's own module is checked where it
+    can be imported: ``kuberl validate``'s environment checks, and the trainer at start-up)."""
+    named = [("spec.reward.function", spec.reward.function)]
+    if spec.evaluation is not None and spec.evaluation.reward is not None:
+        named.append(("spec.evaluation.reward.function", spec.evaluation.reward.function))
+    return [FieldIssue(field, message) for field, function in named if (message := reward_issue(function))]

@@ -1,129 +1,93 @@
-"""Prompt/answer datasets: ``builtin:arithmetic`` (generated, seeded) and JSONL files (local, or
-``s3://bucket/key.jsonl`` through the node-local cache).
+"""Prompt/answer streams: ``builtin:NAME`` (generated, seeded, :mod:`.builtin`) and tables
+(JSONL, JSON, Parquet files or hub datasets, :mod:`.tables`).
 
-A dataset is an endless, deterministic stream of ``Example(prompt, answer)``: the same seed gives
-the same order, and ``position`` lets a resumed run continue where it stopped.
+A dataset is an endless, deterministic stream of ``Example``s: the same seed gives the same order
+(a table: a new permutation of its rows each epoch), and ``position`` lets a resumed run continue
+where it stopped. ``keep`` (e.g. a prompt-length limit) skips rows before they are counted, so
+positions stay deterministic; ``DropCount`` says how many distinct rows it skipped.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from ..api.spec import DatasetSource
-from ..remote import RemoteError, local_copy
 from ..settings import DEFAULTS, Settings
+from .builtin import BUILTIN, TABLES
+from .example import Example
+from .tables import DatasetError, example_at, load_table
+
+__all__ = ["DatasetError", "DropCount", "Example", "Keep", "evaluation_examples", "examples"]
+
+Keep = Callable[[Example], bool]
 
 
-class DatasetError(ValueError):
-    """spec.dataset cannot be read; the message names the file, line or key."""
+@dataclass
+class DropCount:
+    """Rows a ``keep`` filter skipped (each counted once, however many epochs meet it)."""
+
+    rows: set[int] = field(default_factory=set)
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
-@dataclass(frozen=True)
-class Example:
-    prompt: str
-    answer: str
-    # (prompt, completion) pairs the SFT warm-up trains on instead of (prompt, answer): e.g. the turns
-    # of a tool-using episode
-    demonstrations: tuple[tuple[str, str], ...] = ()
+def is_stream(source: DatasetSource) -> bool:
+    """A generated stream (``builtin.BUILTIN``), as opposed to a table (a file, a hub or builtin table)."""
+    return source.path.startswith("builtin:") and source.path.removeprefix("builtin:") not in TABLES
 
 
-def arithmetic(rng: random.Random) -> Example:
-    """Single-digit addition, 'a+b=' → 'a+b' (100 distinct problems)."""
-    a, b = rng.randint(0, 9), rng.randint(0, 9)
-    return Example(f"{a}+{b}=", str(a + b))
-
-
-def two_digit(rng: random.Random) -> Example:
-    """'ab+c=' → the sum (two-digit plus one-digit)."""
-    a, b = rng.randint(10, 99), rng.randint(0, 9)
-    return Example(f"{a}+{b}=", str(a + b))
-
-
-def three_digit(rng: random.Random) -> Example:
-    """'abc+de=' → the sum (three-digit plus two-digit): longer answers than the others."""
-    a, b = rng.randint(100, 999), rng.randint(10, 99)
-    return Example(f"{a}+{b}=", str(a + b))
-
-
-def tool_multiplication(rng: random.Random) -> Example:
-    """'ab*cd=' → the product, a task for a calculator: the tiny model cannot multiply, but it can
-    learn to call ``calc(ab*cd)`` and copy the tool's answer (``=P=``, ``kuberl.agent.workflow``).
-    The demonstrations show both turns: a short warm-up leaves the copying unreliable, for RL."""
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
-    prompt, call = f"{a}*{b}=", f"calc({a}*{b})"
-    return Example(prompt, str(a * b), demonstrations=((prompt, call), (f"{prompt}{call}={a * b}=", str(a * b))))
-
-
-BUILTIN = {"arithmetic": arithmetic, "arithmetic-2digit": two_digit, "arithmetic-3digit": three_digit,
-           "multiplication-tools": tool_multiplication}
-
-
-def read_jsonl(path: Path, prompt_key: str, answer_key: str) -> list[Example]:
-    if not path.is_file():
-        raise DatasetError(f"spec.dataset.path {str(path)!r} does not exist")
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DatasetError(f"{path}:{n}: invalid JSON ({err.msg})") from err
-        missing = [k for k in (prompt_key, answer_key) if k not in row]
-        if missing:
-            raise DatasetError(f"{path}:{n}: missing key(s) {missing}; set spec.dataset.promptKey/answerKey")
-        out.append(Example(str(row[prompt_key]), str(row[answer_key])))
-    if not out:
-        raise DatasetError(f"{path}: no examples")
-    return out
-
-
-def dataset_file(uri: str, settings: Settings) -> Path:
-    """A local JSONL file: ``file://`` / plain paths as they are, ``s3://bucket/key`` via the cache."""
-    if uri.startswith("s3://"):
-        try:
-            return local_copy(uri, settings)
-        except RemoteError as err:
-            raise DatasetError(f"spec.dataset.path: {err}") from err  # the error names the URI
-    return Path(uri.removeprefix("file://"))
-
-
-def examples(source: DatasetSource, seed: int, position: int = 0, settings: Settings = DEFAULTS) -> Iterator[Example]:
-    """Endless deterministic stream starting after ``position`` examples (an s3:// file through
-    ``settings``' cache and endpoint)."""
-    rng = random.Random(seed)
-    if source.path.startswith("builtin:"):
-        name = source.path.removeprefix("builtin:")
-        if name not in BUILTIN:
-            raise DatasetError(f"spec.dataset.path {source.path!r}; builtin datasets: {', '.join(BUILTIN)}")
-        make = BUILTIN[name]
-        for i in range(10**12):
-            ex = make(rng)
-            if i >= position:
-                yield ex
-    rows = read_jsonl(dataset_file(source.path, settings), source.prompt_key, source.answer_key)
-    i = 0
+def _builtin(source: DatasetSource, seed: int) -> Iterator[Example]:
+    name = source.path.removeprefix("builtin:")
+    if name not in BUILTIN:
+        raise DatasetError(f"spec.dataset.path {source.path!r}; builtin datasets: {', '.join([*BUILTIN, *TABLES])}")
+    rng, make = random.Random(seed), BUILTIN[name]
     while True:
-        order = list(range(len(rows)))
+        yield make(rng)
+
+
+def _table(source: DatasetSource, seed: int, settings: Settings, keep: Keep | None,
+           dropped: DropCount) -> Iterator[Example]:
+    table, rng = load_table(source, settings), random.Random(seed)
+    kept_any = False
+    while True:
+        order = list(range(len(table)))
         rng.shuffle(order)
         for j in order:
-            if i >= position:
-                yield rows[j]
-            i += 1
+            example = example_at(table, j, source)
+            if keep is not None and not keep(example):
+                dropped.rows.add(j)
+                continue
+            kept_any = True
+            yield example
+        if not kept_any:
+            raise DatasetError(f"spec.dataset.maxPromptTokens: every one of the {len(table)} rows of "
+                               f"{source.path!r} is longer")
+
+
+def examples(source: DatasetSource, seed: int, position: int = 0, settings: Settings = DEFAULTS,
+             keep: Keep | None = None, dropped: DropCount | None = None) -> Iterator[Example]:
+    """Endless deterministic stream starting after ``position`` examples (an s3:// file through
+    ``settings``' cache and endpoint); rows ``keep`` refuses are skipped and added to ``dropped``."""
+    if is_stream(source):
+        stream = _builtin(source, seed)
+    else:
+        stream = _table(source, seed, settings, keep, dropped if dropped is not None else DropCount())
+    return itertools.islice(stream, position, None)
 
 
 EVAL_SEED_OFFSET = 1_000_003  # the evaluation stream of a builtin dataset: another seed than training's
 
 
-def evaluation_examples(source: DatasetSource, prompts: int, seed: int, settings: Settings = DEFAULTS
-                        ) -> list[Example]:
-    """The evaluation set: a JSONL file's first ``prompts`` rows in file order, or a builtin
-    dataset's first ``prompts`` examples under another seed than the training stream's."""
-    if source.path.startswith("builtin:"):
-        return list(itertools.islice(examples(source, seed + EVAL_SEED_OFFSET), prompts))
-    return read_jsonl(dataset_file(source.path, settings), source.prompt_key, source.answer_key)[:prompts]
+def evaluation_examples(source: DatasetSource, prompts: int, seed: int, settings: Settings = DEFAULTS,
+                        keep: Keep | None = None) -> list[Example]:
+    """The evaluation set: a table's first ``prompts`` rows (that ``keep`` keeps) in table order, or a
+    builtin dataset's first ``prompts`` examples under another seed than the training stream's."""
+    if is_stream(source):
+        return list(itertools.islice(_builtin(source, seed + EVAL_SEED_OFFSET), prompts))
+    table = load_table(source, settings)
+    rows = (example_at(table, j, source) for j in range(len(table)))
+    return list(itertools.islice((e for e in rows if keep is None or keep(e)), prompts))

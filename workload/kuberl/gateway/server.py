@@ -41,6 +41,7 @@ from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP
 from ..jsonbody import read_json
 from ..models.text import TextCodec
+from ..rewards.pool import Scorer
 from ..rollout.client import Rejected
 from ..rollout.controller import RolloutController
 from ..rollout.workflow import without_eos
@@ -65,7 +66,7 @@ class GatewayConfig:
     top_p: float
     session_timeout: float
     admission_wait: float = ADMISSION_WAIT_SECONDS
-    reward: Any = None  # spec.reward's function: scores {"completion": ...} against the task's answer
+    reward: Scorer | None = None  # spec.reward's: scores {"completion": ...} against the task's answer
 
 
 @dataclass
@@ -194,7 +195,7 @@ class Gateway:
             return error(409, "this session has ended already", "invalid_request_error")
         body = await self._body(request)
         try:
-            value = self._reward_of(body, self.table.group_of(session_id).key)
+            value = await self._reward_of(body, self.table.group_of(session_id).key)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
         group = self.table.end(session_id, value)
@@ -291,7 +292,7 @@ class Gateway:
     def _text(self, ids: list[int]) -> str:
         return self.codec.tokenizer.decode(without_eos(ids, self.codec.eos_id), skip_special_tokens=True)
 
-    def _reward_of(self, body: dict[str, Any], key: str) -> float:
+    async def _reward_of(self, body: dict[str, Any], key: str) -> float:
         if "reward" in body:
             return reward_value(body["reward"])
         completion = body.get("completion")
@@ -302,7 +303,8 @@ class Gateway:
         if task is None or self.config.reward is None:
             raise RequestError(f"completion: the session's group {key[:128]!r} is not a task of "
                                     "/v1/tasks/next; send {\"reward\": number}", "completion")
-        return float(self.config.reward(task.prompt, completion, task.answer))
+        prompt = task.prompt if isinstance(task.prompt, str) else json.dumps(task.prompt)
+        return await self.config.reward.score(prompt, completion, task.answer, task.row)
 
     async def _deliver(self, group: SessionGroup) -> None:
         result = group.result()

@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedTokenizerBase
 
 from ..collectives import all_gather, broadcast_from_rank0
 from ..data.datasets import Example
+from ..models.text import TextCodec
 from ..trainer.actor import TOKEN_SUMS, Actor
 from ..trainer.algorithms import AlgorithmConfig
 from ..trainer.batch import Batch
@@ -172,12 +172,12 @@ class MegatronActor(Actor):
         """The backend: Megatron's checkpoints load into any of its layouts (:mod:`.checkpoint`)."""
         return {"backend": "megatron"}
 
-    def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
+    def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
         """``spec.model.sftWarmup`` on the HF twin in rank 0 (every batch whole), then every rank loads
         the result: a few small steps, on the model the inference engines serve."""
         rank = dist.get_rank()
-        losses = sft_warmup(self.hf_model, tokenizer, data, steps, batch_size, lr) if rank == 0 else []
+        losses = sft_warmup(self.hf_model, codec, data, steps, batch_size, lr) if rank == 0 else []
         for tensor in self.hf_model.state_dict().values():
             dist.broadcast(tensor.data, src=0)
         with on_device(self.device):

@@ -1,10 +1,11 @@
-"""Load the policy named by ``spec.model``: a builtin (``builtin:tiny-qwen2``, ``builtin:tiny-qwen3-moe``)
-or a `from_pretrained` directory.
+"""Load the policy named by ``spec.model``: a builtin (``builtin:tiny-qwen2``, ``builtin:tiny-qwen2-chat``,
+``builtin:tiny-qwen3-moe``) or a `from_pretrained` directory.
 
 ``file:///path`` and plain paths load with ``from_pretrained`` (weights and tokenizer from disk);
-an ``s3://bucket/prefix/`` is first copied into the node-local cache (:mod:`kuberl.remote`), the
-same way in trainer and inference pods. Nothing is ever downloaded from a model hub: a hub id that
-is not a local directory is an error that says so.
+an ``s3://bucket/prefix/`` is first copied into the node-local cache (:mod:`kuberl.remote`) and an
+``hf://ORG/NAME[@REVISION]`` downloaded from the hub into it (:mod:`.hub`), the same way in trainer
+and inference pods. ``spec.model.chatTemplate.template`` replaces the tokenizer's template here, so
+every consumer of the tokenizer (rollout, gateway, engines) renders with the same one.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from ..api.spec import ModelSource
 from ..remote import RemoteError, local_copy
 from ..settings import DEFAULTS, Settings
-from .tiny import char_tokenizer, tiny_qwen2, tiny_qwen3_moe
+from .hub import HubError, parse_hub_path, resolved_revision, snapshot
+from .tiny import char_tokenizer, chat_tokenizer, tiny_qwen2, tiny_qwen3_moe
 
-BUILTIN = {"builtin:tiny-qwen2": tiny_qwen2, "builtin:tiny-qwen3-moe": tiny_qwen3_moe}  # name → (vocab, seed) → model
+BUILTIN = {"builtin:tiny-qwen2": tiny_qwen2, "builtin:tiny-qwen2-chat": tiny_qwen2,
+           "builtin:tiny-qwen3-moe": tiny_qwen3_moe}  # name → (vocab, seed) → model
+BUILTIN_TOKENIZERS = {"builtin:tiny-qwen2-chat": chat_tokenizer}  # the others: char_tokenizer
 
 
 class ModelLoadError(ValueError):
@@ -27,7 +31,13 @@ class ModelLoadError(ValueError):
 
 
 def local_dir(uri: str, field: str, settings: Settings) -> Path:
-    """The local directory of a ``file://`` / plain path, or of an ``s3://`` prefix (downloaded once)."""
+    """The local directory of a ``file://`` / plain path, or of an ``s3://`` prefix or ``hf://`` model
+    (downloaded once per node)."""
+    if parse_hub_path(uri) is not None:
+        try:
+            return snapshot(uri, field, settings)
+        except HubError as err:
+            raise ModelLoadError(str(err)) from err
     if uri.startswith("s3://"):
         try:
             return local_copy(uri if uri.endswith("/") else uri + "/", settings)
@@ -37,19 +47,23 @@ def local_dir(uri: str, field: str, settings: Settings) -> Path:
     if not path.is_dir():
         raise ModelLoadError(
             f"{field} {uri!r} is not a local directory; KubeRL loads models from file:// paths, s3:// "
-            f"prefixes or {', '.join(sorted(BUILTIN))} and never downloads from a hub at run time"
+            f"prefixes, hf://ORG/NAME hub models or {', '.join(sorted(BUILTIN))}"
         )
     return path
 
 
 def load_tokenizer(source: ModelSource, settings: Settings = DEFAULTS) -> PreTrainedTokenizerBase:
+    """The tokenizer, with ``spec.model.chatTemplate.template`` as its chat template when given."""
     uri = source.tokenizer or source.path
     if uri in BUILTIN:
-        return char_tokenizer()
-    field = "spec.model.tokenizer" if source.tokenizer else "spec.model.path"
-    tok = AutoTokenizer.from_pretrained(local_dir(uri, field, settings), padding_side="left")
+        tok = BUILTIN_TOKENIZERS.get(uri, char_tokenizer)()
+    else:
+        field = "spec.model.tokenizer" if source.tokenizer else "spec.model.path"
+        tok = AutoTokenizer.from_pretrained(local_dir(uri, field, settings), padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    if source.chat_template.template is not None:
+        tok.chat_template = source.chat_template.template
     return tok
 
 
@@ -62,7 +76,16 @@ def load_model(source: ModelSource, seed: int, settings: Settings = DEFAULTS
         model = BUILTIN[source.path](len(tokenizer), seed)
     else:
         # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
-        model = AutoModelForCausalLM.from_pretrained(local_dir(source.path, "spec.model.path", settings),
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            local_dir(source.path, "spec.model.path", settings), dtype=torch.float32)
     model.eval()
     return model, tokenizer
+
+
+def model_origin(source: ModelSource, tokenizer: PreTrainedTokenizerBase) -> dict[str, str | None]:
+    """Where the policy came from, for the summary and status: ``spec.model.path`` and, for an
+    ``hf://`` model, the commit its snapshot holds (read off the tokenizer's directory when the
+    tokenizer came from the same place)."""
+    same_place = source.tokenizer is None and parse_hub_path(source.path) is not None
+    revision = resolved_revision(Path(tokenizer.name_or_path)) if same_place else None
+    return {"path": source.path, "revision": revision}

@@ -1,7 +1,10 @@
 """Text ↔ tokens, with the special-token rules in one place (SFT, rollout, the gateway and the
 inference server all go through here, so the policy sees the same tokens whoever encodes):
 
-- a prompt starts with BOS when the tokenizer has one, and carries no other special token;
+- a single-turn prompt (text, or a chat of messages) goes through the chat template when
+  ``spec.model.chatTemplate`` says so (mode auto: when the tokenizer has one), with the system prompt
+  and template variables it gives; otherwise it is BOS (when the tokenizer has one) + the text, with
+  no other special token;
 - text inside an episode (a tool's output, a completion, an SFT answer) gets no special tokens;
 - a completion the model finished ends with EOS (an SFT answer is trained to end so);
 - chat messages render through the model's chat template, up to where the assistant's turn begins.
@@ -9,26 +12,58 @@ inference server all go through here, so the policy sees the same tokens whoever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from ..api.spec import ChatTemplateMode, ChatTemplateSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+Prompt = str | Sequence[dict[str, Any]]
+
 
 class TextCodec:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat: ChatTemplateSpec | None = None):
+        """``chat``: how single-turn prompts are rendered (None: raw text after BOS, the gateway's and
+        the inference server's text route)."""
         self.tokenizer = tokenizer
         self.bos_id: int | None = tokenizer.bos_token_id
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id
+        self.chat = chat or ChatTemplateSpec(mode=ChatTemplateMode.OFF)
+        if self.chat.mode == ChatTemplateMode.ON and not self.has_chat_template:
+            raise ValueError("spec.model.chatTemplate.mode is on but the tokenizer has no chat template; give one "
+                             "in spec.model.chatTemplate.template")
 
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """BOS (if any) + ``text``'s tokens."""
-        return ([self.bos_id] if self.bos_id is not None else []) + self.encode_text(text)
+    @property
+    def uses_chat_template(self) -> bool:
+        return self.chat.mode != ChatTemplateMode.OFF and self.has_chat_template
+
+    def prompt_text(self, prompt: Prompt) -> str:
+        """The text the policy is prompted with: the chat template's rendering (system prompt and
+        variables applied, up to where the assistant's turn begins), or the raw text."""
+        if not self.uses_chat_template:
+            if not isinstance(prompt, str):
+                raise ValueError("a chat-list prompt needs a chat template: the tokenizer has none, or "
+                                 "spec.model.chatTemplate.mode is off (give spec.model.chatTemplate.template)")
+            return prompt
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.chat.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
+            messages.insert(0, {"role": "system", "content": self.chat.system_prompt})
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  **self.chat.kwargs)
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """The chat template's rendering of ``prompt`` (which holds its own BOS), or BOS (if any) +
+        the text's tokens."""
+        if self.uses_chat_template:
+            return self.encode_text(self.prompt_text(prompt))
+        return ([self.bos_id] if self.bos_id is not None else []) + self.encode_text(self.prompt_text(prompt))
 
     def encode_text(self, text: str) -> list[int]:
         """``text``'s tokens, no special tokens added."""

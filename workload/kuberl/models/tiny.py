@@ -1,6 +1,7 @@
 """A tiny Qwen2-style causal LM and a character tokenizer, built in code (no hub, no files).
 
 ``builtin:tiny-qwen2``: 2 layers, hidden 128, a vocabulary of the task's characters (~20 tokens).
+``builtin:tiny-qwen2-chat``: the same model with a chat template (``chat_tokenizer``: role tokens).
 ``builtin:tiny-qwen3-moe``: the same size shaped like Qwen3-MoE — q/k norms, and in every layer 4
 experts of which each token takes 2 (their width together the dense model's MLP width).
 Random init from the experiment's seed; it generates thousands of tokens per second and trains
@@ -27,6 +28,22 @@ def char_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
         tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
         padding_side="left",
     )
+
+
+CHAT_ROLES = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def chat_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
+    """``char_tokenizer`` plus one token per chat role and ``CHAT_TEMPLATE``: a real chat template
+    (BOS, a role token before each message, an end token after it) on a vocabulary of ~60 tokens."""
+    tok = char_tokenizer(alphabet)
+    tok.add_special_tokens({"additional_special_tokens": CHAT_ROLES})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def tiny_qwen2(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2, tied: bool = True) -> Qwen2ForCausalLM:

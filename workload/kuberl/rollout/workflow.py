@@ -8,12 +8,15 @@ they want trained on. ``RLVRWorkflow`` is the single-turn, verifiable-reward cas
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..data.datasets import Example
-from ..inference.contract import FINISH_STOP, Generation
+from ..data.example import Prompt
+from ..inference.contract import FINISH_STOP
+from ..rewards.pool import Scorer
 from .client import InferenceClient
 from .types import Group, Trajectory
 
@@ -23,13 +26,14 @@ def without_eos(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] == eos_id else tokens
 
 
-def score(out: Generation, example: Example, decode: Callable[[list[int]], str], eos_id: int,
-          reward: Callable[[str, str, str], float]) -> float:
-    """One generation's reward: ``reward(prompt, completion, answer)`` for a finished answer (its EOS
-    dropped), 0 for one the length limit cut off."""
-    if out.finish_reason != FINISH_STOP:
+async def score(prompt: str, completion_ids: list[int] | None, example: Example, decode: Callable[[list[int]], str],
+                eos_id: int, reward: Scorer) -> float:
+    """One completion's reward: ``reward(prompt, completion, answer, **row)`` for a finished answer
+    (its EOS dropped; ``prompt`` is the text the policy was prompted with), 0 when ``completion_ids``
+    is None (the length limit cut it off, or it never finished)."""
+    if completion_ids is None:
         return 0.0
-    return float(reward(example.prompt, decode(without_eos(out.output_ids, eos_id)), example.answer))
+    return await reward.score(prompt, decode(without_eos(completion_ids, eos_id)), example.answer, example.row)
 
 
 class RolloutWorkflow(Protocol):
@@ -38,20 +42,24 @@ class RolloutWorkflow(Protocol):
 
 @dataclass
 class RLVRWorkflow:
-    """G samples of one prompt, each scored by ``reward(prompt, completion, answer)``."""
+    """G samples of one prompt, each scored by ``reward(prompt, completion, answer, **row)``; the G
+    rewards are computed concurrently, off the event loop (``kuberl.rewards.pool``)."""
 
-    encode: Callable[[str], list[int]]
+    encode: Callable[[Prompt], list[int]]
+    prompt_text: Callable[[Prompt], str]
     decode: Callable[[list[int]], str]
     eos_id: int
-    reward: Callable[[str, str, str], float]
+    reward: Scorer
     group_size: int
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
 
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
-        ids = self.encode(example.prompt)
+        ids, text = self.encode(example.prompt), self.prompt_text(example.prompt)
         outs = await client.generate(ids, self.group_size, self.max_new_tokens, self.temperature, self.top_p)
-        return Group([Trajectory(ids, out.output_ids, out.logprobs, out.versions,
-                                 score(out, example, self.decode, self.eos_id, self.reward), group_id,
-                                 out.finish_reason or FINISH_STOP) for out in outs])
+        rewards = await asyncio.gather(*(
+            score(text, out.output_ids if out.finish_reason == FINISH_STOP else None, example, self.decode,
+                  self.eos_id, self.reward) for out in outs))
+        return Group([Trajectory(ids, out.output_ids, out.logprobs, out.versions, reward, group_id,
+                                 out.finish_reason or FINISH_STOP) for out, reward in zip(outs, rewards, strict=True)])

@@ -46,10 +46,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from transformers import PreTrainedTokenizerBase
 
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..data.datasets import Example
+from ..models.text import TextCodec
 from ..weights.layouts import ParamMeta, fsdp2_holdings
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
@@ -290,11 +290,11 @@ class Actor:
         shards over any number of ranks)."""
         return {"backend": "fsdp"}
 
-    def supervised_warm_up(self, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
+    def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
         """``spec.model.sftWarmup`` on the sharded model, each rank on its share of every batch."""
         rank, world = self.data_parallel()
-        return sft_warmup(self.model, tokenizer, data, steps, batch_size, lr, rank, world)
+        return sft_warmup(self.model, codec, data, steps, batch_size, lr, rank, world)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""

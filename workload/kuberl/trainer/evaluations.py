@@ -9,31 +9,43 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..api.spec import RLExperimentSpec
-from ..data.datasets import evaluation_examples
+from ..data.datasets import Keep, evaluation_examples
+from ..rewards.pool import Scorer
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
 from ..settings import Settings
-from .workflows import make_workflow
+from .workflows import make_reward, make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 
 
 class Evaluations:
-    def __init__(self, spec: RLExperimentSpec, controller: RolloutController, tokenizer: Any, settings: Settings):
+    def __init__(self, spec: RLExperimentSpec, controller: RolloutController, tokenizer: Any, settings: Settings,
+                 reward: Scorer, keep: Keep | None = None):
+        """``reward``: the run's scorer (used unless ``spec.evaluation.reward`` names another function);
+        ``keep``: the run's prompt filter (``spec.dataset.maxPromptTokens``)."""
         ev = spec.evaluation
         assert ev is not None
         self.every = ev.every_steps
         self.controller = controller
-        self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed, settings)
+        self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed, settings, keep)
         self.k = ev.samples_per_prompt
+        own = ev.reward is not None and ev.reward.function != spec.reward.function
+        self.reward = make_reward(spec, ev.reward.function, "spec.evaluation.reward.function") \
+            if own and ev.reward is not None else reward
+        self._own_reward = own
         self.workflow = make_workflow(  # the run's own episodes (with its tools), the evaluation's settings
             spec, tokenizer, group_size=self.k, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
-            temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature,
-            reward_function=(ev.reward or spec.reward).function)
+            temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature, reward=self.reward)
         self.history: list[EvalResult] = []
         self._reported = 0
         self._pending: Future[EvalResult] | None = None
         log.info("evaluation: %d prompts × %d samples every %d steps", len(self.examples), self.k, self.every)
+
+    def close(self) -> None:
+        """Stop the evaluation's own reward workers (the run's are the run's to stop)."""
+        if self._own_reward:
+            self.reward.close()
 
     def maybe_start(self, steps_done: int, last: bool = False) -> None:
         """After ``steps_done`` steps: start one if it is due (or ``last``) and none is running."""

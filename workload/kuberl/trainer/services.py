@@ -9,6 +9,7 @@ metrics logger does the same on non-logging ranks). A new rank-0 service goes he
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -21,7 +22,8 @@ from ..api.spec import RLExperimentSpec
 from ..data.datasets import examples
 from ..devices import compute_dtype, dtype_name
 from ..gateway.server import Gateway, GatewayConfig
-from ..rewards import load_reward
+from ..models.loading import model_origin
+from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
@@ -36,7 +38,7 @@ from .curves import Curves
 from .evaluations import Evaluations
 from .loss import BehaviourGapMonitor
 from .progress import ProgressServer
-from .workflows import make_workflow
+from .workflows import PromptCheck, make_reward, make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
@@ -114,11 +116,15 @@ class NoServices:
 
 class RankZeroServices(NoServices):
     def __init__(self, run: RunConfig, settings: Settings, controller: RolloutController, server: ProgressServer,
-                 gateway: Gateway | None, curves: Curves, evaluations: Evaluations | None, max_steps: int):
+                 gateway: Gateway | None, curves: Curves, evaluations: Evaluations | None, max_steps: int,
+                 reward: Scorer, prompts: PromptCheck):
         self.run, self.settings, self.max_steps = run, settings, max_steps
         self.controller, self.server, self.gateway = controller, server, gateway
         self.curves, self.evaluations = curves, evaluations
         self.control = controller
+        self.reward, self.prompt_check = reward, prompts
+        self.model = model_origin(run.spec.model, prompts.codec.tokenizer)
+        self.server.update(model_revision=self.model.get("revision"))
 
     @classmethod
     def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, resumed: TrainerState | None,
@@ -132,15 +138,19 @@ class RankZeroServices(NoServices):
                                    max(1, spec.rollout.max_concurrent // algo.group_size))
         manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
         position = resumed.data_position if resumed else 0
+        check = PromptCheck.of(spec, tokenizer)
+        stream = examples(spec.dataset, spec.seed, 0, settings, check.keep, check.dropped)
+        check.first_prompt = check.rendered(next(examples(spec.dataset, spec.seed, 0, settings, check.keep)))
         prompts, tasks = None, None
         if spec.agent is None:
             kept = resumed.prompts if resumed and resumed.prompts else {"cursor": position, "pending": []}
-            prompts = PromptLedger.restore(kept, examples(spec.dataset, spec.seed, 0, settings))
+            prompts = PromptLedger.restore(kept, stream)
         else:
-            tasks = examples(spec.dataset, spec.seed, position, settings)
+            tasks = itertools.islice(stream, position, None)
+        reward = make_reward(spec)
         workflow = None if spec.agent else make_workflow(
             spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
-            max_new_tokens=spec.rollout.max_new_tokens, reward_function=spec.reward.function)
+            max_new_tokens=spec.rollout.max_new_tokens, reward=reward)
         controller = RolloutController(InferenceClient(urls, settings.api_token), workflow, prompts, manager)
         controller.episodes = position
         controller.start()
@@ -152,13 +162,14 @@ class RankZeroServices(NoServices):
             gateway = Gateway(controller, tokenizer, GatewayConfig(
                 model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
                 temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-                session_timeout=spec.agent.session_timeout_seconds, reward=load_reward(spec.reward.function)),
+                session_timeout=spec.agent.session_timeout_seconds, reward=reward),
                 settings.agent_token, tasks=tasks)  # agents never hold the pool's token
             gateway.start_in(settings.gateway_port, settings.bind_host)
             server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
         curves = Curves.for_run(settings.checkpoint_location(spec.checkpoint.uri), settings)
-        evaluations = Evaluations(spec, controller, tokenizer, settings) if spec.evaluation is not None else None
-        return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps)
+        evaluations = Evaluations(spec, controller, tokenizer, settings, reward, check.keep) \
+            if spec.evaluation is not None else None
+        return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps, reward, check)
 
     def data_state(self) -> tuple[int, dict[str, Any] | None]:
         prompts = self.controller.prompt_state()
@@ -204,7 +215,8 @@ class RankZeroServices(NoServices):
                            weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
                            entropy=tally.entropies[-1] if tally.entropies else None,
                            prompts_trained=prompts.get("trained"), prompts_reissued=prompts.get("reissued"),
-                           prompts_skipped=prompts.get("skipped"))
+                           prompts_skipped=prompts.get("skipped"), reward_timeouts=self.reward.timeouts,
+                           reward_errors=self.reward.errors, prompts_too_long=len(self.prompt_check.dropped))
         gateway = {f"gateway/{k}": v for k, v in self.gateway.summary().items()} if self.gateway else {}
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
@@ -247,6 +259,9 @@ class RankZeroServices(NoServices):
         if self.gateway is not None:
             self.gateway.stop()
         self.controller.stop()
+        self.reward.close()
+        if self.evaluations is not None:
+            self.evaluations.close()
         return summary
 
     def summarize(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any]:
@@ -271,6 +286,10 @@ class RankZeroServices(NoServices):
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
             "stale_groups_dropped": controller.buffer.dropped,
             "prompts": prompt_summary(controller.prompt_state()),
+            "reward_timeouts": self.reward.timeouts,
+            "reward_errors": self.reward.errors,
+            "dataset": self.prompt_check.summary(),
+            "model": self.model,
             "filtered_groups": tally.dropped_groups,
             "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
             "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedTokenizerBase
 
 from ..collectives import all_reduce
 from ..data.datasets import Example
@@ -50,7 +49,7 @@ def answer_loss_sum(model: torch.nn.Module, rows: list[Row], pad_id: int) -> tor
                                              ignore_index=-100, reduction="sum")
 
 
-def sft_warmup(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: Iterator[Example], steps: int,
+def sft_warmup(model: torch.nn.Module, codec: TextCodec, data: Iterator[Example], steps: int,
                batch_size: int, lr: float, rank: int = 0, world: int = 1) -> list[float]:
     """Train on ``steps`` batches of prompt+answer+eos (loss on the answer only); returns the losses.
     With ``world`` > 1 (FSDP2) every rank takes its share of each batch and runs as many slices as the
@@ -60,7 +59,6 @@ def sft_warmup(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     model.train()
-    codec = TextCodec(tokenizer)
     for _ in range(steps):
         rows = demonstration_rows(codec, [next(data) for _ in range(batch_size)][rank::world])
         rows.sort(key=lambda r: len(r[0]) + len(r[1]), reverse=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -10,19 +11,21 @@ from transformers import PreTrainedTokenizerBase
 from ..agent import sandbox
 from ..agent.workflow import ToolWorkflow
 from ..api.spec import RLExperimentSpec
+from ..data.datasets import DropCount, Example
 from ..models.text import TextCodec
-from ..rewards import load_reward
+from ..rewards.pool import Scorer, make_scorer
 from ..rollout.workflow import RLVRWorkflow
 
 log = logging.getLogger("kuberl.trainer")
 
 
 def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *, group_size: int, temperature: float,
-                  max_new_tokens: int, reward_function: str) -> RLVRWorkflow | ToolWorkflow:
-    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools.
-    Raises ValueError (naming the field) when the python tool is asked for on a host where its sandbox
-    cannot run: the run would otherwise train on nothing but the tool's refusals."""
-    rollout, codec = spec.rollout, TextCodec(tokenizer)
+                  max_new_tokens: int, reward: Scorer) -> RLVRWorkflow | ToolWorkflow:
+    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools;
+    prompts rendered as ``spec.model.chatTemplate`` says. Raises ValueError (naming the field) when the
+    python tool is asked for on a host where its sandbox cannot run: the run would otherwise train on
+    nothing but the tool's refusals."""
+    rollout, codec = spec.rollout, TextCodec(tokenizer, spec.model.chat_template)
     if "python" in [str(t) for t in rollout.tools]:
         if (reason := sandbox.available()) is not None:
             raise ValueError(f"spec.rollout.tools: python cannot run here: {reason}")
@@ -31,11 +34,47 @@ def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *,
                         "user can (its /proc environ holds the API token); it still has no network, processes, "
                         "signals or writes")
     common: dict[str, Any] = {
-        "decode": codec.decode, "eos_id": codec.eos_id,
-        "reward": load_reward(reward_function), "group_size": group_size, "max_new_tokens": max_new_tokens,
+        "prompt_text": codec.prompt_text, "decode": codec.decode, "eos_id": codec.eos_id,
+        "reward": reward, "group_size": group_size, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "top_p": rollout.top_p,
     }
     if not rollout.tools:
         return RLVRWorkflow(encode=codec.encode_prompt, **common)
     return ToolWorkflow(encode_prompt=codec.encode_prompt, encode_text=codec.encode_text,
                         tools=[str(t) for t in rollout.tools], max_turns=rollout.max_turns, **common)
+
+
+def make_reward(spec: RLExperimentSpec, function: str | None = None, field: str = "spec.reward.function") -> Scorer:
+    """The scorer of ``function`` (default ``spec.reward.function``) with ``spec.reward``'s pool size and
+    time limit; raises ValueError naming ``field`` when the function cannot be imported."""
+    return make_scorer(function or spec.reward.function, spec.reward.workers, spec.reward.timeout_seconds, field)
+
+
+@dataclass
+class PromptCheck:
+    """What the run does to the dataset's prompts before the policy sees them: rendered as
+    ``spec.model.chatTemplate`` says, rows longer than ``spec.dataset.maxPromptTokens`` skipped
+    (counted in ``dropped``); the summary shows the first rendered prompt."""
+
+    codec: TextCodec
+    max_tokens: int | None
+    dropped: DropCount = field(default_factory=DropCount)
+    first_prompt: str | None = None
+
+    @classmethod
+    def of(cls, spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase) -> PromptCheck:
+        return cls(TextCodec(tokenizer, spec.model.chat_template), spec.dataset.max_prompt_tokens)
+
+    def keep(self, example: Example) -> bool:
+        return self.max_tokens is None or len(self.codec.encode_prompt(example.prompt)) <= self.max_tokens
+
+    def rendered(self, example: Example) -> str:
+        """``example``'s prompt as the policy reads it; ValueError (naming the field) if it cannot be."""
+        text = self.codec.prompt_text(example.prompt)
+        log.info("prompts %s; the first: %r", "through the chat template" if self.codec.uses_chat_template
+                 else "as raw text after BOS", text[:500])
+        return text
+
+    def summary(self) -> dict[str, Any]:
+        return {"chat_template": self.codec.uses_chat_template, "first_prompt": self.first_prompt,
+                "max_prompt_tokens": self.max_tokens, "rows_too_long": len(self.dropped)}

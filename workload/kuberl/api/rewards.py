@@ -1,0 +1,16 @@
+"""The reward functions KubeRL ships (``kuberl.rewards``), by name, so that ``kuberl validate`` and the
+operator can refuse ``kuberl.rewards:no_such_reward`` without importing the workload
+(``tests/test_rewards.py`` checks that this list is what the module defines)."""
+
+from __future__ import annotations
+
+KUBERL_REWARDS_MODULE = "kuberl.rewards"
+KUBERL_REWARDS = ("exact_match", "digit_match", "math", "math_answer")
+
+
+def reward_issue(function: str) -> str | None:
+    """Why ``function`` ('module:name') cannot be one of KubeRL's rewards, or None."""
+    module, _, name = function.partition(":")
+    if module == KUBERL_REWARDS_MODULE and name not in KUBERL_REWARDS:
+        return f"{function!r}: {module} has no reward {name!r}; allowed: {', '.join(KUBERL_REWARDS)}"
+    return None
