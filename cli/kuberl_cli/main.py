@@ -17,6 +17,8 @@ import yaml
 
 from kuberl.api import FieldIssue, Resource, validate_document
 
+from .preflight import experiment_spec, preflight
+
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: linear where PyYAML's scanner is not
 
 
@@ -55,8 +57,10 @@ def load_documents(path: Path) -> Iterator[tuple[str, Any]]:
         yield _describe(doc, i), doc
 
 
-def check_file(path: Path) -> tuple[list[Resource], list[str]]:
-    """Valid objects in ``path`` and one error line per problem (file, object, field, message)."""
+def check_file(path: Path, warnings: list[str] | None = None) -> tuple[list[Resource], list[str]]:
+    """Valid objects in ``path`` and one error line per problem (file, object, field, message);
+    an RLExperiment's files and reward are also checked on this machine (:mod:`.preflight`), its
+    warnings appended to ``warnings``."""
     objects: list[Resource] = []
     errors: list[str] = []
     try:
@@ -67,6 +71,12 @@ def check_file(path: Path) -> tuple[list[Resource], list[str]]:
         return [], [f"{path}: no YAML documents found"]
     for label, doc in documents:
         obj, issues = validate_document(doc)
+        if (spec := experiment_spec(doc)) is not None:
+            local_errors, local_warnings = preflight(spec)
+            issues += local_errors
+            obj = None if local_errors else obj
+            if warnings is not None:
+                warnings += [_line(path, label, w) for w in local_warnings]
         errors += [_line(path, label, issue) for issue in issues]
         if obj is not None:
             objects.append(obj)
@@ -80,7 +90,10 @@ def _line(path: Path, label: str, issue: FieldIssue) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
-        objects, errors = check_file(Path(path))
+        warnings: list[str] = []
+        objects, errors = check_file(Path(path), warnings)
+        for line in warnings:
+            print(f"warning: {line}", file=sys.stderr)
         for line in errors:
             print(line, file=sys.stderr)
         failed |= bool(errors)

@@ -11,6 +11,8 @@ stays text. Every other column of the row travels to the reward.
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..api.spec import DatasetSource
 from ..remote import RemoteError, local_copy
 from ..settings import Settings
-from .builtin import table_file
+from .builtin import TABLES, table_file
 from .example import Example, Message
 
 if TYPE_CHECKING:
@@ -83,12 +85,17 @@ def column_paths(features: Mapping[str, Any], prefix: str = "") -> set[str]:
     return out
 
 
+def missing_columns(source: DatasetSource, columns: set[str]) -> list[tuple[str, str]]:
+    """(key field, message) for ``promptKey`` / ``answerKey`` naming a column the table lacks."""
+    shown = ", ".join(sorted(columns)[:20])
+    keys = (("promptKey", source.prompt_key), ("answerKey", source.answer_key))
+    return [(field, f"the table has no column {key!r}; it has: {shown}") for field, key in keys if key not in columns]
+
+
 def check_columns(source: DatasetSource, columns: set[str]) -> None:
     """DatasetError naming ``spec.dataset.promptKey`` / ``answerKey`` when the table lacks them."""
-    for field, key in (("promptKey", source.prompt_key), ("answerKey", source.answer_key)):
-        if key not in columns:
-            shown = ", ".join(sorted(columns)[:20])
-            raise DatasetError(f"spec.dataset.{field}: the table has no column {key!r}; it has: {shown}")
+    for field, message in missing_columns(source, columns)[:1]:
+        raise DatasetError(f"spec.dataset.{field}: {message}")
 
 
 def lookup(row: Mapping[str, Any], path: str) -> Any:
@@ -124,3 +131,64 @@ def example_at(table: datasets.Dataset, index: int, source: DatasetSource) -> Ex
     answer = as_answer(lookup(row, source.answer_key), f"{where}, answerKey {source.answer_key!r}")
     rest = {k: v for k, v in row.items() if k not in RESERVED and k not in (source.prompt_key, source.answer_key)}
     return Example(prompt, answer, row=rest)
+
+
+def peek_columns(path: Path) -> set[str]:
+    """The dotted column paths of a local file without loading it: a Parquet file's schema, or the
+    keys of a JSON Lines file's first ``PEEK_ROWS`` rows (a JSON array file: none, it must be parsed)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return _arrow_paths(pq.read_schema(path))
+    if path.suffix != ".jsonl":
+        return set()
+    columns: set[str] = set()
+    with path.open() as lines:
+        for line in itertools.islice((ln for ln in lines if ln.strip()), PEEK_ROWS):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(f"spec.dataset.path {str(path)!r}: invalid JSON ({err.msg})") from err
+            columns |= _dict_paths(row) if isinstance(row, dict) else set()
+    return columns
+
+
+PEEK_ROWS = 100
+
+
+def _dict_paths(row: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in row.items():
+        out.add(prefix + key)
+        if isinstance(value, Mapping):
+            out |= _dict_paths(value, f"{prefix}{key}.")
+    return out
+
+
+def _arrow_paths(fields: Any, prefix: str = "") -> set[str]:
+    import pyarrow as pa
+
+    out = set()
+    for item in fields:
+        out.add(prefix + item.name)
+        if pa.types.is_struct(item.type):
+            out |= _arrow_paths(list(item.type), f"{prefix}{item.name}.")
+    return out
+
+
+def local_file_issues(source: DatasetSource, field: str) -> list[tuple[str, str]]:
+    """(field path, message) for what is wrong with ``source`` as far as this machine can tell without
+    loading it: a local file (or builtin table) that lacks the prompt or answer column. Nothing when it
+    looks right, or when the file is not here (a path on a claim or in S3: the trainer checks it when
+    it starts)."""
+    if source.path.startswith("builtin:"):
+        name = source.path.removeprefix("builtin:")
+        columns = _dict_paths(TABLES[name]()[0]) if name in TABLES else None
+    elif source.path.startswith(("file://", "/")):
+        path = Path(source.path.removeprefix("file://"))
+        columns = peek_columns(path) if path.is_file() else None
+    else:
+        columns = None
+    if not columns:
+        return []
+    return [(f"{field}.{key_field}", message) for key_field, message in missing_columns(source, columns)]

@@ -86,3 +86,13 @@ def call_reward(fn: RewardFn, prompt: str, completion: str, answer: str, row: di
 
 async def _awaited(value: Any) -> Any:
     return await value
+
+
+def import_warning(function: str, field: str = "spec.reward.function") -> str | None:
+    """Why ``function`` cannot be imported on this machine (a user's module may live only in their
+    image: ``kuberl validate`` warns, the trainer fails at start-up), or None."""
+    try:
+        load_reward(function, field)
+    except ValueError as err:
+        return str(err)
+    return None

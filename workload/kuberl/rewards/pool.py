@@ -32,6 +32,8 @@ class Scorer(Protocol):
 
     def close(self) -> None: ...
 
+    async def aclose(self) -> None: ...
+
 
 class _Counted:
     timeouts = 0
@@ -57,6 +59,9 @@ class InlineScorer(_Counted):
             return self._failed(f"{type(err).__name__}: {err}")
 
     def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 
@@ -98,10 +103,15 @@ class RewardPool(_Counted):
         return float(reply["reward"]) if "reward" in reply else self._failed(str(reply.get("error")))
 
     def close(self) -> None:
+        """Kill every worker (from any thread; :meth:`aclose` on the pool's loop also reaps them)."""
         self._closed = True
-        for worker in self._all:
+        for worker in list(self._all):
             if worker.returncode is None:
                 worker.kill()
+
+    async def aclose(self) -> None:
+        self.close()
+        await asyncio.gather(*(worker.wait() for worker in list(self._all)))
 
     def _started(self) -> asyncio.Queue[asyncio.subprocess.Process]:
         if self._idle is None:

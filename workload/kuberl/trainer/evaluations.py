@@ -33,7 +33,6 @@ class Evaluations:
         own = ev.reward is not None and ev.reward.function != spec.reward.function
         self.reward = make_reward(spec, ev.reward.function, "spec.evaluation.reward.function") \
             if own and ev.reward is not None else reward
-        self._own_reward = own
         self.workflow = make_workflow(  # the run's own episodes (with its tools), the evaluation's settings
             spec, tokenizer, group_size=self.k, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
             temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature, reward=self.reward)
@@ -41,11 +40,6 @@ class Evaluations:
         self._reported = 0
         self._pending: Future[EvalResult] | None = None
         log.info("evaluation: %d prompts × %d samples every %d steps", len(self.examples), self.k, self.every)
-
-    def close(self) -> None:
-        """Stop the evaluation's own reward workers (the run's are the run's to stop)."""
-        if self._own_reward:
-            self.reward.close()
 
     def maybe_start(self, steps_done: int, last: bool = False) -> None:
         """After ``steps_done`` steps: start one if it is due (or ``last``) and none is running."""

@@ -9,6 +9,7 @@ metrics logger does the same on non-logging ranks). A new rank-0 service goes he
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -258,10 +259,10 @@ class RankZeroServices(NoServices):
         self.server.write_termination_message(self.settings.termination_log)
         if self.gateway is not None:
             self.gateway.stop()
+        scorers = [self.reward, *([self.evaluations.reward] if self.evaluations is not None else [])]
+        for scorer in dict.fromkeys(scorers):  # their workers, reaped on the loop they were started on
+            asyncio.run_coroutine_threadsafe(scorer.aclose(), self.controller.loop).result(timeout=30)
         self.controller.stop()
-        self.reward.close()
-        if self.evaluations is not None:
-            self.evaluations.close()
         return summary
 
     def summarize(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any]:
