@@ -60,6 +60,19 @@ def test_examples_are_valid(capsys):
         ({"agent": {"command": ["a"], "env": [{"name": "TOKEN"}]}}, "spec.agent.env.0",
          "exactly one of value and valueFrom"),
         ({"agent": {"command": ["a"], "replicas": 1000}}, "spec.agent.replicas", "less than or equal to 256"),
+        # bring your own: hub ids are written hf://, and what the trainer cannot do is refused here
+        ({"model__path": "Qwen/Qwen3-8B"}, "spec.model.path", "a Hugging Face hub model is written hf://Qwen/Qwen3-8B"),
+        ({"model__tokenizer": "gs://b/tok"}, "spec.model.tokenizer", "is not a model location"),
+        ({"dataset__path": "data.jsonl"}, "spec.dataset.path", "pattern"),
+        ({"dataset__answerKey": "reward_model..x"}, "spec.dataset.answerKey", "pattern"),
+        ({"algorithm__name": "ppo"}, "spec.algorithm.name", "learned critic"),
+        ({"reward__function": "kuberl.rewards:no_such_reward"}, "spec.reward.function",
+         "allowed: exact_match, digit_match, math"),
+        ({"evaluation": {"reward": {"function": "kuberl.rewards:nope"}}}, "spec.evaluation.reward.function",
+         "has no reward 'nope'"),
+        ({"reward__timeoutSeconds": 0}, "spec.reward.timeoutSeconds", "greater than 0"),
+        ({"model__chatTemplate": {"mode": "always"}}, "spec.model.chatTemplate.mode",
+         "allowed: 'auto', 'on' or 'off'"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
@@ -192,3 +205,21 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
     assert "must be 1" in issues[0].message
 
 
+
+
+def test_a_local_dataset_without_its_answer_column_is_refused_naming_the_field(tmp_path, capsys):
+    data = tmp_path / "math.jsonl"
+    data.write_text('{"question": "1+1=", "solution": "2"}\n')
+    path = write(tmp_path, with_spec(dataset={"path": f"file://{data}", "promptKey": "question"}))
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: RLExperiment/demo: spec.dataset.answerKey: the table has no column 'answer'; it has: " \
+           "question, solution" in err
+    assert "Traceback" not in err
+
+
+def test_a_users_reward_module_not_importable_here_is_a_warning(tmp_path, capsys):
+    path = write(tmp_path, with_spec(reward={"function": "team_rewards.math:judge"}))
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "spec.reward.function: 'team_rewards.math:judge': cannot import" in err

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kuberl.api import FieldIssue, RLExperiment
+from kuberl.api.rewards import KUBERL_REWARDS_MODULE
 from kuberl.api.spec import RLExperimentSpec
 
 
@@ -41,5 +42,7 @@ def preflight(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue
               for field, source in sources for path, message in local_file_issues(source, field)]
     warnings = [FieldIssue(field, f"{message.removeprefix(field + ' ')} (fine if it is in your image; the trainer "
                                   "imports it at start-up)")
-                for field, function in rewards if (message := import_warning(function, field))]
+                for field, function in rewards
+                if not function.startswith(f"{KUBERL_REWARDS_MODULE}:")  # the manifest's own check names those
+                and (message := import_warning(function, field))]
     return errors, warnings
