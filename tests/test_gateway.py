@@ -30,6 +30,7 @@ from kuberl.models.tiny import char_tokenizer
 from kuberl.weights.sync import BroadcastSync, to_safetensors
 
 from .conftest import load_tool_warmed
+from .loopback import serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "gateway-test-token-0123456789"  # the pool's
@@ -126,25 +127,6 @@ def test_a_thousand_rewritten_histories_keep_one_segment_of_memory():
     assert s.prefix_breaks == 999 and s.generated_tokens == 2000
     assert table.stored_tokens == 501  # one segment: its prompt and the last completion
     assert held < 256 * 1024, f"{held} bytes held after 1,000 rewrites"  # 1,000 segments: ≈ 4 MB
-
-
-def serve_in_thread(app: Any, port: int) -> Any:
-    """``app`` on 127.0.0.1:``port`` on its own event loop thread (the inference pool's stand-in
-    process); returns a function that stops it."""
-    import asyncio
-
-    from aiohttp import web
-
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    runner = web.AppRunner(app, shutdown_timeout=1.0)  # a stand-in: calls in flight are cancelled at stop
-
-    async def start() -> None:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-
-    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    return lambda: asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
 
 
 @contextlib.contextmanager

@@ -42,6 +42,8 @@ VOLUME = {"volumes": [{"claimName": "shared-data", "mountPath": "/data"}]}
          "overlaps a path the pods need"),
         ({"storage": {"endpoint": "not a url"}}, "spec.storage.endpoint", "pattern"),
         ({"storage": {"credentialsSecret": "Bad_Name"}}, "spec.storage.credentialsSecret", "pattern"),
+        ({"storage": {"hubTokenSecret": {"name": "demo-api-token", "key": "token"}}},
+         "spec.storage.hubTokenSecret.name", "the experiment's API token"),
     ],
 )
 def test_what_cannot_work_on_a_cluster_is_refused_naming_the_field(spec, field, fragment):
@@ -66,7 +68,8 @@ def test_every_workload_pod_gets_storage_by_reference_only():
     doc = experiment(
         checkpoint={"uri": "s3://ckpt/run/", "credentialsSecret": "s3-credentials"},
         storage={"endpoint": "https://minio.example:9000", "region": "eu-west-1", "serviceAccountName": "rl-runner",
-                 "volumes": [{"claimName": "datasets", "mountPath": "/data", "readOnly": True}]},
+                 "volumes": [{"claimName": "datasets", "mountPath": "/data", "readOnly": True}],
+                 "hubTokenSecret": {"name": "hf", "key": "token"}, "hubEndpoint": "https://hf-mirror.example"},
         dataset={"path": "file:///data/train.jsonl"},
     )
     manifests = render(doc)
@@ -79,6 +82,8 @@ def test_every_workload_pod_gets_storage_by_reference_only():
         assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
         assert env["KUBERL_S3_ENDPOINT"]["value"] == "https://minio.example:9000"
         assert env["AWS_REGION"]["value"] == env["AWS_DEFAULT_REGION"]["value"] == "eu-west-1"
+        assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+        assert env["HF_ENDPOINT"]["value"] == "https://hf-mirror.example"
         claim = next(v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v)
         assert claim["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
         mount = next(m for m in container(pod)["volumeMounts"] if m["name"] == claim["name"])

@@ -54,6 +54,9 @@ def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
               for i, var in enumerate(spec.agent.env if spec.agent else [])
               if var.value_from is not None and var.value_from.secret_key_ref.name == token]
     storage = spec.storage
+    if storage.hub_token_secret is not None and storage.hub_token_secret.name == token:
+        issues.append(FieldIssue("spec.storage.hubTokenSecret.name", f"{token!r} is the experiment's API token, not a "
+                                                                     "Hugging Face token"))
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:
         issues.append(FieldIssue("spec.checkpoint.credentialsSecret",

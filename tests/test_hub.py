@@ -1,0 +1,70 @@
+"""hf:// models through ``huggingface_hub`` against a hub on loopback (tests/hub_server.py): the
+snapshot lands in the node cache under its commit, only what from_pretrained reads is fetched, a
+gated model needs the token, a missing one fails naming the field, and a second load needs no hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kuberl.api.spec import ModelSource
+from kuberl.local_processes import free_port
+from kuberl.models.hub import parse_hub_path, resolved_revision
+from kuberl.models.loading import ModelLoadError, load_model, model_origin
+from kuberl.settings import Settings
+
+from .hf_model import write_hf_model
+from .hub_server import COMMIT, FakeHub, Repo, start
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    model_dir = write_hf_model(tmp_path / "repo")
+    (model_dir / "pytorch_model.bin").write_bytes(b"a second copy of the weights, never fetched")
+    hub = FakeHub({"team/tiny-chat": Repo(model_dir), "team/gated": Repo(model_dir, token="hf_secret_token")})
+    port = free_port()
+    stop = start(hub, port)
+    yield hub, f"http://127.0.0.1:{port}", model_dir
+    stop()
+
+
+def test_a_hub_model_loads_into_the_cache_under_its_commit_and_equals_the_repository(hub, tmp_path):
+    fake, endpoint, model_dir = hub
+    settings = Settings(cache_dir=tmp_path / "cache", hub_endpoint=endpoint)
+    source = ModelSource(path="hf://team/tiny-chat@main")
+    model, tokenizer = load_model(source, seed=0, settings=settings)
+    local = Path(tokenizer.name_or_path)
+    assert local.parent.name == "snapshots" and resolved_revision(local) == COMMIT
+    assert local.is_relative_to(settings.cache_dir / "hub")
+    assert model_origin(source, tokenizer) == {"path": "hf://team/tiny-chat@main", "revision": COMMIT}
+    from safetensors.torch import load_file
+
+    want = load_file(model_dir / "model.safetensors")
+    got = model.state_dict()
+    assert all(torch.equal(got[name], tensor) for name, tensor in want.items())
+    assert tokenizer.chat_template and tokenizer("3+4=").input_ids
+    assert not any(p.endswith("pytorch_model.bin") for p in fake.requested)  # only what from_pretrained reads
+    asked = len(fake.requested)
+    load_model(ModelSource(path=f"hf://team/tiny-chat@{COMMIT}"), seed=0, settings=settings)
+    assert len(fake.requested) == asked  # a commit is immutable: the cached snapshot, no request
+
+
+def test_a_gated_model_needs_the_token_and_a_missing_one_names_the_field(hub, tmp_path):
+    _, endpoint, _ = hub
+    settings = Settings(cache_dir=tmp_path / "cache", hub_endpoint=endpoint)
+    with pytest.raises(ModelLoadError, match=r"spec\.model\.path 'hf://team/nope': no such repository"):
+        load_model(ModelSource(path="hf://team/nope"), seed=0, settings=settings)
+    with pytest.raises(ModelLoadError, match=r"spec\.model\.path 'hf://team/gated'"):
+        load_model(ModelSource(path="hf://team/gated"), seed=0, settings=settings)
+    with_token = Settings(cache_dir=tmp_path / "cache", hub_endpoint=endpoint, hub_token="hf_secret_token")
+    _, tokenizer = load_model(ModelSource(path="hf://team/gated"), seed=0, settings=with_token)
+    assert resolved_revision(Path(tokenizer.name_or_path)) == COMMIT
+
+
+def test_hub_paths_parse_with_and_without_a_revision():
+    assert parse_hub_path("hf://Qwen/Qwen3-8B") is not None
+    model = parse_hub_path("hf://Qwen/Qwen3-8B@refs/pr/1")
+    assert model is not None and (model.repo, model.revision) == ("Qwen/Qwen3-8B", "refs/pr/1")
+    assert parse_hub_path("s3://bucket/model/") is None
