@@ -351,6 +351,9 @@ class TrainerSpec(PodPlacement):
     )
     parallelism: Parallelism = Field(default_factory=Parallelism)
     backoff_limit: int = Field(3, ge=0, description="gang restarts before the job fails")
+    activation_checkpointing: bool = Field(
+        False, description="recompute each transformer block's activations in the backward pass instead of keeping "
+                           "them: less device memory for long sequences, one more forward per block (backend fsdp)")
     step_timeout_seconds: int = Field(
         1800, ge=30, le=86400,
         description="a rank whose training step has not finished after this long (a hung collective) exits "

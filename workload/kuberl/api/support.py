@@ -25,6 +25,10 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     issues = _algorithm_issues(spec) + _reward_issues(spec)
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return issues
+    if spec.trainer.activation_checkpointing:
+        issues.append(FieldIssue("spec.trainer.activationCheckpointing",
+                                 "is true: backend megatron does not recompute activations in this build; set it "
+                                 "false or use backend fsdp"))
     return issues + [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
                      for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..api.spec import ModelSource
 from ..remote import RemoteError, local_copy
@@ -80,6 +80,23 @@ def load_model(source: ModelSource, seed: int, settings: Settings = DEFAULTS
             local_dir(source.path, "spec.model.path", settings), dtype=torch.float32)
     model.eval()
     return model, tokenizer
+
+
+def load_skeleton(source: ModelSource, seed: int, settings: Settings = DEFAULTS
+                  ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Path | None]:
+    """The policy without its weights (``meta`` device), its tokenizer and the directory its weights
+    are in, for a trainer that shards before it loads (:mod:`.meta`); a builtin is built whole (it is
+    tiny and generated from the seed, so every rank builds the same), with no directory."""
+    if source.path in BUILTIN:
+        model, tokenizer = load_model(source, seed, settings)
+        return model, tokenizer, None
+    tokenizer = load_tokenizer(source, settings)
+    directory = local_dir(source.path, "spec.model.path", settings)
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    return model, tokenizer, directory
 
 
 def model_origin(source: ModelSource, tokenizer: PreTrainedTokenizerBase) -> dict[str, str | None]:

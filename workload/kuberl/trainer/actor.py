@@ -49,6 +49,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..data.datasets import Example
+from ..models.meta import is_meta, materialize
 from ..models.text import TextCodec
 from ..weights.layouts import ParamMeta, fsdp2_holdings
 from ..weights.plan import Holding
@@ -152,14 +153,27 @@ class Actor:
     @classmethod
     def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                mini_batches: int = 1, device: torch.device | None = None,
-               compute_dtype: torch.dtype = torch.float32) -> Actor:
-        """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer."""
+               compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
+               activation_checkpointing: bool = False) -> Actor:
+        """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer. A
+        ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
+        each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
+        each block's activations are recomputed in the backward pass instead of kept."""
         device = device or torch.device("cpu")
-        model = model.to(device=device, dtype=torch.float32)
+        on_meta = is_meta(model)
+        if on_meta and weights is None:
+            raise ValueError("a model on the meta device needs the directory of its weights")
+        if not on_meta:
+            model = model.to(device=device, dtype=torch.float32)
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         reference = None
         if config.kl_coef > 0:
             reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
         model = shard(model, compute_dtype=compute_dtype)
+        if on_meta and weights is not None:
+            for sharded in (model, *([reference] if reference is not None else [])):
+                materialize(sharded, weights, device)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device)

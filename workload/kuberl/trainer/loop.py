@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
-from ..models.loading import load_model
+from ..models.loading import load_model, load_skeleton
 from ..models.text import TextCodec
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
@@ -73,11 +74,12 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
     )
 
 
-def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> Actor:
+def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, weights: Path | None = None) -> Actor:
     """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor,
     expert and data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains,
     :func:`kuberl.megatron.model.layout_issues` which fit the model; the trainer refuses the others,
-    should a spec reach it unvalidated)."""
+    should a spec reach it unvalidated). ``weights``: where a ``meta`` model's files are (FSDP2 loads
+    each rank's shards after sharding)."""
     spec = run.spec
     _, plan, issues = resolve(spec)
     issues += unsupported_issues(spec, plan)
@@ -100,7 +102,8 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device) -> 
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed, dtype)
     return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                        spec.algorithm.mini_batches, device, dtype)
+                        spec.algorithm.mini_batches, device, dtype, weights=weights,
+                        activation_checkpointing=spec.trainer.activation_checkpointing)
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
@@ -109,9 +112,13 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     rank 0's services, and the initial weights pushed to the pool."""
     spec = run.spec
     torch.manual_seed(spec.seed)
-    model, tokenizer = load_model(spec.model, spec.seed, settings)
+    _, plan, _ = resolve(spec)
+    if plan is not None and plan.backend == Backend.FSDP:  # shards first, then reads only its own
+        model, tokenizer, weights = load_skeleton(spec.model, spec.seed, settings)
+    else:
+        (model, tokenizer), weights = load_model(spec.model, spec.seed, settings), None
     config = algorithm_config(run)
-    actor = make_actor(run, model, device)
+    actor = make_actor(run, model, device, weights)
     checkpointer = Checkpointer(settings.checkpoint_location(spec.checkpoint.uri), spec.checkpoint.every_steps,
                                 spec.checkpoint.keep, settings.staging_dir, rank, settings.local_rank, run.run_id,
                                 settings.s3_endpoint)

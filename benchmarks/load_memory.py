@@ -1,0 +1,121 @@
+"""Peak host memory of a trainer rank while it loads the policy: the whole model on every rank, then
+sharded (``before``), against built on the ``meta`` device, sharded, then each rank's own shards
+read from the safetensors files (``after``, what ``kuberl.trainer.loop.set_up`` does for FSDP2).
+
+A Qwen2-shaped model of ≈ 340 M parameters (``--layers``, ``--hidden``) is written once, in bfloat16
+as hub checkpoints are, to a temporary directory; then, for each mode, 2 FSDP2 ranks (gloo, CPU) start
+as fresh processes and report their peak RSS (``ru_maxrss``) after ``Actor.create``. ``baseline`` is
+the same processes with the libraries imported and the process group up but no model: the fixed
+overhead. The whole model's float32 size is printed beside them.
+
+    python benchmarks/load_memory.py
+
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("baseline", "before", "after")
+
+
+def write_model(directory: Path, layers: int, hidden: int) -> int:
+    """A random Qwen2 model and a tokenizer's worth of config in ``directory``; returns its parameter count."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+    return sum(p.numel() for p in model.parameters())
+
+
+def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> dict[str, Any]:
+    """One rank: the process group, then (unless ``baseline``) the actor as ``mode`` loads it."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from kuberl.api.spec import ModelSource
+    from kuberl.models.loading import load_model, load_skeleton
+    from kuberl.trainer.actor import Actor
+    from kuberl.trainer.algorithms import AlgorithmConfig
+    from kuberl.settings import Settings
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    source, settings, config = ModelSource(path=f"file://{directory}"), Settings(), AlgorithmConfig(name="grpo", group_size=8)
+    local = 0
+    if mode == "before":
+        model, _ = load_model(source, 0, settings)
+        actor = Actor.create(model, config, lr=1e-6, temperature=1.0)
+    elif mode == "after":
+        model, _, weights = load_skeleton(source, 0, settings)
+        actor = Actor.create(model, config, lr=1e-6, temperature=1.0, weights=weights)
+    if mode != "baseline":
+        local = sum(p.to_local().numel() for p in actor.model.parameters())
+    dist.barrier()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    dist.destroy_process_group()
+    return {"rank": rank, "peak_rss_bytes": peak, "local_parameters": local, "torch_threads": torch.get_num_threads()}
+
+
+def measure(mode: str, directory: Path, world: int) -> list[dict[str, Any]]:
+    from kuberl.local_processes import free_port
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world), "--mode", mode,
+                               "--dir", str(directory), "--port", str(port)], stdout=subprocess.PIPE, text=True)
+             for r in range(world)]
+    out = []
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"rank failed in mode {mode} (exit {proc.returncode})")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--rank", type=int), parser.add_argument("--mode", choices=MODES)
+    parser.add_argument("--dir", type=Path), parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+    if args.rank is not None:  # one rank of one measurement
+        print(json.dumps(rank_main(args.mode, args.dir, args.rank, args.world, args.port)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        parameters = write_model(Path(tmp), args.layers, args.hidden)
+        runs = {mode: measure(mode, Path(tmp), args.world) for mode in MODES}
+    gib = 1024**3
+    fp32 = parameters * 4
+    result: dict[str, Any] = {"parameters": parameters, "model_fp32_gib": round(fp32 / gib, 3), "ranks": args.world}
+    for mode, ranks in runs.items():
+        result[f"{mode}_peak_rss_gib"] = [round(r["peak_rss_bytes"] / gib, 3) for r in ranks]
+    overhead = max(r["peak_rss_bytes"] for r in runs["baseline"])
+    for mode in ("before", "after"):
+        worst = max(r["peak_rss_bytes"] for r in runs[mode])
+        result[f"{mode}_max_over_baseline_vs_model_fp32"] = round((worst - overhead) / fp32, 3)
+    result["local_parameters_after"] = [r["local_parameters"] for r in runs["after"]]
+    for key, value in result.items():
+        print(f"{key}: {value}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
