@@ -4,7 +4,7 @@ read from the safetensors files (``after``, what ``kuberl.trainer.loop.set_up`` 
 
 A Qwen2-shaped model of ≈ 340 M parameters (``--layers``, ``--hidden``) is written once, in bfloat16
 as hub checkpoints are, to a temporary directory; then, for each mode, 2 FSDP2 ranks (gloo, CPU) start
-as fresh processes and report their peak RSS (``ru_maxrss``) after ``Actor.create``. ``baseline`` is
+as fresh processes and report their peak RSS (``VmHWM``) after ``Actor.create``. ``baseline`` is
 the same processes with the libraries imported and the process group up but no model: the fixed
 overhead. The whole model's float32 size is printed beside them.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,15 @@ def write_model(directory: Path, layers: int, hidden: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM, bytes): of its own address space, unlike ``ru_maxrss``,
+    which an exec'd process inherits from its parent."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> dict[str, Any]:
     """One rank: the process group, then (unless ``baseline``) the actor as ``mode`` loads it."""
     import os
@@ -50,13 +58,14 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
 
     from kuberl.api.spec import ModelSource
     from kuberl.models.loading import load_model, load_skeleton
+    from kuberl.settings import Settings
     from kuberl.trainer.actor import Actor
     from kuberl.trainer.algorithms import AlgorithmConfig
-    from kuberl.settings import Settings
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    source, settings, config = ModelSource(path=f"file://{directory}"), Settings(), AlgorithmConfig(name="grpo", group_size=8)
+    source, settings = ModelSource(path=f"file://{directory}"), Settings()
+    config = AlgorithmConfig(name="grpo", group_size=8)
     local = 0
     if mode == "before":
         model, _ = load_model(source, 0, settings)
@@ -67,7 +76,7 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
     if mode != "baseline":
         local = sum(p.to_local().numel() for p in actor.model.parameters())
     dist.barrier()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     dist.destroy_process_group()
     return {"rank": rank, "peak_rss_bytes": peak, "local_parameters": local, "torch_threads": torch.get_num_threads()}
 

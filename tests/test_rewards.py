@@ -174,3 +174,21 @@ def test_kuberls_string_rewards_run_in_place_and_a_missing_function_names_the_fi
 
 
 
+
+
+async def test_the_code_reward_runs_the_program_against_the_rows_tests_in_the_sandbox():
+    pool = make_scorer("kuberl.rewards:code", workers=2, timeout=60.0)
+    right = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```"
+    tests = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
+    cases = [
+        (right, "", tests, 1.0),
+        ("```python\ndef add(a, b):\n    return a - b\n```", "", tests, 0.0),  # fails a test
+        ("def add(a, b):\n    while True: pass", "", tests, 0.0),  # never ends: the sandbox's limit
+        ("```python\nimport socket\nsocket.socket()\ndef add(a, b): return a + b\n```", "", tests, 0.0),  # no network
+        (right, "assert add(2, 2) == 4", {}, 1.0),  # no tests column: the answer holds them
+    ]
+    try:
+        scores = await asyncio.gather(*(pool.score("", c, a, row) for c, a, row, _ in cases))
+    finally:
+        await pool.aclose()
+    assert scores == [want for *_, want in cases] and pool.errors == pool.timeouts == 0

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kuberl.agent.sandbox import Limits, run_python
 from kuberl.agent.tools import ToolCall, calculator, first_call_end, parse_tool_calls, run_tool
+from kuberl.sandbox import Limits, run_python
 
 
 def test_both_call_formats_parse():
@@ -157,7 +157,7 @@ for name in (b"unshare", b"setns"):
     assert lib.seccomp_rule_add_array(ctx, 0x00050001, lib.seccomp_syscall_resolve_name(name), 0, None) == 0
 assert lib.seccomp_load(ctx) == 0
 assert ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0  # CLONE_NEWNET: refused, as in the pod
-from kuberl.agent.sandbox import run_python
+from kuberl.sandbox import run_python
 print(run_python("print(6 * 7)").output, end="")
 '''
     done = subprocess.run([sys.executable, "-c", refuse_namespaces], capture_output=True, text=True, timeout=60)

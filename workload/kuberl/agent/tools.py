@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sandbox import run_python
+from ..sandbox import run_python
 
 TAGGED = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 COMPACT = re.compile(r"calc\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
@@ -131,7 +131,7 @@ def calculator(expression: str) -> str:
 
 
 def python_tool(code: str) -> str:
-    """Run ``code`` in the sandbox (:mod:`.sandbox`); its output, or what stopped it."""
+    """Run ``code`` in the sandbox (:mod:`kuberl.sandbox`); its output, or what stopped it."""
     outcome = run_python(code)
     return outcome.output if outcome.ok else f"error: {outcome.output}"
 

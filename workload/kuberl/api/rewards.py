@@ -5,7 +5,7 @@ operator can refuse ``kuberl.rewards:no_such_reward`` without importing the work
 from __future__ import annotations
 
 KUBERL_REWARDS_MODULE = "kuberl.rewards"
-KUBERL_REWARDS = ("exact_match", "digit_match", "math", "math_answer")
+KUBERL_REWARDS = ("exact_match", "digit_match", "math", "math_answer", "code")
 
 
 def reward_issue(function: str) -> str | None:

@@ -20,11 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..api.rewards import KUBERL_REWARDS, KUBERL_REWARDS_MODULE
+from .code import code
 from .math_answers import math
 
 RewardFn = Callable[..., Any]
 
-__all__ = ["INLINE", "RewardFn", "call_reward", "digit_match", "exact_match", "load_reward", "math", "math_answer"]
+__all__ = ["INLINE", "RewardFn", "call_reward", "code", "digit_match", "exact_match", "load_reward", "math",
+           "math_answer"]
 
 
 def exact_match(prompt: str, completion: str, answer: str, **row: Any) -> float:

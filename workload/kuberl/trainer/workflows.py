@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..agent import sandbox
+from .. import sandbox
 from ..agent.workflow import ToolWorkflow
 from ..api.spec import RLExperimentSpec
 from ..data.datasets import DropCount, Example
@@ -46,8 +46,12 @@ def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *,
 
 def make_reward(spec: RLExperimentSpec, function: str | None = None, field: str = "spec.reward.function") -> Scorer:
     """The scorer of ``function`` (default ``spec.reward.function``) with ``spec.reward``'s pool size and
-    time limit; raises ValueError naming ``field`` when the function cannot be imported."""
-    return make_scorer(function or spec.reward.function, spec.reward.workers, spec.reward.timeout_seconds, field)
+    time limit; raises ValueError naming ``field`` when the function cannot be imported, or is the
+    ``code`` reward on a host where the sandbox cannot run (every completion would score 0)."""
+    function = function or spec.reward.function
+    if function == "kuberl.rewards:code" and (reason := sandbox.available()) is not None:
+        raise ValueError(f"{field}: kuberl.rewards:code cannot run here: {reason}")
+    return make_scorer(function, spec.reward.workers, spec.reward.timeout_seconds, field)
 
 
 @dataclass
