@@ -3,12 +3,14 @@ sharded (``before``), against built on the ``meta`` device, sharded, then each r
 read from the safetensors files (``after``, what ``kuberl.trainer.loop.set_up`` does for FSDP2).
 
 A Qwen2-shaped model of ≈ 340 M parameters (``--layers``, ``--hidden``) is written once, in bfloat16
-as hub checkpoints are, to a temporary directory; then, for each mode, 2 FSDP2 ranks (gloo, CPU) start
-as fresh processes and report their peak RSS (``VmHWM``) after ``Actor.create``. ``baseline`` is
-the same processes with the libraries imported and the process group up but no model: the fixed
-overhead. The whole model's float32 size is printed beside them.
+and in several safetensors files (``--shard-size``) as hub checkpoints are, to a temporary
+directory; then, for each mode, 2 FSDP2 ranks (gloo, CPU) start as fresh processes and report their
+peak RSS (``VmHWM``, which counts the pages of the safetensors files they map) and their peak
+anonymous memory (``RssAnon``, sampled) after ``Actor.create``. ``baseline`` is the same processes
+with the libraries imported and the process group up but no model: the fixed overhead. The whole
+model's float32 size is printed beside them.
 
-    python benchmarks/load_memory.py
+    python benchmarks/load_memory.py [--out benchmarks/results/load_memory.json]
 
 The last line is JSON.
 """
@@ -20,6 +22,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("baseline", "before", "after")
 
 
-def write_model(directory: Path, layers: int, hidden: int) -> int:
-    """A random Qwen2 model and a tokenizer's worth of config in ``directory``; returns its parameter count."""
+def write_model(directory: Path, layers: int, hidden: int, shard_size: str) -> int:
+    """A random Qwen2 model in ``directory``, in safetensors files of at most ``shard_size``; returns its
+    parameter count."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -36,24 +40,42 @@ def write_model(directory: Path, layers: int, hidden: int) -> int:
                          num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
                          tie_word_embeddings=False)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, max_shard_size=shard_size)
     return sum(p.numel() for p in model.parameters())
 
 
-def peak_rss() -> int:
-    """This process's peak resident set (VmHWM, bytes): of its own address space, unlike ``ru_maxrss``,
-    which an exec'd process inherits from its parent."""
+def status_bytes(field: str) -> int:
+    """A size from /proc/self/status, in bytes: ``VmHWM`` (peak resident set; of this address space,
+    unlike ``ru_maxrss``, which an exec'd process inherits from its parent) or ``RssAnon``."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class AnonymousPeak:
+    """The largest ``RssAnon`` seen, sampled every 5 ms: the process's own memory, without the pages
+    of files it maps (safetensors are read through mmap: page cache, shared by a node's ranks)."""
+
+    def __init__(self) -> None:
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, status_bytes("RssAnon"))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, status_bytes("RssAnon"))
 
 
 def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> dict[str, Any]:
     """One rank: the process group, then (unless ``baseline``) the actor as ``mode`` loads it."""
     import os
 
-    import torch
     import torch.distributed as dist
 
     from kuberl.api.spec import ModelSource
@@ -64,6 +86,7 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    anonymous = AnonymousPeak()
     source, settings = ModelSource(path=f"file://{directory}"), Settings()
     config = AlgorithmConfig(name="grpo", group_size=8)
     local = 0
@@ -76,9 +99,9 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
     if mode != "baseline":
         local = sum(p.to_local().numel() for p in actor.model.parameters())
     dist.barrier()
-    peak = peak_rss()
+    peak, peak_anonymous = status_bytes("VmHWM"), anonymous.stop()
     dist.destroy_process_group()
-    return {"rank": rank, "peak_rss_bytes": peak, "local_parameters": local, "torch_threads": torch.get_num_threads()}
+    return {"rank": rank, "peak_rss_bytes": peak, "peak_anonymous_bytes": peak_anonymous, "local_parameters": local}
 
 
 def measure(mode: str, directory: Path, world: int) -> list[dict[str, Any]]:
@@ -102,6 +125,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--shard-size", default="150MB", help="the largest safetensors file (hub checkpoints come in "
+                        "several: Qwen3-8B in 5 of ≈ 3.3 GB, a fifth of the model each; 150MB is that here)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/load_memory.json")
     parser.add_argument("--rank", type=int), parser.add_argument("--mode", choices=MODES)
     parser.add_argument("--dir", type=Path), parser.add_argument("--port", type=int)
     args = parser.parse_args()
@@ -109,20 +135,25 @@ def main() -> None:
         print(json.dumps(rank_main(args.mode, args.dir, args.rank, args.world, args.port)))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        parameters = write_model(Path(tmp), args.layers, args.hidden)
+        parameters = write_model(Path(tmp), args.layers, args.hidden, args.shard_size)
+        files = len(list(Path(tmp).glob("*.safetensors")))
         runs = {mode: measure(mode, Path(tmp), args.world) for mode in MODES}
     gib = 1024**3
     fp32 = parameters * 4
-    result: dict[str, Any] = {"parameters": parameters, "model_fp32_gib": round(fp32 / gib, 3), "ranks": args.world}
+    result: dict[str, Any] = {"parameters": parameters, "model_fp32_gib": round(fp32 / gib, 3), "ranks": args.world,
+                              "safetensors_files": files}
     for mode, ranks in runs.items():
         result[f"{mode}_peak_rss_gib"] = [round(r["peak_rss_bytes"] / gib, 3) for r in ranks]
-    overhead = max(r["peak_rss_bytes"] for r in runs["baseline"])
-    for mode in ("before", "after"):
-        worst = max(r["peak_rss_bytes"] for r in runs[mode])
-        result[f"{mode}_max_over_baseline_vs_model_fp32"] = round((worst - overhead) / fp32, 3)
+        result[f"{mode}_peak_anonymous_gib"] = [round(r["peak_anonymous_bytes"] / gib, 3) for r in ranks]
+    for memory in ("rss", "anonymous"):
+        overhead = max(r[f"peak_{memory}_bytes"] for r in runs["baseline"])
+        for mode in ("before", "after"):
+            worst = max(r[f"peak_{memory}_bytes"] for r in runs[mode])
+            result[f"{mode}_{memory}_over_baseline_vs_model_fp32"] = round((worst - overhead) / fp32, 3)
     result["local_parameters_after"] = [r["local_parameters"] for r in runs["after"]]
     for key, value in result.items():
         print(f"{key}: {value}")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 
