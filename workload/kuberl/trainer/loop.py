@@ -25,7 +25,6 @@ from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..models.loading import load_model, load_skeleton
-from ..models.text import TextCodec
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
@@ -37,6 +36,7 @@ from .checkpointing import Checkpointer, TrainerState
 from .loss import BehaviourGapMonitor
 from .services import NoServices, RankZeroServices, Tally
 from .watchdog import StepWatchdog
+from .workflows import PromptCheck
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -126,9 +126,10 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     sft_losses: list[float] = []
     if resumed is None:
         warm = spec.model.sft_warmup
-        codec = TextCodec(tokenizer, spec.model.chat_template)
-        sft_losses = actor.supervised_warm_up(codec, examples(spec.dataset, spec.seed + 7, 0, settings),
-                                              warm.steps, warm.batch_size, warm.learning_rate)
+        check = PromptCheck.of(spec, tokenizer)  # the rollout's rendering and length limit
+        demonstrations = examples(spec.dataset, spec.seed + 7, 0, settings, check.keep)
+        sft_losses = actor.supervised_warm_up(check.codec, demonstrations, warm.steps, warm.batch_size,
+                                              warm.learning_rate)
         actor.freeze_reference()  # π_ref is the policy RL starts from (a resume restores it instead)
         log.info("SFT warm-up losses %s", [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
     else:
