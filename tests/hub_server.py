@@ -21,6 +21,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"  # the one commit of every r
 class Repo:
     directory: Path
     token: str | None = None  # gated: requests without "Bearer <token>" get 401
+    kind: str = "models"  # or "datasets"
 
     def files(self) -> dict[str, Path]:
         return {str(p.relative_to(self.directory)): p for p in sorted(self.directory.rglob("*")) if p.is_file()}
@@ -34,8 +35,11 @@ class FakeHub:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/api/models/{org}/{name}/revision/{revision:.+}", self.info)
-        app.router.add_get("/api/models/{org}/{name}/tree/{revision}", self.tree)
+        app.router.add_get("/api/{kind}/{org}/{name}", self.info)
+        app.router.add_get("/api/{kind}/{org}/{name}/revision/{revision:.+}", self.info)
+        app.router.add_get("/api/{kind}/{org}/{name}/tree/{revision}", self.tree)
+        app.router.add_get("/api/{kind}/{org}/{name}/tree/{revision}/{path:.+}", self.tree)
+        app.router.add_route("*", "/datasets/{org}/{name}/resolve/{revision}/{path:.+}", self.resolve)
         app.router.add_route("*", "/{org}/{name}/resolve/{revision}/{path:.+}", self.resolve)
         return app
 
@@ -43,11 +47,12 @@ class FakeHub:
         with self._lock:
             self.requested.append(request.path)
         repo = self.repos.get(f"{request.match_info['org']}/{request.match_info['name']}")
-        if repo is None:
+        kind = request.match_info.get("kind") or ("datasets" if request.path.startswith("/datasets/") else "models")
+        if repo is None or repo.kind != kind:
             raise web.HTTPNotFound(headers={"X-Error-Code": "RepoNotFound"}, text='{"error": "Repository not found"}')
         if repo.token is not None and request.headers.get("Authorization") != f"Bearer {repo.token}":
             raise web.HTTPUnauthorized(headers={"X-Error-Code": "GatedRepo"}, text='{"error": "gated"}')
-        if request.match_info["revision"] not in ("main", COMMIT):
+        if request.match_info.get("revision", "main") not in ("main", COMMIT):
             raise web.HTTPNotFound(headers={"X-Error-Code": "RevisionNotFound"}, text='{"error": "no revision"}')
         return repo
 
@@ -57,9 +62,21 @@ class FakeHub:
                                   "siblings": [{"rfilename": name} for name in repo.files()], "private": False})
 
     async def tree(self, request: web.Request) -> web.Response:
-        repo = self._repo(request)
-        return web.json_response([{"type": "file", "path": name, "size": path.stat().st_size, "oid": _oid(path)}
-                                  for name, path in repo.files().items()])
+        """The files under ``path`` (all with ``recursive``), and the folders directly under it."""
+        repo, under = self._repo(request), request.match_info.get("path", "").strip("/")
+        recursive = request.query.get("recursive", "false").lower() == "true"
+        prefix = f"{under}/" if under else ""
+        entries, folders = [], set()
+        for name, path in repo.files().items():
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix):]
+            if "/" in rest and not recursive:
+                folders.add(prefix + rest.split("/")[0])
+                continue
+            entries.append({"type": "file", "path": name, "size": path.stat().st_size, "oid": _oid(path)})
+        entries += [{"type": "directory", "path": folder, "oid": "0" * 40} for folder in sorted(folders)]
+        return web.json_response(entries)
 
     async def resolve(self, request: web.Request) -> web.StreamResponse:
         repo = self._repo(request)

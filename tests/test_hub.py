@@ -68,3 +68,42 @@ def test_hub_paths_parse_with_and_without_a_revision():
     model = parse_hub_path("hf://Qwen/Qwen3-8B@refs/pr/1")
     assert model is not None and (model.repo, model.revision) == ("Qwen/Qwen3-8B", "refs/pr/1")
     assert parse_hub_path("s3://bucket/model/") is None
+
+
+def test_a_hub_dataset_in_verls_format_streams_its_rows(tmp_path):
+    """hf://datasets/ORG/NAME through the ``datasets`` library, in a process whose HF_ENDPOINT names the
+    hub (as the operator sets it in pods from spec.storage.hubEndpoint; the libraries read it once)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = tmp_path / "dataset" / "data"
+    repo.mkdir(parents=True)
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "reward_model": {"ground_truth": str(i + 1)},
+             "extra_info": {"index": i}} for i in range(10)]
+    pq.write_table(pa.Table.from_pylist(rows), repo / "train-00000-of-00001.parquet")
+    hub = FakeHub({"team/math": Repo(repo.parent, kind="datasets")})
+    port = free_port()
+    stop = start(hub, port)
+    script = (
+        "import itertools, json, pathlib\n"
+        "from kuberl.api.spec import DatasetSource\n"
+        "from kuberl.data.datasets import examples\n"
+        "from kuberl.settings import from_environment\n"
+        "source = DatasetSource(path='hf://datasets/team/math', answerKey='reward_model.ground_truth')\n"
+        "got = list(itertools.islice(examples(source, 0, settings=from_environment()), 10))\n"
+        "print(json.dumps([[e.prompt[0]['content'], e.answer, e.row['extra_info']['index']] for e in got]))\n")
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "KUBERL_CACHE_DIR": str(tmp_path / "cache"),
+           "HF_HOME": str(tmp_path / "hf-home")}
+    try:
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        stop()
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(got, key=lambda r: r[2]) == [[f"{i}+1=", str(i + 1), i] for i in range(10)]
+    assert any(p.startswith("/api/datasets/team/math") for p in hub.requested)
