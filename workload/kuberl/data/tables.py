@@ -76,7 +76,8 @@ def load_table(source: DatasetSource, settings: Settings) -> datasets.Dataset:
 
 
 def column_paths(features: Mapping[str, Any], prefix: str = "") -> set[str]:
-    """Every dotted path of a table's columns and of their nested fields."""
+    """Every dotted path of a table's columns and of their nested fields (``features``: the table's
+    ``datasets.Features``, or one row)."""
     out = set()
     for name, feature in features.items():
         out.add(prefix + name)
@@ -138,8 +139,9 @@ def peek_columns(path: Path) -> set[str]:
     keys of a JSON Lines file's first ``PEEK_ROWS`` rows (a JSON array file: none, it must be parsed)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
+        from datasets import Features
 
-        return _arrow_paths(pq.read_schema(path))
+        return column_paths(Features.from_arrow_schema(pq.read_schema(path)))
     if path.suffix != ".jsonl":
         return set()
     columns: set[str] = set()
@@ -149,31 +151,11 @@ def peek_columns(path: Path) -> set[str]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DatasetError(f"spec.dataset.path {str(path)!r}: invalid JSON ({err.msg})") from err
-            columns |= _dict_paths(row) if isinstance(row, dict) else set()
+            columns |= column_paths(row) if isinstance(row, dict) else set()
     return columns
 
 
 PEEK_ROWS = 100
-
-
-def _dict_paths(row: Mapping[str, Any], prefix: str = "") -> set[str]:
-    out = set()
-    for key, value in row.items():
-        out.add(prefix + key)
-        if isinstance(value, Mapping):
-            out |= _dict_paths(value, f"{prefix}{key}.")
-    return out
-
-
-def _arrow_paths(fields: Any, prefix: str = "") -> set[str]:
-    import pyarrow as pa
-
-    out = set()
-    for item in fields:
-        out.add(prefix + item.name)
-        if pa.types.is_struct(item.type):
-            out |= _arrow_paths(list(item.type), f"{prefix}{item.name}.")
-    return out
 
 
 def local_file_issues(source: DatasetSource, field: str) -> list[tuple[str, str]]:
@@ -183,7 +165,7 @@ def local_file_issues(source: DatasetSource, field: str) -> list[tuple[str, str]
     it starts)."""
     if source.path.startswith("builtin:"):
         name = source.path.removeprefix("builtin:")
-        columns = _dict_paths(TABLES[name]()[0]) if name in TABLES else None
+        columns = column_paths(TABLES[name]()[0]) if name in TABLES else None
     elif source.path.startswith(("file://", "/")):
         path = Path(source.path.removeprefix("file://"))
         columns = peek_columns(path) if path.is_file() else None
