@@ -10,7 +10,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.api import Progress
 from kuberl.display import ProgressDisplay, plain_line
@@ -116,6 +118,10 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     assert [e.step for e in events.Scalars("eval/reward")] == [0, 60, 120]
     assert len(events.Scalars("train/reward")) == 120
     assert summary["tensorboard"] == str(work / "tensorboard")
+    export = work / "checkpoints" / "hf" / "step-00000120"  # spec.export: the final policy, from_pretrained-ready
+    assert summary["export"]["uri"] == f"file://{export}/" and (export / "MANIFEST.json").is_file()
+    exported = AutoModelForCausalLM.from_pretrained(export)
+    assert exported.dtype == torch.bfloat16 and exported.config.vocab_size == len(AutoTokenizer.from_pretrained(export))
 
     lines = done.stderr.splitlines()
     updates = [line for line in lines if line.startswith("kuberl run: step ")]
@@ -124,6 +130,7 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     assert updates[-1].startswith(final), updates[-1]  # where the run ended, though the trainer is gone
     assert any("checkpoints to file://" in line for line in lines)
     assert any(f"training curves in {work / 'tensorboard'}" in line for line in lines)
+    assert any(f"as a Hugging Face model: file://{export}/" in line for line in lines)
 
 
 def test_local_mode_checkpoints_to_the_manifests_s3_uri_when_asked(tmp_path, aws_env):

@@ -367,6 +367,8 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
         run.children.terminate()
     curves = run.work / "tensorboard"
     display.message(f"training curves in {curves} (tensorboard --logdir {curves})")
+    if summary.get("export"):
+        display.message(f"the trained policy as a Hugging Face model: {summary['export']['uri']}")
     if summary_path:
         summary_path.write_text(json.dumps(summary, indent=2))
     return summary

@@ -420,6 +420,22 @@ class CheckpointSpec(ApiModel):
     )
 
 
+class ExportDtype(StrEnum):
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+
+
+class ExportSpec(ApiModel):
+    """Hugging Face model directories of the policy (``from_pretrained``-ready: config, sharded
+    safetensors with their index, tokenizer with its chat template, generation config), written beside
+    the checkpoints under ``hf/step-NNNNNNNN/``, manifest last, as checkpoints are."""
+
+    final: bool = Field(True, description="export the policy after the last step (wherever checkpoints go: "
+                                          "spec.checkpoint.uri, or kuberl run's work dir)")
+    every_checkpoints: int = Field(0, ge=0, description="also export at every N-th checkpoint (0: only the final)")
+    dtype: ExportDtype = Field(ExportDtype.BFLOAT16, description="the weights' dtype in the files")
+
+
 class SchedulingSpec(ApiModel):
     queue: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253, description="Kueue LocalQueue name")
     gang: GangScheduler = GangScheduler.NONE
@@ -491,6 +507,7 @@ class RLExperimentSpec(ApiModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    export: ExportSpec = Field(default_factory=ExportSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False

@@ -33,6 +33,7 @@ from .actor import Actor
 from .algorithms import AlgorithmConfig, learning_rate_at
 from .batch import collate
 from .checkpointing import Checkpointer, TrainerState
+from .export import export_due, export_policy
 from .loss import BehaviourGapMonitor
 from .services import NoServices, RankZeroServices, Tally
 from .watchdog import StepWatchdog
@@ -201,6 +202,16 @@ def count(tally: Tally, step: int, trajs: list[Trajectory], stats: dict[str, flo
         tally.trained_tokens += sum(t.trained_tokens for t in trajs)
 
 
+def maybe_export(s: Session, steps_done: int) -> None:
+    """The policy as a Hugging Face directory when ``spec.export`` asks for one after ``steps_done``
+    steps (every rank takes part: the weights are gathered; rank 0 writes it beside the checkpoints)."""
+    spec = s.run.spec
+    if export_due(spec.export, steps_done, spec.checkpoint.every_steps, last=steps_done == s.max_steps):
+        s.services.exported(export_policy(
+            s.actor, s.tokenizer, steps_done, s.settings.checkpoint_location(spec.checkpoint.uri), spec.export,
+            s.settings.staging_dir, s.run.run_id, s.rank, s.settings.s3_endpoint))
+
+
 def train(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
           urls: list[str]) -> dict[str, object] | None:
     """The whole run; returns rank 0's summary (None on the other ranks)."""
@@ -218,7 +229,8 @@ def train(run: RunConfig, settings: Settings, rank: int, world: int, device: tor
         tally.timeperf["step"].append(time.perf_counter() - step_start)
         tally.steps_done = step + 1
         s.services.checkpointed(s.checkpointer.maybe_save(s.actor, step + 1, step + 1, *s.services.data_state()))
-        watchdog.beat()  # the step and its checkpoint are done
+        maybe_export(s, step + 1)
+        watchdog.beat()  # the step, its checkpoint and export are done
         s.services.report(step, trajs, stats, wait_s, previous_sync, tally)
         s.services.evaluate(step + 1, last=step + 1 == s.max_steps)
     tally.timeperf["weight_sync"].append(s.sync.wait())

@@ -108,6 +108,9 @@ class NoServices:
     def checkpointed(self, uri: str | None) -> None:
         return None
 
+    def exported(self, export: dict[str, Any] | None) -> None:
+        return None
+
     def evaluate(self, steps_done: int, last: bool = False) -> None:
         return None
 
@@ -125,6 +128,7 @@ class RankZeroServices(NoServices):
         self.control = controller
         self.reward, self.prompt_check = reward, prompts
         self.model = model_origin(run.spec.model, prompts.codec.tokenizer)
+        self.export: dict[str, Any] | None = None
         self.server.update(model_revision=self.model.get("revision"))
 
     @classmethod
@@ -236,6 +240,12 @@ class RankZeroServices(NoServices):
             self.server.update(last_checkpoint=uri)
             self.curves.publish()
 
+    def exported(self, export: dict[str, Any] | None) -> None:
+        """The policy was exported as a Hugging Face directory (``export``: its uri, step, bytes, seconds)."""
+        if export is not None:
+            self.export = export
+            self.server.update(last_export=export["uri"])
+
     def evaluate(self, steps_done: int, last: bool = False) -> None:
         """Start the held-out evaluation when due; report those that finished."""
         if self.evaluations is not None:
@@ -291,6 +301,7 @@ class RankZeroServices(NoServices):
             "reward_errors": self.reward.errors,
             "dataset": self.prompt_check.summary(),
             "model": self.model,
+            "export": self.export,
             "filtered_groups": tally.dropped_groups,
             "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
             "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it

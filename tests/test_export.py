@@ -1,0 +1,73 @@
+"""The policy as a Hugging Face directory (spec.export): transformers loads it, its weights are the
+trainer's, it answers as the trainer's policy does, and it is complete only once its manifest is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kuberl.api.spec import ExportSpec
+from kuberl.models.tiny import chat_tokenizer, tiny_qwen2
+from kuberl.trainer.actor import Actor
+from kuberl.trainer.algorithms import AlgorithmConfig
+from kuberl.trainer.export import export_due, export_policy
+
+CONFIG = AlgorithmConfig(name="grpo", group_size=4)
+
+
+def trained_actor() -> tuple[Actor, object]:
+    tok = chat_tokenizer()
+    actor = Actor.create(tiny_qwen2(len(tok), seed=4), CONFIG, lr=1e-2, temperature=1.0)
+    with torch.no_grad():  # weights no fresh model has: the export must carry these
+        for param in actor.model.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            local.add_(0.01 * torch.randn_like(local))
+    return actor, tok
+
+
+def test_an_export_loads_with_transformers_and_answers_as_the_trainers_policy(world_of_one, tmp_path: Path):
+    actor, tok = trained_actor()
+    result = export_policy(actor, tok, 7, f"file://{tmp_path}/ckpt/", ExportSpec(dtype="float32"),
+                           tmp_path / "staging", "run-1", rank=0)
+    assert result is not None and result["uri"] == f"file://{tmp_path}/ckpt/hf/step-00000007/"
+    where = tmp_path / "ckpt" / "hf" / "step-00000007"
+    manifest = json.loads((where / "MANIFEST.json").read_text())
+    assert manifest["meta"] == {"kind": "huggingface", "dtype": "float32", "run_id": "run-1"}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= set(manifest["files"])
+    loaded = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32).eval()
+    want = actor.full_state_dict()
+    got = loaded.state_dict()
+    assert all(torch.equal(got[name], tensor) for name, tensor in want.items())
+    loaded_tok = AutoTokenizer.from_pretrained(where)
+    assert loaded_tok.chat_template == tok.chat_template  # the template travels with the model
+    policy = tiny_qwen2(len(tok), seed=4)
+    policy.load_state_dict(want)
+    prompts = [loaded_tok.apply_chat_template([{"role": "user", "content": f"{a}+{b}="}], tokenize=True,
+                                              add_generation_prompt=True, return_dict=False)
+               for a in range(4) for b in range(4)]
+    for ids in prompts:  # 16 prompts, greedy: the export answers exactly as the trainer's policy
+        x = torch.tensor([ids])
+        ours = policy.eval().generate(x, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+        theirs = loaded.generate(x, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert torch.equal(ours, theirs)
+
+
+def test_a_bfloat16_export_is_half_the_size_and_says_so(world_of_one, tmp_path: Path):
+    actor, tok = trained_actor()
+    full = export_policy(actor, tok, 1, f"file://{tmp_path}/a/", ExportSpec(dtype="float32"), tmp_path / "s", None, 0)
+    half = export_policy(actor, tok, 1, f"file://{tmp_path}/b/", ExportSpec(), tmp_path / "s", None, 0)
+    assert full is not None and half is not None
+    weights = [sum(p.stat().st_size for p in (tmp_path / d / "hf").rglob("*.safetensors")) for d in "ab"]
+    assert weights[1] < 0.55 * weights[0]
+    config = json.loads((tmp_path / "b" / "hf" / "step-00000001" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+
+
+def test_exports_are_due_at_the_end_and_every_nth_checkpoint():
+    every_other = ExportSpec(everyCheckpoints=2)
+    assert [s for s in range(1, 101) if export_due(every_other, s, 10, last=s == 100)] == [20, 40, 60, 80, 100]
+    assert [s for s in range(1, 101) if export_due(ExportSpec(), s, 10, last=s == 100)] == [100]
+    assert not any(export_due(ExportSpec(final=False), s, 10, last=s == 100) for s in range(1, 101))

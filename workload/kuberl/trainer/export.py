@@ -1,0 +1,81 @@
+"""The policy as a Hugging Face model directory (``spec.export``): what a team serves, evaluates or
+shares after a run, ``AutoModelForCausalLM.from_pretrained``-ready.
+
+Written beside the checkpoints, ``<checkpoint location>hf/step-NNNNNNNN/``: ``config.json``,
+``generation_config.json``, the weights as sharded safetensors with their index
+(``huggingface_hub.save_torch_state_dict``; tied weights once), the tokenizer files with the chat
+template — then ``MANIFEST.json`` last, through the same protocol as checkpoints
+(``kuberl.checkpoint.CheckpointManager``), so a reader never sees half an export. Every backend's
+``full_state_dict`` already gives whole tensors under HF names on rank 0 (Megatron's tensor-,
+pipeline- and expert-parallel pieces gathered and renamed), so one writer serves both.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+from ..api.spec import ExportSpec
+from ..checkpoint import CheckpointManager, open_store
+from .actor import Actor
+
+log = logging.getLogger("kuberl.trainer")
+EXPORT_DIR = "hf/"
+KEEP_ALL = 10**9  # exports are never pruned: each is a model someone may serve
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def write_hf_dir(state: dict[str, torch.Tensor], config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
+                 directory: Path, dtype: torch.dtype) -> None:
+    """``state`` (HF names) as a ``from_pretrained`` directory in ``dtype``."""
+    from huggingface_hub import save_torch_state_dict
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if getattr(config, "tie_word_embeddings", False):
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # the embedding holds it
+    config = config.__class__.from_dict(config.to_dict())  # a copy: the run's own config stays as it is
+    config.dtype = dtype
+    config.save_pretrained(directory)
+    GenerationConfig.from_model_config(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    save_torch_state_dict({k: v.to(dtype).contiguous() for k, v in state.items()}, directory)
+
+
+def hf_config(actor: Actor) -> PretrainedConfig:
+    """The HF config of the policy an actor trains (Megatron keeps it beside its converted model)."""
+    return getattr(actor, "hf_config", None) or actor.model.config
+
+
+def export_policy(actor: Actor, tokenizer: PreTrainedTokenizerBase, step: int, location: str | None,
+                  spec: ExportSpec, staging: Path, run_id: str | None, rank: int,
+                  s3_endpoint: str | None = None) -> dict[str, Any] | None:
+    """Every rank calls it (the weights are gathered); rank 0 writes and uploads the export of ``step``
+    and returns {"uri", "step", "bytes", "seconds"}; None on the other ranks or without a location."""
+    started = time.perf_counter()
+    state = actor.full_state_dict()
+    if rank != 0 or location is None:
+        return None
+    where = staging / f"hf-{step}"
+    shutil.rmtree(where, ignore_errors=True)
+    write_hf_dir(state, hf_config(actor), tokenizer, where, DTYPES[str(spec.dtype)])
+    size = sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
+    manager = CheckpointManager(open_store(location.rstrip("/") + "/" + EXPORT_DIR, endpoint=s3_endpoint),
+                                KEEP_ALL, run_id)
+    uri = manager.save(where, step, {"kind": "huggingface", "dtype": str(spec.dtype)})
+    shutil.rmtree(where, ignore_errors=True)
+    seconds = round(time.perf_counter() - started, 3)
+    log.info("exported the policy of step %d as a Hugging Face model: %s (%.1f MiB, %.2f s)", step, uri,
+             size / 2**20, seconds)
+    return {"uri": uri, "step": step, "bytes": size, "seconds": seconds}
+
+
+def export_due(spec: ExportSpec, step: int, checkpoint_every: int, last: bool) -> bool:
+    """After ``step`` steps: the final export (``last``), or every ``everyCheckpoints``-th checkpoint's."""
+    every = spec.every_checkpoints * checkpoint_every
+    return (last and spec.final) or (every > 0 and step % every == 0)
