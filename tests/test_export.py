@@ -71,3 +71,37 @@ def test_exports_are_due_at_the_end_and_every_nth_checkpoint():
     assert [s for s in range(1, 101) if export_due(every_other, s, 10, last=s == 100)] == [20, 40, 60, 80, 100]
     assert [s for s in range(1, 101) if export_due(ExportSpec(), s, 10, last=s == 100)] == [100]
     assert not any(export_due(ExportSpec(final=False), s, 10, last=s == 100) for s in range(1, 101))
+
+
+def test_kuberl_export_turns_a_finished_checkpoint_into_the_same_directory(world_of_one, tmp_path: Path, capsys):
+    """A checkpoint as the trainer writes it (shards, state, model/), then `kuberl export` offline: the
+    directory loads and holds the checkpoint's weights; a checkpoint without model/ needs --model."""
+    from kuberl.checkpoint import CheckpointManager, open_store
+    from kuberl.trainer.checkpointing import TrainerState, save_trainer
+    from kuberl.trainer.export import describe_model
+    from kuberl_cli.main import main
+
+    actor, tok = trained_actor()
+    want = actor.full_state_dict()
+    manager = CheckpointManager(open_store(f"file://{tmp_path}/ckpt/"), keep=2, run_id="run-1")
+    save_trainer(actor, TrainerState.capture(20, 20, 320), tmp_path / "s20",
+                 lambda where: describe_model(actor.model.config, tok, where))
+    save_trainer(actor, TrainerState.capture(30, 30, 480), tmp_path / "s30")  # an older trainer's: no model/
+    manager.save(tmp_path / "s20", 20)
+    manager.save(tmp_path / "s30", 30)
+
+    assert main(["export", f"file://{tmp_path}/ckpt/step-00000020/", f"file://{tmp_path}/out/", "--dtype",
+                 "float32"]) == 0
+    assert capsys.readouterr().out.strip() == f"file://{tmp_path}/out/"
+    manifest = json.loads((tmp_path / "out" / "MANIFEST.json").read_text())
+    assert manifest["step"] == 20 and manifest["meta"]["source"] == f"file://{tmp_path}/ckpt/step-00000020/"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in want.items())
+
+    assert main(["export", f"file://{tmp_path}/ckpt/step-00000030/", f"file://{tmp_path}/out30/"]) == 1
+    assert "--model" in capsys.readouterr().err
+    assert main(["export", f"file://{tmp_path}/ckpt/step-00000030/", f"file://{tmp_path}/out30/", "--model",
+                 "builtin:tiny-qwen2-chat"]) == 0
+    assert (tmp_path / "out30" / "tokenizer.json").is_file() and (tmp_path / "out30" / "MANIFEST.json").is_file()
+    assert main(["export", f"file://{tmp_path}/ckpt/step-00000040/", f"file://{tmp_path}/x/"]) == 1
+    assert "no complete checkpoint there" in capsys.readouterr().err

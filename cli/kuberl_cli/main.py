@@ -148,6 +148,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from kuberl.checkpoint import CheckpointError
+    from kuberl.models.loading import ModelLoadError
+    from kuberl.settings import from_environment
+    from kuberl.trainer.offline_export import export_checkpoint
+
+    try:
+        uri = export_checkpoint(args.checkpoint, args.out, args.model, args.dtype, from_environment())
+    except (CheckpointError, ModelLoadError, OSError) as err:
+        print(f"kuberl export: {err}", file=sys.stderr)
+        return 1
+    print(uri)
+    return 0
+
+
 def cmd_argocd(args: argparse.Namespace) -> int:
     from kuberl_operator.argocd import argocd_cm_snippet
 
@@ -177,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-checkpoints", action="store_true",
                    help="checkpoint to spec.checkpoint.uri (e.g. s3:// on MinIO) instead of the work dir")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("export", help="a finished checkpoint as a Hugging Face model directory (offline, CPU)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT_URI", help="s3://… or file://…/step-NNNNNNNN/")
+    p.add_argument("out", metavar="OUT_URI", help="where the directory goes: s3://bucket/prefix/ or file:///dir/")
+    p.add_argument("--model", default=None, help="the model the run trained (its spec.model.path), for "
+                   "checkpoints written before they carried the model's config and tokenizer")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
     p.add_argument("out", nargs="?", default=None, help="default: crds/ and charts/kuberl/crds/")
     p.set_defaults(func=cmd_crds)

@@ -13,6 +13,7 @@ import base64
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from .actor import Actor
 
 STATE_FILE = "trainer_state.json"
 SHARDS_DIR = "dcp"
+MODEL_DIR = "model"  # config and tokenizer of the model (kuberl.trainer.export.describe_model): kuberl export
 
 
 @dataclass
@@ -48,12 +50,16 @@ class TrainerState:
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(self.rng)), dtype=torch.uint8))
 
 
-def save_trainer(actor: Actor, state: TrainerState, staging: Path) -> Path:
-    """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state and
-    the layout the shards were cut by (:attr:`~.actor.Actor.checkpoint_layout`)."""
+def save_trainer(actor: Actor, state: TrainerState, staging: Path,
+                 describe: Callable[[Path], None] | None = None) -> Path:
+    """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state, the
+    layout the shards were cut by (:attr:`~.actor.Actor.checkpoint_layout`) and, with ``describe``,
+    the model's config and tokenizer under ``staging/model``."""
     actor.save_shards(staging / SHARDS_DIR)
     if not dist.is_initialized() or dist.get_rank() == 0:
         (staging / STATE_FILE).write_text(json.dumps(asdict(state) | {"layout": actor.checkpoint_layout}))
+        if describe is not None:
+            describe(staging / MODEL_DIR)
     return staging
 
 
@@ -95,8 +101,11 @@ class Checkpointer:
     """
 
     def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int, local_rank: int = 0,
-                 run_id: str | None = None, s3_endpoint: str | None = None):
+                 run_id: str | None = None, s3_endpoint: str | None = None,
+                 describe: Callable[[Path], None] | None = None):
+        """``describe``: writes the model's config and tokenizer into a directory (each checkpoint's ``model/``)."""
         self.every, self.staging, self.rank, self.local_rank = every, staging, rank, local_rank
+        self.describe = describe
         self.run_id = run_id
         self.manager = (CheckpointManager(open_store(uri, endpoint=s3_endpoint), keep, run_id)
                         if uri and local_rank == 0 else None)
@@ -134,7 +143,7 @@ class Checkpointer:
         if not self.enabled or step % self.every:
             return None
         staging = self.staging / f"save-{step}"
-        save_trainer(actor, TrainerState.capture(step, version, data_position, prompts), staging)
+        save_trainer(actor, TrainerState.capture(step, version, data_position, prompts), staging, self.describe)
         barrier()  # this node's files are all written
         started = time.perf_counter()
         entries = self.manager.upload_files(staging, step) if self.manager is not None else {}

@@ -31,19 +31,28 @@ KEEP_ALL = 10**9  # exports are never pruned: each is a model someone may serve
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
+def describe_model(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, directory: Path,
+                   dtype: torch.dtype | None = None) -> None:
+    """Everything of a model directory but its weights: config (with ``dtype``), generation config,
+    tokenizer files with the chat template. Checkpoints carry it too (``model/``), so ``kuberl
+    export`` can rebuild a directory from any of them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = config.__class__.from_dict(config.to_dict())  # a copy: the run's own config stays as it is
+    if dtype is not None:
+        config.dtype = dtype
+    config.save_pretrained(directory)
+    GenerationConfig.from_model_config(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
 def write_hf_dir(state: dict[str, torch.Tensor], config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
                  directory: Path, dtype: torch.dtype) -> None:
     """``state`` (HF names) as a ``from_pretrained`` directory in ``dtype``."""
     from huggingface_hub import save_torch_state_dict
 
-    directory.mkdir(parents=True, exist_ok=True)
     if getattr(config, "tie_word_embeddings", False):
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # the embedding holds it
-    config = config.__class__.from_dict(config.to_dict())  # a copy: the run's own config stays as it is
-    config.dtype = dtype
-    config.save_pretrained(directory)
-    GenerationConfig.from_model_config(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    describe_model(config, tokenizer, directory, dtype)
     save_torch_state_dict({k: v.to(dtype).contiguous() for k, v in state.items()}, directory)
 
 

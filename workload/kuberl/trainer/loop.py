@@ -33,7 +33,7 @@ from .actor import Actor
 from .algorithms import AlgorithmConfig, learning_rate_at
 from .batch import collate
 from .checkpointing import Checkpointer, TrainerState
-from .export import export_due, export_policy
+from .export import describe_model, export_due, export_policy, hf_config
 from .loss import BehaviourGapMonitor
 from .services import NoServices, RankZeroServices, Tally
 from .watchdog import StepWatchdog
@@ -122,7 +122,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     actor = make_actor(run, model, device, weights)
     checkpointer = Checkpointer(settings.checkpoint_location(spec.checkpoint.uri), spec.checkpoint.every_steps,
                                 spec.checkpoint.keep, settings.staging_dir, rank, settings.local_rank, run.run_id,
-                                settings.s3_endpoint)
+                                settings.s3_endpoint, lambda where: describe_model(hf_config(actor), tokenizer, where))
     resumed: TrainerState | None = checkpointer.resume(actor)
     sft_losses: list[float] = []
     if resumed is None:

@@ -1,0 +1,93 @@
+"""``kuberl export CHECKPOINT_URI OUT_URI``: a finished FSDP2 checkpoint as a Hugging Face model
+directory, offline, on one CPU — for a run that ended before ``spec.export`` existed, or a step other
+than the last.
+
+Reads top-down: find the checkpoint's manifest and download it (every SHA-256 checked), gather its
+sharded weights into whole tensors (``torch.distributed.checkpoint``'s ``dcp_to_torch_save``: no
+process group), take the model's config and tokenizer from the checkpoint (``model/``, written with
+every checkpoint since this command exists) or from ``--model``, write the directory
+(:func:`.export.write_hf_dir`) and upload it, manifest last.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..api.spec import ModelSource
+from ..checkpoint import CheckpointError, CheckpointManager, Manifest, open_store
+from ..checkpoint.manager import MANIFEST, sha256
+from ..models.loading import load_skeleton
+from ..settings import Settings
+from .checkpointing import MODEL_DIR, SHARDS_DIR, STATE_FILE
+from .export import DTYPES, write_hf_dir
+
+_STEP = re.compile(r"^(?P<root>.+/)step-(?P<step>\d{8})/?$")
+
+
+def export_checkpoint(checkpoint_uri: str, out_uri: str, model: str | None, dtype: str, settings: Settings) -> str:
+    """Write the HF directory of ``checkpoint_uri`` (``…/step-NNNNNNNN/``) to ``out_uri``; returns it."""
+    with tempfile.TemporaryDirectory(prefix="kuberl-export-") as tmp:
+        work = Path(tmp)
+        where, step = download(checkpoint_uri, work / "checkpoint", settings)
+        state = gathered_weights(where, work / "weights.pt")
+        config, tokenizer = model_description(where, model, settings)
+        write_hf_dir(state, config, tokenizer, work / "hf", DTYPES[dtype])
+        return upload(work / "hf", out_uri, step, settings, {"kind": "huggingface", "dtype": dtype,
+                                                              "source": checkpoint_uri.rstrip("/") + "/"})
+
+
+def download(checkpoint_uri: str, dest: Path, settings: Settings) -> tuple[Path, int]:
+    """The checkpoint's files, verified, in ``dest``; and its step."""
+    match = _STEP.match(checkpoint_uri)
+    if match is None:
+        raise CheckpointError(f"{checkpoint_uri!r}: name one checkpoint, …/step-NNNNNNNN/ (spec.checkpoint.uri + step)")
+    manager = CheckpointManager(open_store(match["root"], endpoint=settings.s3_endpoint))
+    step = int(match["step"])
+    manifest = next((m for m in manager.complete() if m.step == step), None)
+    if manifest is None:
+        raise CheckpointError(f"{checkpoint_uri!r}: no complete checkpoint there (no manifest, or files missing)")
+    return manager.restore(manifest, dest), step
+
+
+def gathered_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    """The model's whole tensors under HF names from an FSDP2 checkpoint's shards."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    layout = json.loads((checkpoint / STATE_FILE).read_text()).get("layout") or {"backend": "fsdp"}
+    if layout.get("backend") != "fsdp":
+        raise CheckpointError(f"the checkpoint was written by backend {layout.get('backend')}: kuberl export reads "
+                              "FSDP2 checkpoints (a Megatron run exports itself: spec.export)")
+    dcp_to_torch_save(str(checkpoint / SHARDS_DIR), str(scratch))
+    return torch.load(scratch, weights_only=True)["model"]
+
+
+def model_description(checkpoint: Path, model: str | None, settings: Settings):
+    """(config, tokenizer): the checkpoint's own ``model/``, else those of ``model`` (a model location)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if (checkpoint / MODEL_DIR / "config.json").is_file():
+        return AutoConfig.from_pretrained(checkpoint / MODEL_DIR), AutoTokenizer.from_pretrained(checkpoint / MODEL_DIR)
+    if model is None:
+        raise CheckpointError("the checkpoint holds no model description (it predates them): name the model it "
+                              "trained with --model (its spec.model.path)")
+    skeleton, tokenizer, _ = load_skeleton(ModelSource(path=model), 0, settings)  # no weights read
+    return skeleton.config, tokenizer
+
+
+def upload(directory: Path, out_uri: str, step: int, settings: Settings, meta: dict[str, str]) -> str:
+    """Every file of ``directory`` to ``out_uri``, then its manifest (sizes, SHA-256): complete only then."""
+    store = open_store(out_uri, endpoint=settings.s3_endpoint)
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        name = str(path.relative_to(directory))
+        store.upload(path, name)
+        files[name] = {"size": path.stat().st_size, "sha256": sha256(path)}
+    store.write_text(MANIFEST, Manifest(step, files, meta).to_json())
+    shutil.rmtree(directory, ignore_errors=True)
+    return store.uri
