@@ -105,3 +105,25 @@ def test_kuberl_export_turns_a_finished_checkpoint_into_the_same_directory(world
     assert (tmp_path / "out30" / "tokenizer.json").is_file() and (tmp_path / "out30" / "MANIFEST.json").is_file()
     assert main(["export", f"file://{tmp_path}/ckpt/step-00000040/", f"file://{tmp_path}/x/"]) == 1
     assert "no complete checkpoint there" in capsys.readouterr().err
+
+
+def test_a_new_run_starts_from_anothers_export(world_of_one, tmp_path: Path):
+    """spec.model.initFrom: the weights of an export, whole (load_model: inference, Megatron) or
+    shard by shard (load_skeleton: FSDP2); the tokenizer still comes from model.path."""
+    from kuberl.api.spec import ModelSource
+    from kuberl.models.loading import load_model, load_skeleton, model_origin
+
+    actor, tok = trained_actor()
+    want = actor.full_state_dict()
+    done = export_policy(actor, tok, 9, f"file://{tmp_path}/first/", ExportSpec(dtype="float32"), tmp_path / "s",
+                         None, 0)
+    assert done is not None
+    source = ModelSource(path="builtin:tiny-qwen2-chat", initFrom=done["uri"])
+    whole, tokenizer = load_model(source, seed=0)
+    assert all(torch.equal(whole.state_dict()[name], tensor) for name, tensor in want.items())
+    skeleton, _, weights = load_skeleton(source, seed=0)
+    second = Actor.create(skeleton, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
+    assert all(torch.equal(second.full_state_dict()[name], tensor) for name, tensor in want.items())
+    assert model_origin(source, tokenizer)["init_from"] == done["uri"]
+    fresh, _ = load_model(ModelSource(path="builtin:tiny-qwen2-chat"), seed=4)
+    assert not torch.equal(fresh.state_dict()["model.norm.weight"], want["model.norm.weight"])

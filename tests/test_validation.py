@@ -63,6 +63,8 @@ def test_examples_are_valid(capsys):
         # bring your own: hub ids are written hf://, and what the trainer cannot do is refused here
         ({"model__path": "Qwen/Qwen3-8B"}, "spec.model.path", "a Hugging Face hub model is written hf://Qwen/Qwen3-8B"),
         ({"model__tokenizer": "gs://b/tok"}, "spec.model.tokenizer", "is not a model location"),
+        ({"model__initFrom": "builtin:tiny-qwen2"}, "spec.model.initFrom", "a builtin model has no weights"),
+        ({"model__initFrom": "team/run-1"}, "spec.model.initFrom", "is written hf://team/run-1"),
         ({"dataset__path": "data.jsonl"}, "spec.dataset.path", "pattern"),
         ({"dataset__answerKey": "reward_model..x"}, "spec.dataset.answerKey", "pattern"),
         ({"algorithm__name": "ppo"}, "spec.algorithm.name", "learned critic"),

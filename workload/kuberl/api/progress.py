@@ -61,6 +61,8 @@ class Progress(ApiModel):
     prompts_too_long: Count | None = Field(None, description="dataset rows skipped: prompt over "
                                                              "spec.dataset.maxPromptTokens")
     model_revision: str | None = Field(None, max_length=64, description="the hub commit an hf:// model resolved to")
+    init_from: str | None = Field(None, max_length=1024, description="the weights the run started from "
+                                                                    "(spec.model.initFrom)")
     last_export: str | None = Field(None, max_length=MAX_CHECKPOINT_URI,
                                     description="the newest Hugging Face export of the policy (spec.export)")
     eval_step: Count | None = Field(None, description="training steps before the last held-out evaluation")

@@ -167,8 +167,14 @@ class ModelSource(ApiModel):
     )
     sft_warmup: SftWarmup = Field(default_factory=SftWarmup)
     chat_template: ChatTemplateSpec = Field(default_factory=ChatTemplateSpec)
+    init_from: str | None = Field(
+        None, max_length=1024, json_schema_extra={"pattern": MODEL_PATH_PATTERN},
+        description="start from these weights instead of model.path's: a Hugging Face directory, e.g. another "
+                    "run's export (<checkpoint uri>hf/step-N/; file://, s3:// or hf://). Weights only: optimizer, "
+                    "step and data start fresh; the run's own checkpoints win on resume. Another run's checkpoint: "
+                    "`kuberl export` it first")
 
-    @field_validator("path", "tokenizer")
+    @field_validator("path", "tokenizer", "init_from")
     @classmethod
     def _known_location(cls, uri: str | None) -> str | None:
         if uri is not None and not re.match(MODEL_PATH_PATTERN, uri):
@@ -176,6 +182,13 @@ class ModelSource(ApiModel):
             hint = f"; a Hugging Face hub model is written {HUB_PREFIX}{uri}" if hub_id else ""
             raise ValueError(f"{uri!r} is not a model location: builtin:NAME, file:///dir, s3://bucket/prefix/ or "
                              f"hf://ORG/NAME[@REVISION]{hint}")
+        return uri
+
+    @field_validator("init_from")
+    @classmethod
+    def _weights_on_disk(cls, uri: str | None) -> str | None:
+        if uri is not None and uri.startswith("builtin:"):
+            raise ValueError(f"{uri!r}: a builtin model has no weights to start from; name a Hugging Face directory")
         return uri
 
 

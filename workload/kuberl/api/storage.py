@@ -37,6 +37,7 @@ def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
     """(field path, local path, written to?) of every file:// URI the pods use."""
     out = []
     for field, uri, written in (("spec.model.path", spec.model.path, False),
+                                ("spec.model.initFrom", spec.model.init_from, False),
                                 ("spec.model.tokenizer", spec.model.tokenizer, False),
                                 ("spec.dataset.path", spec.dataset.path, False),
                                 ("spec.checkpoint.uri", spec.checkpoint.uri, True)):  # fmt: skip

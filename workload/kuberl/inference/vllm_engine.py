@@ -294,19 +294,20 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
     for vLLM to load; a ``file://`` model is served from its own directory."""
     require_vllm()
     from ..devices import WIRE_DTYPE, compute_dtype, dtype_name
-    from ..models.loading import BUILTIN, load_model, load_tokenizer, local_dir
+    from ..models.loading import BUILTIN, load_model, load_tokenizer, local_dir, weights_source
 
     spec = run.spec
     tokenizer = load_tokenizer(spec.model, settings)
     dtype = dtype_name(compute_dtype(spec.model.dtype, spec.inference.accelerator))  # the trainer's
-    if spec.model.path in BUILTIN:
+    weights, field = weights_source(spec.model)
+    if weights in BUILTIN:
         model_dir = _scratch_dir("kuberl-model-")
         model, _ = load_model(spec.model, spec.seed, settings)
         model.save_pretrained(model_dir)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        model_dir = str(local_dir(spec.model.path, "spec.model.path", settings))
+        model_dir = str(local_dir(weights, field, settings))
         with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=WIRE_DTYPE)
     on_cpu = str(spec.inference.accelerator) == "cpu"
@@ -316,6 +317,6 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
         dtype=dtype, eager=on_cpu, cpu_kv_cache_gib=1 if on_cpu else None,
         tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
     )  # fmt: skip
-    if spec.model.path in BUILTIN:
+    if weights in BUILTIN:
         engine.owned_dirs.append(model_dir)
     return engine, tokenizer

@@ -67,17 +67,22 @@ def load_tokenizer(source: ModelSource, settings: Settings = DEFAULTS) -> PreTra
     return tok
 
 
+def weights_source(source: ModelSource) -> tuple[str, str]:
+    """(location, field) of the weights a run starts from: ``spec.model.initFrom``, else ``spec.model.path``."""
+    return (source.init_from, "spec.model.initFrom") if source.init_from else (source.path, "spec.model.path")
+
+
 def load_model(source: ModelSource, seed: int, settings: Settings = DEFAULTS
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy model (float32, train mode off) and its tokenizer (an s3:// source through
-    ``settings``' cache and endpoint)."""
+    """The policy model (float32, train mode off; its weights from :func:`weights_source`) and its
+    tokenizer (an s3:// source through ``settings``' cache and endpoint)."""
     tokenizer = load_tokenizer(source, settings)
-    if source.path in BUILTIN:
-        model = BUILTIN[source.path](len(tokenizer), seed)
+    uri, field = weights_source(source)
+    if uri in BUILTIN:
+        model = BUILTIN[uri](len(tokenizer), seed)
     else:
         # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
-        model = AutoModelForCausalLM.from_pretrained(
-            local_dir(source.path, "spec.model.path", settings), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(local_dir(uri, field, settings), dtype=torch.float32)
     model.eval()
     return model, tokenizer
 
@@ -87,11 +92,12 @@ def load_skeleton(source: ModelSource, seed: int, settings: Settings = DEFAULTS
     """The policy without its weights (``meta`` device), its tokenizer and the directory its weights
     are in, for a trainer that shards before it loads (:mod:`.meta`); a builtin is built whole (it is
     tiny and generated from the seed, so every rank builds the same), with no directory."""
-    if source.path in BUILTIN:
+    uri, field = weights_source(source)
+    if uri in BUILTIN:
         model, tokenizer = load_model(source, seed, settings)
         return model, tokenizer, None
     tokenizer = load_tokenizer(source, settings)
-    directory = local_dir(source.path, "spec.model.path", settings)
+    directory = local_dir(uri, field, settings)
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -100,9 +106,10 @@ def load_skeleton(source: ModelSource, seed: int, settings: Settings = DEFAULTS
 
 
 def model_origin(source: ModelSource, tokenizer: PreTrainedTokenizerBase) -> dict[str, str | None]:
-    """Where the policy came from, for the summary and status: ``spec.model.path`` and, for an
+    """Where the policy came from, for the summary and status: ``spec.model.path``, the weights it
+    started from (``initFrom``) and, for an
     ``hf://`` model, the commit its snapshot holds (read off the tokenizer's directory when the
     tokenizer came from the same place)."""
     same_place = source.tokenizer is None and parse_hub_path(source.path) is not None
     revision = resolved_revision(Path(tokenizer.name_or_path)) if same_place else None
-    return {"path": source.path, "revision": revision}
+    return {"path": source.path, "revision": revision, "init_from": source.init_from}

@@ -129,7 +129,7 @@ class RankZeroServices(NoServices):
         self.reward, self.prompt_check = reward, prompts
         self.model = model_origin(run.spec.model, prompts.codec.tokenizer)
         self.export: dict[str, Any] | None = None
-        self.server.update(model_revision=self.model.get("revision"))
+        self.server.update(model_revision=self.model.get("revision"), init_from=self.model.get("init_from"))
 
     @classmethod
     def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, resumed: TrainerState | None,
