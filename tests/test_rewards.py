@@ -113,6 +113,7 @@ def test_a_reward_gets_the_row_columns_it_names_or_all_with_kwargs():
     assert call_reward(named, "p", "c", "a", row) == 1.0
     assert call_reward(catch_all, "p", "c", "a", row) == 1.0
     assert call_reward(old_style, "p", "c", "a", row) == 1.0
+    assert call_reward(lambda p, c, a: c == a, "p", "x", "x", {}) == 1.0  # a bool is a verdict too
     with pytest.raises(ValueError, match="finite number"):
         call_reward(lambda p, c, a: float("nan"), "p", "c", "a", {})
 

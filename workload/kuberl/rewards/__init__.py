@@ -75,13 +75,13 @@ def _accepted(fn: RewardFn, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def call_reward(fn: RewardFn, prompt: str, completion: str, answer: str, row: dict[str, Any]) -> float:
-    """``fn``'s verdict as a finite float (an ``async def`` run to completion); raises ValueError for
-    anything else, and whatever ``fn`` raises."""
+    """``fn``'s verdict as a finite float (an ``async def`` run to completion; True/False are 1/0);
+    raises ValueError for anything else, and whatever ``fn`` raises."""
     kwargs = {k: v for k, v in _accepted(fn, row).items() if k not in ("prompt", "completion", "answer")}
     value = fn(prompt, completion, answer, **kwargs)
     if inspect.isawaitable(value):
         value = asyncio.run(_awaited(value))
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
+    if not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
         raise ValueError(f"a reward must be a finite number, got {value!r}")
     return float(value)
 

@@ -72,6 +72,7 @@ class RewardPool(_Counted):
         self.function, self.workers, self.timeout = function, workers, timeout
         self._idle: asyncio.Queue[asyncio.subprocess.Process] | None = None
         self._all: set[asyncio.subprocess.Process] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # spawning and reaping workers
         self._closed = False
 
     async def score(self, prompt: str, completion: str, answer: str, row: dict[str, Any]) -> float:
@@ -125,12 +126,18 @@ class RewardPool(_Counted):
         self._spawn_soon()
 
     def _kill(self, worker: asyncio.subprocess.Process) -> None:
+        """Kill ``worker`` and reap it in the background (its exit status is of no interest)."""
         if worker.returncode is None:
             worker.kill()
         self._all.discard(worker)
+        reaper = asyncio.get_running_loop().create_task(worker.wait())
+        self._tasks.add(reaper)  # the loop holds tasks weakly
+        reaper.add_done_callback(self._tasks.discard)
 
     def _spawn_soon(self) -> None:
         task = asyncio.get_running_loop().create_task(self._spawn())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
                                or log.error("reward worker could not start: %s", t.exception()))
 
