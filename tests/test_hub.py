@@ -38,7 +38,8 @@ def test_a_hub_model_loads_into_the_cache_under_its_commit_and_equals_the_reposi
     local = Path(tokenizer.name_or_path)
     assert local.parent.name == "snapshots" and resolved_revision(local) == COMMIT
     assert local.is_relative_to(settings.cache_dir / "hub")
-    assert model_origin(source, tokenizer) == {"path": "hf://team/tiny-chat@main", "revision": COMMIT}
+    assert model_origin(source, tokenizer) == {"path": "hf://team/tiny-chat@main", "revision": COMMIT,
+                                               "init_from": None}
     from safetensors.torch import load_file
 
     want = load_file(model_dir / "model.safetensors")
