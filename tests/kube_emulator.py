@@ -410,8 +410,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     def _table(self, kind: Kind, items: list[Obj], meta: Obj) -> Obj:
         printer = kind.columns or [AGE_COLUMN]
         columns = [{"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}]
-        columns += [{"name": c["name"], "type": c["type"], "format": "", "description": "", "priority": 0}
-                    for c in printer]
+        columns += [{"name": c["name"], "type": c["type"], "format": "", "description": "",
+                     "priority": c.get("priority", 0)} for c in printer]  # kubectl shows priority > 0 with -o wide
         rows = []
         for obj in items:
             cells: list[Any] = [obj["metadata"]["name"]]

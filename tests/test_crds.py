@@ -51,8 +51,9 @@ def test_names_columns_and_defaults():
     }
     rlx = crds["RLExperiment"]["spec"]["versions"][0]
     assert [c["name"] for c in rlx["additionalPrinterColumns"]] == [
-        "Phase", "Step", "Version", "Reward", "Observed-Staleness", "Eval", "Age",
+        "Phase", "Step", "Version", "Reward", "Observed-Staleness", "Eval", "Age", "Last-Export",
     ]
+    assert rlx["additionalPrinterColumns"][-1]["priority"] == 1  # kubectl get rlx -o wide
     assert rlx["subresources"] == {"status": {}}
     spec = rlx["schema"]["openAPIV3Schema"]["properties"]["spec"]
     algorithm = spec["properties"]["algorithm"]

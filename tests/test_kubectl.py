@@ -54,6 +54,8 @@ async def test_kubectl_apply_get_and_delete(tmp_path):
         table = (await kubectl(cfg, "get", "rlx", "-n", "team-a")).splitlines()
         assert table[0].split() == ["NAME", "PHASE", "STEP", "VERSION", "REWARD", "OBSERVED-STALENESS", "EVAL", "AGE"]
         assert table[1].split()[:6] == ["cpu-tiny", "Running", "12", "12", "0.625", "2"]
+        wide = (await kubectl(cfg, "get", "rlx", "-n", "team-a", "-o", "wide")).splitlines()
+        assert wide[0].split()[-1] == "LAST-EXPORT"  # -o wide: where the trained model is (none yet)
 
         kinds = await kubectl(cfg, "get", "kuberl", "-n", "team-a", "-o", "name")
         assert set(kinds.split()) == {"rlexperiment.kuberl.io/cpu-tiny", "inferencepool.kuberl.io/cpu-tiny-inference",

@@ -31,6 +31,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, str]]] = {
         {"name": "Observed-Staleness", "type": "integer", "jsonPath": ".status.progress.observedStaleness"},
         {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evalReward"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Last-Export", "type": "string", "jsonPath": ".status.progress.lastExport", "priority": 1},
     ],
     "InferencePool": [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
