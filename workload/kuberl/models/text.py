@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..api.spec import ChatTemplateMode, ChatTemplateSpec
+from ..api.sources import ChatTemplateMode, ChatTemplateSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
