@@ -1,4 +1,4 @@
-"""`kuberl` command line: run, validate, render, crds, operator.
+"""`kuberl` command line: run, validate, render, export, eval, crds, operator.
 
 Every user error ends in a one-line message and exit code 1, never a traceback.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -163,6 +164,53 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from kuberl.models.loading import ModelLoadError
+    from kuberl.settings import from_environment
+    from kuberl.trainer.offline_eval import eval_spec, evaluate_model
+
+    base = None
+    if args.file:
+        try:
+            docs = [doc for _, doc in load_documents(Path(args.file))]
+        except ValueError as err:
+            print(f"kuberl eval: {args.file}: {err}", file=sys.stderr)
+            return 1
+        base = next((s for s in map(experiment_spec, docs) if s is not None), None)
+        if base is None:
+            print(f"kuberl eval: {args.file}: no valid RLExperiment in it (kuberl validate says why)", file=sys.stderr)
+            return 1
+    elif args.data is None or args.reward is None:
+        print("kuberl eval: name the data and the reward (--data, --reward), or an experiment (-f) "
+              "whose dataset and reward to use", file=sys.stderr)
+        return 1
+    try:
+        spec = eval_spec(args.model, base, data=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
+                         reward=args.reward, samples=args.samples, prompts=args.prompts,
+                         temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    except ValidationError as err:
+        for e in err.errors():
+            print(f"kuberl eval: spec.{'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        result = evaluate_model(spec, from_environment())
+    except (ModelLoadError, ValueError, OSError) as err:
+        print(f"kuberl eval: {err}", file=sys.stderr)
+        return 1
+    ev = spec.evaluation
+    assert ev is not None
+    print(json.dumps({
+        "model": args.model, "dataset": (ev.dataset or spec.dataset).path,
+        "reward_function": (ev.reward or spec.reward).function, "prompts": result.prompts,
+        "samples_per_prompt": result.k, "temperature": spec.rollout.temperature if ev.temperature is None
+        else ev.temperature, "reward": round(result.reward, 4), f"pass@{result.k}": round(result.pass_at_k, 4),
+        "length": round(result.length, 2), "seconds": result.seconds}))
+    return 0
+
+
 def cmd_argocd(args: argparse.Namespace) -> int:
     from kuberl_operator.argocd import argocd_cm_snippet
 
@@ -199,6 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoints written before they carried the model's config and tokenizer")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("eval", help="pass@k and mean reward of a Hugging Face model (an export, or a base model)")
+    p.add_argument("model", metavar="MODEL", help="file:///dir (or a plain path), s3://prefix/ or hf://ORG/NAME")
+    p.add_argument("-f", "--file", metavar="EXPERIMENT", help="take the data, reward, chat template, sampling "
+                   "and spec.evaluation of this RLExperiment manifest (what its training evaluates)")
+    p.add_argument("--data", help="evaluation dataset (a dataset.path: builtin:NAME, file, s3:// or hf://datasets/)")
+    p.add_argument("--prompt-key", help="the data's prompt column (default: prompt)")
+    p.add_argument("--answer-key", help="the data's answer column (default: answer)")
+    p.add_argument("--reward", help="reward function, e.g. kuberl.rewards:math or my_module:score")
+    p.add_argument("--samples", type=int, help="k of pass@k: samples per prompt (default 4)")
+    p.add_argument("--prompts", type=int, help="the first N examples (default 64)")
+    p.add_argument("--temperature", type=float, help="default: the experiment's rollout temperature (1.0)")
+    p.add_argument("--max-new-tokens", type=int, help="default: the experiment's rollout.maxNewTokens")
+    p.set_defaults(func=cmd_eval)
     p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
     p.add_argument("out", nargs="?", default=None, help="default: crds/ and charts/kuberl/crds/")
     p.set_defaults(func=cmd_crds)

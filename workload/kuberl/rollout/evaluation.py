@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..data.datasets import Example
 from .client import InferenceClient
+from .types import Group
 from .workflow import RolloutWorkflow
 
 
@@ -49,11 +51,21 @@ def summarize(step: int, rewards: list[list[float]], lengths: list[int], version
 
 
 async def evaluate(client: InferenceClient, examples: list[Example], workflow: RolloutWorkflow, k: int,
-                   step: int) -> EvalResult:
+                   step: int, progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Every example as one group of k episodes of ``workflow`` (the run's own: single-turn or with
-    tools), scored by its reward; lengths count the tokens the policy wrote."""
-    started = time.monotonic()
-    groups = await asyncio.gather(*(workflow.run_episode(client, e, i) for i, e in enumerate(examples)))
+    tools), scored by its reward; lengths count the tokens the policy wrote. ``progress(done, total)``
+    is called as each example's group finishes."""
+    started, done = time.monotonic(), 0
+
+    async def one(index: int, example: Example) -> Group | None:
+        nonlocal done
+        group = await workflow.run_episode(client, example, index)
+        done += 1
+        if progress is not None:
+            progress(done, len(examples))
+        return group
+
+    groups = await asyncio.gather(*(one(i, e) for i, e in enumerate(examples)))
     trajectories = [g.trajectories for g in groups if g is not None]
     return summarize(step, [[t.reward for t in ts] for ts in trajectories],
                      [t.trained_tokens for ts in trajectories for t in ts],
