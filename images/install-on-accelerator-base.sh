@@ -8,7 +8,7 @@ set -eu
 grep -v -E '^(torch|nvidia-|triton|transformers|tokenizers|safetensors|huggingface-hub)' constraints.txt \
   > /tmp/constraints-accelerator.txt
 pip install -c /tmp/constraints-accelerator.txt --no-deps .
-pip install -c /tmp/constraints-accelerator.txt boto3 prometheus-client aiohttp pydantic pyyaml psutil
+pip install -c /tmp/constraints-accelerator.txt boto3 prometheus-client aiohttp pydantic pyyaml psutil wandb mlflow-skinny
 pip install -c /tmp/constraints-accelerator.txt --no-deps megatron-core
 # The operator starts containers with `python -m kuberl.…`; make sure `python` exists.
 command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python

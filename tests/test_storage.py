@@ -44,6 +44,11 @@ VOLUME = {"volumes": [{"claimName": "shared-data", "mountPath": "/data"}]}
         ({"storage": {"credentialsSecret": "Bad_Name"}}, "spec.storage.credentialsSecret", "pattern"),
         ({"storage": {"hubTokenSecret": {"name": "demo-api-token", "key": "token"}}},
          "spec.storage.hubTokenSecret.name", "the experiment's API token"),
+        ({"logging": {"wandb": {"project": "p", "apiKeySecret": {"name": "demo-api-token", "key": "token"}}}},
+         "spec.logging.wandb.apiKeySecret.name", "the experiment's API token"),
+        ({"logging": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "demo-api-token"}}},
+         "spec.logging.mlflow.credentialsSecret", "the experiment's API token"),
+        ({"logging": {"mlflow": {"trackingUri": "mlflow:5000"}}}, "spec.logging.mlflow.trackingUri", "pattern"),
     ],
 )
 def test_what_cannot_work_on_a_cluster_is_refused_naming_the_field(spec, field, fragment):
@@ -91,3 +96,20 @@ def test_every_workload_pod_gets_storage_by_reference_only():
         assert pod["spec"]["serviceAccountName"] == "rl-runner"
     rendered = yaml.safe_dump_all(manifests)
     assert "value: s3-credentials" not in rendered  # a name in secretKeyRef, never an env value
+
+
+def test_the_trainer_gets_its_trackers_credentials_by_reference_only_and_the_pool_none():
+    doc = experiment(logging={
+        "wandb": {"project": "rl", "apiKeySecret": {"name": "wandb", "key": "api-key"},
+                  "baseUrl": "https://wandb.example"},
+        "mlflow": {"trackingUri": "https://mlflow.example", "credentialsSecret": "mlflow"}})
+    pods = by_kind(render(doc), "Pod")
+    for pod in pods:
+        env = {e["name"]: e for e in container(pod)["env"]}
+        if pod["metadata"]["labels"]["kuberl.io/role"] != "trainer":
+            assert not {"WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN"} & set(env)  # replicas log nothing
+            continue
+        assert env["WANDB_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
+        assert env["WANDB_BASE_URL"]["value"] == "https://wandb.example"
+        for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            assert env[key]["valueFrom"] == {"secretKeyRef": {"name": "mlflow", "key": key, "optional": True}}

@@ -16,12 +16,16 @@ from kuberl.api.contract import (
     ENV_HUB_ENDPOINT,
     ENV_HUB_TOKEN,
     ENV_S3_ENDPOINT,
+    ENV_WANDB_API_KEY,
+    ENV_WANDB_BASE_URL,
     LABEL_EXPERIMENT,
     MANAGED_BY,
+    MLFLOW_SECRET_KEYS,
     PODINFO_MOUNT,
     api_token_secret_name,
 )
 from kuberl.api.spec import PodPlacement, ResourceRequirements, SchedulingSpec, StorageSpec
+from kuberl.api.tracking import LoggingSpec
 
 from ..accelerators import AcceleratorProfile
 
@@ -161,6 +165,22 @@ def storage_env(storage: StorageSpec) -> list[Manifest]:
         out.append({"name": ENV_HUB_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     if storage.hub_endpoint:
         out.append({"name": ENV_HUB_ENDPOINT, "value": storage.hub_endpoint})
+    return out
+
+
+def tracking_env(logging: LoggingSpec) -> list[Manifest]:
+    """W&B and MLflow access for trainer rank 0's trackers (``spec.logging``): the API key and MLflow's
+    credentials only as ``secretKeyRef`` (each MLflow key optional: a Secret holds a token, or a user
+    and password), a self-hosted W&B server's URL as a value; the libraries read these themselves."""
+    out: list[Manifest] = []
+    if logging.wandb is not None and logging.wandb.api_key_secret is not None:
+        ref = logging.wandb.api_key_secret
+        out.append({"name": ENV_WANDB_API_KEY, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if logging.wandb is not None and logging.wandb.base_url:
+        out.append({"name": ENV_WANDB_BASE_URL, "value": logging.wandb.base_url})
+    if logging.mlflow is not None and logging.mlflow.credentials_secret:
+        out += [{"name": key, "valueFrom": {"secretKeyRef": {"name": logging.mlflow.credentials_secret, "key": key,
+                                                            "optional": True}}} for key in MLFLOW_SECRET_KEYS]
     return out
 
 

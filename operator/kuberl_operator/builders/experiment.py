@@ -121,6 +121,7 @@ def _job_spec(exp: RLExperiment, trainer: TrainerPlan, revision: str) -> Trainer
         inference_service=inference_pool_name(name),
         config_revision=revision,
         storage=_storage(exp),
+        logging=spec.logging,
         scheduling=spec.scheduling,
         suspend=spec.suspend,
     )

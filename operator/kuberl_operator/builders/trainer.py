@@ -36,6 +36,7 @@ from .common import (
     env_list,
     headless_service,
     pod_manifest,
+    tracking_env,
     with_template_hash,
 )
 from .gang import join_gang, pod_group
@@ -63,7 +64,7 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
         "name": "trainer",
         "command": ["/bin/sh", "-c"],
         "args": [f"exec {TORCHRUN} -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"],
-        "env": [*env_list(env), agent_token],
+        "env": [*env_list(env), agent_token, *tracking_env(spec.logging)],
         # Rank 0 leaves its final progress here; on a crash the log tail takes its place, so the
         # error reaches the TrainerJob / RLExperiment conditions (status.pod_health).
         "terminationMessagePath": TERMINATION_LOG,

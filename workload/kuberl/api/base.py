@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "kuberl.io"
 API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class ApiModel(BaseModel):
@@ -26,6 +27,13 @@ class ApiModel(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The camelCase dict as it is stored in Kubernetes (no nulls)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class SecretKeyRef(ApiModel):
+    """One key of a Secret in the experiment's namespace, handed to pods only as ``secretKeyRef`` env."""
+
+    name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253)
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:

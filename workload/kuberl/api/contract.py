@@ -54,6 +54,10 @@ ENV_API_TOKEN = "KUBERL_API_TOKEN"
 ENV_AGENT_TOKEN = "KUBERL_AGENT_TOKEN"  # the gateway's: the only token an agent holds (spec.agent)
 ENV_HUB_TOKEN = "HF_TOKEN"  # spec.storage.hubTokenSecret, by secretKeyRef: gated or private hf:// models
 ENV_HUB_ENDPOINT = "HF_ENDPOINT"  # spec.storage.hubEndpoint: a hub mirror
+ENV_WANDB_API_KEY = "WANDB_API_KEY"  # spec.logging.wandb.apiKeySecret, by secretKeyRef (read by wandb itself)
+ENV_WANDB_BASE_URL = "WANDB_BASE_URL"  # spec.logging.wandb.baseUrl
+MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",  # spec.logging.mlflow.credentialsSecret's
+                      "MLFLOW_TRACKING_PASSWORD")  # keys, each optional, by secretKeyRef (read by mlflow itself)
 ENV_INFERENCE_SERVICE = "KUBERL_INFERENCE_SERVICE"  # the pool's headless Service (trainer side)
 ENV_TERMINATION_LOG = "KUBERL_TERMINATION_LOG"
 ENV_EXCHANGE_ADDR = "KUBERL_EXCHANGE_ADDR"

@@ -27,6 +27,7 @@ from .spec import (
     StorageSpec,
     TrainerRuntime,
 )
+from .tracking import LoggingSpec
 
 
 class Phase(StrEnum):
@@ -125,6 +126,8 @@ class TrainerJobSpec(PodPlacement):
     inference_service: str | None = Field(None, description="headless Service of the pool")
     config_revision: str | None = Field(None, pattern=r"^[0-9a-f]{1,64}$", description=CONFIG_REVISION)
     storage: StorageSpec = Field(default_factory=StorageSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec,
+                                 description="the RLExperiment's spec.logging: its trackers' credentials for the pods")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
 

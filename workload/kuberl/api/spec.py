@@ -13,8 +13,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from .base import ApiModel, cel, shown
+from .base import DNS1123_SUBDOMAIN, ApiModel, SecretKeyRef, cel, shown
 from .sources import ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
+from .tracking import LoggingSpec
 
 
 class Accelerator(StrEnum):
@@ -72,7 +73,6 @@ class TrainerRuntime(StrEnum):
     KUBEFLOW = "kubeflow"
 
 
-DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 ABSOLUTE_PATH = r"^/[A-Za-z0-9._/-]*$"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|m)?$")
 
@@ -103,11 +103,6 @@ ALLOCATION_PATTERN = (
     r"^(vllm|torch):([dtp][0-9]+)+\+((fsdp|megatron):)?"
     r"(([dtpce][0-9]+)+|\(attn:([dtpc][0-9]+)+\|ffn:([dtpe][0-9]+)+\))$"
 )
-
-
-class SecretKeyRef(ApiModel):
-    name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253)
-    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
 
 
 class SftWarmup(ApiModel):
@@ -442,6 +437,7 @@ class RLExperimentSpec(ApiModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     export: ExportSpec = Field(default_factory=ExportSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description="W&B and MLflow, besides TensorBoard")
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False

@@ -58,6 +58,12 @@ def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
     if storage.hub_token_secret is not None and storage.hub_token_secret.name == token:
         issues.append(FieldIssue("spec.storage.hubTokenSecret.name", f"{token!r} is the experiment's API token, not a "
                                                                      "Hugging Face token"))
+    tracking = spec.logging
+    refs = [("spec.logging.wandb.apiKeySecret.name", tracking.wandb.api_key_secret.name
+             if tracking.wandb and tracking.wandb.api_key_secret else None),
+            ("spec.logging.mlflow.credentialsSecret", tracking.mlflow.credentials_secret if tracking.mlflow else None)]
+    issues += [FieldIssue(field, f"{token!r} is the experiment's API token, not a tracker's credentials")
+               for field, name in refs if name == token]
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:
         issues.append(FieldIssue("spec.checkpoint.credentialsSecret",

@@ -171,7 +171,7 @@ class RankZeroServices(NoServices):
                 settings.agent_token, tasks=tasks)  # agents never hold the pool's token
             gateway.start_in(settings.gateway_port, settings.bind_host)
             server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
-        curves = Curves.for_run(settings.checkpoint_location(spec.checkpoint.uri), settings)
+        curves = Curves.for_run(run, settings)
         evaluations = Evaluations(spec, controller, tokenizer, settings, reward, check.keep) \
             if spec.evaluation is not None else None
         return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps, reward, check)
@@ -245,6 +245,7 @@ class RankZeroServices(NoServices):
         if export is not None:
             self.export = export
             self.server.update(last_export=export["uri"])
+            self.curves.note("export/uri", export["uri"])
 
     def evaluate(self, steps_done: int, last: bool = False) -> None:
         """Start the held-out evaluation when due; report those that finished."""
