@@ -6,6 +6,7 @@ processes over gloo — the FSDP actor's log-probs, entropy, decoupled-PPO loss 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import fields
@@ -26,6 +27,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from kuberl.api.spec import ExportSpec
 from kuberl.collectives import exit_without_teardown
 from kuberl.local_processes import free_port
 from kuberl.megatron.actor import MegatronActor
@@ -33,11 +35,12 @@ from kuberl.megatron.convert import AttentionShape, fuse_qkv, hf_to_megatron, me
 from kuberl.megatron.cpu import on_device
 from kuberl.megatron.model import gathered, with_every_expert
 from kuberl.megatron.tensor_parallel import Split, shard, unshard
-from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.models.tiny import char_tokenizer, chat_tokenizer, tiny_qwen2
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.actor import Actor, token_logprobs_and_entropy
 from kuberl.trainer.algorithms import AlgorithmConfig
 from kuberl.trainer.batch import Batch, collate, split
+from kuberl.trainer.export import export_policy
 from kuberl.trainer.loss import ppo_loss
 
 from .workers import start_workers
@@ -366,6 +369,8 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
             result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
         budget = TOKEN_BUDGET if pipelined else None
         actor = make_actor(make, layout, token_budget=budget)
+        export_policy(actor, chat_tokenizer(), 0, f"file://{staging}-export/", ExportSpec(dtype="float32"),
+                      Path(f"{staging}-export-staging"), None, rank)  # every rank: the pieces are gathered
         if layout and not pipelined:  # the scorer reads the whole model: not a pipeline stage
             result["first"] = read_and_differentiate(actor, first)
         data_rank, data_ranks = actor.data_parallel()
@@ -542,6 +547,20 @@ def test_pipeline_parallelism_trains_a_tied_model_as_the_fsdp_actor_does(tmp_pat
     assert_trains_as_fsdp(fsdp, megatron, qwen2().state_dict(), with_kl=True)
 
 
+def assert_exports_equal(fsdp: Path, megatron: Path) -> None:
+    """The HF directories (spec.export) the two backends wrote of the same weights: the same files, config
+    and tensors (Megatron's stages, expert shards and fused projections back under HF names)."""
+    from safetensors.torch import load_file
+
+    fsdp, megatron = fsdp / "hf" / "step-00000000", megatron / "hf" / "step-00000000"
+    files = sorted(p.name for p in fsdp.iterdir())
+    assert files == sorted(p.name for p in megatron.iterdir()) and "model.safetensors" in files
+    assert json.loads((fsdp / "config.json").read_text()) == json.loads((megatron / "config.json").read_text())
+    ours, theirs = load_file(fsdp / "model.safetensors"), load_file(megatron / "model.safetensors")
+    assert ours.keys() == theirs.keys() and any(".mlp.experts." in name for name in ours)
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
 def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_as_the_fsdp_actor_does(tmp_path):
     """The shape of the Ascend Qwen3-MoE layout (``ffn:d1p4e8``) in small: pipeline 2 × expert 2 ×
     data 2 in four processes — each stage one layer, each of its ranks two of its four experts and
@@ -552,6 +571,7 @@ def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_
     the uninterrupted run's."""
     fsdp, megatron = train_both(tmp_path, "qwen3-moe", "pp2-ep2-dp2", world=4)
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
+    assert_exports_equal(tmp_path / "staging-fsdp-export", tmp_path / "staging-pp2-ep2-dp2-export")
     out = tmp_path / "elsewhere.pt"
     start_workers(_resume_elsewhere, 2, (2, free_port(), "qwen3-moe", "tp2", str(tmp_path / "staging-pp2-ep2-dp2"),
                                         str(out)))
