@@ -127,3 +127,45 @@ def test_a_new_run_starts_from_anothers_export(world_of_one, tmp_path: Path):
     assert model_origin(source, tokenizer)["init_from"] == done["uri"]
     fresh, _ = load_model(ModelSource(path="builtin:tiny-qwen2-chat"), seed=4)
     assert not torch.equal(fresh.state_dict()["model.norm.weight"], want["model.norm.weight"])
+
+
+def test_a_new_run_starts_from_anothers_checkpoint(world_of_one, tmp_path: Path):
+    """spec.model.initFrom naming another run's FSDP2 checkpoint (…/step-N/): its weights, read once into
+    an HF directory in the node's cache, reach the whole model and the sharded actor; a checkpoint without
+    its model description, or one Megatron wrote, is refused naming the field."""
+    import shutil
+
+    import pytest
+
+    from kuberl.api.spec import ModelSource
+    from kuberl.checkpoint import CheckpointManager, open_store
+    from kuberl.models.loading import ModelLoadError, load_model, load_skeleton
+    from kuberl.settings import Settings
+    from kuberl.trainer.checkpointing import TrainerState, save_trainer
+    from kuberl.trainer.export import describe_model
+
+    actor, tok = trained_actor()
+    want = actor.full_state_dict()
+    manager = CheckpointManager(open_store(f"file://{tmp_path}/first/"), keep=2, run_id="first-run")
+    save_trainer(actor, TrainerState.capture(20, 20, 320), tmp_path / "s20",
+                 lambda where: describe_model(actor.model.config, tok, where))
+    uri = manager.save(tmp_path / "s20", 20)
+    settings = Settings(cache_dir=tmp_path / "cache")
+    source = ModelSource(path="builtin:tiny-qwen2-chat", initFrom=uri)
+    whole, _ = load_model(source, seed=0, settings=settings)
+    assert all(torch.equal(whole.state_dict()[name], tensor) for name, tensor in want.items())
+    skeleton, _, weights = load_skeleton(source, seed=0, settings=settings)
+    second = Actor.create(skeleton, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
+    assert all(torch.equal(second.full_state_dict()[name], tensor) for name, tensor in want.items())
+    assert len(list((tmp_path / "cache" / "init-from").glob("*/model.safetensors"))) == 1  # read once
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tmp_path / "first" / "step-00000020", bare, ignore=shutil.ignore_patterns("model"))
+    with pytest.raises(ModelLoadError, match=r"spec\.model\.initFrom: .*kuberl export"):
+        load_model(ModelSource(path="builtin:tiny-qwen2-chat", initFrom=f"file://{bare}"), 0, settings)
+    state = json.loads((tmp_path / "first" / "step-00000020" / "trainer_state.json").read_text())
+    megatron = tmp_path / "megatron"
+    shutil.copytree(tmp_path / "first" / "step-00000020", megatron)
+    (megatron / "trainer_state.json").write_text(json.dumps(state | {"layout": {"backend": "megatron"}}))
+    with pytest.raises(ModelLoadError, match=r"spec\.model\.initFrom: .*backend megatron"):
+        load_model(ModelSource(path="builtin:tiny-qwen2-chat", initFrom=f"file://{megatron}"), 0, settings)

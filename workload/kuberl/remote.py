@@ -61,7 +61,8 @@ def safe_relative(key: str, prefix: str) -> PurePosixPath:
 
 
 @contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Held by one process of the node at a time (an flock on ``lock_path``)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -103,7 +104,7 @@ def _local_copy(uri: str, settings: Settings, store: S3Store | None) -> Path:
     stem = str(target).rstrip("/")  # the record and the lock sit beside the file or directory
     record = Path(stem + COMPLETE_SUFFIX)
     store = store or S3Store(bucket, "", endpoint=settings.s3_endpoint)
-    with _exclusive(Path(stem + ".lock")):
+    with exclusive(Path(stem + ".lock")):
         listing = {k: list(info) for k, info in store.list_objects(key).items() if is_prefix or k == key}
         if not listing:
             raise RemoteError(f"{uri}: no such object{'s under this prefix' if is_prefix else ''} in the store")

@@ -139,9 +139,9 @@ class ModelSource(ApiModel):
     init_from: str | None = Field(
         None, max_length=1024, json_schema_extra={"pattern": MODEL_PATH_PATTERN},
         description="start from these weights instead of model.path's: a Hugging Face directory, e.g. another "
-                    "run's export (<checkpoint uri>hf/step-N/; file://, s3:// or hf://). Weights only: optimizer, "
-                    "step and data start fresh; the run's own checkpoints win on resume. Another run's checkpoint: "
-                    "`kuberl export` it first")
+                    "run's export (<checkpoint uri>hf/step-N/; file://, s3:// or hf://), or another run's FSDP2 "
+                    "checkpoint (<checkpoint uri>step-N/). Weights only: optimizer, step and data start fresh; the "
+                    "run's own checkpoints win on resume")
 
     @field_validator("path", "tokenizer", "init_from")
     @classmethod

@@ -294,12 +294,12 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
     for vLLM to load; a ``file://`` model is served from its own directory."""
     require_vllm()
     from ..devices import WIRE_DTYPE, compute_dtype, dtype_name
-    from ..models.loading import BUILTIN, load_model, load_tokenizer, local_dir, weights_source
+    from ..models.loading import BUILTIN, load_model, load_tokenizer, weights_dir, weights_source
 
     spec = run.spec
     tokenizer = load_tokenizer(spec.model, settings)
     dtype = dtype_name(compute_dtype(spec.model.dtype, spec.inference.accelerator))  # the trainer's
-    weights, field = weights_source(spec.model)
+    weights, _ = weights_source(spec.model)
     if weights in BUILTIN:
         model_dir = _scratch_dir("kuberl-model-")
         model, _ = load_model(spec.model, spec.seed, settings)
@@ -307,7 +307,7 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        model_dir = str(local_dir(weights, field, settings))
+        model_dir = str(weights_dir(spec.model, settings))
         with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=WIRE_DTYPE)
     on_cpu = str(spec.inference.accelerator) == "cpu"

@@ -5,7 +5,9 @@
 an ``s3://bucket/prefix/`` is first copied into the node-local cache (:mod:`kuberl.remote`) and an
 ``hf://ORG/NAME[@REVISION]`` downloaded from the hub into it (:mod:`.hub`), the same way in trainer
 and inference pods. ``spec.model.chatTemplate.template`` replaces the tokenizer's template here, so
-every consumer of the tokenizer (rollout, gateway, engines) renders with the same one.
+every consumer of the tokenizer (rollout, gateway, engines) renders with the same one. The weights
+come from ``spec.model.initFrom`` when it is set: an HF directory, or another run's FSDP2 checkpoint
+read into one (:func:`weights_dir`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..api.spec import ModelSource
+from ..checkpoint.layout import is_trainer_checkpoint
 from ..remote import RemoteError, local_copy
 from ..settings import DEFAULTS, Settings
+from .hf_dir import CheckpointReadError, checkpoint_as_hf_dir
 from .hub import HubError, parse_hub_path, resolved_revision, snapshot
 from .tiny import char_tokenizer, chat_tokenizer, tiny_qwen2, tiny_qwen3_moe
 
@@ -72,17 +76,31 @@ def weights_source(source: ModelSource) -> tuple[str, str]:
     return (source.init_from, "spec.model.initFrom") if source.init_from else (source.path, "spec.model.path")
 
 
+def weights_dir(source: ModelSource, settings: Settings = DEFAULTS) -> Path:
+    """The local HF directory of the weights a run starts from (not a builtin): ``model.path``'s, or
+    ``model.initFrom``'s — an HF directory as it is, another run's FSDP2 checkpoint (``…/step-N/``)
+    read into one in the node's cache."""
+    uri, field = weights_source(source)
+    directory = local_dir(uri, field, settings)
+    if field == "spec.model.initFrom" and is_trainer_checkpoint(directory):
+        try:
+            return checkpoint_as_hf_dir(directory, settings.cache_dir, field)
+        except CheckpointReadError as err:
+            raise ModelLoadError(str(err)) from err
+    return directory
+
+
 def load_model(source: ModelSource, seed: int, settings: Settings = DEFAULTS
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy model (float32, train mode off; its weights from :func:`weights_source`) and its
     tokenizer (an s3:// source through ``settings``' cache and endpoint)."""
     tokenizer = load_tokenizer(source, settings)
-    uri, field = weights_source(source)
+    uri, _ = weights_source(source)
     if uri in BUILTIN:
         model = BUILTIN[uri](len(tokenizer), seed)
     else:
         # float32 explicitly: transformers ≥ 5 would otherwise load the checkpoint's own dtype ("auto")
-        model = AutoModelForCausalLM.from_pretrained(local_dir(uri, field, settings), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(weights_dir(source, settings), dtype=torch.float32)
     model.eval()
     return model, tokenizer
 
@@ -92,12 +110,12 @@ def load_skeleton(source: ModelSource, seed: int, settings: Settings = DEFAULTS
     """The policy without its weights (``meta`` device), its tokenizer and the directory its weights
     are in, for a trainer that shards before it loads (:mod:`.meta`); a builtin is built whole (it is
     tiny and generated from the seed, so every rank builds the same), with no directory."""
-    uri, field = weights_source(source)
+    uri, _ = weights_source(source)
     if uri in BUILTIN:
         model, tokenizer = load_model(source, seed, settings)
         return model, tokenizer, None
     tokenizer = load_tokenizer(source, settings)
-    directory = local_dir(uri, field, settings)
+    directory = weights_dir(source, settings)
     config = AutoConfig.from_pretrained(directory)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -23,12 +23,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ..checkpoint import CheckpointError, CheckpointManager, open_store
+from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, STATE_FILE
 from ..collectives import all_gather, barrier, broadcast_from_rank0
 from .actor import Actor
-
-STATE_FILE = "trainer_state.json"
-SHARDS_DIR = "dcp"
-MODEL_DIR = "model"  # config and tokenizer of the model (kuberl.trainer.export.describe_model): kuberl export
 
 
 @dataclass

@@ -4,7 +4,7 @@ shares after a run, ``AutoModelForCausalLM.from_pretrained``-ready.
 Written beside the checkpoints, ``<checkpoint location>hf/step-NNNNNNNN/``: ``config.json``,
 ``generation_config.json``, the weights as sharded safetensors with their index
 (``huggingface_hub.save_torch_state_dict``; tied weights once), the tokenizer files with the chat
-template — then ``MANIFEST.json`` last, through the same protocol as checkpoints
+template (:mod:`kuberl.models.hf_dir`) — then ``MANIFEST.json`` last, through the same protocol as checkpoints
 (``kuberl.checkpoint.CheckpointManager``), so a reader never sees half an export. Every backend's
 ``full_state_dict`` already gives whole tensors under HF names on rank 0 (Megatron's tensor-,
 pipeline- and expert-parallel pieces gathered and renamed), so one writer serves both.
@@ -19,41 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from ..api.spec import ExportSpec
 from ..checkpoint import CheckpointManager, open_store
+from ..models.hf_dir import describe_model, write_hf_dir
 from .actor import Actor
 
 log = logging.getLogger("kuberl.trainer")
 EXPORT_DIR = "hf/"
 KEEP_ALL = 10**9  # exports are never pruned: each is a model someone may serve
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def describe_model(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, directory: Path,
-                   dtype: torch.dtype | None = None) -> None:
-    """Everything of a model directory but its weights: config (with ``dtype``), generation config,
-    tokenizer files with the chat template. Checkpoints carry it too (``model/``), so ``kuberl
-    export`` can rebuild a directory from any of them."""
-    directory.mkdir(parents=True, exist_ok=True)
-    config = config.__class__.from_dict(config.to_dict())  # a copy: the run's own config stays as it is
-    if dtype is not None:
-        config.dtype = dtype
-    config.save_pretrained(directory)
-    GenerationConfig.from_model_config(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-
-
-def write_hf_dir(state: dict[str, torch.Tensor], config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
-                 directory: Path, dtype: torch.dtype) -> None:
-    """``state`` (HF names) as a ``from_pretrained`` directory in ``dtype``."""
-    from huggingface_hub import save_torch_state_dict
-
-    if getattr(config, "tie_word_embeddings", False):
-        state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # the embedding holds it
-    describe_model(config, tokenizer, directory, dtype)
-    save_torch_state_dict({k: v.to(dtype).contiguous() for k, v in state.items()}, directory)
+__all__ = ["describe_model", "export_due", "export_policy", "write_hf_dir"]
 
 
 def hf_config(actor: Actor) -> PretrainedConfig:

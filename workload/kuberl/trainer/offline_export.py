@@ -3,29 +3,27 @@ directory, offline, on one CPU — for a run that ended before ``spec.export`` e
 than the last.
 
 Reads top-down: find the checkpoint's manifest and download it (every SHA-256 checked), gather its
-sharded weights into whole tensors (``torch.distributed.checkpoint``'s ``dcp_to_torch_save``: no
-process group), take the model's config and tokenizer from the checkpoint (``model/``, written with
-every checkpoint since this command exists) or from ``--model``, write the directory
-(:func:`.export.write_hf_dir`) and upload it, manifest last.
+sharded weights into whole tensors (:func:`kuberl.models.hf_dir.checkpoint_weights`), take the
+model's config and tokenizer from the checkpoint (``model/``, written with every checkpoint since
+this command exists) or from ``--model``, write the directory (:func:`kuberl.models.hf_dir.write_hf_dir`)
+and upload it, manifest last.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-
 from ..api.spec import ModelSource
 from ..checkpoint import CheckpointError, CheckpointManager, Manifest, open_store
+from ..checkpoint.layout import MODEL_DIR
 from ..checkpoint.manager import MANIFEST, sha256
+from ..models.hf_dir import CheckpointReadError, checkpoint_weights, write_hf_dir
 from ..models.loading import load_skeleton
 from ..settings import Settings
-from .checkpointing import MODEL_DIR, SHARDS_DIR, STATE_FILE
-from .export import DTYPES, write_hf_dir
+from .export import DTYPES
 
 _STEP = re.compile(r"^(?P<root>.+/)step-(?P<step>\d{8})/?$")
 
@@ -35,7 +33,10 @@ def export_checkpoint(checkpoint_uri: str, out_uri: str, model: str | None, dtyp
     with tempfile.TemporaryDirectory(prefix="kuberl-export-") as tmp:
         work = Path(tmp)
         where, step = download(checkpoint_uri, work / "checkpoint", settings)
-        state = gathered_weights(where, work / "weights.pt")
+        try:
+            state = checkpoint_weights(where, work / "weights.pt")
+        except CheckpointReadError as err:
+            raise CheckpointError(str(err)) from err
         config, tokenizer = model_description(where, model, settings)
         write_hf_dir(state, config, tokenizer, work / "hf", DTYPES[dtype])
         return upload(work / "hf", out_uri, step, settings, {"kind": "huggingface", "dtype": dtype,
@@ -53,18 +54,6 @@ def download(checkpoint_uri: str, dest: Path, settings: Settings) -> tuple[Path,
     if manifest is None:
         raise CheckpointError(f"{checkpoint_uri!r}: no complete checkpoint there (no manifest, or files missing)")
     return manager.restore(manifest, dest), step
-
-
-def gathered_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
-    """The model's whole tensors under HF names from an FSDP2 checkpoint's shards."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    layout = json.loads((checkpoint / STATE_FILE).read_text()).get("layout") or {"backend": "fsdp"}
-    if layout.get("backend") != "fsdp":
-        raise CheckpointError(f"the checkpoint was written by backend {layout.get('backend')}: kuberl export reads "
-                              "FSDP2 checkpoints (a Megatron run exports itself: spec.export)")
-    dcp_to_torch_save(str(checkpoint / SHARDS_DIR), str(scratch))
-    return torch.load(scratch, weights_only=True)["model"]
 
 
 def model_description(checkpoint: Path, model: str | None, settings: Settings):
