@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from kuberl.inference.contract import FINISH_ABORT, Generation, SamplingParams
 from kuberl.inference.vllm_engine import VLLMEngine, build_vllm_engine, hf_parameter_layout, tied_aliases
+from kuberl.models.hf_dir import write_hf_dir
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this venv (scripts/setup --vllm)")
@@ -37,7 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMEngin
     model_dir = tmp_path_factory.mktemp("model")
     tokenizer = char_tokenizer()
     model = tiny_qwen2(len(tokenizer), seed=0).eval()
-    model.save_pretrained(model_dir)
+    write_hf_dir(model.state_dict(), model.config, tokenizer, model_dir, torch.float32)  # as spec.export writes it
     loop = asyncio.new_event_loop()
 
     async def build() -> VLLMEngine:
@@ -60,6 +61,19 @@ def reference_logprobs(model: torch.nn.Module, prompt: list[int], gen: Generatio
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     return logp.gather(-1, torch.tensor(gen.output_ids).unsqueeze(-1)).squeeze(-1)
+
+
+def test_an_export_is_served_with_the_trainers_greedy_answers(served):
+    """The engine loaded a directory as ``spec.export`` writes it (kuberl.models.hf_dir): on 16 prompts
+    its greedy answers are the Hugging Face model's."""
+    engine, model, run = served
+    prompts = [[2, 10 + a, 15, 10 + b, 11] for a in range(4) for b in range(4)]
+    gens = run(gather(*(engine.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0)) for p in prompts)))
+    for prompt, gen in zip(prompts, gens, strict=True):
+        with torch.no_grad():
+            ours = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=1,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
+        assert gen.output_ids == ours[:len(gen.output_ids)] and len(gen.output_ids) in (len(ours), 8), (gen, ours)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
