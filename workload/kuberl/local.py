@@ -162,8 +162,12 @@ def checkpoint_uri(spec: Any, work: Path, spec_checkpoints: bool) -> str:
     return spec.checkpoint.uri
 
 
+LOCAL_ACCELERATORS = (Accelerator.CPU, Accelerator.NVIDIA)  # nvidia: trainer rank r on cuda:r, replicas on cuda:0
+
+
 def load_experiment(path: Path, overrides: list[str]) -> RLExperiment:
-    """The one RLExperiment in ``path`` with ``--set`` overrides, valid for this machine's CPU."""
+    """The one RLExperiment in ``path`` with ``--set`` overrides, valid for this machine (its CPU, or
+    its NVIDIA GPUs: every process sees them all; they are shared, not partitioned)."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     exps = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RLExperiment"]
     if len(exps) != 1:
@@ -174,9 +178,9 @@ def load_experiment(path: Path, overrides: list[str]) -> RLExperiment:
         raise RunError("; ".join(f"{path}: {i}" for i in issues))
     assert isinstance(obj, RLExperiment)
     for section in ("inference", "trainer"):
-        if getattr(obj.spec, section).accelerator != Accelerator.CPU:
+        if getattr(obj.spec, section).accelerator not in LOCAL_ACCELERATORS:
             raise RunError(f"spec.{section}.accelerator is {getattr(obj.spec, section).accelerator}; kuberl run "
-                           f"runs on this machine's CPU: use --set {section}.accelerator=cpu")
+                           f"runs on this machine's CPU (or its NVIDIA GPUs): use --set {section}.accelerator=cpu")
     return obj
 
 
