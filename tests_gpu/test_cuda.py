@@ -103,13 +103,15 @@ def test_after_a_weight_update_the_engine_answers_greedily_as_the_trainer(nccl_w
     torch.backends.cuda.matmul.allow_tf32 = False
     actor = Actor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device)
     engine = engine_on(device, actor.full_state_dict(), torch.float32)
-    gens = asyncio.run(generate_all(engine, PROMPTS * 2, SamplingParams(max_new_tokens=16)))
-    actor.train_step(batch_of(gens, PROMPTS * 2), 2 * len(PROMPTS))
-    trained = {k: v.detach().clone() for k, v in actor.full_state_dict().items()}
+    trained: dict[str, torch.Tensor] = {}
 
-    async def update_then_answer() -> list:
+    async def train_update_then_answer() -> list:  # one event loop: the engine's own
         engine.start()
         try:
+            gens = list(await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=16))
+                                                for p in PROMPTS * 2)))
+            actor.train_step(batch_of(gens, PROMPTS * 2), 2 * len(PROMPTS))
+            trained.update({k: v.detach().clone() for k, v in actor.full_state_dict().items()})
             started = time.perf_counter()
             await engine.load_weights(trained, version=1)
             report(engine_weight_update_seconds=round(time.perf_counter() - started, 4))
@@ -118,7 +120,7 @@ def test_after_a_weight_update_the_engine_answers_greedily_as_the_trainer(nccl_w
         finally:
             await engine.stop()
 
-    answers = asyncio.run(update_then_answer())
+    answers = asyncio.run(train_update_then_answer())
     reference = policy()
     reference.load_state_dict({k: v.cpu() for k, v in trained.items()})
     reference = reference.to(device).eval()
@@ -146,6 +148,7 @@ def test_megatron_on_cuda_without_the_shim_reads_and_trains_as_the_fsdp_actor(nc
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel()
     hf = policy()
+    hf.model.embed_tokens.padding_idx = None  # HF never trains the pad id's row, Megatron does (0: a token it samples)
     fsdp = Actor.create(copy.deepcopy(hf), CONFIG, lr=1e-2, temperature=1.0, device=device,
                         compute_dtype=torch.bfloat16)
     megatron = MegatronActor.from_hf(copy.deepcopy(hf), CONFIG, lr=1e-2, temperature=1.0, device=device,
