@@ -99,7 +99,7 @@ share_cores_among_xdist_workers()
 LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
               "test_vllm_local.py", "test_the_cpu_example_learns", "test_s3_model_data_and_checkpoints",
               "test_killed_processes", "test_kubectl_apply_trains", "test_local_run.py", "test_curves.py",
-              "test_offline_eval.py", "test_tracking.py", "test_gateway.py", "test_actor.py",
+              "test_after_the_run.py", "test_gateway.py", "test_actor.py",
               "test_weight_transport.py", "test_multiturn.py", "test_fuzz.py")
 
 
