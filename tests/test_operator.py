@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from .conftest import load_example
-from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
+from .harness import GROUP, bind, emulated_cluster, eventually, pods, preempt, running_operator, set_pod
 
 pytestmark = pytest.mark.integration
 
@@ -191,6 +191,41 @@ async def test_failed_trainer_restarts_the_gang_then_fails_past_the_backoff_limi
         cond = condition(exp, "Degraded")
         assert cond["reason"] == "PodFailed" and "exit code 1" in cond["message"]
         assert api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")["status"]["restarts"] == 1
+
+
+async def test_preemptions_restart_the_gang_without_using_the_backoff_limit_and_a_crash_still_counts(tmp_path):
+    """Three preemptions in a row (the DisruptionTarget condition: scheduler preemption, a drain's
+    eviction, Kueue's) of a run with backoffLimit 1: each restarts the gang from its checkpoint and the
+    run stays alive, counted as preemptions; then a crash uses the one restart it has."""
+    doc = experiment()
+    doc["spec"]["trainer"]["backoffLimit"] = 1
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", doc)
+        await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=trainer")) == 1, what="trainer pod")
+        for n, reason in enumerate(("PreemptionByScheduler", "EvictionByEvictionAPI", "DeletionByTaintManager"), 1):
+            trainer = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+            await bind(api, trainer, "node-a")
+            await preempt(api, trainer, reason)
+
+            def replaced(old=trainer["metadata"]["uid"]):
+                trainers = pods(api, "team-a", "kuberl.io/role=trainer")
+                return len(trainers) == 1 and trainers[0]["metadata"]["uid"] != old and trainers[0]
+            await eventually(replaced, what=f"a new trainer pod after preemption {n}")
+            job = api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")
+            assert (job["status"]["preemptions"], job["status"]["restarts"]) == (n, 0)
+            cond = condition(job, "GangRestarted")
+            assert cond["reason"] == "Preempted" and reason in cond["message"]
+            assert "backoffLimit not used" in cond["message"]
+        assert get_rlx(api, "cpu-tiny")["status"]["phase"] not in ("Failed", "Succeeded")
+
+        crashed = pods(api, "team-a", "kuberl.io/role=trainer")[0]
+        await bind(api, crashed, "node-a")
+        await set_pod(api, crashed, "Failed", exit_code=137)
+        await eventually(lambda: api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")["status"].get("restarts")
+                         == 1, what="the crash counted")
+        job = api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")
+        assert job["status"]["preemptions"] == 3 and condition(job, "GangRestarted")["reason"] == "RankFailed"
 
 
 async def test_suspend_deletes_pods_and_resume_recreates_them(tmp_path):

@@ -112,19 +112,29 @@ def test_progress_url_and_status_mapping():
 
 
 def test_gang_restart_decision():
-    from kuberl_operator.status import gang_restart_reason
+    from kuberl_operator.status import gang_restart
 
-    def pod(name, phase, waiting=None, code=None):
+    def pod(name, phase, waiting=None, code=None, uid=None, **extra):
         state = {"waiting": {"reason": waiting}} if waiting else {"terminated": {"exitCode": code}} if code else {}
-        return {"metadata": {"name": name}, "status": {"phase": phase, "containerStatuses": [{"name": "c",
-                                                                                             "state": state}]}}
+        return {"metadata": {"name": name, "uid": uid or name},
+                "status": {"phase": phase, "containerStatuses": [{"name": "c", "state": state}], **extra}}
 
     failed = [pod("t-n0", "Running"), pod("t-n1", "Failed", code=137)]
-    reason = gang_restart_reason(failed, 0, 3)
-    assert reason is not None and reason.startswith("pod t-n1:") and "exit code 137" in reason
-    assert gang_restart_reason(failed, 3, 3) is None  # past the limit: job_status fails the job
-    assert gang_restart_reason([pod("t-n0", "Running"), pod("t-n1", "Running")], 0, 3) is None
-    assert gang_restart_reason([pod("t-n0", "Failed", waiting="ImagePullBackOff")], 0, 3) is None
+    restart = gang_restart(failed, 0, 3)
+    assert restart is not None and not restart.preempted
+    assert restart.reason.startswith("pod t-n1:") and "exit code 137" in restart.reason
+    assert gang_restart(failed, 3, 3) is None  # past the limit: job_status fails the job
+    assert gang_restart([pod("t-n0", "Running"), pod("t-n1", "Running")], 0, 3) is None
+    assert gang_restart([pod("t-n0", "Failed", waiting="ImagePullBackOff")], 0, 3) is None
+
+    preempted = pod("t-n1", "Running", conditions=[{"type": "DisruptionTarget", "status": "True",
+                                                     "reason": "PreemptionByScheduler", "message": "by team-b"}])
+    restart = gang_restart([pod("t-n0", "Running"), preempted], 3, 3)  # past the limit: still restarts
+    assert restart is not None and restart.preempted and restart.disrupted == ("t-n1",)
+    assert "PreemptionByScheduler: by team-b" in restart.reason
+    assert gang_restart([pod("t-n0", "Running"), preempted], 3, 3, frozenset({"t-n1"})) is None  # answered once
+    evicted = pod("t-n0", "Failed", reason="Evicted", message="The node was low on resource: memory.")
+    assert gang_restart([evicted], 0, 0).preempted  # the kubelet's eviction: not the program's failure
 
 
 @pytest.mark.parametrize("payload", [

@@ -41,7 +41,7 @@ from .status import (
     child_conflict_status,
     condition,
     experiment_status,
-    gang_restart_reason,
+    gang_restart,
     invalid_spec_status,
     job_status,
     merge_conditions,
@@ -335,27 +335,35 @@ async def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest
 
 
 async def _sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children: list[Manifest]) -> None:
-    """Our own rank pods: converge them, restart the whole gang when a rank failed, report status."""
+    """Our own rank pods: converge them, restart the whole gang when a rank failed or the cluster took
+    one (preempted, evicted, drained: not counted against backoffLimit), report status."""
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     generation = body["metadata"].get("generation")
-    restarts = (body.get("status") or {}).get("restarts", 0)
+    before = body.get("status") or {}
+    restarts, preemptions = before.get("restarts", 0), before.get("preemptions", 0)
+    acknowledged = list(before.get("disruptedPods") or [])
     pods = await _converge(kube, body, children, job_selector(job), gang=True)  # a failed pod keeps its name
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    reason = gang_restart_reason(live, restarts, job.spec.backoff_limit)
-    if reason is not None:
-        restarts += 1
-        status = job_status(body["spec"], generation, [], restarts)
+    restart = gang_restart(pods, restarts, job.spec.backoff_limit, frozenset(acknowledged))
+    if restart is not None:
+        if restart.preempted:
+            preemptions += 1
+            acknowledged += list(restart.disrupted)
+            told = f"{restart.reason}; preemption {preemptions}, restarting from the last checkpoint (not a failure: " \
+                   f"backoffLimit not used)"
+        else:
+            restarts += 1
+            told = f"{restart.reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint"
+        status = job_status(body["spec"], generation, [], restarts, preemptions, acknowledged)
         status["conditions"].append(condition(
-            "GangRestarted", True, "RankFailed",
-            f"{reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint", generation))
+            "GangRestarted", True, "Preempted" if restart.preempted else "RankFailed", told, generation))
         await write_status(kube, body, status)  # counted first: a lost race (409) raises before any pod is deleted
         for pod in live:  # the next sync (on their deletion) recreates them; ranks resume from the checkpoint
             await kube.delete("v1", "Pod", namespace, pod["metadata"]["name"])
-        log.warning("TrainerJob %s/%s: %s; restarting every rank (%d/%d)", namespace, name, reason, restarts,
-                    job.spec.backoff_limit)
+        log.warning("TrainerJob %s/%s: %s; restarting every rank", namespace, name, told)
         return
-    status = job_status(body["spec"], generation, live, restarts)  # a deleted rank no longer counts
-    status["conditions"] += [c for c in (body.get("status") or {}).get("conditions") or []
+    status = job_status(body["spec"], generation, live, restarts, preemptions, acknowledged)  # deleted ranks: gone
+    status["conditions"] += [c for c in before.get("conditions") or []
                              if c.get("type") == "GangRestarted"]  # the last restart stays visible
     await write_status(kube, body, status)
 

@@ -139,25 +139,66 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
     }
 
 
-def gang_restart_reason(pods: list[Manifest], restarts: int, backoff_limit: int) -> str | None:
+# status.reason of a pod the kubelet ended for the node's sake, not for its program's: node-pressure
+# eviction, preemption by a critical pod, graceful node shutdown, a lost node.
+KUBELET_DISRUPTIONS = {"Evicted", "Preempting", "Shutdown", "NodeShutdown", "Terminated", "NodeLost"}
+ACKNOWLEDGED_KEEP = 32  # disrupted pods' uids a TrainerJob's status remembers (each restarts the gang once)
+
+
+def disruption(pod: Manifest) -> str | None:
+    """Why the cluster, not the pod's program, ended ``pod`` — its ``DisruptionTarget`` condition
+    (scheduler preemption, an API eviction such as a node drain or Kueue's, a taint, the kubelet) or
+    a kubelet reason in ``KUBELET_DISRUPTIONS`` — or None."""
+    target = _condition(pod, "DisruptionTarget")
+    status = pod.get("status") or {}
+    if target.get("status") == "True":
+        reason, message = target.get("reason") or "DisruptionTarget", target.get("message") or ""
+    elif status.get("phase") == "Failed" and status.get("reason") in KUBELET_DISRUPTIONS:
+        reason, message = status["reason"], status.get("message") or ""
+    else:
+        return None
+    return f"{reason}: {message}" if message else reason
+
+
+@dataclass(frozen=True)
+class GangRestart:
+    reason: str
+    preempted: bool  # the cluster took a rank: not counted against backoffLimit
+    disrupted: tuple[str, ...] = ()  # uids of the disrupted pods this restart answers
+
+
+def gang_restart(pods: list[Manifest], restarts: int, backoff_limit: int,
+                 acknowledged: frozenset[str] = frozenset()) -> GangRestart | None:
     """Why the whole trainer gang must restart now, or None.
 
-    A rank that failed at run time (its pod phase Failed: a crash, an OOM kill, a lost node) stops
-    the collective for every rank, so all ranks restart together and resume from the last
-    checkpoint — at most ``backoff_limit`` times. Deterministic problems (a bad image or config)
-    would fail again, so they never restart; past the limit the job fails (``job_status``).
+    The cluster took a rank away (:func:`disruption`: preemption, eviction, a drain, a node's shutdown
+    — seen on a live or a terminating pod): every rank restarts from the last checkpoint, and
+    ``backoffLimit`` is not consumed — a preemption is not a failure. Each disrupted pod answers one
+    restart (its uid is then in ``acknowledged``), however long it takes to go.
+    A rank failed at run time (its pod phase Failed: a crash, an OOM kill) stops the collective for
+    every rank, so all ranks restart together — at most ``backoff_limit`` times. Deterministic problems
+    (a bad image or config) would fail again, so they never restart; past the limit the job fails
+    (``job_status``).
     """
+    ordered = sorted(pods, key=lambda p: p["metadata"]["name"])
+    disrupted = [(p, why) for p in ordered if (why := disruption(p)) and p["metadata"].get("uid") not in acknowledged]
+    if disrupted:
+        pod, why = disrupted[0]
+        return GangRestart(f"pod {pod['metadata']['name']}: {why}", True,
+                           tuple(p["metadata"].get("uid") or "" for p, _ in disrupted))
     if not gang_may_restart(restarts, backoff_limit):
         return None
-    for health in sorted((pod_health(p) for p in pods), key=lambda h: h.name):
+    live = [p for p in ordered if not p["metadata"].get("deletionTimestamp")]
+    for health in (pod_health(p) for p in live):
         if health.phase == "Failed" and not health.deterministic_failure:
-            reason = health.problem[1] if health.problem else "Failed"
-            return f"pod {health.name}: {reason}"
+            return GangRestart(f"pod {health.name}: {health.problem[1] if health.problem else 'Failed'}", False)
     return None
 
 
-def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], restarts: int = 0) -> Manifest:
-    """TrainerJob status: the gang succeeds when every rank succeeded, fails when any rank failed."""
+def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], restarts: int = 0,
+               preemptions: int = 0, acknowledged: list[str] | None = None) -> Manifest:
+    """TrainerJob status: the gang succeeds when every rank succeeded, fails when any rank failed.
+    ``preemptions``: gang restarts because the cluster took a rank (``acknowledged``: those pods' uids)."""
     nodes = spec.get("nodes", 1)
     healths = [pod_health(p) for p in pods]
     degraded = _problem_condition(healths, generation)
@@ -174,7 +215,8 @@ def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], res
     ready = _ready(phase, "AllRanksReady", f"{ready_nodes}/{nodes} nodes ready", generation)
     return {
         "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
-        "readyNodes": ready_nodes, "restarts": restarts,
+        "readyNodes": ready_nodes, "restarts": restarts, "preemptions": preemptions,
+        **({"disruptedPods": acknowledged[-ACKNOWLEDGED_KEEP:]} if acknowledged else {}),
         "conditions": [ready, degraded],
     }
 

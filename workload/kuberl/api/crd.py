@@ -47,6 +47,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, str]]] = {
         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+        {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -73,7 +73,11 @@ class InferencePoolStatus(BaseStatus):
 class TrainerJobStatus(BaseStatus):
     nodes: int | None = None
     ready_nodes: int | None = None
-    restarts: int | None = None
+    restarts: int | None = Field(None, description="gang restarts after a rank failed (bounded by backoffLimit)")
+    preemptions: int | None = Field(None, description="gang restarts after the cluster took a rank (preemption, "
+                                                      "eviction, drain): not failures, not bounded")
+    disrupted_pods: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        None, max_length=32, description="uids of the disrupted pods already answered by a restart")
 
 
 CONFIG_REVISION = ("hash of the run config in the ConfigMap (set by the RLExperiment): pods started with another "
