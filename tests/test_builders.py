@@ -138,22 +138,44 @@ def test_suspend_keeps_services_and_drops_pods():
 
 @pytest.mark.parametrize(("gang", "api"), [("volcano", "scheduling.volcano.sh/v1beta1"),
                                            ("coscheduling", "scheduling.x-k8s.io/v1alpha1")])
-def test_gang_scheduling_pod_groups(gang, api):
+def test_an_experiment_is_one_gang(gang, api):
+    """One PodGroup for the experiment whose minMember counts the pool's and the trainer's pods, every
+    pod in it; the queue is Volcano's with gang volcano, never also a Kueue label."""
     doc = copy.deepcopy(MINIMAL)
     doc["spec"]["scheduling"] = {"gang": gang, "queue": "research", "priorityClassName": "high"}
     doc["spec"]["trainer"] = {"nodes": 2}
     manifests = render(doc)
-    groups = by_kind(manifests, "PodGroup")
-    assert [g["apiVersion"] for g in groups] == [api, api]
-    assert sorted(g["spec"]["minMember"] for g in groups) == [1, 2]
-    for pod in by_kind(manifests, "Pod"):
-        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+    pods = by_kind(manifests, "Pod")
+    [group] = by_kind(manifests, "PodGroup")
+    assert group["apiVersion"] == api and group["metadata"]["name"] == "demo"
+    assert group["spec"]["minMember"] == len(pods) == 3
+    assert group["metadata"]["ownerReferences"][0]["kind"] == "RLExperiment"
+    assert ("queue" in group["spec"]) == (gang == "volcano")
+    for pod in pods:
         assert pod["spec"]["priorityClassName"] == "high"
         if gang == "volcano":
+            assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]  # one value, one meaning
             assert pod["spec"]["schedulerName"] == "volcano"
-            assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"].startswith("demo-")
+            assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "demo"
         else:
-            assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"].startswith("demo-")
+            assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "demo"
+            assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+
+
+def test_with_kueue_an_experiment_is_one_pod_group():
+    """Kueue's plain-pod groups: every pod of the experiment carries its LocalQueue, the experiment's
+    group name and the group's total count, so Kueue admits pool and trainer together or not at all."""
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["scheduling"] = {"queue": "team-a-gpus"}
+    doc["spec"]["trainer"] = {"nodes": 2}
+    manifests = render(doc)
+    pods = by_kind(manifests, "Pod")
+    assert by_kind(manifests, "PodGroup") == [] and len(pods) == 3
+    for pod in pods:
+        labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == "demo"
+        assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "3"
 
 
 def test_kubeflow_runtime_emits_one_pytorchjob_from_the_same_templates():
@@ -215,9 +237,11 @@ def test_render_cli_on_every_example(capsys, example):
     assert capsys.readouterr().out == out  # identical for identical input
     docs = list(yaml.safe_load_all(out))
     kinds = [d["kind"] for d in docs]
-    assert kinds[:2] == ["ConfigMap", "InferencePool"] and "TrainerJob" in kinds and "Pod" in kinds
+    assert kinds[0] == "ConfigMap" and kinds.index("InferencePool") < kinds.index("TrainerJob") and "Pod" in kinds
+    assert kinds.count("PodGroup") == 0 or kinds.count("PodGroup") == 1 and kinds[1] == "PodGroup"  # before pods
     assert all(d["metadata"].get("namespace") == "team-a" for d in docs)
-    assert load_example(example)["metadata"]["name"] == docs[1]["metadata"]["labels"]["kuberl.io/experiment"]
+    pool = docs[kinds.index("InferencePool")]
+    assert load_example(example)["metadata"]["name"] == pool["metadata"]["labels"]["kuberl.io/experiment"]
 
 
 def test_render_cli_rejects_invalid(tmp_path, capsys):

@@ -81,8 +81,10 @@ async def test_accelerator_examples_get_the_pods_their_allocation_implies(tmp_pa
             pod = pods(api, "team-a", "kuberl.io/role=trainer")[0]
             assert pod["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
             assert "HCCL_CONNECT_TIMEOUT" in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
-        groups = api.list("scheduling.volcano.sh", "podgroups", "team-a")
-        assert sorted(g["spec"]["minMember"] for g in groups) == sorted([inference[0], trainer[0]])
+        [group] = api.list("scheduling.volcano.sh", "podgroups", "team-a")  # one gang: pool and trainer together
+        assert group["spec"]["minMember"] == total
+        assert all(p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == group["metadata"]["name"]
+                   for p in pods(api, "team-a"))
 
 
 async def test_status_goes_running_then_succeeded(tmp_path):

@@ -280,8 +280,6 @@ def pod_manifest(
     if scheduling.priority_class_name:
         spec["priorityClassName"] = scheduling.priority_class_name
     meta = child_metadata(parent, name, {**accel.labels, **labels})
-    if scheduling.queue:
-        meta["labels"]["kueue.x-k8s.io/queue-name"] = scheduling.queue
     annotations = {ANNOTATION_CONFIG_REVISION: config_revision, ANNOTATION_TOKEN_VERSION: token_version}
     if any(annotations.values()):  # part of what the pod runs (template_hash): a new one replaces the pod
         meta["annotations"] = {k: v for k, v in annotations.items() if v}

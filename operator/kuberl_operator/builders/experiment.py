@@ -30,8 +30,8 @@ from kuberl.api.contract import (
     trainer_job_name,
     trainer_rank0_host,
 )
-from kuberl.api.resources import Phase
-from kuberl.api.spec import Parallelism, StorageSpec, TrainerRuntime
+from kuberl.api.resources import GangMembership, Phase
+from kuberl.api.spec import GangScheduler, Parallelism, StorageSpec, TrainerRuntime
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
@@ -39,6 +39,7 @@ from ..accelerators import profile
 from .access import Peers, network_policy
 from .agent import build_agent_children
 from .common import Manifest, child_metadata
+from .gang import pod_group
 
 FINISHED_PHASES = (Phase.SUCCEEDED, Phase.FAILED)  # an agent then has nobody left to talk to
 
@@ -81,7 +82,18 @@ def check_experiment(exp: RLExperiment) -> None:
 PLACEMENT_KEYS = {"accelerator", "image", "resources", "node_selector", "tolerations"}
 
 
-def _pool_spec(exp: RLExperiment, inference: InferencePlan, revision: str) -> InferencePoolSpec:
+def experiment_gang(exp: RLExperiment, inference: InferencePlan, trainer: TrainerPlan) -> GangMembership | None:
+    """The experiment's one admission unit — the pool's pods and the trainer's together — when a gang
+    scheduler or a Kueue queue is asked for (``builders.gang``)."""
+    scheduling = exp.spec.scheduling
+    if GangScheduler(scheduling.gang) == GangScheduler.NONE and not scheduling.queue:
+        return None
+    return GangMembership(group=exp.metadata.name,
+                          members=inference.replicas * inference.hosts_per_replica + trainer.nodes)
+
+
+def _pool_spec(exp: RLExperiment, inference: InferencePlan, revision: str,
+               gang: GangMembership | None) -> InferencePoolSpec:
     name, spec = exp.metadata.name, exp.spec
     return InferencePoolSpec(
         **spec.inference.model_dump(include=PLACEMENT_KEYS),
@@ -99,11 +111,12 @@ def _pool_spec(exp: RLExperiment, inference: InferencePlan, revision: str) -> In
         config_revision=revision,
         storage=_storage(exp),
         scheduling=spec.scheduling,
+        gang=gang,
         suspend=spec.suspend,
     )
 
 
-def _job_spec(exp: RLExperiment, trainer: TrainerPlan, revision: str) -> TrainerJobSpec:
+def _job_spec(exp: RLExperiment, trainer: TrainerPlan, revision: str, gang: GangMembership | None) -> TrainerJobSpec:
     name, spec = exp.metadata.name, exp.spec
     return TrainerJobSpec(
         **spec.trainer.model_dump(include=PLACEMENT_KEYS),
@@ -123,6 +136,7 @@ def _job_spec(exp: RLExperiment, trainer: TrainerPlan, revision: str) -> Trainer
         storage=_storage(exp),
         logging=spec.logging,
         scheduling=spec.scheduling,
+        gang=gang,
         suspend=spec.suspend,
     )
 
@@ -147,8 +161,9 @@ def _run_config(exp: RLExperiment, parent: Manifest) -> str:
 
 def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None,
                               token_version: str = "") -> list[Manifest]:
-    """ConfigMap, InferencePool, TrainerJob and NetworkPolicy for ``exp`` (and the agent's Deployment
-    and gateway Service with ``spec.agent``); raises ``InvalidSpec``.
+    """ConfigMap, the experiment's PodGroup (with a gang scheduler: one for the pool's and the trainer's
+    pods), InferencePool, TrainerJob and NetworkPolicy for ``exp`` (and the agent's Deployment and
+    gateway Service with ``spec.agent``); raises ``InvalidSpec``.
     ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
     The API token Secrets are not among them: they hold random values (``reconcile.ensure_api_token``);
     ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
@@ -161,12 +176,16 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     config_map: Manifest = {"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": child_metadata(parent, config_map_name(name), labels),
                             "data": {CONFIG_FILE: config_text}}
+    gang = experiment_gang(exp, inference, trainer)
     pool = {"apiVersion": GROUP_VERSION, "kind": InferencePool.KIND,
             "metadata": child_metadata(parent, inference_pool_name(name), labels),
-            "spec": _pool_spec(exp, inference, revision).to_wire()}
+            "spec": _pool_spec(exp, inference, revision, gang).to_wire()}
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
            "metadata": child_metadata(parent, trainer_job_name(name), labels),
-           "spec": _job_spec(exp, trainer, revision).to_wire()}
+           "spec": _job_spec(exp, trainer, revision, gang).to_wire()}
+    accelerator_labels = {**profile(spec.inference.accelerator, str(inference.engine)).labels,
+                          **profile(spec.trainer.accelerator).labels}
+    group = pod_group(parent, name, gang.members, spec.scheduling, accelerator_labels) if gang else None
     policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT],
                             metadata=bool(spec.storage.service_account_name))  # workload identity (GKE)
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
@@ -174,4 +193,4 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
         parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,
         spec.trainer.runtime == TrainerRuntime.KUBEFLOW, running=not (spec.suspend or finished),
         token_version=token_version)
-    return [config_map, pool, job, policy, *agent]
+    return [config_map, *([group] if group else []), pool, job, policy, *agent]

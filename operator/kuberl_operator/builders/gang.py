@@ -1,4 +1,9 @@
-"""Gang scheduling: a PodGroup so all pods of a pool start together or not at all."""
+"""Gang scheduling and queue admission: all pods of an experiment — its pool's and its trainer's —
+start together or not at all. One PodGroup per experiment (Volcano, coscheduling; a standalone pool or
+job has its own), or with Kueue one pod group (``kueue.x-k8s.io/pod-group-name`` and the total count
+on every pod: Kueue's plain-pod group integration admits them as one Workload, gating every pod until
+then). ``scheduling.queue`` is the Volcano Queue with ``gang: volcano`` and the Kueue LocalQueue
+otherwise: one value is never written as both."""
 
 from __future__ import annotations
 
@@ -8,6 +13,14 @@ from .common import Manifest, child_metadata
 
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+
+
+def kueue_queue(scheduling: SchedulingSpec) -> str | None:
+    """The Kueue LocalQueue the pods go through, if any (``scheduling.queue`` unless it is Volcano's)."""
+    return scheduling.queue if GangScheduler(scheduling.gang) != GangScheduler.VOLCANO else None
 
 
 def pod_group(parent: Manifest, name: str, min_member: int, scheduling: SchedulingSpec,
@@ -27,12 +40,16 @@ def pod_group(parent: Manifest, name: str, min_member: int, scheduling: Scheduli
             "spec": spec}
 
 
-def join_gang(pod: Manifest, group: str, scheduling: SchedulingSpec) -> Manifest:
-    """Mark ``pod`` as a member of PodGroup ``group`` for the configured gang scheduler."""
+def join_gang(pod: Manifest, group: str, members: int, scheduling: SchedulingSpec) -> Manifest:
+    """Mark ``pod`` as one of the ``members`` pods of gang ``group`` for the configured gang scheduler
+    and, with a Kueue queue, of Kueue pod group ``group``."""
     gang = GangScheduler(scheduling.gang)
     if gang == GangScheduler.VOLCANO:
         pod["spec"]["schedulerName"] = "volcano"
         pod["metadata"].setdefault("annotations", {})[VOLCANO_GROUP_ANNOTATION] = group
     elif gang == GangScheduler.COSCHEDULING:
         pod["metadata"]["labels"][COSCHEDULING_GROUP_LABEL] = group
+    if queue := kueue_queue(scheduling):
+        pod["metadata"]["labels"] |= {KUEUE_QUEUE_LABEL: queue, KUEUE_GROUP_LABEL: group}
+        pod["metadata"].setdefault("annotations", {})[KUEUE_TOTAL_ANNOTATION] = str(members)
     return pod

@@ -73,7 +73,9 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
         config_map=spec.config_map, restart_policy="Always", storage=spec.storage,
         config_revision=spec.config_revision, token_version=token_version,
     )
-    return with_template_hash(join_gang(pod, name, spec.scheduling))
+    own = (name, spec.replicas * spec.hosts_per_replica)  # a standalone pool is its own gang
+    group, members = (spec.gang.group, spec.gang.members) if spec.gang else own
+    return with_template_hash(join_gang(pod, group, members, spec.scheduling))
 
 
 def build_inference_pods(pool: InferencePool, parent: Manifest, token_version: str = "") -> list[Manifest]:
@@ -85,12 +87,13 @@ def build_inference_pods(pool: InferencePool, parent: Manifest, token_version: s
 
 
 def build_inference_children(pool: InferencePool, parent: Manifest, token_version: str = "") -> list[Manifest]:
-    """Service, optional PodGroup, then the pods; ``parent`` is the pool as stored (with uid);
+    """Service, the PodGroup of a standalone pool (an experiment's pods join the experiment's), then the
+    pods; ``parent`` is the pool as stored (with uid);
     ``token_version``: a standalone pool's own token (``common.pod_manifest``)."""
     out = [headless_service(parent, pool.metadata.name, pool_selector(pool), {"http": pool.spec.port})]
     spec = pool.spec
-    group = pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica, spec.scheduling,
-                      profile(spec.accelerator, str(spec.engine)).labels)
+    group = None if spec.gang else pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica,
+                                             spec.scheduling, profile(spec.accelerator, str(spec.engine)).labels)
     if group:
         out.append(group)
     return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent, token_version))

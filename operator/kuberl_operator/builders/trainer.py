@@ -88,7 +88,8 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
         config_map=spec.config_map, restart_policy="Never", storage=spec.storage,
         config_revision=spec.config_revision, token_version=token_version,
     )
-    return with_template_hash(join_gang(pod, name, spec.scheduling))
+    group, members = (spec.gang.group, spec.gang.members) if spec.gang else (name, spec.nodes)
+    return with_template_hash(join_gang(pod, group, members, spec.scheduling))
 
 
 # What the Kubeflow training operator injects into the "pytorch" container of a PyTorchJob with
@@ -136,12 +137,13 @@ def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest) -> Manife
 
 
 def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str = "") -> list[Manifest]:
-    """Service, optional PodGroup, then pods (native) or one PyTorchJob (kubeflow); ``token_version``:
+    """Service, the PodGroup of a standalone job (an experiment's ranks join the experiment's), then pods
+    (native) or one PyTorchJob (kubeflow); ``token_version``:
     a standalone job's own token (``common.pod_manifest``)."""
     out = [headless_service(parent, job.metadata.name, job_selector(job),
                             {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
-    group = pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
-                      profile(job.spec.accelerator).labels)
+    group = None if job.spec.gang else pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
+                                                 profile(job.spec.accelerator).labels)
     if group:
         out.append(group)
     if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:

@@ -80,6 +80,15 @@ class TrainerJobStatus(BaseStatus):
         None, max_length=32, description="uids of the disrupted pods already answered by a restart")
 
 
+class GangMembership(ApiModel):
+    """The one admission unit a pool's or job's pods belong to when an RLExperiment owns them: the
+    experiment's PodGroup (Volcano, coscheduling) or Kueue pod group, of ``members`` pods in all (the
+    pool's and the trainer's), so neither holds accelerators while the other waits."""
+
+    group: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    members: int = Field(ge=1, le=2 * MAX_PODS)
+
+
 CONFIG_REVISION = ("hash of the run config in the ConfigMap (set by the RLExperiment): pods started with another "
                    "revision are replaced")
 
@@ -108,6 +117,8 @@ class InferencePoolSpec(PodPlacement):
     config_revision: str | None = Field(None, pattern=r"^[0-9a-f]{1,64}$", description=CONFIG_REVISION)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    gang: GangMembership | None = Field(None, description="set by the RLExperiment: its one gang; a standalone "
+                                                          "pool is its own")
     suspend: bool = False
 
     @model_validator(mode="after")
@@ -133,6 +144,8 @@ class TrainerJobSpec(PodPlacement):
     logging: LoggingSpec = Field(default_factory=LoggingSpec,
                                  description="the RLExperiment's spec.logging: its trackers' credentials for the pods")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    gang: GangMembership | None = Field(None, description="set by the RLExperiment: its one gang; a standalone "
+                                                          "job is its own")
     suspend: bool = False
 
 

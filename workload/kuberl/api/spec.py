@@ -366,7 +366,10 @@ class CheckpointSpec(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
-    queue: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253, description="Kueue LocalQueue name")
+    queue: str | None = Field(
+        None, pattern=DNS1123_SUBDOMAIN, max_length=253,
+        description="gang volcano: the Volcano Queue of the experiment's PodGroup; otherwise the Kueue LocalQueue, "
+                    "which admits the experiment's pods as one pod group (never both)")
     gang: GangScheduler = GangScheduler.NONE
     priority_class_name: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253)
 
