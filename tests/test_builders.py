@@ -392,3 +392,20 @@ def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_r
     doc["spec"]["suspend"] = True
     (suspended,) = by_kind(render(doc), "Deployment")
     assert stopped["spec"]["replicas"] == suspended["spec"]["replicas"] == 0
+
+
+def test_accelerator_pods_request_their_share_of_a_node():
+    """An 8-GPU trainer pod asks for what it uses — 8 GPUs' share of an 8-GPU node's CPUs and memory,
+    and its scratch disk — not the 1 CPU / 2 GiB floor of a CPU pod; a role's own requests win."""
+    doc = load_example("gpu-gsm8k-grpo.yaml")
+    pods = by_kind(render(doc), "Pod")
+    trainer = next(p for p in pods if p["metadata"]["labels"]["kuberl.io/role"] == "trainer")
+    replica = next(p for p in pods if p["metadata"]["labels"]["kuberl.io/role"] == "inference")
+    res = container(trainer)["resources"]
+    assert res["requests"] == {"cpu": "96", "memory": "768Gi", "ephemeral-storage": "500Gi", "nvidia.com/gpu": "8"}
+    assert res["limits"]["memory"] == "768Gi" and res["limits"]["nvidia.com/gpu"] == "8"
+    assert container(replica)["resources"]["requests"]["cpu"] == "12"  # one GPU's share
+    doc["spec"]["trainer"]["resources"] = {"requests": {"cpu": "64", "memory": "512Gi"}}
+    trainer = next(p for p in by_kind(render(doc), "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer")
+    assert container(trainer)["resources"]["requests"]["cpu"] == "64"
+    assert container(trainer)["resources"]["limits"]["memory"] == "512Gi"  # the request, above the profile's 256Gi

@@ -20,6 +20,10 @@ class AcceleratorProfile:
     # size (model cache, checkpoint staging); resources.limits memory / ephemeral-storage override them.
     memory_limit: str = "8Gi"
     scratch_size: str = "20Gi"
+    # The requests a pod makes per device when its manifest sets none: a share of the node shapes this
+    # accelerator comes in, so quota, bin-packing and eviction order see the pod's real size.
+    cpu_per_device: str = "0"
+    memory_per_device: str = "0"
     field_env: dict[str, str] = field(default_factory=dict)  # env from the downward API: name → fieldPath
     supplemental_groups: tuple[int, ...] = ()  # groups that own the device files, for a non-root process
 
@@ -47,6 +51,9 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
             kind, EXTENDED_RESOURCE[kind], default_image(kind),
             env={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
             shm_size="16Gi", memory_limit="256Gi", scratch_size="500Gi",
+            # 8-GPU nodes (H100/H200 HGX: 192-224 CPUs, 2 TiB): 96 CPUs and 768 GiB for 8 devices, the
+            # rest for the system and daemonsets
+            cpu_per_device="12", memory_per_device="96Gi",
         )
     if kind == Accelerator.ASCEND:
         return AcceleratorProfile(
@@ -66,5 +73,7 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
             # install; 1000 by default): a non-root process needs it as a supplemental group.
             supplemental_groups=(int(os.environ.get("KUBERL_ASCEND_DEVICE_GID", "1000")),),
             shm_size="16Gi", memory_limit="256Gi", scratch_size="500Gi",
+            # Atlas 800T A2 (8 NPUs, 192 Kunpeng cores, 1 TiB or more): 160 cores and 768 GiB for 8 devices
+            cpu_per_device="20", memory_per_device="96Gi",
         )
     return AcceleratorProfile(kind, None, default_image(kind, engine), env={"OMP_NUM_THREADS": "1"})

@@ -111,10 +111,29 @@ def with_defaults(res: ResourceRequirements | None, floors: dict[str, str],
     return requests, limits
 
 
+def scaled(quantity: str, factor: int) -> str:
+    """``quantity`` × ``factor`` in the same unit ("96Gi" × 8 → "768Gi")."""
+    number = quantity.rstrip("KMGTPEimk")
+    value = float(number) * factor
+    return f"{int(value) if value.is_integer() else value}{quantity[len(number):]}"
+
+
+def default_requests(accel: AcceleratorProfile, devices: int) -> dict[str, str]:
+    """What a pod of ``devices`` accelerators requests when its manifest does not say: the profile's
+    share of a node per device (never below ``DEFAULT_REQUESTS``), and its scratch volume's size as
+    ephemeral storage (the model cache and checkpoint staging live there)."""
+    if accel.resource is None:
+        return dict(DEFAULT_REQUESTS)
+    share = {"cpu": scaled(accel.cpu_per_device, devices), "memory": scaled(accel.memory_per_device, devices)}
+    return {name: max(share[name], floor, key=quantity_value) for name, floor in DEFAULT_REQUESTS.items()} | {
+        "ephemeral-storage": accel.scratch_size}
+
+
 def container_resources(placement: PodPlacement, accel: AcceleratorProfile, devices: int) -> Manifest:
-    """User requests/limits (``with_defaults``: ``DEFAULT_REQUESTS``, the accelerator's memory
-    limit) plus the accelerator's extended resource (requests = limits)."""
-    requests, limits = with_defaults(placement.resources, DEFAULT_REQUESTS, accel.memory_limit)
+    """User requests/limits (``with_defaults``: :func:`default_requests`, the accelerator's memory
+    limit, at least the memory request) plus the accelerator's extended resource (requests = limits).
+    Requests the manifest gives win, per role (``inference.resources``, ``trainer.resources``)."""
+    requests, limits = with_defaults(placement.resources, default_requests(accel, devices), accel.memory_limit)
     if accel.resource:
         requests[accel.resource] = limits[accel.resource] = str(devices)
     out: Manifest = {}
