@@ -238,7 +238,7 @@ def test_render_cli_on_every_example(capsys, example):
     docs = list(yaml.safe_load_all(out))
     kinds = [d["kind"] for d in docs]
     assert kinds[0] == "ConfigMap" and kinds.index("InferencePool") < kinds.index("TrainerJob") and "Pod" in kinds
-    assert kinds.count("PodGroup") == 0 or kinds.count("PodGroup") == 1 and kinds[1] == "PodGroup"  # before pods
+    assert kinds.count("PodGroup") == 0 or (kinds.count("PodGroup") == 1 and kinds[1] == "PodGroup")  # before pods
     assert all(d["metadata"].get("namespace") == "team-a" for d in docs)
     pool = docs[kinds.index("InferencePool")]
     assert load_example(example)["metadata"]["name"] == pool["metadata"]["labels"]["kuberl.io/experiment"]

@@ -299,3 +299,25 @@ def test_a_rate_limit_that_cannot_send_anything_is_refused():
     for qps, burst in ((0, 10), (10, 0), (-1, 5)):
         with pytest.raises(ValueError, match="qps must be > 0 and burst"):
             RateLimit(qps, burst)
+
+
+def test_pods_kueue_has_not_admitted_say_so_up_to_the_experiment():
+    """Pods held by Kueue's admission gate (the experiment's pod group is queued): Pending, not
+    Degraded, and Ready's reason says they wait for Kueue — on the job, the pool and the experiment."""
+    def gated(name):
+        held = {"metadata": {"name": name, "labels": {LABEL_REPLICA: "0"}},
+                "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}, "status": {"phase": "Pending"}}
+        return held
+
+    job = job_status({"nodes": 2}, 1, [gated("t-n0"), gated("t-n1")])
+    pool = pool_status({"replicas": 1}, 1, [gated("p-r0-h0")])
+    for status in (job, pool):
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert status["phase"] == "Pending" and ready["reason"] == "QueuedForAdmission" and "Kueue" in ready["message"]
+        assert next(c for c in status["conditions"] if c["type"] == "Degraded")["status"] == "False"
+    exp = experiment_status(1, False, ("p", pool), ("t", job))
+    ready = next(c for c in exp["conditions"] if c["type"] == "Ready")
+    assert exp["phase"] == "Pending" and ready["reason"] == "QueuedForAdmission"
+    admitted = job_status({"nodes": 2}, 1, [pod("t-n0", phase="Pending", node=None), pod("t-n1", phase="Pending",
+                                                                                           node=None)])
+    assert next(c for c in admitted["conditions"] if c["type"] == "Ready")["reason"] == "Pending"

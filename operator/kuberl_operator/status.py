@@ -8,6 +8,7 @@ climbs to the RLExperiment. Deterministic errors (bad image, bad config) fail fa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ Manifest = dict[str, Any]
 
 # Waiting reasons that mean "this will not fix itself": fail fast.
 DETERMINISTIC = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"  # the scheduling gate Kueue puts on a pod until admission
+QUEUED = "QueuedForAdmission"  # the Ready reason while every unscheduled pod waits for Kueue
 # Waiting reasons that degrade a pool but may recover (or be replaced).
 TRANSIENT = {"CrashLoopBackOff", "CreateContainerError", "RunContainerError"}
 
@@ -30,6 +33,7 @@ class PodHealth:
     ready: bool
     scheduled: bool
     problem: tuple[str, str] | None = None  # (reason, message)
+    queued: bool = False  # held by Kueue's admission gate: its pod group is not admitted yet
 
     @property
     def deterministic_failure(self) -> bool:
@@ -69,7 +73,8 @@ def pod_health(pod: Manifest) -> PodHealth:
                    + (f": {detail}" if detail else ""))
     if problem is None and scheduled_cond.get("reason") == "Unschedulable":
         problem = ("Unschedulable", scheduled_cond.get("message") or "no node fits the pod")
-    return PodHealth(name, phase, ready, scheduled, problem)
+    queued = any(g.get("name") == KUEUE_ADMISSION_GATE for g in pod.get("spec", {}).get("schedulingGates") or [])
+    return PodHealth(name, phase, ready, scheduled, problem, queued)
 
 
 def condition(kind: str, ok: bool, reason: str, message: str = "", generation: int | None = None) -> Manifest:
@@ -106,9 +111,15 @@ def _problem_condition(healths: list[PodHealth], generation: int | None) -> Mani
     return condition("Degraded", False, "AsExpected", "", generation)
 
 
-def _ready(phase: Phase, running_reason: str, message: str, generation: int | None) -> Manifest:
-    """The Ready condition: True only while Running (reason ``running_reason``), else the phase."""
+def _ready(phase: Phase, running_reason: str, message: str, generation: int | None,
+           healths: Sequence[PodHealth] = ()) -> Manifest:
+    """The Ready condition: True only while Running (reason ``running_reason``), else the phase —
+    ``QueuedForAdmission`` while Pending with pods Kueue has not admitted yet."""
     running = phase == Phase.RUNNING
+    queued = sum(h.queued for h in healths)
+    if phase == Phase.PENDING and queued:
+        return condition("Ready", False, QUEUED, f"{message}; {queued} pod(s) wait for Kueue to admit the "
+                                                 "experiment's pod group", generation)
     return condition("Ready", running, running_reason if running else phase.value, message, generation)
 
 
@@ -131,7 +142,8 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
         phase = Phase.FAILED
     else:
         phase = _pods_phase(expected, healths)
-    ready = _ready(phase, "AllReplicasReady", f"{ready_replicas}/{spec.get('replicas', 1)} replicas ready", generation)
+    ready = _ready(phase, "AllReplicasReady", f"{ready_replicas}/{spec.get('replicas', 1)} replicas ready", generation,
+                   healths)
     return {
         "phase": phase.value, "observedGeneration": generation, "replicas": spec.get("replicas", 1),
         "readyReplicas": ready_replicas, "pods": len(pods), "readyPods": ready_pods,
@@ -212,7 +224,7 @@ def job_status(spec: Manifest, generation: int | None, pods: list[Manifest], res
     else:
         phase = _pods_phase(nodes, healths)
     ready_nodes = sum(h.ready for h in healths)
-    ready = _ready(phase, "AllRanksReady", f"{ready_nodes}/{nodes} nodes ready", generation)
+    ready = _ready(phase, "AllRanksReady", f"{ready_nodes}/{nodes} nodes ready", generation, healths)
     return {
         "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
         "readyNodes": ready_nodes, "restarts": restarts, "preemptions": preemptions,
@@ -251,6 +263,10 @@ def pytorchjob_status(spec: Manifest, generation: int | None, pytorchjob: Manife
     }
 
 
+def _ready_reason(status: Manifest | None) -> str | None:
+    return next((c.get("reason") for c in (status or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+
+
 def _child_degraded(kind: str, name: str, status: Manifest | None) -> Manifest | None:
     for cond in (status or {}).get("conditions") or []:
         if cond.get("type") == "Degraded" and cond.get("status") == "True":
@@ -281,6 +297,7 @@ def experiment_status(
         phase = Phase.INITIALIZING
     else:
         phase = Phase.PENDING
+    queued = phase == Phase.PENDING and QUEUED in (_ready_reason(job_st), _ready_reason(pool_st))
     degraded = (_child_degraded("TrainerJob", job_name, job_st)
                 or _child_degraded("InferencePool", pool_name, pool_st)
                 or condition("Degraded", False, "AsExpected"))
@@ -292,8 +309,10 @@ def experiment_status(
         "trainerJob": job_name,
         "conditions": [
             condition("SpecValid", True, "Valid", "", generation),
-            condition("Ready", phase == Phase.RUNNING, "Running" if phase == Phase.RUNNING else phase.value,
-                      f"inference {pool_phase or 'Pending'}, trainer {job_phase or 'Pending'}", generation),
+            condition("Ready", phase == Phase.RUNNING,
+                      "Running" if phase == Phase.RUNNING else QUEUED if queued else phase.value,
+                      f"inference {pool_phase or 'Pending'}, trainer {job_phase or 'Pending'}"
+                      + ("; waiting for Kueue to admit the experiment's pod group" if queued else ""), generation),
             degraded,
         ],
     }
