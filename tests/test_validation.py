@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,14 @@ def test_a_users_reward_module_not_importable_here_is_a_warning(tmp_path, capsys
     assert main(["validate", str(path)]) == 0
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "spec.reward.function: 'team_rewards.math:judge': cannot import" in err
+
+
+def test_a_tracker_whose_library_is_missing_here_is_a_warning(tmp_path, capsys, monkeypatch):
+    path = write(tmp_path, with_spec(logging={"wandb": {"project": "rl"}, "mlflow": {"trackingUri": "http://m:5000"}}))
+    assert main(["validate", str(path)]) == 0
+    assert "spec.logging" not in capsys.readouterr().err  # both installed here (the dev extra)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as Python marks a module that cannot be imported
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "spec.logging.wandb: wandb is not installed here" in err
+    assert "spec.logging.mlflow" not in err

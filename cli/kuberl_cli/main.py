@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("-n", "--namespace", default=None, help="namespace for objects without one")
     p.set_defaults(func=cmd_render)
-    p = sub.add_parser("run", help="run an experiment locally on CPU (inference + trainer processes)")
+    p = sub.add_parser("run", help="run an experiment locally on CPU or NVIDIA GPUs (inference + trainer processes)")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a spec field, e.g. algorithm.maxSteps=20 (repeatable)")

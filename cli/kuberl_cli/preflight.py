@@ -1,7 +1,8 @@
 """What ``kuberl validate`` checks on this machine beyond the manifest itself (the operator cannot: it
 has neither the files nor the user's code): a local dataset file's columns, and whether the reward
 function imports. A missing column is an error; a reward module that does not import here is a
-warning, since it may live only in the user's image."""
+warning, since it may live only in the user's image; so is a tracker (``spec.logging``) whose library
+is not installed here."""
 
 from __future__ import annotations
 
@@ -45,4 +46,18 @@ def preflight(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue
                 for field, function in rewards
                 if not function.startswith(f"{KUBERL_REWARDS_MODULE}:")  # the manifest's own check names those
                 and (message := import_warning(function, field))]
-    return errors, warnings
+    return errors, warnings + tracker_warnings(spec)
+
+
+TRACKER_MODULES = {"wandb": "wandb", "mlflow": "mlflow"}  # spec.logging's trackers → the module each needs
+
+
+def tracker_warnings(spec: RLExperimentSpec) -> list[FieldIssue]:
+    """A tracker ``spec.logging`` names whose library this machine lacks: ``kuberl run`` here would
+    start without it (warned, training goes on); the workload images carry both."""
+    import importlib.util
+
+    return [FieldIssue(f"spec.logging.{name}", f"{module} is not installed here (pip install 'kuberl[tracking]'); "
+                                               "kuberl run would train without it; the workload images have it")
+            for name, module in TRACKER_MODULES.items()
+            if getattr(spec.logging, name) is not None and importlib.util.find_spec(module) is None]
