@@ -109,12 +109,17 @@ def test_the_python_tool_cannot_signal_write_or_spawn_anything(tmp_path):
             "fork": "import os; os.fork()",
             "spawn": "import subprocess; subprocess.run(['sleep', '30'])",
             "network": "import socket; socket.socket()",
+            "limit": f"import resource; resource.prlimit({victim.pid}, resource.RLIMIT_CPU, (1, 1))",
+            "affinity": f"import os; os.sched_setaffinity({victim.pid}, {{0}})",
+            "priority": f"import os; os.setpriority(os.PRIO_PROCESS, {victim.pid}, 19)",
         }
         for what, code in attempts.items():
             outcome = run_python(code)
             assert not outcome.ok and ("PermissionError" in outcome.output or "Operation not permitted"
                                        in outcome.output), (what, outcome)
         assert victim.poll() is None and precious.read_bytes() == b"weights"
+        own = run_python("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16)); print('own')")
+        assert own.ok and "own" in own.output  # its own limits it may still lower
         assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.bin"]
     finally:
         victim.kill()

@@ -10,8 +10,11 @@ kernel keeps it for the process's life and no process can lift it) that refuses,
 
 * the network: ``socket`` (every family) and io_uring (which can open sockets on its own);
 * other processes: ``fork``/``clone``/``exec`` (nothing is left behind, no fork bomb), signals
-  (``kill``, ``tkill``, ``tgkill``, pidfd, sigqueue), ``ptrace`` and ``process_vm_*`` — it
-  cannot stop, signal or read the trainer that runs it;
+  (``kill``, ``tkill``, ``tgkill``, pidfd, sigqueue), ``ptrace`` and ``process_vm_*``, another
+  process's limits (``prlimit64`` with a pid), priority, CPU affinity, scheduling policy, I/O
+  priority and memory placement (``setpriority``, ``sched_set*``, ``ioprio_set``,
+  ``migrate_pages``, ``move_pages``) — it cannot stop, signal, read, starve or kill through its
+  limits the trainer that runs it (a same-uid ``prlimit(RLIMIT_CPU)`` on the parent killed it);
 * the filesystem, but for reading: ``open``/``openat`` with any write flag, ``openat2``, and
   every call that creates, removes, renames, links or changes the mode, owner, times or
   attributes of a file;
@@ -49,8 +52,11 @@ DENIED = (  # refused outright (names unknown on an architecture are skipped: e.
     "setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr utime utimes utimensat futimesat "
     "name_to_handle_at open_by_handle_at "
     "mount umount2 unshare setns chroot pivot_root move_mount fsopen fsmount fspick open_tree "
-    "bpf perf_event_open userfaultfd keyctl add_key request_key personality fanotify_init"
+    "bpf perf_event_open userfaultfd keyctl add_key request_key personality fanotify_init "
+    "setpriority ioprio_set sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
+    "migrate_pages move_pages"
 ).split()
+OTHER_PID = {"prlimit64": 0}  # refused unless its pid argument (this index) is 0, the caller itself
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
 OPENS = {"open": 1, "openat": 2}  # syscall → index of its flags argument
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # one number on every arch
@@ -83,7 +89,7 @@ def confine_reads(readable):
     return libc.syscall({LANDLOCK_RESTRICT_SELF}, ruleset, 0) == 0
 confine_reads([os.getcwd(), os.path.dirname(os.__file__), "/usr/lib", "/usr/lib64", "/lib", "/lib64",
                "/dev/null", "/dev/zero", "/dev/urandom"])
-DENIED, WRITE_FLAGS, OPENS = {DENIED!r}, {WRITE_FLAGS!r}, {OPENS!r}
+DENIED, WRITE_FLAGS, OPENS, OTHER_PID = {DENIED!r}, {WRITE_FLAGS!r}, {OPENS!r}, {OTHER_PID!r}
 class Cmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
 try:
@@ -105,6 +111,10 @@ try:
         for flag in WRITE_FLAGS if nr >= 0 else ():
             cmp = (Cmp * 1)(Cmp(index, 7, flag, flag))  # SCMP_CMP_MASKED_EQ: flags & flag == flag
             ok = ok and lib.seccomp_rule_add_array(ctx, refuse, nr, 1, cmp) == 0
+    for name, index in OTHER_PID.items():
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        cmp = (Cmp * 1)(Cmp(index, 1, 0, 0))  # SCMP_CMP_NE: pid != 0
+        ok = ok and (nr < 0 or lib.seccomp_rule_add_array(ctx, refuse, nr, 1, cmp) == 0)
     ok = ok and lib.seccomp_load(ctx) == 0
 except OSError:
     ok = False
@@ -115,7 +125,7 @@ resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
 code = sys.argv[4]
-del ctypes, os, lib, libc, ctx, cpu, memory, fsize, Cmp, DENIED, WRITE_FLAGS, OPENS, confine_reads
+del ctypes, os, lib, libc, ctx, cpu, memory, fsize, Cmp, DENIED, WRITE_FLAGS, OPENS, OTHER_PID, confine_reads
 sys.argv = ["tool"]
 exec(compile(code, "<tool>", "exec"), {{"__name__": "__main__"}})
 """
