@@ -96,6 +96,39 @@ def test_a_run_refuses_another_runs_checkpoints(uri, tmp_path):
     assert manager.restore_newest(tmp_path / "restore", "uid-of-run-a").step == 3
 
 
+def test_a_run_with_an_id_refuses_a_checkpoint_that_names_none(uri, tmp_path):
+    """Write access to the bucket must not be enough to hand a run weights: a manifest without a run
+    id is nobody's, so a run that has one does not resume from it."""
+    manager = CheckpointManager(open_store(uri), keep=2)
+    manager.save(staging(tmp_path, 3), 3)
+    with pytest.raises(ForeignCheckpoint, match=r"names no run .*not to this run \(uid-of-run-b\)"):
+        manager.restore_newest(tmp_path / "restore", "uid-of-run-b")
+    assert manager.restore_newest(tmp_path / "restore", None).step == 3  # a run without identity (kuberl run)
+
+
+def test_a_manifest_naming_files_outside_its_directory_is_refused(tmp_path, caplog):
+    """A manifest rewritten to name ``../../x`` (sizes and hashes made to match): skipped when listed,
+    refused by restore before anything is written, and nothing lands outside the restore directory."""
+    import json
+
+    root = tmp_path / "store"
+    manager = CheckpointManager(open_store(f"file://{root}/"), keep=2)
+    manager.save(staging(tmp_path, 4), 4)
+    manifest_path = root / step_dir(4) / "MANIFEST.json"
+    data = json.loads(manifest_path.read_text())
+    entry = data["files"]["trainer_state.json"]
+    (root / step_dir(4) / "../../x").parent.mkdir(parents=True, exist_ok=True)
+    (root / step_dir(4) / "../../x").write_text('{"step": 4}')
+    data["files"]["../../x"] = entry
+    manifest_path.write_text(json.dumps(data))
+    assert manager.complete() == [] and "outside its directory" in caplog.text
+    from kuberl.checkpoint import Manifest
+
+    with pytest.raises(CheckpointError, match="outside its directory"):
+        manager.restore(Manifest(4, data["files"], {}), tmp_path / "restore" / "a" / "b")
+    assert not (tmp_path / "restore" / "x").exists()  # where ../../x from restore/a/b would have landed
+
+
 def test_two_runs_on_one_uri_never_prune_each_other(uri, tmp_path):
     """Two experiments pointed at one URI (an old run's pods still writing, or a copy-pasted spec):
     each keeps its own newest checkpoints and its own upload in progress, whatever the other prunes."""

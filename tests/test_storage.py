@@ -49,6 +49,11 @@ VOLUME = {"volumes": [{"claimName": "shared-data", "mountPath": "/data"}]}
         ({"logging": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "demo-api-token"}}},
          "spec.logging.mlflow.credentialsSecret", "the experiment's API token"),
         ({"logging": {"mlflow": {"trackingUri": "mlflow:5000"}}}, "spec.logging.mlflow.trackingUri", "pattern"),
+        ({"agent": {"command": ["python", "agent.py"], "env": [{"name": "STOLEN", "valueFrom": {"secretKeyRef": {
+            "name": "other-api-token", "key": "token"}}}]}},
+         "spec.agent.env[0].valueFrom.secretKeyRef.name", "a token KubeRL manages"),  # another experiment's
+        ({"storage": {"credentialsSecret": "other-agent-token"}}, "spec.storage.credentialsSecret",
+         "a token KubeRL manages"),
     ],
 )
 def test_what_cannot_work_on_a_cluster_is_refused_naming_the_field(spec, field, fragment):

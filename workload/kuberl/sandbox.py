@@ -54,7 +54,7 @@ DENIED = (  # refused outright (names unknown on an architecture are skipped: e.
     "mount umount2 unshare setns chroot pivot_root move_mount fsopen fsmount fspick open_tree "
     "bpf perf_event_open userfaultfd keyctl add_key request_key personality fanotify_init "
     "setpriority ioprio_set sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
-    "migrate_pages move_pages"
+    "migrate_pages move_pages process_madvise process_mrelease"
 ).split()
 OTHER_PID = {"prlimit64": 0}  # refused unless its pid argument (this index) is 0, the caller itself
 WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)

@@ -90,8 +90,11 @@ def api_token_secret_name(experiment: str) -> str:
     return f"{experiment}{API_TOKEN_SUFFIX}"
 
 
+AGENT_TOKEN_SUFFIX = "-agent-token"
+
+
 def agent_token_secret_name(experiment: str) -> str:
-    return f"{experiment}-agent-token"
+    return f"{experiment}{AGENT_TOKEN_SUFFIX}"
 
 
 def gateway_service_name(experiment: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from .contract import api_token_secret_name
+from .contract import AGENT_TOKEN_SUFFIX, API_TOKEN_SUFFIX, api_token_secret_name
 from .resolve import FieldIssue
 from .spec import RLExperimentSpec, VolumeMount, WeightSyncMode
 
@@ -46,24 +46,41 @@ def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
     return out
 
 
+MANAGED_SECRET_SUFFIXES = (API_TOKEN_SUFFIX, AGENT_TOKEN_SUFFIX)  # every experiment's tokens, the operator's
+
+
+def secret_references(spec: RLExperimentSpec) -> list[tuple[str, str]]:
+    """(field, Secret name) of every Secret the experiment's pods would read (the kubelet resolves
+    them, so RBAC never sees who asked)."""
+    refs = [(f"spec.agent.env[{i}].valueFrom.secretKeyRef.name", var.value_from.secret_key_ref.name)
+            for i, var in enumerate(spec.agent.env if spec.agent else []) if var.value_from is not None]
+    storage, tracking = spec.storage, spec.logging
+    refs += [("spec.storage.credentialsSecret", storage.credentials_secret),
+             ("spec.checkpoint.credentialsSecret", spec.checkpoint.credentials_secret),
+             ("spec.storage.hubTokenSecret.name", storage.hub_token_secret.name if storage.hub_token_secret else None),
+             ("spec.logging.wandb.apiKeySecret.name",
+              tracking.wandb.api_key_secret.name if tracking.wandb and tracking.wandb.api_key_secret else None),
+             ("spec.logging.mlflow.credentialsSecret", tracking.mlflow.credentials_secret if tracking.mlflow else None)]
+    return [(field, name) for field, name in refs if name]
+
+
+def managed_secret_problem(name: str, own_token: str) -> str | None:
+    """Why a manifest may not name Secret ``name``: it is a token KubeRL manages — this experiment's
+    API token, or any experiment's API or agent token (``<experiment>-api-token``/``-agent-token``)."""
+    if name == own_token:
+        return f"{name!r} is the experiment's API token (it steers the trainer and the pool); pods get it themselves"
+    if name.endswith(MANAGED_SECRET_SUFFIXES):
+        return (f"{name!r} is a token KubeRL manages for an experiment (names ending in "
+                f"{' or '.join(MANAGED_SECRET_SUFFIXES)}); name a Secret of your own")
+    return None
+
+
 def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
     """Rules for the pods of experiment ``experiment`` on a cluster (Secrets, claims, mounts)."""
     token = api_token_secret_name(experiment)
-    issues = [FieldIssue(f"spec.agent.env[{i}].valueFrom.secretKeyRef.name",
-                         f"{token!r} is the experiment's API token (it steers the trainer and the pool); the agent "
-                         "gets only its own (OPENAI_API_KEY)")
-              for i, var in enumerate(spec.agent.env if spec.agent else [])
-              if var.value_from is not None and var.value_from.secret_key_ref.name == token]
     storage = spec.storage
-    if storage.hub_token_secret is not None and storage.hub_token_secret.name == token:
-        issues.append(FieldIssue("spec.storage.hubTokenSecret.name", f"{token!r} is the experiment's API token, not a "
-                                                                     "Hugging Face token"))
-    tracking = spec.logging
-    refs = [("spec.logging.wandb.apiKeySecret.name", tracking.wandb.api_key_secret.name
-             if tracking.wandb and tracking.wandb.api_key_secret else None),
-            ("spec.logging.mlflow.credentialsSecret", tracking.mlflow.credentials_secret if tracking.mlflow else None)]
-    issues += [FieldIssue(field, f"{token!r} is the experiment's API token, not a tracker's credentials")
-               for field, name in refs if name == token]
+    issues = [FieldIssue(field, managed_secret_problem(name, token)) for field, name in secret_references(spec)
+              if managed_secret_problem(name, token)]
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:
         issues.append(FieldIssue("spec.checkpoint.credentialsSecret",

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .store import CheckpointError, Store
@@ -55,6 +55,12 @@ class Manifest:
     def to_json(self) -> str:
         return json.dumps({"step": self.step, "files": self.files, "meta": self.meta,
                            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2)
+
+
+def safe_name(name: str) -> bool:
+    """A manifest entry that stays inside its checkpoint directory: relative, no ``..``, no backslash."""
+    parts = PurePosixPath(name).parts
+    return bool(parts) and not name.startswith("/") and "\\" not in name and ".." not in parts and "" not in parts
 
 
 class ForeignCheckpoint(CheckpointError):
@@ -122,6 +128,10 @@ class CheckpointManager:
         except (ValueError, KeyError, TypeError) as err:
             log.warning("skipping checkpoint %s: unreadable %s (%s)", where, MANIFEST, err)
             return None
+        unsafe = [n for n in manifest.files if not safe_name(n)]
+        if unsafe:
+            log.warning("skipping checkpoint %s: %s names files outside its directory %s", where, MANIFEST, unsafe[:5])
+            return None
         bad = [n for n, e in manifest.files.items() if objects.get(n) != e.get("size")]
         if manifest.step != step or bad:
             log.warning("skipping checkpoint %s: missing or truncated files %s", where, bad[:5])
@@ -141,12 +151,13 @@ class CheckpointManager:
     def restore_newest(self, dest_root: Path, run_id: str | None) -> Manifest | None:
         """Download and verify the newest complete checkpoint into ``dest_root/restore-<step>``; one
         that fails verification (or download) is skipped for the next older one. Raises
-        ForeignCheckpoint if the newest is another run's (a manifest without a run is anyone's)."""
+        ForeignCheckpoint if the newest is another run's, or names no run while this run has an id."""
         for manifest in self.complete():
             owner = manifest.meta.get("run_id")
-            if run_id and owner and owner != run_id:
+            if run_id and owner != run_id:
+                whose = f"belongs to run {owner}" if owner else "names no run (anyone could have written it)"
                 raise ForeignCheckpoint(
-                    f"{self.store.uri}{step_dir(manifest.step)} belongs to run {owner}, not to this run ({run_id}): "
+                    f"{self.store.uri}{step_dir(manifest.step)} {whose}, not to this run ({run_id}): "
                     "refusing to resume from or prune another run's checkpoints; give this experiment its own "
                     "spec.checkpoint.uri (or delete the old checkpoints)")
             try:
@@ -158,7 +169,11 @@ class CheckpointManager:
         return None
 
     def restore(self, manifest: Manifest, dest: Path) -> Path:
-        """Download the checkpoint's files into ``dest`` and verify their SHA-256."""
+        """Download the checkpoint's files into ``dest`` and verify their SHA-256 (names that would land
+        outside ``dest`` are refused before anything is written)."""
+        if unsafe := [n for n in manifest.files if not safe_name(n)]:
+            raise CheckpointError(f"{self.store.uri}{step_dir(manifest.step)}: {MANIFEST} names files outside its "
+                                  f"directory: {unsafe[:5]}")
         for name, entry in manifest.files.items():
             local = dest / name
             self.store.download(step_dir(manifest.step) + name, local)
