@@ -178,10 +178,19 @@ def load_experiment(path: Path, overrides: list[str]) -> RLExperiment:
         raise RunError("; ".join(f"{path}: {i}" for i in issues))
     assert isinstance(obj, RLExperiment)
     for section in ("inference", "trainer"):
-        if getattr(obj.spec, section).accelerator not in LOCAL_ACCELERATORS:
-            raise RunError(f"spec.{section}.accelerator is {getattr(obj.spec, section).accelerator}; kuberl run "
-                           f"runs on this machine's CPU (or its NVIDIA GPUs): use --set {section}.accelerator=cpu")
+        kind = getattr(obj.spec, section).accelerator
+        if kind not in LOCAL_ACCELERATORS:
+            raise RunError(f"spec.{section}.accelerator is {kind}; kuberl run runs on this machine's CPU or NVIDIA "
+                           f"GPUs: use --set {section}.accelerator=cpu")
+        if kind == Accelerator.NVIDIA and not has_nvidia_gpu():
+            raise RunError(f"spec.{section}.accelerator is nvidia but this machine shows no NVIDIA GPU (no "
+                           f"/dev/nvidia0): use --set {section}.accelerator=cpu")
     return obj
+
+
+def has_nvidia_gpu() -> bool:
+    """Whether the NVIDIA driver shows a GPU here (its device files; the supervisor imports no torch)."""
+    return Path("/dev/nvidia0").exists() or any(Path("/proc/driver/nvidia/gpus").glob("*"))
 
 
 def local_env(spec: Any) -> dict[str, str]:
