@@ -23,6 +23,7 @@ TOOLS = ROOT / ".venv-tools/bin"
 K8S_VERSION = "1.35.0"
 VARIANTS = {
     "defaults": [],
+    "cluster-wide": ["--set", "clusterWide=true"],
     "namespaced-everything-on": [
         "--set", "watchNamespaces={team-a,team-b}", "--set", "monitoring.podMonitor.enabled=true",
         "--set", "workloadNetworkPolicy.metricsNamespaceLabels.kubernetes\\.io/metadata\\.name=monitoring",
@@ -63,7 +64,7 @@ def test_rendered_objects_validate_against_the_kubernetes_api_schemas(variant, t
     assert done.stdout.count("passed for resource") == len(core), done.stdout
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "NetworkPolicy"} <= kinds
-    if variant != "defaults":
+    if variant == "namespaced-everything-on":
         assert {"PodMonitor", "ConfigMap", "Role", "RoleBinding"} <= kinds
         monitor = next(d for d in docs if d["kind"] == "PodMonitor")
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "progress"}
@@ -123,10 +124,16 @@ def test_rbac_has_no_wildcard_or_escalation_and_is_namespaced_when_asked(variant
     # that the rules cover what the operator asks for, and no more: test_operator's RBAC tour
     for owner in ("RLExperiment", "InferencePool", "TrainerJob"):  # owner references with blockOwnerDeletion
         assert (f"{PLURALS[owner]}/finalizers", "update") in granted, f"{owner}/finalizers update"
-    if variant != "defaults":  # namespaced: full rights only inside the watched namespaces
-        cluster = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
-        assert {res for r in cluster for res in r["resources"]} == {"nodes", "namespaces", "customresourcedefinitions"}
-        assert {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"} == {"team-a", "team-b"}
+    cluster = {res for d in docs if d["kind"] == "ClusterRole" for r in d["rules"] for res in r["resources"]}
+    roles = {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"}
+    operator = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    watched = {a.removeprefix("--namespace=") for a in operator["args"] if a.startswith("--namespace=")}
+    if variant == "cluster-wide":  # asked for: everything, everywhere
+        assert {"secrets", "pods"} <= cluster and roles == set() and watched == set()
+        return
+    # namespaced (the default: the release's namespace): full rights only inside the watched namespaces
+    assert cluster == {"nodes", "namespaces", "customresourcedefinitions"}
+    assert roles == watched == ({"kuberl-system"} if variant == "defaults" else {"team-a", "team-b"})
 
 
 def test_a_pod_monitor_that_the_network_policies_would_block_is_refused_naming_the_value():
@@ -141,6 +148,11 @@ def test_the_api_rate_limit_reaches_the_operator_and_a_zero_is_refused():
     assert (env["KUBERL_API_QPS"], env["KUBERL_API_BURST"]) == ("7.5", "15")
     done = helm("template", "kuberl", str(CHART), "--set", "operator.apiQPS=0")
     assert done.returncode != 0 and "apiQPS" in done.stderr
+
+
+def test_cluster_wide_and_a_namespace_list_exclude_each_other():
+    done = helm("template", "kuberl", str(CHART), "--set", "clusterWide=true", "--set", "watchNamespaces={team-a}")
+    assert done.returncode != 0 and "clusterWide and watchNamespaces" in done.stderr
 
 
 def test_values_schema_rejects_a_bad_value_and_names_it():

@@ -106,3 +106,15 @@ app.kubernetes.io/component: operator
   verbs: [get, create]
 {{- end }}
 {{- end -}}
+
+{{/* The namespaces the operator watches and holds Roles in, as a JSON list; [] when clusterWide. */}}
+{{- define "kuberl.namespaces" -}}
+{{- if and .Values.clusterWide .Values.watchNamespaces -}}
+{{- fail "clusterWide and watchNamespaces exclude each other: set one" -}}
+{{- end -}}
+{{- if .Values.clusterWide -}}
+[]
+{{- else -}}
+{{- default (list .Release.Namespace) .Values.watchNamespaces | toJson -}}
+{{- end -}}
+{{- end -}}
