@@ -2,7 +2,8 @@
 ``kubectl get rlexperiments`` until it succeeds, check the status, delete, check nothing is left.
 
 Runs against whatever the kubeconfig points to. On a real cluster with the operator installed
-(``helm install kuberl charts/kuberl``) and the workload image pullable:
+(``helm install kuberl charts/kuberl --set watchNamespaces={default}``, or the namespace given
+below) and the workload image pullable:
 
     python -m e2e.scenario --kubeconfig ~/.kube/config [--namespace default] [--steps 100]
 
