@@ -169,6 +169,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from kuberl.models.loading import ModelLoadError
     from kuberl.settings import from_environment
+    from kuberl.trainer.evaluations import evaluation_sampling
     from kuberl.trainer.offline_eval import eval_spec, evaluate_model
 
     base = None
@@ -205,8 +206,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(json.dumps({
         "model": args.model, "dataset": (ev.dataset or spec.dataset).path,
         "reward_function": (ev.reward or spec.reward).function, "prompts": result.prompts,
-        "samples_per_prompt": result.k, "temperature": spec.rollout.temperature if ev.temperature is None
-        else ev.temperature, "reward": round(result.reward, 4), f"pass@{result.k}": round(result.pass_at_k, 4),
+        "samples_per_prompt": result.k, "temperature": evaluation_sampling(spec, ev)[0],
+        "reward": round(result.reward, 4), f"pass@{result.k}": round(result.pass_at_k, 4),
         "length": round(result.length, 2), "seconds": result.seconds}))
     return 0
 

@@ -8,15 +8,39 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
-from ..api.spec import RLExperimentSpec
-from ..data.datasets import Keep, evaluation_examples
+from ..api.spec import EvaluationSpec, RLExperimentSpec
+from ..data.datasets import Example, Keep, evaluation_examples
 from ..rewards.pool import Scorer
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
+from ..rollout.workflow import RolloutWorkflow
 from ..settings import Settings
 from .workflows import make_reward, make_workflow
 
 log = logging.getLogger("kuberl.trainer")
+
+
+def evaluation_sampling(spec: RLExperimentSpec, ev: EvaluationSpec) -> tuple[float, int]:
+    """(temperature, max new tokens) of an evaluation: ``ev``'s own, else the rollout's."""
+    return (spec.rollout.temperature if ev.temperature is None else ev.temperature,
+            ev.max_new_tokens or spec.rollout.max_new_tokens)
+
+
+def evaluation_parts(spec: RLExperimentSpec, ev: EvaluationSpec, tokenizer: Any, settings: Settings,
+                     keep: Keep | None, run_reward: Scorer | None) -> tuple[list[Example], RolloutWorkflow, Scorer]:
+    """What an evaluation ``ev`` of ``spec``'s run is — the same during training and in ``kuberl eval``:
+    its examples (``ev.dataset``, else the run's under another seed; ``keep``: the run's prompt filter),
+    the run's own episodes (with its tools) at ``ev``'s sampling, and its scorer — ``ev.reward``'s when
+    it names another function than the run's, else ``run_reward`` (made here when None)."""
+    examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed, settings, keep)
+    if ev.reward is not None and ev.reward.function != spec.reward.function:
+        reward = make_reward(spec, ev.reward.function, "spec.evaluation.reward.function")
+    else:
+        reward = run_reward or make_reward(spec)
+    temperature, max_new_tokens = evaluation_sampling(spec, ev)
+    workflow = make_workflow(spec, tokenizer, group_size=ev.samples_per_prompt, max_new_tokens=max_new_tokens,
+                             temperature=temperature, reward=reward)
+    return examples, workflow, reward
 
 
 class Evaluations:
@@ -28,14 +52,8 @@ class Evaluations:
         assert ev is not None
         self.every = ev.every_steps
         self.controller = controller
-        self.examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed, settings, keep)
         self.k = ev.samples_per_prompt
-        own = ev.reward is not None and ev.reward.function != spec.reward.function
-        self.reward = make_reward(spec, ev.reward.function, "spec.evaluation.reward.function") \
-            if own and ev.reward is not None else reward
-        self.workflow = make_workflow(  # the run's own episodes (with its tools), the evaluation's settings
-            spec, tokenizer, group_size=self.k, max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
-            temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature, reward=self.reward)
+        self.examples, self.workflow, self.reward = evaluation_parts(spec, ev, tokenizer, settings, keep, reward)
         self.history: list[EvalResult] = []
         self._reported = 0
         self._pending: Future[EvalResult] | None = None

@@ -1,7 +1,7 @@
 """``kuberl eval MODEL``: pass@k and mean reward of any Hugging Face model directory (an export or a
 base model), offline, with what training uses — the torch engine behind the replica's own HTTP
-server, the run's episode workflow and prompt rendering (:func:`.workflows.make_workflow`), its
-reward pool and its evaluation set (:func:`kuberl.data.datasets.evaluation_examples`) — so the
+server, the run's episode workflow, prompt rendering, reward pool and evaluation set
+(:func:`.evaluations.evaluation_parts`, which the in-training evaluation builds from too) — so the
 number equals the in-training held-out evaluation's on the same weights, data and sampling.
 
 Reads top-down: the spec says what to evaluate (``spec.evaluation``, else ``spec.rollout``'s sampling
@@ -20,7 +20,6 @@ import torch
 from aiohttp import web
 
 from ..api.spec import EvaluationSpec, RLExperimentSpec
-from ..data.datasets import evaluation_examples
 from ..devices import compute_dtype
 from ..inference.engine import TorchEngine
 from ..inference.server import build_app
@@ -28,7 +27,8 @@ from ..models.loading import load_model
 from ..rollout.client import InferenceClient
 from ..rollout.evaluation import EvalResult, evaluate
 from ..settings import Settings
-from .workflows import PromptCheck, make_reward, make_workflow
+from .evaluations import evaluation_parts
+from .workflows import PromptCheck
 
 log = logging.getLogger("kuberl.eval")
 LOOPBACK = "127.0.0.1"
@@ -51,15 +51,11 @@ async def _evaluate(spec: RLExperimentSpec, ev: EvaluationSpec, settings: Settin
     model = model.to(device=device, dtype=compute_dtype(spec.model.dtype, accelerator))
     engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=spec.seed)  # replica 0's seed
     check = PromptCheck.of(spec, tokenizer)
-    examples = evaluation_examples(ev.dataset or spec.dataset, ev.prompts, spec.seed, settings, check.keep)
+    examples, workflow, reward = evaluation_parts(spec, ev, tokenizer, settings, check.keep, None)
     if not examples:
+        await reward.aclose()
         raise ValueError("the evaluation set is empty (every row longer than dataset.maxPromptTokens?)")
     check.rendered(examples[0])  # logs the first prompt as the policy reads it
-    reward = make_reward(spec, ev.reward.function if ev.reward else None,
-                         "spec.evaluation.reward.function" if ev.reward else "spec.reward.function")
-    workflow = make_workflow(spec, tokenizer, group_size=ev.samples_per_prompt, reward=reward,
-                             max_new_tokens=ev.max_new_tokens or spec.rollout.max_new_tokens,
-                             temperature=spec.rollout.temperature if ev.temperature is None else ev.temperature)
     token = secrets.token_urlsafe(24)
     runner = web.AppRunner(build_app(engine, tokenizer, token, None, settings), shutdown_timeout=1.0,
                            access_log=None)
