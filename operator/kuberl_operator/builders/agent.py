@@ -25,7 +25,7 @@ from kuberl.api.contract import (
 )
 from kuberl.api.spec import AgentSpec
 
-from .common import RUN_AS_USER, Manifest, child_metadata, with_defaults
+from .common import RUN_AS_USER, Manifest, child_metadata, secret_env, with_defaults
 
 AGENT_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
 AGENT_MEMORY_LIMIT = "2Gi"
@@ -55,9 +55,8 @@ def agent_resources(agent: AgentSpec) -> Manifest:
 
 
 def agent_env(agent: AgentSpec, experiment: str, namespace: str | None) -> list[Manifest]:
-    token = {"secretKeyRef": {"name": agent_token_secret_name(experiment), "key": API_TOKEN_KEY}}
     own = [{"name": ENV_OPENAI_BASE_URL, "value": gateway_url(experiment, namespace)},
-           {"name": ENV_OPENAI_API_KEY, "valueFrom": token}]
+           secret_env(ENV_OPENAI_API_KEY, agent_token_secret_name(experiment), API_TOKEN_KEY)]
     return own + [var.to_wire() for var in agent.env]
 
 

@@ -157,10 +157,16 @@ def env_list(env: dict[str, str]) -> list[Manifest]:
     return out + [{"name": k, "value": v} for k, v in env.items()]
 
 
+def secret_env(env: str, secret: str, key: str, optional: bool = False) -> Manifest:
+    """Env var ``env`` from key ``key`` of Secret ``secret``: a ``secretKeyRef``, never a value in the pod
+    spec (``optional``: the pod starts without it when the Secret lacks the key)."""
+    ref = {"name": secret, "key": key, **({"optional": True} if optional else {})}
+    return {"name": env, "valueFrom": {"secretKeyRef": ref}}
+
+
 def api_token_env(experiment: str) -> Manifest:
     """The token as a pod sees it: ``KUBERL_API_TOKEN`` from the Secret, never a literal value."""
-    ref = {"name": api_token_secret_name(experiment), "key": API_TOKEN_KEY}
-    return {"name": ENV_API_TOKEN, "valueFrom": {"secretKeyRef": ref}}
+    return secret_env(ENV_API_TOKEN, api_token_secret_name(experiment), API_TOKEN_KEY)
 
 
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "AWS_SESSION_TOKEN": True}
@@ -172,16 +178,13 @@ def storage_env(storage: StorageSpec) -> list[Manifest]:
     kuberl.checkpoint.store; ``HF_ENDPOINT``: kuberl.models.hub, kuberl.data.tables)."""
     out: list[Manifest] = []
     if storage.credentials_secret:
-        out += [{"name": key, "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key,
-                                                            **({"optional": True} if optional else {})}}}
-                for key, optional in S3_SECRET_KEYS.items()]  # fmt: skip
+        out += [secret_env(key, storage.credentials_secret, key, optional) for key, optional in S3_SECRET_KEYS.items()]
     if storage.endpoint:
         out.append({"name": ENV_S3_ENDPOINT, "value": storage.endpoint})
     if storage.region:
         out += [{"name": name, "value": storage.region} for name in ("AWS_REGION", "AWS_DEFAULT_REGION")]
     if storage.hub_token_secret:
-        ref = storage.hub_token_secret
-        out.append({"name": ENV_HUB_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        out.append(secret_env(ENV_HUB_TOKEN, storage.hub_token_secret.name, storage.hub_token_secret.key))
     if storage.hub_endpoint:
         out.append({"name": ENV_HUB_ENDPOINT, "value": storage.hub_endpoint})
     return out
@@ -194,12 +197,11 @@ def tracking_env(logging: LoggingSpec) -> list[Manifest]:
     out: list[Manifest] = []
     if logging.wandb is not None and logging.wandb.api_key_secret is not None:
         ref = logging.wandb.api_key_secret
-        out.append({"name": ENV_WANDB_API_KEY, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        out.append(secret_env(ENV_WANDB_API_KEY, ref.name, ref.key))
     if logging.wandb is not None and logging.wandb.base_url:
         out.append({"name": ENV_WANDB_BASE_URL, "value": logging.wandb.base_url})
     if logging.mlflow is not None and logging.mlflow.credentials_secret:
-        out += [{"name": key, "valueFrom": {"secretKeyRef": {"name": logging.mlflow.credentials_secret, "key": key,
-                                                            "optional": True}}} for key in MLFLOW_SECRET_KEYS]
+        out += [secret_env(key, logging.mlflow.credentials_secret, key, optional=True) for key in MLFLOW_SECRET_KEYS]
     return out
 
 

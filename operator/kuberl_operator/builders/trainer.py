@@ -36,6 +36,7 @@ from .common import (
     env_list,
     headless_service,
     pod_manifest,
+    secret_env,
     tracking_env,
     with_template_hash,
 )
@@ -58,8 +59,8 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
     master = (trainer_rank0_host(name, job.metadata.namespace), MASTER_PORT)
     env = {**accel.env, **trainer_node_env(master, spec.nodes, spec.procs_per_node, rank, spec.inference_service)}
     experiment = spec.experiment or name
-    agent_token = {"name": ENV_AGENT_TOKEN, "valueFrom": {"secretKeyRef": {  # the gateway's (spec.agent only)
-        "name": agent_token_secret_name(experiment), "key": API_TOKEN_KEY, "optional": True}}}
+    agent_token = secret_env(ENV_AGENT_TOKEN, agent_token_secret_name(experiment), API_TOKEN_KEY,
+                             optional=True)  # the gateway's (spec.agent only)
     container: Manifest = {
         "name": "trainer",
         "command": ["/bin/sh", "-c"],

@@ -79,8 +79,8 @@ def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
     """Rules for the pods of experiment ``experiment`` on a cluster (Secrets, claims, mounts)."""
     token = api_token_secret_name(experiment)
     storage = spec.storage
-    issues = [FieldIssue(field, managed_secret_problem(name, token)) for field, name in secret_references(spec)
-              if managed_secret_problem(name, token)]
+    issues = [FieldIssue(field, problem) for field, name in secret_references(spec)
+              if (problem := managed_secret_problem(name, token))]
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:
         issues.append(FieldIssue("spec.checkpoint.credentialsSecret",
