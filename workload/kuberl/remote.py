@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
-from .checkpoint.store import CheckpointError, S3Store
+from .checkpoint.store import CheckpointError, S3Store, escapes
 from .settings import Settings
 
 log = logging.getLogger("kuberl.remote")
@@ -54,10 +54,10 @@ def split_s3(uri: str) -> tuple[str, str]:
 
 def safe_relative(key: str, prefix: str) -> PurePosixPath:
     """The path of ``key`` below ``prefix``; refuses keys that would leave the cache directory."""
-    rel = PurePosixPath(key[len(prefix):])
-    if rel.is_absolute() or not rel.parts or any(part in ("..", ".", "") for part in rel.parts):
+    rel = key[len(prefix):]
+    if escapes(rel):
         raise RemoteError(f"object key {key!r} cannot be stored below {prefix!r}")
-    return rel
+    return PurePosixPath(rel)
 
 
 @contextmanager

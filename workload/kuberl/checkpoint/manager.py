@@ -24,10 +24,10 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from .store import CheckpointError, Store
+from .store import CheckpointError, Store, escapes
 
 log = logging.getLogger("kuberl.checkpoint")
 MANIFEST = "MANIFEST.json"
@@ -58,9 +58,9 @@ class Manifest:
 
 
 def safe_name(name: str) -> bool:
-    """A manifest entry that stays inside its checkpoint directory: relative, no ``..``, no backslash."""
-    parts = PurePosixPath(name).parts
-    return bool(parts) and not name.startswith("/") and "\\" not in name and ".." not in parts and "" not in parts
+    """A manifest entry that stays inside its checkpoint directory (:func:`.store.escapes`), without a
+    backslash."""
+    return not escapes(name) and "\\" not in name
 
 
 class ForeignCheckpoint(CheckpointError):

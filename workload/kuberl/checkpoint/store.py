@@ -12,10 +12,16 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+
+def escapes(name: str) -> bool:
+    """Whether ``name``, joined onto a directory, would land outside it: absolute, empty, or climbing
+    out through ``..`` (store keys written by anyone with access to the store)."""
+    path = PurePosixPath(name)
+    return path.is_absolute() or not path.parts or ".." in path.parts
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message names the URI and the cause."""
