@@ -49,6 +49,14 @@ def write_hf_dir(state: dict[str, torch.Tensor], config: PretrainedConfig, token
     save_torch_state_dict({k: v.to(dtype).contiguous() for k, v in state.items()}, directory)
 
 
+def saved_description(checkpoint: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase] | None:
+    """(config, tokenizer) a trainer checkpoint carries (``model/``: :func:`describe_model`), or None
+    for one written before checkpoints carried them."""
+    if not (checkpoint / MODEL_DIR / "config.json").is_file():
+        return None
+    return AutoConfig.from_pretrained(checkpoint / MODEL_DIR), AutoTokenizer.from_pretrained(checkpoint / MODEL_DIR)
+
+
 def checkpoint_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
     """The model's whole tensors under HF names from an FSDP2 checkpoint's shards (no process group:
     ``torch.distributed.checkpoint``'s ``dcp_to_torch_save``); the optimizer's state is left out."""
@@ -68,7 +76,8 @@ def checkpoint_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tenso
 def checkpoint_as_hf_dir(checkpoint: Path, cache: Path, field: str) -> Path:
     """The trainer checkpoint in ``checkpoint`` as a float32 HF directory under ``cache`` (converted
     once per node, under a lock: every rank and replica of the node shares it)."""
-    if not (checkpoint / MODEL_DIR / "config.json").is_file():
+    description = saved_description(checkpoint)
+    if description is None:
         raise CheckpointReadError(f"{field}: the checkpoint holds no model description (it predates them); make it a "
                                   "Hugging Face directory first: kuberl export CHECKPOINT_URI OUT_URI --model PATH")
     key = hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]
@@ -82,7 +91,6 @@ def checkpoint_as_hf_dir(checkpoint: Path, cache: Path, field: str) -> Path:
             state = checkpoint_weights(checkpoint, target.with_suffix(".pt"))
         except CheckpointReadError as err:
             raise CheckpointReadError(f"{field}: {err}") from err
-        config = AutoConfig.from_pretrained(checkpoint / MODEL_DIR)
-        write_hf_dir(state, config, AutoTokenizer.from_pretrained(checkpoint / MODEL_DIR), target, torch.float32)
+        write_hf_dir(state, *description, target, torch.float32)
         (target / COMPLETE).write_text(str(checkpoint))
     return target

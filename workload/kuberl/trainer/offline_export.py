@@ -18,9 +18,8 @@ from pathlib import Path
 
 from ..api.spec import ModelSource
 from ..checkpoint import CheckpointError, CheckpointManager, Manifest, open_store
-from ..checkpoint.layout import MODEL_DIR
 from ..checkpoint.manager import MANIFEST, sha256
-from ..models.hf_dir import CheckpointReadError, checkpoint_weights, write_hf_dir
+from ..models.hf_dir import CheckpointReadError, checkpoint_weights, saved_description, write_hf_dir
 from ..models.loading import load_skeleton
 from ..settings import Settings
 from .export import DTYPES
@@ -58,10 +57,8 @@ def download(checkpoint_uri: str, dest: Path, settings: Settings) -> tuple[Path,
 
 def model_description(checkpoint: Path, model: str | None, settings: Settings):
     """(config, tokenizer): the checkpoint's own ``model/``, else those of ``model`` (a model location)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    if (checkpoint / MODEL_DIR / "config.json").is_file():
-        return AutoConfig.from_pretrained(checkpoint / MODEL_DIR), AutoTokenizer.from_pretrained(checkpoint / MODEL_DIR)
+    if (description := saved_description(checkpoint)) is not None:
+        return description
     if model is None:
         raise CheckpointError("the checkpoint holds no model description (it predates them): name the model it "
                               "trained with --model (its spec.model.path)")
