@@ -57,6 +57,15 @@ def wanted() -> list[str]:
     return [normalized(line) for line in lines if line.strip() and not line.startswith("#")]
 
 
+def pinned_wheels() -> list[str]:
+    """``name==version`` of every wheel the GPU machine needs (what scripts/gpu-wheels downloads)."""
+    pinned = pins()
+    missing = [name for name in wanted() if name not in pinned]
+    if missing:
+        raise SystemExit(f"gpu-wheels: {', '.join(missing)} not pinned in constraints.txt")
+    return [f"{name}=={pinned[name]}" for name in wanted()]
+
+
 def wheel_problems(directory: Path) -> list[str]:
     """What is wrong with the carried wheels: missing, another version, another Python, or extra."""
     pinned, problems, found = pins(), [], {}
@@ -205,7 +214,11 @@ def junit_counts(path: Path) -> dict[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="check and list, run nothing (no GPU needed)")
+    parser.add_argument("--pins", action="store_true", help="print the wheels to carry, name==version (gpu-wheels)")
     args = parser.parse_args()
+    if args.pins:
+        print("\n".join(pinned_wheels()))
+        return 0
     out = Path(os.environ.get("OUT") or ".")
     return dry_run(out) if args.dry_run else check(out)
 
