@@ -72,6 +72,9 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
 
     Temperature 0 is greedy. Top-p keeps the smallest prefix of tokens (by probability) whose mass
     reaches p before sampling; the reported log-prob stays that of the temperature-scaled policy.
+    The draw inverts each row's CDF: token = the first i with Σ_{j≤i} p_j > u · Σ_j p_j, u ~ U[0, 1),
+    which picks i with probability p_i / Σ p (as ``torch.multinomial`` would) from one random number
+    per row, on the logits' device; CPU multinomial took 86 ms for 64 rows of a 32k vocabulary.
     """
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
@@ -81,8 +84,10 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
         sorted_p, order = probs.sort(dim=-1, descending=True)
         drop = sorted_p.cumsum(-1) - sorted_p > top_p.unsqueeze(-1)
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    tokens = torch.where(greedy, logp.argmax(-1), tokens)
+    cdf = probs.cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    tokens = torch.where(greedy, logp.argmax(-1), drawn) if bool(greedy.any()) else drawn
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -104,7 +109,7 @@ class TorchEngine:
         self._paused = False
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator(device=_device_of(model)).manual_seed(seed)  # where the logits are
         self._task: asyncio.Task[None] | None = None
 
     # -- public API ----------------------------------------------------------------------------
@@ -248,7 +253,9 @@ class TorchEngine:
         parts: list[tuple[KVBatch[_Request], torch.Tensor]] = []
         if self._kv is not None:
             keep = [i for i, r in enumerate(self._kv.rows) if id(r) in wanted]
-            if keep:
+            if len(keep) == len(self._kv.rows):  # nobody left: the cache as it is, no copy
+                parts.append(self._decode(self._kv))
+            elif keep:
                 parts.append(self._decode(selected(self._kv, keep)))
         cached = {id(r) for kv, _ in parts for r in kv.rows}
         joined = [r for r in batch if id(r) not in cached]
@@ -257,9 +264,10 @@ class TorchEngine:
         kv = parts[0][0] if len(parts) == 1 else concat(parts[0][0], parts[1][0])
         self._kv = kv
         logits = torch.cat([step_logits for _, step_logits in parts])
-        temperature = torch.tensor([r.params.temperature for r in kv.rows])
-        top_p = torch.tensor([r.params.top_p for r in kv.rows])
-        return kv.rows, *sample_tokens(logits, temperature, top_p, self._generator)
+        temperature = torch.tensor([r.params.temperature for r in kv.rows], device=logits.device)
+        top_p = torch.tensor([r.params.top_p for r in kv.rows], device=logits.device)
+        tokens, logps = sample_tokens(logits, temperature, top_p, self._generator)
+        return kv.rows, tokens.cpu(), logps.cpu()
 
     def _prefill(self, rows: list[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
         """Whole sequences (prompt and output so far), left-padded: their cache and last logits."""
@@ -274,7 +282,7 @@ class TorchEngine:
         mask = mask.to(device)
         out = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                          use_cache=True)
-        return KVBatch(rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float().cpu()
+        return KVBatch(rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float()
 
     def _decode(self, kv: KVBatch[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
         """Each cached row's last token through the cache: the grown cache and the next logits."""
@@ -282,13 +290,17 @@ class TorchEngine:
         mask = torch.nn.functional.pad(kv.mask, (0, 1), value=1)
         out = self.model(input_ids=last, attention_mask=mask, position_ids=kv.positions(),
                          past_key_values=DynamicCache(ddp_cache_data=kv.layers), use_cache=True)
-        return KVBatch(kv.rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float().cpu()
+        return KVBatch(kv.rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float()
 
     @staticmethod
     def _finish(req: _Request, reason: str) -> None:
         if not req.future.done():
             req.out.finish_reason = reason
             req.future.set_result(req.out)
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _layers(cache: DynamicCache) -> list[LayerKV]:

@@ -104,8 +104,10 @@ def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
                             parallel_state.get_expert_data_parallel_group(), divisor=size)
 
 
-def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+def _squared_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Σ ‖g‖² over ``grads``, a scalar on ``device`` (0 for none: still all-reduced, so it must live
+    where the collective's backend can reach it — NCCL has no CPU tensors)."""
+    return torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
 
 
 def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -120,7 +122,8 @@ def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float)
     dense = [p for p in counted if not getattr(p, "expert_parallel", False)]
     split = [p.grad for p in dense if getattr(p, "tensor_model_parallel", False)]
     whole = [p.grad for p in dense if not getattr(p, "tensor_model_parallel", False)]
-    norm = global_squared_norm(_squared_norm(split), _squared_norm(experts), _squared_norm(whole)).sqrt()
+    device = grads[0].device if grads else params[0].device
+    norm = global_squared_norm(*(_squared_norm(part, device) for part in (split, experts, whole))).sqrt()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for p in grads:
         p.grad.mul_(coefficient.to(p.grad.dtype))

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..devices import collective_device
 from ..trainer.batch import Batch
 from .logprobs import vocab_parallel_logits
 
@@ -38,7 +39,7 @@ def layout_shape(rows: int, width: int, sequence_parallel: bool) -> tuple[int, i
     from megatron.core import parallel_state
 
     if parallel_state.get_expert_model_parallel_world_size() > 1:
-        shape = torch.tensor([rows, width])
+        shape = torch.tensor([rows, width], device=collective_device())  # NCCL reduces no CPU tensor
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=parallel_state.get_expert_model_parallel_group())
         rows, width = int(shape[0]), int(shape[1])
     if sequence_parallel:
