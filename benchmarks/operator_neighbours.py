@@ -10,6 +10,15 @@ and watch events; 0 with server-side label selectors, ``kuberl_operator.watches`
 
     python benchmarks/operator_neighbours.py --pods 5000
 
+``--hostile``: the neighbours wear the operator's own labels instead (look-alikes the API server's
+selector lets through): ``--configmaps`` ConfigMaps of 1 MiB with ``app.kubernetes.io/managed-by:
+kuberl-operator`` and ``--pods`` pods labelled ``kuberl.io/role`` with a 200 KiB annotation, made
+before the operator starts. An experiment beside them must reach Running, and another one after the
+operator restarts; reports both operators' peak RSS (the cache holds what the operator controls only:
+``kuberl_operator.cache``).
+
+    python benchmarks/operator_neighbours.py --hostile --pods 5000 --configmaps 600
+
 The last line is JSON.
 """
 
@@ -28,9 +37,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.operator_scale import cpu_ms, peak_mib, report  # noqa: E402
+from benchmarks.operator_scale import (  # noqa: E402
+    cpu_ms,
+    create_at,
+    instant_kubelet,
+    peak_mib,
+    report,
+    running_times,
+    start_operator,
+    stop_operator,
+)
 from tests.harness import emulated_cluster  # noqa: E402
 from tests.kube_emulator import KubeEmulator  # noqa: E402
+
+from kuberl.api.contract import LABEL_ROLE, MANAGED_BY  # noqa: E402
 
 NAMESPACE = "their-team"
 
@@ -83,12 +103,61 @@ async def measure(pods: int, settle: float) -> dict[str, Any]:
     return out
 
 
+async def look_alikes(api: KubeEmulator, pods: int, configmaps: int) -> None:
+    """Objects of another team with the operator's labels: big ConfigMaps, pods with big annotations."""
+    for i in range(configmaps):
+        await api.create("", "configmaps", NAMESPACE, {"metadata": {"name": f"cm-{i:06d}", "labels": dict(MANAGED_BY)},
+                                                       "data": {"blob": "x" * 2**20}})
+    for i in range(pods):
+        await api.create("", "pods", NAMESPACE, {
+            "metadata": {"name": f"pod-{i:06d}", "labels": {LABEL_ROLE: "trainer", **MANAGED_BY},
+                         "annotations": {"their/notes": "y" * 200 * 1024}},
+            "spec": {"containers": [{"name": "main", "image": "theirs:1"}]}})
+
+
+async def hostile(pods: int, configmaps: int, timeout: float, namespaces: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {"hostile_pods": pods, "hostile_configmaps": configmaps,
+                           "watching": list(namespaces) or "every namespace"}
+    with tempfile.TemporaryDirectory() as tmp, open(Path(tmp) / "operator.log", "wb") as log:
+        async with emulated_cluster(Path(tmp)) as cluster:
+            api = cluster.api
+            await api.create("", "namespaces", None, {"metadata": {"name": NAMESPACE}})
+            started = time.perf_counter()
+            await look_alikes(api, pods, configmaps)
+            out["look_alikes_seconds"] = round(time.perf_counter() - started, 1)
+            kubelet = asyncio.create_task(instant_kubelet(api))
+            try:
+                for run, name in enumerate(("beside-them", "after-restart")):
+                    operator = start_operator(cluster, log, qps=50.0, profile=None, namespaces=namespaces)
+                    try:
+                        created: dict[str, float] = {}
+                        await create_at(api, name, created)
+                        running = await running_times(api, created, timeout)
+                        out[f"{name}_running_seconds"] = round(running[name], 2) if name in running else None
+                        out[f"peak_mib_operator_{run + 1}"] = peak_mib(operator.pid)
+                    finally:
+                        stop_operator(operator)
+            finally:
+                kubelet.cancel()
+    out["their_objects_sent_to_operator"] = sum(n for (plural, name), n in api.delivered.items()
+                                                if name.startswith(("pod-", "cm-")))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=5000, help="another team's pods (and as many ConfigMaps)")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds to let the operator catch up")
+    parser.add_argument("--hostile", action="store_true", help="look-alikes with the operator's labels instead")
+    parser.add_argument("--configmaps", type=int, default=600, help="--hostile: ConfigMaps of 1 MiB")
+    parser.add_argument("--timeout", type=float, default=180.0, help="--hostile: seconds to reach Running")
+    parser.add_argument("--watch", action="append", default=[], help="--hostile: the operator watches only these "
+                        "namespaces (the chart's default: its watchNamespaces); none: every namespace")
     args = parser.parse_args()
-    report(asyncio.run(measure(args.pods, args.settle)))
+    if args.hostile:
+        report(asyncio.run(hostile(args.pods, args.configmaps, args.timeout, tuple(args.watch))))
+    else:
+        report(asyncio.run(measure(args.pods, args.settle)))
 
 
 if __name__ == "__main__":

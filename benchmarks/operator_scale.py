@@ -128,10 +128,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def start_operator(cluster: Any, log: Any, qps: float, profile: str | None) -> subprocess.Popen[bytes]:
-    """``kuberl operator`` in its own process, against the emulator."""
+def start_operator(cluster: Any, log: Any, qps: float, profile: str | None,
+                   namespaces: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """``kuberl operator`` in its own process, against the emulator (watching ``namespaces``; none: all)."""
     profiler = ["-m", "cProfile", "-o", profile] if profile else []
-    return subprocess.Popen([sys.executable, *profiler, "-m", "kuberl_cli", "operator"],
+    watch = [f"--namespace={namespace}" for namespace in namespaces]
+    return subprocess.Popen([sys.executable, *profiler, "-m", "kuberl_cli", "operator", *watch],
                             env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
                                  "KUBERL_PROGRESS_SECONDS": "3600", "KUBERL_API_QPS": str(qps),
                                  "KUBERL_API_BURST": str(int(2 * qps))},

@@ -161,3 +161,36 @@ def test_the_progress_poller_reads_running_experiments_and_rank0s_ip_from_the_ca
     assert trainer_pod_ip(cache, "team-a", "missing") is None
     now[0] = 150.0  # not delivered again for longer than max_age: gone, not polled
     assert running_targets(cache) == []
+
+
+def owned(kind: str, name: str, uid: str, owner_uid: str | None, rv: int = 1, controller: bool = True) -> dict:
+    meta: dict = {"name": name, "namespace": "team-a", "uid": uid, "resourceVersion": str(rv),
+                  "labels": {"app.kubernetes.io/managed-by": "kuberl-operator"}}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [{"kind": "X", "name": "x", "uid": owner_uid, "controller": controller}]
+    return {"kind": kind, "metadata": meta}
+
+
+def test_only_what_the_operator_controls_is_held_and_a_look_alike_costs_nothing():
+    """Roots are held; a child only when its controller is held (through a PyTorchJob too) or the
+    operator wrote it; a look-alike with the operator's labels is refused and, once its controller is
+    gone or changed, so is a child held before."""
+    cache = ObjectCache(roots={"RLExperiment", "TrainerJob"})
+    cache.observe(owned("TrainerJob", "job", "u-job", None))
+    cache.observe(owned("PyTorchJob", "job-trainer", "u-ptj", "u-job"))
+    cache.observe(owned("Pod", "job-trainer-master-0", "u-pod", "u-ptj"))  # Kubeflow's pod: held through its job
+    assert cache.get("Pod", "team-a", "job-trainer-master-0") is not None
+    for look_alike in (owned("ConfigMap", "theirs", "u-1", None), owned("Pod", "theirs", "u-2", "u-unknown"),
+                       owned("Pod", "not-controller", "u-3", "u-job", controller=False)):
+        assert not cache.observe(look_alike)
+        assert cache.get(look_alike["kind"], "team-a", look_alike["metadata"]["name"]) is None
+    assert cache.refused == 3
+    assert cache.list("Pod", "team-a", {"app.kubernetes.io/managed-by": "kuberl-operator"}) == [
+        cache.get("Pod", "team-a", "job-trainer-master-0")]
+    cache.observe(owned("Service", "no-owner", "u-svc", None), quiet=True)  # the operator's own write
+    cache.observe(owned("Service", "no-owner", "u-svc", None, rv=2))  # its watch event later: still ours
+    assert cache.get("Service", "team-a", "no-owner")["metadata"]["resourceVersion"] == "2"
+    cache.forget("PyTorchJob", "team-a", "job-trainer")
+    cache.observe(owned("Pod", "job-trainer-master-0", "u-pod", "u-ptj", rv=2))  # its controller is gone
+    assert cache.get("Pod", "team-a", "job-trainer-master-0") is None
+    assert len(cache) == 2  # the TrainerJob and the Service

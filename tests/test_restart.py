@@ -12,7 +12,7 @@ from kuberl.api.contract import LABEL_ROLE
 from kuberl_operator.cache import ObjectCache
 from kuberl_operator.kube import Kube
 from kuberl_operator.priming import confirm, prime
-from kuberl_operator.watches import WATCHED
+from kuberl_operator.watches import ROOT_KINDS, WATCHED
 
 from .harness import GROUP, emulated_cluster, eventually, pods, running_operator, set_pod
 from .kube_emulator import Fault
@@ -71,6 +71,32 @@ async def test_what_was_deleted_between_the_start_up_list_and_the_watch_is_forgo
         assert [obj["metadata"]["name"] for obj in gone] == ["b"]
         assert cache.get("Pod", "team-a", "b") is None
         assert cache.get("Pod", "team-a", "c") is not None and cache.unconfirmed() == []
+
+
+async def test_the_start_up_list_holds_only_what_the_operator_controls(tmp_path):
+    """Listed with the operator's labels: a TrainerJob's pod (its controller listed first) is held, a
+    look-alike with the same labels and no held controller is not, however large."""
+    async with emulated_cluster(tmp_path) as cluster:
+        api = cluster.api
+        job = await api.create(GROUP, "trainerjobs", "team-a", {"metadata": {"name": "job"}, "spec": {}})
+        owner = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "TrainerJob", "name": "job",
+                 "uid": job["metadata"]["uid"], "controller": True}
+        theirs = await api.create("", "configmaps", "team-a", {"metadata": {"name": "theirs"}})
+        for name, refs in (("job-0", [owner]), ("look-alike", [{**owner, "uid": theirs["metadata"]["uid"]}]),
+                           ("no-owner", [])):
+            await api.create("", "pods", "team-a", {
+                "metadata": {"name": name, "labels": {LABEL_ROLE: "trainer"}, "ownerReferences": refs,
+                             "annotations": {"notes": "x" * 100_000}},
+                "spec": {"containers": [{"name": "main", "image": "i"}]}})
+        kube = Kube(lambda: kopf.ConnectionInfo(server=cluster.url, token="t"))
+        cache = ObjectCache(roots=ROOT_KINDS)
+        try:
+            held = await prime(kube, cache, [None], WATCHED)
+        finally:
+            await kube.close()
+        assert held["Pod"] == 1 and held["TrainerJob"] == 1
+        assert [key[2] for key in cache.unconfirmed()] == ["job-0", "job"]
+        assert cache.get("Pod", "team-a", "look-alike") is None and cache.refused == 2
 
 
 async def test_the_start_up_list_reads_every_page_one_at_a_time(tmp_path):

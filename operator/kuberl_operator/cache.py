@@ -10,6 +10,13 @@ watch reconnects (every resync) and delivers each object again, but says nothing
 went away while no watch was open: an entry not delivered again within ``max_age`` seconds (two
 resyncs) counts as gone.
 
+Only what the operator controls is held (``roots``; controller-runtime's cache transforms are the
+model): an object of a root kind (the custom resources), one the operator wrote, and one whose
+controller owner reference names an object held (by uid: an experiment's pool, a pool's pods, a
+PyTorchJob's pods). The watches select children by labels anyone can put on their own objects; a
+look-alike is dropped as it arrives, copying nothing, so another tenant's ConfigMaps and pods cost
+the operator no memory. Owners are listed before their children at start-up (``watches.WATCHED``).
+
 ``CachedKube`` is a ``Kube`` whose reads of those kinds come from the cache; every other kind, and
 every write, goes to the API server (writes then update the cache). Secrets are not watched (that
 would need list on every Secret of the namespace): a Secret read is remembered for
@@ -99,8 +106,14 @@ class ObjectCache:
     Used from the operator's event loop only: no method awaits, so none needs a lock."""
 
     def __init__(self, max_age: float = float("inf"), clock: Callable[[], float] = time.monotonic,
-                 refresh: float = float("inf")) -> None:
+                 refresh: float = float("inf"), roots: Iterable[str] | None = None) -> None:
+        """``roots``: the kinds held whoever owns them; any other object only if the operator wrote it
+        or its controller is held (None: every object delivered, for a cache of one kind's tests)."""
         self._objects: dict[Key, Manifest] = {}
+        self._roots = frozenset(roots) if roots is not None else None
+        self._uids: dict[str, Key] = {}  # of the objects held
+        self._written: set[str] = set()  # uids of the objects the operator wrote (held whatever their owner)
+        self.refused = 0  # objects delivered and not held: not the operator's
         self._seen: dict[Key, float] = {}
         self._ours: dict[Key, deque[str | None]] = defaultdict(lambda: deque(maxlen=OWN_VERSIONS))
         self._creating: set[Key] = set()  # the operator's creates in flight (``creating``)
@@ -111,6 +124,9 @@ class ObjectCache:
     def _unindex(self, key: Key) -> None:
         self._seen.pop(key, None)
         old = self._objects.pop(key, None)
+        uid = (old or {}).get("metadata", {}).get("uid")
+        if uid is not None and self._uids.get(uid) == key:
+            del self._uids[uid]
         for label, value in ((old or {}).get("metadata", {}).get("labels") or {}).items():
             names = self._by_label.get((key[0], key[1], label, value))
             if names is not None:
@@ -119,16 +135,28 @@ class ObjectCache:
                     del self._by_label[(key[0], key[1], label, value)]
 
     def _drop(self, key: Key) -> None:
+        self._written.discard((self._objects.get(key) or {}).get("metadata", {}).get("uid", ""))
         self._unindex(key)
         self._ours.pop(key, None)
         self._unconfirmed.discard(key)
 
-    def prime(self, obj: Manifest) -> None:
+    def prime(self, obj: Manifest) -> bool:
         """An object the operator's own list at start-up found (``priming``): held like a watch's, but
         unconfirmed until a watch delivers it or the operator writes it — one deleted between that
-        list and the watch's own never is (``unconfirmed``)."""
+        list and the watch's own never is (``unconfirmed``). Returns whether it is held (controlled)."""
         self.observe(obj)
+        if object_key(obj) not in self._objects:  # not the operator's
+            return False
         self._unconfirmed.add(object_key(obj))
+        return True
+
+    def controlled(self, obj: Manifest) -> bool:
+        """Whether ``obj`` is the operator's to hold: a root kind, written by the operator, or controlled
+        (owner reference with ``controller: true``) by an object held."""
+        meta = obj["metadata"]
+        if self._roots is None or obj.get("kind") in self._roots or meta.get("uid") in self._written:
+            return True
+        return any(ref.get("controller") and ref.get("uid") in self._uids for ref in meta.get("ownerReferences") or [])
 
     def unconfirmed(self) -> list[Key]:
         return sorted(self._unconfirmed, key=lambda k: (k[0], k[1] or "", k[2]))
@@ -149,6 +177,13 @@ class ObjectCache:
             quiet = True
         if quiet:
             self._ours[key].append(version)
+            if obj["metadata"].get("uid"):
+                self._written.add(obj["metadata"]["uid"])
+        elif not self.controlled(obj):  # a look-alike (or one whose controller went): not held, not news
+            self.refused += 1
+            if held is not None:
+                self._drop(key)
+            return False
         news = version not in self._ours.get(key, ()) or self._clock() - self._seen.get(key, 0.0) > self._refresh
         if held is not None and version is not None and held["metadata"].get("resourceVersion") == version:
             self._seen[key] = self._clock()  # the version held (a write's echo, a re-list): nothing to copy
@@ -159,6 +194,8 @@ class ObjectCache:
         self._unindex(key)
         self._objects[key] = obj
         self._seen[key] = self._clock()
+        if obj["metadata"].get("uid"):
+            self._uids[obj["metadata"]["uid"]] = key
         for label, value in (obj["metadata"].get("labels") or {}).items():
             self._by_label[(key[0], key[1], label, value)].add(key[2])
         return news
@@ -231,9 +268,16 @@ class CachedKube(Kube):
             if held is not None and self._clock() - held[0] < self._secret_seconds:
                 return json_copy(held[1])
             secret = await super().get(api_version, kind, namespace, name)
-            self._secrets[(kind, namespace, name)] = (self._clock(), json_copy(secret))
+            self._remember_secret((kind, namespace, name), secret)
             return secret
         return await super().get(api_version, kind, namespace, name)
+
+    def _remember_secret(self, key: Key, secret: Manifest | None) -> None:
+        """Hold ``secret`` for ``secret_seconds``; those older are dropped now (a deleted experiment's
+        token is not kept in memory for the operator's lifetime)."""
+        now = self._clock()
+        self._secrets = {k: v for k, v in self._secrets.items() if now - v[0] < self._secret_seconds}
+        self._secrets[key] = (now, json_copy(secret))
 
     async def list(self, api_version: str, kind: str, namespace: str | None,
                    selector: dict[str, str]) -> list[Manifest]:
@@ -247,7 +291,7 @@ class CachedKube(Kube):
         if obj.get("kind") in self.cached:
             self.cache.observe(obj, quiet=True)
         elif obj.get("kind") == "Secret":
-            self._secrets[object_key(obj)] = (self._clock(), json_copy(obj))
+            self._remember_secret(object_key(obj), obj)
         on_write = ON_WRITE.get()
         if on_write is not None:
             on_write(object_key(obj))

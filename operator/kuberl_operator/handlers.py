@@ -34,7 +34,7 @@ from .cache import ON_WRITE, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify
-from .watches import CACHED_KINDS, WATCHED
+from .watches import CACHED_KINDS, ROOT_KINDS, WATCHED
 from .workqueue import WorkQueue
 
 log = logging.getLogger("kuberl.operator")
@@ -62,7 +62,7 @@ def _scope(memo: kopf.Memo) -> list[str | None]:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     _tune_kopf(settings)
-    memo["cache"] = cache = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2)
+    memo["cache"] = cache = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2, roots=ROOT_KINDS)
     memo["kube"] = CachedKube(lambda: kube.login(settings), cache, CACHED_KINDS,
                               timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
                               limit=RateLimit.from_env(),

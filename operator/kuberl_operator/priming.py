@@ -45,14 +45,14 @@ async def _pages(kube: Kube, watched: Watched, namespaces: Sequence[str | None])
 
 async def prime(kube: Kube, cache: ObjectCache, namespaces: Sequence[str | None],
                 kinds: Sequence[Watched] = WATCHED) -> dict[str, int]:
-    """List ``kinds`` into ``cache``; the count held of each (a kind not served is left out)."""
+    """List ``kinds`` into ``cache`` (what it controls: ``ObjectCache.controlled``; owners first, as
+    ``WATCHED`` orders them); the count held of each (a kind not served is left out)."""
     counts: dict[str, int] = {}
     for watched in kinds:
         try:
             async for page in _pages(kube, watched, namespaces):
-                for obj in page:
-                    cache.prime(obj)
-                counts[watched.kind] = counts.get(watched.kind, 0) + len(page)
+                held = sum(cache.prime(obj) for obj in page)
+                counts[watched.kind] = counts.get(watched.kind, 0) + held
         except NotServed:
             counts.pop(watched.kind, None)
     return counts

@@ -67,7 +67,8 @@ OWNED = (  # the other children: by the labels every object the operator creates
     Watched("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", MANAGED_BY),
     Watched("apps", "v1", "deployments", "Deployment", MANAGED_BY),
 )
-WATCHED = (EXPERIMENTS, POOLS, JOBS, PODS, PYTORCHJOBS, *OWNED)
+WATCHED = (EXPERIMENTS, POOLS, JOBS, PYTORCHJOBS, PODS, *OWNED)  # owners before what they own (priming)
 # Read from the cache, not the API server: every kind watched. Secrets (not watchable without list
 # on all of them), Nodes and PodGroups are read from the API server.
 CACHED_KINDS = tuple(w.kind for w in WATCHED)
+ROOT_KINDS = (EXPERIMENTS.kind, POOLS.kind, JOBS.kind)  # held whoever owns them; the rest only when controlled

@@ -145,7 +145,9 @@ class Gateway:
             tools = body.get("tools")
             if tools is not None and not isinstance(tools, list):
                 raise RequestError("tools: must be a list", "tools")
-            prompt = chat.render(self.codec, messages, tools)
+            # off the event loop: megabytes of chat text take the tokenizer (and a template) a while,
+            # and every other agent's request, the rewards and /health wait on this loop
+            prompt = await asyncio.to_thread(chat.render, self.codec, messages, tools)
             session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
@@ -169,7 +171,7 @@ class Gateway:
             session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
-            prompt = self.codec.encode_prompt(prompt_text)
+            prompt = await asyncio.to_thread(self.codec.encode_prompt, prompt_text)  # as above
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
