@@ -117,11 +117,13 @@ async def set_pod(api: KubeEmulator, pod: dict[str, Any], phase: str, ready: boo
     await api.patch("", "pods", meta["namespace"], meta["name"], {"status": status}, subresource="status")
 
 
-async def preempt(api: KubeEmulator, pod: dict[str, Any], reason: str = "PreemptionByScheduler") -> None:
+async def preempt(api: KubeEmulator, pod: dict[str, Any], reason: str = "PreemptionByScheduler",
+                  kind: str = "DisruptionTarget") -> None:
     """The control plane's part when it takes a running pod away (the scheduler for a higher-priority
-    pod, an eviction for a drain or Kueue): the ``DisruptionTarget`` condition, before the pod is ended."""
+    pod, an eviction for a drain): the ``DisruptionTarget`` condition, before the pod is ended; Kueue
+    for a plain-pod group writes ``TerminationTarget`` (reason ``StoppedByKueue``) and deletes it."""
     meta = pod["metadata"]
     await api.patch("", "pods", meta["namespace"], meta["name"], {"status": {"phase": "Running", "conditions": [
         {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"},
-        {"type": "DisruptionTarget", "status": "True", "reason": reason,
+        {"type": kind, "status": "True", "reason": reason,
          "message": f"{reason}: the cluster needs this pod's resources"}]}}, subresource="status")

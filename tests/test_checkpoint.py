@@ -205,3 +205,44 @@ def test_writer_killed_during_a_real_upload_leaves_nothing_usable(uri, tmp_path,
     with caplog.at_level(logging.WARNING, logger="kuberl.checkpoint"):
         assert manager.latest().step == 1
     assert "incomplete" in caplog.text
+
+
+def test_with_a_key_only_manifests_it_signed_are_restored(tmp_path, caplog):
+    """Write access to the bucket is not enough: a step's file replaced by a pickle that would create a
+    marker (size and SHA-256 updated in the manifest) is refused before anything is downloaded; a
+    forged newer step is skipped for the older signed one; unsigned-only checkpoints stop the run
+    rather than letting it start over them. Without the key the same tampering would be restored."""
+    import hashlib
+    import json
+    import pickle
+
+    from kuberl.checkpoint.manager import UntrustedCheckpoint
+
+    class Marker:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    root = tmp_path / "store"
+    key = b"k" * 32
+    manager = CheckpointManager(open_store(f"file://{root}/"), keep=3, run_id="run-a", signing_key=key)
+    manager.save(staging(tmp_path, 4), 4)
+    manager.save(staging(tmp_path, 5), 5)
+    payload = pickle.dumps(Marker())
+    manifest_path = root / step_dir(5) / "MANIFEST.json"
+    (root / step_dir(5) / "model" / ".metadata").write_bytes(payload)
+    data = json.loads(manifest_path.read_text())
+    data["files"]["model/.metadata"] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    manifest_path.write_text(json.dumps(data))
+
+    restored = manager.restore_newest(tmp_path / "restore", "run-a")
+    assert restored is not None and restored.step == 4 and "not signed with this experiment's key" in caplog.text
+    assert not (tmp_path / "restore" / "restore-5").exists()
+    with pytest.raises(UntrustedCheckpoint, match="not signed"):
+        manager.restore(manager.complete()[0], tmp_path / "elsewhere")
+    unsigned = CheckpointManager(open_store(f"file://{root}/"), keep=3, run_id="run-a")
+    assert unsigned.restore_newest(tmp_path / "unchecked", "run-a").step == 5  # what the key prevents
+    assert (tmp_path / "unchecked" / "restore-5" / "model" / ".metadata").read_bytes() == payload
+    other_key = CheckpointManager(open_store(f"file://{root}/"), keep=3, run_id="run-a", signing_key=b"x" * 32)
+    with pytest.raises(UntrustedCheckpoint, match=r"steps \[5, 4\] are not signed"):
+        other_key.restore_newest(tmp_path / "restore-other", "run-a")
+    assert not (tmp_path / "pwned").exists()

@@ -147,3 +147,27 @@ async def test_a_401_logs_in_again_once_then_the_call_goes_through(tmp_path):
             assert len(logins) == 3 and cluster.api.list("", "configmaps", "team-a") == [created]
         finally:
             await kube.close()
+
+
+async def test_a_transient_error_that_persists_is_reported_and_cleared_once_it_heals(tmp_path, monkeypatch):
+    """The API server answers 500 to the ConfigMap's create 8 times in a row (a broken admission
+    webhook): from the 6th failed sync on the experiment says so (Degraded, ApiError500, how many
+    attempts) with an Event; once the create goes through, it converges and Degraded is False again.
+    A 500 that heals within 5 attempts is never reported (the other test's faults)."""
+    monkeypatch.setenv("KUBERL_BACKOFF_BASE_SECONDS", "0.05")
+    monkeypatch.setenv("KUBERL_BACKOFF_MAX_SECONDS", "0.3")
+    fault = Fault("POST", "configmaps", 500, times=8)
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        api.faults.append(fault)
+        await api.create(GROUP, "rlexperiments", "team-a", experiment())
+
+        def healed() -> bool:
+            conditions = (get_rlx(api, "cpu-tiny").get("status") or {}).get("conditions") or []
+            degraded = [c for c in conditions if c["type"] == "Degraded"]
+            return fault.hits == fault.times and bool(degraded) and degraded[0]["status"] == "False"
+
+        await eventually(healed, timeout=60, what="Degraded=False after the 500s stopped")
+        assert degraded_reasons_seen(api, "rlexperiments", "cpu-tiny") == {"ApiError500"}
+        events = [e for e in api.list("", "events", "team-a") if e.get("reason") == "ApiError500"]
+        assert events and "attempts in a row" in events[0]["message"]

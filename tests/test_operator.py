@@ -130,7 +130,7 @@ async def test_a_new_experiment_reaches_running_without_one_api_read(tmp_path):
         after = await quiet_requests(api)  # anything still to come, e.g. a sync an echo set off
         sent = {verb: n - before.get(verb, 0) for verb, n in after.items() if n != before.get(verb, 0)}
         assert sent.get("get", 0) == 0 and sent.get("list", 0) == 0, sent
-        assert sent["create"] == 9, sent  # Secret, ConfigMap, pool, job, NetworkPolicy, 2 Services, 2 pods
+        assert sent["create"] == 10, sent  # 2 Secrets (token, key), ConfigMap, pool, job, NetPol, 2 Services, 2 pods
         assert sent["patch"] <= 8, sent  # statuses only
 
 
@@ -196,19 +196,22 @@ async def test_failed_trainer_restarts_the_gang_then_fails_past_the_backoff_limi
 
 
 async def test_preemptions_restart_the_gang_without_using_the_backoff_limit_and_a_crash_still_counts(tmp_path):
-    """Three preemptions in a row (the DisruptionTarget condition: scheduler preemption, a drain's
-    eviction, Kueue's) of a run with backoffLimit 1: each restarts the gang from its checkpoint and the
-    run stays alive, counted as preemptions; then a crash uses the one restart it has."""
+    """Four preemptions in a row (the DisruptionTarget condition: scheduler preemption, a drain's
+    eviction, a taint; Kueue's TerminationTarget for a plain-pod group) of a run with backoffLimit 1:
+    each restarts the gang from its checkpoint and the run stays alive, counted as preemptions; then a
+    crash uses the one restart it has."""
     doc = experiment()
     doc["spec"]["trainer"]["backoffLimit"] = 1
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
         await api.create(GROUP, "rlexperiments", "team-a", doc)
         await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=trainer")) == 1, what="trainer pod")
-        for n, reason in enumerate(("PreemptionByScheduler", "EvictionByEvictionAPI", "DeletionByTaintManager"), 1):
+        takers = (("DisruptionTarget", "PreemptionByScheduler"), ("DisruptionTarget", "EvictionByEvictionAPI"),
+                  ("DisruptionTarget", "DeletionByTaintManager"), ("TerminationTarget", "StoppedByKueue"))
+        for n, (kind, reason) in enumerate(takers, 1):
             trainer = pods(api, "team-a", "kuberl.io/role=trainer")[0]
             await bind(api, trainer, "node-a")
-            await preempt(api, trainer, reason)
+            await preempt(api, trainer, reason, kind)
 
             def replaced(old=trainer["metadata"]["uid"]):
                 trainers = pods(api, "team-a", "kuberl.io/role=trainer")
@@ -227,7 +230,7 @@ async def test_preemptions_restart_the_gang_without_using_the_backoff_limit_and_
         await eventually(lambda: api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")["status"].get("restarts")
                          == 1, what="the crash counted")
         job = api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer")
-        assert job["status"]["preemptions"] == 3 and condition(job, "GangRestarted")["reason"] == "RankFailed"
+        assert job["status"]["preemptions"] == 4 and condition(job, "GangRestarted")["reason"] == "RankFailed"
 
 
 async def test_suspend_deletes_pods_and_resume_recreates_them(tmp_path):

@@ -33,7 +33,7 @@ from . import kube, priming, progress, reconcile, routing
 from .cache import ON_WRITE, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
-from .retry import Backoff, classify
+from .retry import Backoff, classify, reported
 from .watches import CACHED_KINDS, ROOT_KINDS, WATCHED
 from .workqueue import WorkQueue
 
@@ -274,7 +274,8 @@ def _follow_up(memo: kopf.Memo, synced: tuple[str, str, str], written: tuple[str
 
 async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     """One sync; each of its writes asks for the syncs it calls for at once (``_follow_up``). On failure:
-    log it, report it on the object when it will not heal by itself (``Degraded`` condition + Event),
+    log it, report it on the object when it will not heal by itself or has persisted (``retry.reported``:
+    ``Degraded`` condition + Event),
     and schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
     kind, namespace, name = key
     backoff: Backoff = memo["backoff"]
@@ -289,11 +290,10 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
         level = logging.INFO if failure.reason == "ApiError409" else logging.WARNING  # a lost race: routine
         log.log(level, "%s %s/%s: sync failed (%s: %s); retry %d in %.0fs", kind, namespace, name, failure.reason,
                 failure.message, attempt, delay, exc_info=failure.reason == "InternalError")
-        if not failure.transient:
-            reported = await reconcile.report_failure(_kube(memo), kind, namespace, name, failure.reason,
-                                                      failure.message)
-            if reported is not None:
-                kopf.warn(reported, reason=failure.reason, message=failure.message)
+        if (report := reported(failure, attempt)) is not None:
+            body = await reconcile.report_failure(_kube(memo), kind, namespace, name, report.reason, report.message)
+            if body is not None:
+                kopf.warn(body, reason=report.reason, message=report.message)
         ON_WRITE.reset(token)
         _schedule_retry(memo, key, delay)
     else:

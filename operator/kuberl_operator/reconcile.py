@@ -21,6 +21,7 @@ from kuberl.api.contract import (
     ANNOTATION_TEMPLATE_HASH,
     agent_deployment_name,
     agent_token_secret_name,
+    checkpoint_key_secret_name,
     gateway_service_name,
     inference_pool_name,
     trainer_job_name,
@@ -279,6 +280,8 @@ async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         return body
     try:
         version = "" if job.spec.experiment else token_version(await ensure_api_token(kube, body, name))
+        if not job.spec.experiment:  # an experiment's job reads the experiment's key
+            await ensure_api_token(kube, body, name, checkpoint_key_secret_name(name))
         children = build_trainer_children(job, body, version)
         kubeflow = TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW
         leftover = await retire_other_runtime(kube, body, job, kubeflow)
@@ -413,6 +416,7 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
         return None
     try:
         tokens = [await ensure_api_token(kube, body, name)]  # before the pods that read them
+        await ensure_api_token(kube, body, name, checkpoint_key_secret_name(name))  # not a token: no restart on change
         if exp.spec.agent is not None:
             tokens.append(await ensure_api_token(kube, body, name, agent_token_secret_name(name)))
         elif generation != 1:  # an agent is removed by a spec change; the first spec had none to remove

@@ -1,6 +1,9 @@
 """Reconcile errors are never silent: each failed sync is retried per object with exponential
 backoff, and an error that will not heal by itself (a 4xx other than 409/429, or a bug) also
-becomes a ``Degraded`` condition and a Kubernetes Event naming the object and the reason.
+becomes a ``Degraded`` condition and a Kubernetes Event naming the object and the reason — as does
+a transient one (5xx, 429, no answer) that has not healed after ``PERSISTENT_ATTEMPTS`` tries in a
+row (``persistent``: about a minute with the default backoff; a webhook that always fails, a quota
+that always answers 429).
 
 Pure parts here (classification, delays, the per-object attempt counters); the handlers run the
 syncs and schedule the retries.
@@ -18,6 +21,7 @@ import aiohttp
 from .kube import ApiError
 
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})  # plus every 5xx
+PERSISTENT_ATTEMPTS = 6  # a transient failure this many syncs in a row is reported (1+2+…+32 s ≈ 1 min)
 MESSAGE_CHARS = 300
 
 
@@ -56,6 +60,18 @@ def classify(err: BaseException) -> Failure:
     if isinstance(err, aiohttp.ClientError | TimeoutError | ConnectionError):
         return Failure(True, "ApiUnreachable", f"the API server did not answer: {err}"[:MESSAGE_CHARS])
     return Failure(False, "InternalError", f"{type(err).__name__}: {err}"[:MESSAGE_CHARS])
+
+
+def reported(failure: Failure, attempt: int) -> Failure | None:
+    """What to put on the object after failed attempt ``attempt``: a lasting failure at once, a
+    transient one (other than a lost write race, 409) once it has persisted ``PERSISTENT_ATTEMPTS``
+    times, its message saying so; None: only retry."""
+    if not failure.transient:
+        return failure
+    if attempt < PERSISTENT_ATTEMPTS or failure.reason == "ApiError409":
+        return None
+    return Failure(True, failure.reason, f"{attempt} attempts in a row: {failure.message}"[:MESSAGE_CHARS],
+                   failure.retry_after)
 
 
 def backoff_seconds(attempt: int, retry_after: float | None = None, base: float = 1.0, cap: float = 300.0,

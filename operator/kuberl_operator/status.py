@@ -154,17 +154,19 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
 # status.reason of a pod the kubelet ended for the node's sake, not for its program's: node-pressure
 # eviction, preemption by a critical pod, graceful node shutdown, a lost node.
 KUBELET_DISRUPTIONS = {"Evicted", "Preempting", "Shutdown", "NodeShutdown", "Terminated", "NodeLost"}
+DISRUPTION_CONDITIONS = ("DisruptionTarget", "TerminationTarget")  # Kubernetes'; Kueue's for plain pods
 ACKNOWLEDGED_KEEP = 32  # disrupted pods' uids a TrainerJob's status remembers (each restarts the gang once)
 
 
 def disruption(pod: Manifest) -> str | None:
     """Why the cluster, not the pod's program, ended ``pod`` — its ``DisruptionTarget`` condition
-    (scheduler preemption, an API eviction such as a node drain or Kueue's, a taint, the kubelet) or
-    a kubelet reason in ``KUBELET_DISRUPTIONS`` — or None."""
-    target = _condition(pod, "DisruptionTarget")
+    (scheduler preemption, an API eviction such as a node drain, a taint, the kubelet), Kueue's
+    ``TerminationTarget`` (``StoppedByKueue``: a plain-pod group preempted or evicted by Kueue, which
+    writes that condition and deletes the pods), or a kubelet reason in ``KUBELET_DISRUPTIONS`` — or None."""
+    target = next((c for kind in DISRUPTION_CONDITIONS if (c := _condition(pod, kind)).get("status") == "True"), {})
     status = pod.get("status") or {}
-    if target.get("status") == "True":
-        reason, message = target.get("reason") or "DisruptionTarget", target.get("message") or ""
+    if target:
+        reason, message = target.get("reason") or target["type"], target.get("message") or ""
     elif status.get("phase") == "Failed" and status.get("reason") in KUBELET_DISRUPTIONS:
         reason, message = status["reason"], status.get("message") or ""
     else:

@@ -22,6 +22,7 @@ from .api.contract import (
     ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
     ENV_CACHE_DIR,
+    ENV_CHECKPOINT_KEY,
     ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
     ENV_FAULT_INJECTION,
@@ -66,6 +67,7 @@ class Settings:
     api_token: str = field(default="", repr=False)
     agent_token: str = field(default="", repr=False)
     hub_token: str = field(default="", repr=False)  # hf:// models and datasets (spec.storage.hubTokenSecret)
+    checkpoint_key: str = field(default="", repr=False)  # signs checkpoint manifests ("": unsigned, unchecked)
     hub_endpoint: str | None = None  # spec.storage.hubEndpoint; None: huggingface.co
     fault_injection: str = ""  # "signals": a replica takes injected faults (kuberl.inference.faults); not on clusters
     # from the run config's settings section (kuberl run), else these defaults
@@ -102,7 +104,8 @@ _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THR
              "inference_service": ENV_INFERENCE_SERVICE, "podinfo_labels": ENV_PODINFO_LABELS,
              "s3_endpoint": ENV_S3_ENDPOINT, "cache_dir": ENV_CACHE_DIR, "termination_log": ENV_TERMINATION_LOG,
              "api_token": ENV_API_TOKEN, "agent_token": ENV_AGENT_TOKEN, "hub_token": ENV_HUB_TOKEN,
-             "hub_endpoint": ENV_HUB_ENDPOINT, "fault_injection": ENV_FAULT_INJECTION}
+             "hub_endpoint": ENV_HUB_ENDPOINT, "fault_injection": ENV_FAULT_INJECTION,
+             "checkpoint_key": ENV_CHECKPOINT_KEY}
 
 
 def _typed(name: str, value: Any) -> Any:

@@ -12,6 +12,7 @@ from kuberl.api.contract import (
     CONFIG_FILE,
     CONFIG_MOUNT,
     ENV_AGENT_TOKEN,
+    ENV_CHECKPOINT_KEY,
     LABEL_ACCELERATOR,
     LABEL_EXPERIMENT,
     LABEL_JOB,
@@ -22,6 +23,7 @@ from kuberl.api.contract import (
     ROLE_TRAINER,
     TERMINATION_LOG,
     agent_token_secret_name,
+    checkpoint_key_secret_name,
     trainer_pod_name,
     trainer_rank0_host,
 )
@@ -61,11 +63,12 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
     experiment = spec.experiment or name
     agent_token = secret_env(ENV_AGENT_TOKEN, agent_token_secret_name(experiment), API_TOKEN_KEY,
                              optional=True)  # the gateway's (spec.agent only)
+    checkpoint_key = secret_env(ENV_CHECKPOINT_KEY, checkpoint_key_secret_name(experiment), API_TOKEN_KEY)
     container: Manifest = {
         "name": "trainer",
         "command": ["/bin/sh", "-c"],
         "args": [f"exec {TORCHRUN} -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"],
-        "env": [*env_list(env), agent_token, *tracking_env(spec.logging)],
+        "env": [*env_list(env), agent_token, checkpoint_key, *tracking_env(spec.logging)],
         # Rank 0 leaves its final progress here; on a crash the log tail takes its place, so the
         # error reaches the TrainerJob / RLExperiment conditions (status.pod_health).
         "terminationMessagePath": TERMINATION_LOG,

@@ -51,6 +51,7 @@ ENV_ROLE = "KUBERL_ROLE"  # inference | trainer
 ENV_REPLICA = "KUBERL_REPLICA"  # inference replica index
 ENV_PORT = "KUBERL_PORT"  # inference server port
 ENV_API_TOKEN = "KUBERL_API_TOKEN"
+ENV_CHECKPOINT_KEY = "KUBERL_CHECKPOINT_KEY"  # trainer pods: signs and checks checkpoint manifests
 ENV_AGENT_TOKEN = "KUBERL_AGENT_TOKEN"  # the gateway's: the only token an agent holds (spec.agent)
 ENV_HUB_TOKEN = "HF_TOKEN"  # spec.storage.hubTokenSecret, by secretKeyRef: gated or private hf:// models
 ENV_HUB_ENDPOINT = "HF_ENDPOINT"  # spec.storage.hubEndpoint: a hub mirror
@@ -91,6 +92,11 @@ def api_token_secret_name(experiment: str) -> str:
 
 
 AGENT_TOKEN_SUFFIX = "-agent-token"
+CHECKPOINT_KEY_SUFFIX = "-checkpoint-key"  # the manifests' signing key: never rotated (old checkpoints stay valid)
+
+
+def checkpoint_key_secret_name(experiment: str) -> str:
+    return f"{experiment}{CHECKPOINT_KEY_SUFFIX}"
 
 
 def agent_token_secret_name(experiment: str) -> str:

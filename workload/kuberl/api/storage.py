@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from .contract import AGENT_TOKEN_SUFFIX, API_TOKEN_SUFFIX, api_token_secret_name
+from .contract import AGENT_TOKEN_SUFFIX, API_TOKEN_SUFFIX, CHECKPOINT_KEY_SUFFIX, api_token_secret_name
 from .resolve import FieldIssue
 from .spec import RLExperimentSpec, VolumeMount, WeightSyncMode
 
@@ -46,7 +46,7 @@ def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
     return out
 
 
-MANAGED_SECRET_SUFFIXES = (API_TOKEN_SUFFIX, AGENT_TOKEN_SUFFIX)  # every experiment's tokens, the operator's
+MANAGED_SECRET_SUFFIXES = (API_TOKEN_SUFFIX, AGENT_TOKEN_SUFFIX, CHECKPOINT_KEY_SUFFIX)  # the operator's Secrets
 
 
 def secret_references(spec: RLExperimentSpec) -> list[tuple[str, str]]:

@@ -15,11 +15,20 @@ fall back to) deletes older checkpoints (and abandoned partial ones) only after 
 complete. A manifest records its run (``meta.run_id``, the experiment's UID): a run refuses to
 load another run's checkpoints (``ForeignCheckpoint``), and prunes only its own (a step without a
 run id, from before RUN markers, counts as anyone's): two runs on one URI never delete each other's.
+
+Signed manifests: with a ``signing_key`` (the experiment's ``<name>-checkpoint-key`` Secret, given to
+trainer pods as ``KUBERL_CHECKPOINT_KEY``; never in the bucket) every manifest carries
+``signature`` = HMAC-SHA256(key, canonical JSON of step, files and meta), and a run resumes only from
+a manifest whose signature verifies: write access to the bucket is no longer a way to hand the trainer
+a file that torch unpickles (DCP's ``.metadata``), since every file's SHA-256 is in the signed
+manifest and ``restore`` checks all of them before it returns. Without a key (a local run, reading
+another run's checkpoint for ``initFrom`` or ``kuberl export``) nothing is signed or checked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import time
@@ -51,9 +60,25 @@ class Manifest:
     step: int
     files: dict[str, dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    signature: str | None = None
+
+    def signed_bytes(self) -> bytes:
+        """What the signature covers: step, files and meta as canonical JSON (sorted keys, no spaces)."""
+        return json.dumps({"step": self.step, "files": self.files, "meta": self.meta}, sort_keys=True,
+                          separators=(",", ":")).encode()
+
+    def _mac(self, key: bytes) -> str:
+        return hmac.new(key, self.signed_bytes(), hashlib.sha256).hexdigest()
+
+    def sign(self, key: bytes) -> Manifest:
+        return Manifest(self.step, self.files, self.meta, self._mac(key))
+
+    def signed_by(self, key: bytes) -> bool:
+        return isinstance(self.signature, str) and hmac.compare_digest(self._mac(key), self.signature)
 
     def to_json(self) -> str:
-        return json.dumps({"step": self.step, "files": self.files, "meta": self.meta,
+        signature = {"signature": self.signature} if self.signature else {}
+        return json.dumps({"step": self.step, "files": self.files, "meta": self.meta, **signature,
                            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2)
 
 
@@ -67,11 +92,16 @@ class ForeignCheckpoint(CheckpointError):
     """The checkpoint URI holds another run's checkpoints."""
 
 
+class UntrustedCheckpoint(CheckpointError):
+    """Checkpoints of this run whose manifests are not signed with its key."""
+
+
 @dataclass
 class CheckpointManager:
     store: Store
     keep: int = 3
     run_id: str | None = None  # written into each step (RUN, meta.run_id); None: a run without identity
+    signing_key: bytes | None = None  # signs each manifest, and only manifests it signed are restored
 
     def save(self, staging: Path, step: int, meta: dict[str, Any] | None = None) -> str:
         """Upload every file under ``staging``, then the manifest, then prune. Returns the checkpoint's URI."""
@@ -101,7 +131,10 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint of step {step}: nothing was uploaded")
         prefix = step_dir(step)
         meta = {**(meta or {}), **({"run_id": self.run_id} if self.run_id else {})}
-        self.store.write_text(prefix + MANIFEST, Manifest(step, entries, meta).to_json())
+        manifest = Manifest(step, entries, meta)
+        if self.signing_key:
+            manifest = manifest.sign(self.signing_key)
+        self.store.write_text(prefix + MANIFEST, manifest.to_json())
         size = sum(e["size"] for e in entries.values())
         log.info("checkpoint step %d: %d files, %.1f MiB in %.2fs → %s%s", step, len(entries), size / 2**20,
                  seconds, self.store.uri, prefix)
@@ -124,7 +157,8 @@ class CheckpointManager:
             return None
         try:
             data = json.loads(self.store.read_text(step_dir(step) + MANIFEST) or "")
-            manifest = Manifest(int(data["step"]), dict(data["files"]), dict(data.get("meta") or {}))
+            manifest = Manifest(int(data["step"]), dict(data["files"]), dict(data.get("meta") or {}),
+                                data.get("signature"))
         except (ValueError, KeyError, TypeError) as err:
             log.warning("skipping checkpoint %s: unreadable %s (%s)", where, MANIFEST, err)
             return None
@@ -151,7 +185,10 @@ class CheckpointManager:
     def restore_newest(self, dest_root: Path, run_id: str | None) -> Manifest | None:
         """Download and verify the newest complete checkpoint into ``dest_root/restore-<step>``; one
         that fails verification (or download) is skipped for the next older one. Raises
-        ForeignCheckpoint if the newest is another run's, or names no run while this run has an id."""
+        ForeignCheckpoint if the newest is another run's, or names no run while this run has an id;
+        UntrustedCheckpoint if none is signed with ``signing_key`` but some are not (never a silent
+        start from scratch over them)."""
+        untrusted: list[int] = []
         for manifest in self.complete():
             owner = manifest.meta.get("run_id")
             if run_id and owner != run_id:
@@ -160,17 +197,34 @@ class CheckpointManager:
                     f"{self.store.uri}{step_dir(manifest.step)} {whose}, not to this run ({run_id}): "
                     "refusing to resume from or prune another run's checkpoints; give this experiment its own "
                     "spec.checkpoint.uri (or delete the old checkpoints)")
+            if not self.trusted(manifest):
+                log.warning("checkpoint %s%s: %s is not signed with this experiment's key; skipped",
+                            self.store.uri, step_dir(manifest.step), MANIFEST)
+                untrusted.append(manifest.step)
+                continue
             try:
                 self.restore(manifest, dest_root / f"restore-{manifest.step}")
                 return manifest
             except (CheckpointError, OSError) as err:
                 log.warning("checkpoint %s%s failed verification (%s); falling back to the previous one",
                             self.store.uri, step_dir(manifest.step), err)
+        if untrusted:
+            raise UntrustedCheckpoint(
+                f"{self.store.uri}: the checkpoints of steps {untrusted[:5]} are not signed with this experiment's "
+                "key (its -checkpoint-key Secret): written by someone else, or before KubeRL signed manifests. "
+                "Refusing to resume from them or to start over them; move them away to start afresh")
         return None
+
+    def trusted(self, manifest: Manifest) -> bool:
+        """Whether ``manifest`` may be restored: signed with ``signing_key``, or no key to check."""
+        return self.signing_key is None or manifest.signed_by(self.signing_key)
 
     def restore(self, manifest: Manifest, dest: Path) -> Path:
         """Download the checkpoint's files into ``dest`` and verify their SHA-256 (names that would land
         outside ``dest`` are refused before anything is written)."""
+        if not self.trusted(manifest):
+            raise UntrustedCheckpoint(f"{self.store.uri}{step_dir(manifest.step)}: {MANIFEST} is not signed with "
+                                      "this experiment's key")
         if unsafe := [n for n in manifest.files if not safe_name(n)]:
             raise CheckpointError(f"{self.store.uri}{step_dir(manifest.step)}: {MANIFEST} names files outside its "
                                   f"directory: {unsafe[:5]}")

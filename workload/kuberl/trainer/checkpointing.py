@@ -99,12 +99,14 @@ class Checkpointer:
 
     def __init__(self, uri: str | None, every: int, keep: int, staging: Path, rank: int, local_rank: int = 0,
                  run_id: str | None = None, s3_endpoint: str | None = None,
-                 describe: Callable[[Path], None] | None = None):
-        """``describe``: writes the model's config and tokenizer into a directory (each checkpoint's ``model/``)."""
+                 describe: Callable[[Path], None] | None = None, signing_key: str = ""):
+        """``describe``: writes the model's config and tokenizer into a directory (each checkpoint's
+        ``model/``); ``signing_key``: signs the manifests and admits only those it signed ("": neither)."""
         self.every, self.staging, self.rank, self.local_rank = every, staging, rank, local_rank
         self.describe = describe
         self.run_id = run_id
-        self.manager = (CheckpointManager(open_store(uri, endpoint=s3_endpoint), keep, run_id)
+        self.manager = (CheckpointManager(open_store(uri, endpoint=s3_endpoint), keep, run_id,
+                                          signing_key.encode() or None)
                         if uri and local_rank == 0 else None)
         self.enabled = uri is not None
 

@@ -122,7 +122,8 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     actor = make_actor(run, model, device, weights)
     checkpointer = Checkpointer(settings.checkpoint_location(spec.checkpoint.uri), spec.checkpoint.every_steps,
                                 spec.checkpoint.keep, settings.staging_dir, rank, settings.local_rank, run.run_id,
-                                settings.s3_endpoint, lambda where: describe_model(hf_config(actor), tokenizer, where))
+                                settings.s3_endpoint, lambda where: describe_model(hf_config(actor), tokenizer, where),
+                                settings.checkpoint_key)
     resumed: TrainerState | None = checkpointer.resume(actor)
     sft_losses: list[float] = []
     if resumed is None:
