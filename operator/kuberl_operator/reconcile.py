@@ -118,9 +118,10 @@ def _updated_field(obj: Manifest) -> str | None:
 
 
 async def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: str | None = None) -> Manifest:
-    """The experiment's API token Secret (docs/architecture.md, "Who may call what"), or its token
-    ``name`` (the agent's): created once with a fresh random token, owned by ``owner``, never
-    rewritten while it exists; returned as stored (its version: ``access.token_version``)."""
+    """The experiment's API token Secret (docs/architecture.md, "Who may call what"), or its Secret
+    ``name`` of the same shape (the agent's token, the checkpoint key): created once with 32 fresh
+    random bytes, owned by ``owner``, never rewritten while it exists; returned as stored (a token's
+    version: ``access.token_version``)."""
     secret = api_token_secret(owner, experiment, secrets.token_urlsafe(32), name)
     return await ensure(kube, secret, new_owner=not owner.get("status"))
 
