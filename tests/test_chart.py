@@ -29,7 +29,7 @@ VARIANTS = {
         "--set", "workloadNetworkPolicy.metricsNamespaceLabels.kubernetes\\.io/metadata\\.name=monitoring",
         "--set", "monitoring.grafanaDashboard.enabled=true", "--set", "integrations.kubeflowTraining=true",
         "--set", "integrations.volcano=true", "--set", "integrations.coscheduling=true",
-        "--set", "image.digest=sha256:" + "a" * 64,
+        "--set", "image.digest=sha256:" + "a" * 64, "--set", "secretReferencePolicy.enabled=true",
     ],
 }
 
@@ -218,3 +218,71 @@ def test_checkov_passes_every_rendered_example_but_the_documented_skips(tmp_path
     passed = {(c["check_id"], c["resource"]) for c in report["results"]["passed_checks"]}
     assert len(workloads) >= 2 * len(examples)
     assert len({(check, res) for check, res in passed if check in key_checks}) == 5 * len(workloads)
+
+
+def _policy_verdict(policy: dict[str, Any], doc: dict[str, Any], readable: set[str]) -> tuple[bool, list[str], str]:
+    """The ValidatingAdmissionPolicy's variables and validation evaluated by a real CEL implementation
+    (cel-python) on ``doc``, with an authorizer that lets the author ``get`` only the Secrets in
+    ``readable`` of the doc's namespace (the API server's ``authorizer`` library, and ``join`` from
+    its strings extension, done as Kubernetes documents them). Returns (admitted, forbidden, message)."""
+    import celpy
+    from celpy import celtypes
+
+    def step(key: str):
+        return lambda receiver, value: celtypes.MapType({**receiver, celtypes.StringType(key): value})
+
+    def allowed(receiver) -> celtypes.BoolType:
+        asked = {str(k): str(v) for k, v in receiver.items()}
+        expected = {"group": "", "resource": "secrets", "namespace": doc["metadata"]["namespace"],
+                    "name": asked.get("name", ""), "check": "get"}
+        return celtypes.BoolType(asked == expected and asked["name"] in readable)
+
+    functions = {k: step(k) for k in ("group", "resource", "namespace", "name", "check")}
+    functions |= {"allowed": allowed, "join": lambda items, sep: celtypes.StringType(str(sep).join(map(str, items)))}
+    env = celpy.Environment()
+    activation: dict[str, Any] = {"object": celpy.json_to_cel(doc), "authorizer": celtypes.MapType({})}
+    variables: dict[str, Any] = {}
+    for variable in policy["spec"]["variables"]:
+        activation["variables"] = celtypes.MapType(variables)
+        program = env.program(env.compile(variable["expression"]), functions=functions)
+        variables[celtypes.StringType(variable["name"])] = program.evaluate(activation)
+    activation["variables"] = celtypes.MapType(variables)
+    (validation,) = policy["spec"]["validations"]
+    admitted = env.program(env.compile(validation["expression"]), functions=functions).evaluate(activation)
+    message = env.program(env.compile(validation["messageExpression"]), functions=functions).evaluate(activation)
+    return bool(admitted), [str(s) for s in variables["forbidden"]], str(message)
+
+
+def test_the_secret_reference_policy_admits_only_authors_who_may_get_every_secret_named():
+    """Off by default. On: an RLExperiment naming Secrets in every field ``secret_references`` knows is
+    admitted when its author may get all of them, and refused naming the one it may not get — for each
+    of them in turn (the CEL's list of fields and the validator's are the same list)."""
+    from kuberl.api import validate_document
+    from kuberl.api.storage import secret_references
+
+    from .conftest import MINIMAL
+
+    assert not [d for d in render([]) if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    docs = render(["--set", "secretReferencePolicy.enabled=true"])
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    doc = json.loads(json.dumps(MINIMAL))
+    doc["spec"] |= {
+        "storage": {"credentialsSecret": "s3-keys", "hubTokenSecret": {"name": "hf", "key": "token"}},
+        "logging": {"wandb": {"project": "p", "apiKeySecret": {"name": "wandb", "key": "k"}},
+                    "mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow"}},
+        "agent": {"command": ["python", "agent.py"], "env": [
+            {"name": "PLAIN", "value": "x"},
+            {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}}
+    experiment, issues = validate_document(doc)
+    assert not issues, issues
+    named = {name for _, name in secret_references(experiment.spec)}
+    assert named == {"s3-keys", "hf", "wandb", "mlflow", "db"}
+    assert _policy_verdict(policy, doc, named)[:2] == (True, [])
+    for secret in sorted(named):
+        admitted, forbidden, message = _policy_verdict(policy, doc, named - {secret})
+        assert (admitted, forbidden) == (False, [secret]) and message.endswith(secret)
+    checkpoint_only = json.loads(json.dumps(MINIMAL))
+    checkpoint_only["spec"]["checkpoint"] = {"uri": "s3://ckpt/", "credentialsSecret": "ckpt-keys"}
+    assert _policy_verdict(policy, checkpoint_only, set())[:2] == (False, ["ckpt-keys"])
