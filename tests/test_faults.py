@@ -54,8 +54,9 @@ async def test_the_operator_converges_through_api_faults_without_duplicates_or_o
             degraded = [c for c in status.get("conditions") or [] if c["type"] == "Degraded"]
             children_reported = all((o.get("status") or {}).get("phase") for o in objs["inferencepools"]
                                     + objs["trainerjobs"])
-            return (len(objs["pods"]) == 2 and all(len(objs[k]) == 1 for k in ("configmaps", "secrets",
+            return (len(objs["pods"]) == 2 and all(len(objs[k]) == 1 for k in ("configmaps",
                     "networkpolicies", "inferencepools", "trainerjobs")) and len(objs["services"]) == 2
+                    and len(objs["secrets"]) == 2  # the API token and the checkpoint key
                     and children_reported and all(f.hits == f.times for f in faults)
                     and status.get("phase") == "Pending" and degraded and degraded[0]["status"] == "False")
 

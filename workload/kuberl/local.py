@@ -32,6 +32,7 @@ from .api import Accelerator, Progress, RLExperiment, resolve, validate_document
 from .api.contract import (
     ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
+    ENV_CHECKPOINT_KEY,
     ENV_EXCHANGE_ADDR,
     ENV_EXCHANGE_PORT,
     ENV_HUB_ENDPOINT,
@@ -81,6 +82,17 @@ def local_run_id(work: Path) -> str:
     path = work / "run-id"
     if not path.is_file():
         path.write_text(f"local-{uuid.uuid4().hex}")
+    return path.read_text().strip()
+
+
+def local_checkpoint_key(work: Path) -> str:
+    """This work dir's checkpoint signing key (made once, kept in ``checkpoint-key``, owner-only): what
+    the ``<experiment>-checkpoint-key`` Secret is to a trainer pod, so a run resumes from its own
+    signed checkpoints only."""
+    path = work / "checkpoint-key"
+    if not path.is_file():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32))
     return path.read_text().strip()
 
 
@@ -264,7 +276,8 @@ class LocalRun:
         procs = self.trainer.procs_per_node
         node = trainer_node_env(("127.0.0.1", master_port), self.trainer.nodes, procs, rank // procs, None)
         return {**self.env, **torchrun_process_env(node, rank % procs),
-                ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank)}
+                ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank),
+                ENV_CHECKPOINT_KEY: local_checkpoint_key(self.work)}
 
     def replica(self, r: int) -> Process:
         return self.children.spawn(

@@ -21,8 +21,9 @@ trainer pods as ``KUBERL_CHECKPOINT_KEY``; never in the bucket) every manifest c
 ``signature`` = HMAC-SHA256(key, canonical JSON of step, files and meta), and a run resumes only from
 a manifest whose signature verifies: write access to the bucket is no longer a way to hand the trainer
 a file that torch unpickles (DCP's ``.metadata``), since every file's SHA-256 is in the signed
-manifest and ``restore`` checks all of them before it returns. Without a key (a local run, reading
-another run's checkpoint for ``initFrom`` or ``kuberl export``) nothing is signed or checked.
+manifest and ``restore`` checks all of them before it returns (a local run's key: its work dir's
+``checkpoint-key``). Without a key (reading another run's checkpoint for ``initFrom`` or ``kuberl
+export``) nothing is signed or checked.
 """
 
 from __future__ import annotations
