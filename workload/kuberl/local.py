@@ -77,23 +77,25 @@ SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
 PROMPTS_LOG = "prompts.jsonl"  # the prompts of every trained step (Settings.prompts_log), in the work dir
 
 
-def local_run_id(work: Path) -> str:
-    """This work dir's run id (made once, kept in ``run-id``): its checkpoints are this run's."""
-    path = work / "run-id"
+def kept_once(path: Path, make: Callable[[], str]) -> str:
+    """The text in ``path``, written by ``make()`` the first time (the file owner-only): a work dir's
+    value that every later run in it must see again."""
     if not path.is_file():
-        path.write_text(f"local-{uuid.uuid4().hex}")
+        path.touch(mode=0o600)
+        path.write_text(make())
     return path.read_text().strip()
+
+
+def local_run_id(work: Path) -> str:
+    """This work dir's run id (kept in ``run-id``): its checkpoints are this run's."""
+    return kept_once(work / "run-id", lambda: f"local-{uuid.uuid4().hex}")
 
 
 def local_checkpoint_key(work: Path) -> str:
-    """This work dir's checkpoint signing key (made once, kept in ``checkpoint-key``, owner-only): what
-    the ``<experiment>-checkpoint-key`` Secret is to a trainer pod, so a run resumes from its own
-    signed checkpoints only."""
-    path = work / "checkpoint-key"
-    if not path.is_file():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32))
-    return path.read_text().strip()
+    """This work dir's checkpoint signing key (kept in ``checkpoint-key``): what the
+    ``<experiment>-checkpoint-key`` Secret is to a trainer pod, so a run resumes from its own signed
+    checkpoints only."""
+    return kept_once(work / "checkpoint-key", lambda: secrets.token_urlsafe(32))
 
 
 def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
