@@ -113,7 +113,7 @@ class TorchEngine:
         self._paused = False
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
-        self._generator = torch.Generator(device=_device_of(model)).manual_seed(seed)  # where the logits are
+        self._generator = torch.Generator(device=model.device).manual_seed(seed)  # where the logits are
         self._task: asyncio.Task[None] | None = None
 
     # -- public API ----------------------------------------------------------------------------
@@ -302,10 +302,6 @@ class TorchEngine:
         if not req.future.done():
             req.out.finish_reason = reason
             req.future.set_result(req.out)
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _layers(cache: DynamicCache) -> list[LayerKV]:
