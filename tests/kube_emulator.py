@@ -82,12 +82,14 @@ EXTRA: list[tuple[str, str, str, str, bool]] = [  # group, version, plural, kind
     ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup", True),
     ("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup", True),
     ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", True),
+    ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob", True),
+    ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime", False),
     ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
     ("apps", "v1", "deployments", "Deployment", True),
 ]
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
-WITH_STATUS = {"pods", "services", "nodes", "namespaces", "pytorchjobs", "podgroups"}
+WITH_STATUS = {"pods", "services", "nodes", "namespaces", "pytorchjobs", "trainjobs", "podgroups"}
 
 
 def rbac_verb(method: str, name: str | None, watching: bool) -> str:

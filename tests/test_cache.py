@@ -155,7 +155,8 @@ def test_the_progress_poller_reads_running_experiments_and_rank0s_ip_from_the_ca
     cache.observe({**pod("a-trainer-n0", 2, **{"kuberl.io/role": "trainer"}), "status": {"podIP": "10.0.0.7"}})
     cache.observe({**pod("a-inference-r0-h0", 2, **{"kuberl.io/role": "inference"}), "status": {"podIP": "10.0.0.8"}})
     targets = sorted(running_targets(cache), key=lambda t: t.name)
-    assert [(t.name, t.kubeflow, t.progress) for t in targets] == [("a", False, {"step": 3}), ("c", True, {"step": 3})]
+    assert [(t.name, t.runtime, t.progress) for t in targets] == [("a", "native", {"step": 3}),
+                                                                  ("c", "kubeflow", {"step": 3})]
     assert trainer_pod_ip(cache, "team-a", "a-trainer-n0") == "10.0.0.7"
     assert trainer_pod_ip(cache, "team-a", "a-inference-r0-h0") is None  # not a trainer's
     assert trainer_pod_ip(cache, "team-a", "missing") is None

@@ -28,6 +28,7 @@ VARIANTS = {
         "--set", "watchNamespaces={team-a,team-b}", "--set", "monitoring.podMonitor.enabled=true",
         "--set", "workloadNetworkPolicy.metricsNamespaceLabels.kubernetes\\.io/metadata\\.name=monitoring",
         "--set", "monitoring.grafanaDashboard.enabled=true", "--set", "integrations.kubeflowTraining=true",
+        "--set", "integrations.kubeflowTrainer=true",
         "--set", "integrations.volcano=true", "--set", "integrations.coscheduling=true",
         "--set", "image.digest=sha256:" + "a" * 64, "--set", "secretReferencePolicy.enabled=true",
     ],
@@ -52,10 +53,33 @@ def test_helm_lint_is_clean(variant):
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
 
 
+def test_the_trainjob_runtime_reads_back_through_kubeflow_trainers_models_and_matches_the_contract():
+    """integrations.kubeflowTrainer: the ClusterTrainingRuntime every TrainJob references, named, shaped and
+    ported as the operator's TrainJobs and the workload expect."""
+    from kubeflow_trainer_api.models import TrainerV1alpha1ClusterTrainingRuntime
+
+    from kuberl.api.contract import PROGRESS_PORT, TERMINATION_LOG, TRAINJOB_NODE, TRAINJOB_RUNTIME
+
+    (runtime,) = [d for d in render(VARIANTS["namespaced-everything-on"]) if d["kind"] == "ClusterTrainingRuntime"]
+    parsed = TrainerV1alpha1ClusterTrainingRuntime.from_dict(runtime)
+    assert parsed.metadata.name == TRAINJOB_RUNTIME
+    (node,) = parsed.spec.template.spec.replicated_jobs
+    assert node.name == TRAINJOB_NODE
+    assert node.template.metadata.labels["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
+    pod = node.template.spec.template.spec
+    assert pod.automount_service_account_token is False and pod.enable_service_links is False
+    (container,) = pod.containers
+    assert container.name == TRAINJOB_NODE and container.termination_message_path == TERMINATION_LOG
+    assert [p.container_port for p in container.ports if p.name == "progress"] == [PROGRESS_PORT]
+    assert container.security_context.run_as_non_root and not container.security_context.allow_privilege_escalation
+    assert parsed.spec.template.spec.failure_policy.max_restarts == 3
+    assert not [d for d in render(VARIANTS["defaults"]) if d["kind"] == "ClusterTrainingRuntime"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_objects_validate_against_the_kubernetes_api_schemas(variant, tmp_path):
     docs = render(VARIANTS[variant])
-    core = [d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    core = [d for d in docs if not d["apiVersion"].startswith(("monitoring.coreos.com/", "trainer.kubeflow.org/"))]
     path = tmp_path / "rendered.yaml"
     path.write_text(yaml.safe_dump_all(core))
     done = subprocess.run([str(TOOLS / "kubernetes-validate"), "--strict", "-k", K8S_VERSION, str(path)],

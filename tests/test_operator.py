@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 
 import pytest
 
@@ -453,6 +454,57 @@ async def test_kubeflow_runtime_reaches_running_and_succeeded_through_the_pytorc
         await kubeflow_says("Succeeded", 0, "2026-01-01T00:09:00Z")
         exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
         assert exp["status"]["progress"]["step"] == 500  # from the master pod's termination message
+
+
+async def test_trainjob_runtime_reaches_running_and_succeeded_through_the_trainjob(tmp_path):
+    """trainer.runtime trainjob: the operator creates a Kubeflow Trainer v2 TrainJob instead of trainer pods
+    and its headless Service; the test plays Kubeflow Trainer and JobSet (the TrainJob's status, a
+    random-named rank-0 pod built from the runtime patch) and the kubelet. The final progress comes from
+    that pod, found by its labels."""
+    from kuberl.local import apply_overrides
+
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", apply_overrides(experiment(), ["trainer.runtime=trainjob"]))
+        (job,) = await eventually(lambda: api.list("trainer.kubeflow.org", "trainjobs", "team-a"), what="TrainJob")
+        assert job["spec"]["runtimeRef"]["name"] == "kuberl-torch" and job["spec"]["trainer"]["numNodes"] == 1
+        assert pods(api, "team-a", "kuberl.io/role=trainer") == []  # JobSet makes those
+        assert not [s for s in api.list("", "services", "team-a") if s["metadata"]["name"] == "cpu-tiny-trainer"]
+        (replica,) = await eventually(lambda: pods(api, "team-a", "kuberl.io/role=inference"), what="replica")
+        await bind(api, replica, "node-a")
+        await set_pod(api, replica, "Running", ready=True)
+
+        async def trainer_says(conditions: list[str], **node: int) -> None:
+            await api.patch("trainer.kubeflow.org", "trainjobs", "team-a", "cpu-tiny-trainer", {"status": {
+                "conditions": [{"type": t, "status": "True", "reason": t, "message": ""} for t in conditions],
+                "jobsStatus": [{"name": "node", **node}]}}, subresource="status")  # fmt: skip
+
+        def phase(kind: str = "rlexperiments", name: str = "cpu-tiny") -> str | None:
+            return api.get(GROUP, kind, "team-a", name).get("status", {}).get("phase")
+
+        await trainer_says([], active=1)
+        await eventually(lambda: phase("trainerjobs", "cpu-tiny-trainer") == "Initializing", what="Initializing")
+        assert phase() != "Running"
+        await trainer_says([], active=1, ready=1)
+        await eventually(lambda: phase() == "Running", what="experiment Running")
+        node = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        labels = {**node["template"]["spec"]["template"]["metadata"]["labels"],
+                  "jobset.sigs.k8s.io/jobset-name": "cpu-tiny-trainer", "batch.kubernetes.io/job-completion-index": "0"}
+        initializer = {"jobset.sigs.k8s.io/jobset-name": "cpu-tiny-trainer"}  # a runtime's initializer step
+        for index, name, pod_labels in ((0, "cpu-tiny-trainer-dataset-initializer-0-0-b4v9c", initializer),
+                                        (1, "cpu-tiny-trainer-node-0-1-q8w2z", labels),
+                                        (0, "cpu-tiny-trainer-node-0-0-x7k2p", labels)):
+            rank = {**pod_labels, "batch.kubernetes.io/job-completion-index": str(index)}
+            await api.create("", "pods", "team-a", {"apiVersion": "v1", "kind": "Pod",
+                                                    "metadata": {"name": name, "labels": rank},
+                                                    "spec": {"containers": [{"name": "node", "image": "x"}]}})
+            message = json.dumps({"step": 500 + index + (pod_labels is initializer), "version": 500, "reward": 0.8})
+            await api.patch("", "pods", "team-a", name, {"status": {"phase": "Succeeded", "containerStatuses": [
+                {"name": "node", "state": {"terminated": {"exitCode": 0, "message": message}}}]}},
+                subresource="status")  # fmt: skip
+        await trainer_says(["Complete"], succeeded=1)
+        exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
+        assert exp["status"]["progress"]["step"] == 500  # rank 0's termination message, not another pod's
 
 
 async def test_objects_it_did_not_create_are_never_adopted_changed_or_pruned(tmp_path):

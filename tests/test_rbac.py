@@ -22,14 +22,14 @@ GRANTED_NOT_CALLED = {
     **{(kind, "get"): "read from the API server only when a create answered 409 (whose object has the name?); "
                       "every other read comes from the watches"
        for kind in ("inferencepools", "trainerjobs", "pods", "configmaps", "services", "networkpolicies",
-                    "deployments", "pytorchjobs")},
+                    "deployments", "pytorchjobs", "trainjobs")},
 }
 
 
 async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_path):
     """A tour of everything the operator does — two experiments (an agent and a Volcano gang; a
     Kubeflow runtime and a coscheduling gang), a node's topology, a tampered policy, a failure that
-    becomes an Event, suspend, the agent removed, a runtime switch — recording every request the
+    becomes an Event, suspend, the agent removed, runtime switches (kubeflow → trainjob → native) — recording every request the
     emulator gets. The chart's RBAC (every integration on) must cover each request and grant nothing
     else but GRANTED_NOT_CALLED."""
     from kuberl.local import apply_overrides
@@ -61,8 +61,12 @@ async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_pat
         edited = get_rlx(api, "cpu-agent-gateway")
         del edited["spec"]["agent"]
         await api.update(GROUP, "rlexperiments", "team-a", "cpu-agent-gateway", edited)
-        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"trainer": {"runtime": "native"}}})
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {
+            "trainer": {"runtime": "trainjob"}, "scheduling": {"gang": "none"}}})  # fmt: skip
         await eventually(lambda: not api.list("kubeflow.org", "pytorchjobs", "team-a")
+                         and api.list("trainer.kubeflow.org", "trainjobs", "team-a"), what="PyTorchJob → TrainJob")
+        await api.patch(GROUP, "rlexperiments", "team-a", "cpu-tiny", {"spec": {"trainer": {"runtime": "native"}}})
+        await eventually(lambda: not api.list("trainer.kubeflow.org", "trainjobs", "team-a")
                          and len(pods(api, "team-a", "kuberl.io/role=trainer")) == 1
                          and not api.list("apps", "deployments", "team-a")
                          and not api.list("", "services", "team-a", "kuberl.io/experiment=cpu-agent-gateway")

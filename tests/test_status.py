@@ -14,7 +14,14 @@ import pytest
 from kuberl.api.contract import LABEL_REPLICA
 from kuberl_operator.progress import fetch_all, progress_status
 from kuberl_operator.retry import Backoff
-from kuberl_operator.status import experiment_status, job_status, merge_conditions, pod_health, pool_status
+from kuberl_operator.status import (
+    experiment_status,
+    job_status,
+    merge_conditions,
+    pod_health,
+    pool_status,
+    trainjob_status,
+)
 
 
 def pod(name, phase="Running", ready=False, waiting=None, node="n1", terminated=None, unschedulable=False,
@@ -67,6 +74,32 @@ def test_job_phases():
     assert degraded["status"] == "True" and "t-n1" in degraded["message"]
 
 
+def test_trainjob_phases_follow_kubeflow_trainers_status():
+    """A TrainJob's conditions and its child Job "node" (jobsStatus), as Kubeflow Trainer writes them."""
+    spec = {"nodes": 2}
+
+    def of(*conditions: tuple[str, str], node: dict | None = None, **extra: Any) -> dict:
+        status = {"conditions": [{"type": t, "status": "True", "reason": r, "message": f"{t} says {r}"}
+                                 for t, r in conditions], "jobsStatus": [{"name": "node", **(node or {})}]}
+        return trainjob_status({**spec, **extra}, 4, {"status": status})
+
+    assert of()["phase"] == "Pending"
+    assert of(node={"active": 1})["phase"] == "Initializing"
+    running = of(node={"active": 1, "ready": 1})
+    assert (running["phase"], running["readyNodes"]) == ("Running", 2)
+    assert of(("Complete", "JobsCompleted"), node={"succeeded": 1})["phase"] == "Succeeded"
+    failed = of(("Failed", "BackoffLimitExceeded"), node={"failed": 1})
+    assert failed["phase"] == "Failed"
+    degraded = next(c for c in failed["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "BackoffLimitExceeded")
+    assert "Failed says BackoffLimitExceeded" in degraded["message"]
+    queued = of(("Suspended", "Suspended"))  # Kueue holds it until admission; we did not suspend it
+    ready = next(c for c in queued["conditions"] if c["type"] == "Ready")
+    assert (queued["phase"], ready["reason"]) == ("Pending", "QueuedForAdmission")
+    assert of(("Suspended", "Suspended"), suspend=True)["phase"] == "Suspended"
+    assert trainjob_status(spec, 1, None)["phase"] == "Pending"  # not created yet
+
+
 def test_experiment_phase_follows_children():
     def exp(pool_phase, job_phase, suspend=False):
         return experiment_status(1, suspend, ("p", {"phase": pool_phase}), ("j", {"phase": job_phase}))["phase"]
@@ -103,8 +136,11 @@ def test_progress_url_and_status_mapping():
     assert progress_url("exp", "team-a", None) is None  # no pod IP yet: not polled
     host = "http://{host}:{port}/progress"
     assert progress_url("exp", "team-a", None, host) == "http://exp-trainer-n0.exp-trainer.team-a.svc:8080/progress"
-    assert progress_url("exp", "team-a", None, host, kubeflow=True) == \
+    assert progress_url("exp", "team-a", None, host, "kubeflow") == \
         "http://exp-trainer-master-0.team-a.svc:8080/progress"
+    # a TrainJob's rank 0 (JobSet's random-named pod): by its DNS name, without a template too
+    assert progress_url("exp", "team-a", None, None, "trainjob") == \
+        "http://exp-trainer-node-0-0.exp-trainer.team-a.svc:8080/progress"
     assert progress_url("exp", "ns", None, "http://127.0.0.1:9/{name}/{namespace}") == "http://127.0.0.1:9/exp/ns"
     assert progress_status({"step": 3, "version": 3, "reward": 0.123456, "observedStaleness": 1,
                             "lastCheckpoint": None, "phase": "running", "maxStaleness": 2}) == {

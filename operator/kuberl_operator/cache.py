@@ -311,9 +311,10 @@ class CachedKube(Kube):
         self._remember(patched)
         return patched
 
-    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
+                     foreground: bool = False) -> bool:
         """Delete; the cached object is marked terminating until its watch says it is gone."""
-        deleted = await super().delete(api_version, kind, namespace, name)
+        deleted = await super().delete(api_version, kind, namespace, name, foreground)
         if kind == "Secret":
             self._secrets.pop((kind, namespace, name), None)
         if kind in self.cached:

@@ -39,6 +39,7 @@ PLURALS = {
     "TrainerJob": "trainerjobs",
     "PodGroup": "podgroups",
     "PyTorchJob": "pytorchjobs",
+    "TrainJob": "trainjobs",
     "Deployment": "deployments",
 }
 CLUSTER_SCOPED = {"Node", "Namespace"}
@@ -137,6 +138,11 @@ class Kube:
         it returns is not cached: it may be someone else's object, outside what the watches deliver)."""
         return await Kube.get(self, api_version, kind, namespace, name)
 
+    async def read_list(self, api_version: str, kind: str, namespace: str | None,
+                        selector: dict[str, str]) -> list[Manifest]:
+        """``list`` from the API server itself (as ``read``)."""
+        return await Kube.list(self, api_version, kind, namespace, selector)
+
     async def list(self, api_version: str, kind: str, namespace: str | None,
                    selector: dict[str, str]) -> list[Manifest]:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
@@ -161,9 +167,12 @@ class Kube:
         path = resource_path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
         return await self._call("PATCH", path, patch, content_type="application/merge-patch+json")
 
-    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
-        """Delete with background propagation; False if it was already gone."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
+                     foreground: bool = False) -> bool:
+        """Delete with background propagation (``foreground``: the object stays, terminating, until the
+        garbage collector has deleted what it owns, transitively); False if it was already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1",
+                "propagationPolicy": "Foreground" if foreground else "Background"}
         try:
             await self._call("DELETE", resource_path(api_version, kind, namespace, name), body)
             return True

@@ -28,29 +28,40 @@ from typing import Any
 import aiohttp
 
 from kuberl.api import API_GROUP, API_VERSION, Progress, RLExperiment
-from kuberl.api.contract import PROGRESS_PORT, trainer_job_name, trainer_rank0_host, trainer_rank0_pod
+from kuberl.api.contract import (
+    LABEL_JOBSET,
+    PROGRESS_PORT,
+    TrainerRuntime,
+    trainer_job_name,
+    trainer_rank0_host,
+    trainer_rank0_pod,
+    trainer_rank0_selector,
+)
 
 from .kube import ApiError, Kube
 
 log = logging.getLogger("kuberl.operator.progress")
 Manifest = dict[str, Any]
 DEFAULT_URL = "http://{ip}:{port}/progress"
+HOST_URL = "http://{host}:{port}/progress"
 
 
-def is_kubeflow(exp: Manifest) -> bool:
-    return ((exp.get("spec") or {}).get("trainer") or {}).get("runtime") == "kubeflow"
+def trainer_runtime(spec: Manifest) -> TrainerRuntime:
+    return TrainerRuntime((spec.get("trainer") or {}).get("runtime") or TrainerRuntime.NATIVE)
 
 
 def progress_url(experiment: str, namespace: str, ip: str | None, template: str | None = None,
-                 kubeflow: bool = False) -> str | None:
+                 runtime: str = TrainerRuntime.NATIVE) -> str | None:
     """Trainer rank 0's /progress (fields: see the module docstring); None while the URL needs
-    rank 0's pod IP and the pod has none yet."""
-    template = template or DEFAULT_URL
+    rank 0's pod IP and the pod has none yet. A TrainJob's rank 0 is found by its DNS name: its pod
+    (JobSet's, random-named) is not one the operator holds."""
+    runtime = TrainerRuntime(runtime)
+    template = template or (HOST_URL if runtime == TrainerRuntime.TRAINJOB else DEFAULT_URL)
     if "{ip}" in template and not ip:
         return None
     job = trainer_job_name(experiment)
-    return template.format(ip=ip, host=trainer_rank0_host(job, namespace, kubeflow),
-                           pod=trainer_rank0_pod(job, kubeflow), job=job, namespace=namespace, name=experiment,
+    return template.format(ip=ip, host=trainer_rank0_host(job, namespace, runtime),
+                           pod=trainer_rank0_pod(job, runtime) or "", job=job, namespace=namespace, name=experiment,
                            port=PROGRESS_PORT)
 
 
@@ -116,11 +127,19 @@ def termination_progress(pod: Manifest | None) -> Manifest | None:
     return None
 
 
-async def final_progress(kube: Kube, namespace: str, experiment: str, kubeflow: bool = False) -> Manifest | None:
+async def final_progress(kube: Kube, namespace: str, experiment: str,
+                         runtime: str = TrainerRuntime.NATIVE) -> Manifest | None:
     """``status.progress`` from trainer rank 0's termination message (it has exited: nothing to poll).
     Read from the API server, not a cache: this is read once, when the experiment turns Succeeded,
-    and the pod's last status may not have come through the watch yet."""
-    pod = await kube.read("v1", "Pod", namespace, trainer_rank0_pod(trainer_job_name(experiment), kubeflow))
+    and the pod's last status may not have come through the watch yet. A TrainJob's rank 0 is the
+    pod of completion index 0 of its JobSet (selected by labels: JobSet names it at random)."""
+    job = trainer_job_name(experiment)
+    name = trainer_rank0_pod(job, runtime)
+    if name is not None:
+        pod = await kube.read("v1", "Pod", namespace, name)
+    else:
+        selector = {**trainer_rank0_selector(experiment, runtime), LABEL_JOBSET: job}
+        pod = next(iter(await kube.read_list("v1", "Pod", namespace, selector)), None)
     payload = termination_progress(pod)
     return progress_status(payload) if payload else None
 
@@ -131,7 +150,7 @@ class Target:
 
     namespace: str
     name: str
-    kubeflow: bool
+    runtime: TrainerRuntime
     progress: Manifest | None  # status.progress as last seen
 
 
@@ -139,7 +158,7 @@ def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) 
     """What to poll for an RLExperiment: a Target while it is Running, else None."""
     if (status or {}).get("phase") != "Running":
         return None
-    return Target(namespace, name, is_kubeflow({"spec": spec}), (status or {}).get("progress"))
+    return Target(namespace, name, trainer_runtime(spec), (status or {}).get("progress"))
 
 
 PodIp = Callable[[str, str], str | None]  # (namespace, pod name) → its IP, None while it has none
@@ -150,8 +169,9 @@ async def poll_once(kube: Kube, targets: Iterable[Target], pod_ip: PodIp, templa
     unreachable or slow trainer, or failed write, never costs the others their update."""
     polled: list[tuple[Target, str]] = []
     for target in targets:
-        rank0 = trainer_rank0_pod(trainer_job_name(target.name), target.kubeflow)
-        url = progress_url(target.name, target.namespace, pod_ip(target.namespace, rank0), template, target.kubeflow)
+        rank0 = trainer_rank0_pod(trainer_job_name(target.name), target.runtime)
+        ip = pod_ip(target.namespace, rank0) if rank0 is not None else None
+        url = progress_url(target.name, target.namespace, ip, template, target.runtime)
         if url:
             polled.append((target, url))
     changed = []

@@ -33,6 +33,7 @@ from .builders import build_experiment_children, build_inference_children, build
 from .builders.access import api_token_secret, token_version
 from .builders.experiment import InvalidSpec, check_experiment
 from .builders.inference import pool_selector
+from .builders.kubeflow import PYTORCHJOB_API_VERSION, TRAINER_API_VERSION
 from .builders.trainer import job_selector
 from .kube import ApiError, Kube, Manifest
 from .patch import merge_patch_to, overlay_patch_to
@@ -49,6 +50,7 @@ from .status import (
     pool_status,
     pytorchjob_status,
     reconcile_error_status,
+    trainjob_status,
     without_times,
 )
 from .topology import missing_topology, topology_labels
@@ -126,15 +128,17 @@ async def ensure_api_token(kube: Kube, owner: Manifest, experiment: str, name: s
     return await ensure(kube, secret, new_owner=not owner.get("status"))
 
 
-async def delete_owned(kube: Kube, parent: Manifest, api_version: str, kind: str, name: str) -> bool:
+async def delete_owned(kube: Kube, parent: Manifest, api_version: str, kind: str, name: str,
+                       foreground: bool = False) -> bool:
     """Delete ``parent``'s child ``kind``/``name`` if it exists and ``parent`` controls it (what a
-    removed spec field created); returns whether it was there. Another owner's object is left alone."""
+    removed spec field created); returns whether it was there (``foreground``: ``Kube.delete``'s).
+    Another owner's object is left alone."""
     namespace = parent["metadata"].get("namespace")
     child = await kube.get(api_version, kind, namespace, name)
     if child is None or _controller_uid(child["metadata"]) != parent["metadata"].get("uid"):
         return False
     if not child["metadata"].get("deletionTimestamp"):
-        await kube.delete(api_version, kind, namespace, name)
+        await kube.delete(api_version, kind, namespace, name, foreground)
         log.info("deleted %s/%s: its spec field is gone", kind, name)
     return True
 
@@ -284,8 +288,8 @@ async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         if not job.spec.experiment:  # an experiment's job reads the experiment's key
             await ensure_api_token(kube, body, name, checkpoint_key_secret_name(name))
         children = build_trainer_children(job, body, version)
-        kubeflow = TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW
-        leftover = await retire_other_runtime(kube, body, job, kubeflow)
+        runtime = TrainerRuntime(job.spec.runtime)
+        leftover = await retire_other_runtimes(kube, body, job, runtime)
         if leftover is not None:
             status = job_status(body["spec"], body["metadata"].get("generation"), [],
                                 (body.get("status") or {}).get("restarts", 0))
@@ -293,8 +297,8 @@ async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
                 f"trainer.runtime is now {job.spec.runtime}: waiting for {leftover} of the old runtime to go "
                 "(one gang at a time: both would write the same checkpoints)"), body["metadata"].get("generation")))
             await write_status(kube, body, status)
-        elif kubeflow:
-            await _sync_kubeflow_job(kube, body, children)
+        elif runtime in EXTERNAL_RUNTIMES:
+            await _sync_external_job(kube, body, children, runtime)
         else:
             await _sync_native_job(kube, body, job, children)
     except NotOurs as err:
@@ -302,39 +306,55 @@ async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
     return body
 
 
-async def retire_other_runtime(kube: Kube, body: Manifest, job: TrainerJob, kubeflow: bool) -> str | None:
-    """After a ``trainer.runtime`` switch: delete what the other runtime made for this job (our own
-    rank pods, or our PyTorchJob, whose pods go with it) and say what is still there (None: nothing,
-    the new gang may start). Run every sync, so a switch back and forth also ends with one gang."""
+# The runtimes whose controller makes the pods: the object kind each gets, and its status function.
+EXTERNAL_RUNTIMES = {
+    TrainerRuntime.KUBEFLOW: (PYTORCHJOB_API_VERSION, "PyTorchJob", pytorchjob_status),
+    TrainerRuntime.TRAINJOB: (TRAINER_API_VERSION, "TrainJob", trainjob_status),
+}
+
+
+async def retire_other_runtimes(kube: Kube, body: Manifest, job: TrainerJob, runtime: TrainerRuntime) -> str | None:
+    """After a ``trainer.runtime`` switch: delete what the other runtimes made for this job (our own
+    rank pods, our PyTorchJob or TrainJob — deleted in the foreground, so it stays until its pods are
+    gone) and say what is still there (None: nothing, the new gang may start). Run every sync, so a
+    switch back and forth also ends with one gang."""
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
-    if kubeflow:
+    left = []
+    if runtime != TrainerRuntime.NATIVE:
         native = await _owned_pods(kube, body, job_selector(job))
         await prune_pods(kube, body, job_selector(job), keep=set())  # every rank pod we made goes
-        return f"{len(native)} rank pod(s)" if native else None
-    try:
-        if await delete_owned(kube, body, "kubeflow.org/v1", "PyTorchJob", name):
-            return f"PyTorchJob {name}"
-    except ApiError as err:
-        if err.status != 403:
-            raise  # 403: no RBAC for PyTorchJobs (integrations.kubeflowTraining off), so we made none
-    kubeflow_pods = [p for p in await kube.list("v1", "Pod", namespace, job_selector(job))
-                     if any(r.get("kind") == "PyTorchJob" and r.get("name") == name and r.get("controller")
-                            for r in p["metadata"].get("ownerReferences") or [])]
-    return f"{len(kubeflow_pods)} PyTorchJob pod(s)" if kubeflow_pods else None
+        left += [f"{len(native)} rank pod(s)"] if native else []
+    for other, (api_version, kind, _) in EXTERNAL_RUNTIMES.items():
+        if other == runtime:
+            continue
+        try:
+            if await delete_owned(kube, body, api_version, kind, name, foreground=True):
+                left.append(f"{kind} {name}")
+                continue
+        except ApiError as err:
+            if err.status not in (403, 404):
+                raise  # 403/404: no RBAC for the kind or no CRD (its integration is off), so we made none
+        pods = [p for p in await kube.list("v1", "Pod", namespace, job_selector(job))
+                if any(r.get("kind") == kind and r.get("name") == name and r.get("controller")
+                       for r in p["metadata"].get("ownerReferences") or [])]
+        left += [f"{len(pods)} {kind} pod(s)"] if pods else []
+    return ", ".join(left) or None
 
 
-async def _sync_kubeflow_job(kube: Kube, body: Manifest, children: list[Manifest]) -> None:
-    """The Kubeflow training operator owns the pods (and restarts them, runPolicy.backoffLimit);
-    the TrainerJob's status follows the PyTorchJob's conditions."""
+async def _sync_external_job(kube: Kube, body: Manifest, children: list[Manifest], runtime: TrainerRuntime) -> None:
+    """Kubeflow's training operator (a PyTorchJob) or Kubeflow Trainer (a TrainJob) owns the pods and
+    restarts them (runPolicy.backoffLimit, the runtime's failure policy); the TrainerJob's status
+    follows the object's own status."""
+    api_version, kind, status_of = EXTERNAL_RUNTIMES[runtime]
     stored = {c["kind"]: await ensure(kube, c) for c in children}
-    desired = next(c for c in children if c["kind"] == "PyTorchJob")
-    if _template_changed(stored["PyTorchJob"], desired):  # its pods cannot be patched: a new job, from the checkpoint
+    desired = next(c for c in children if c["kind"] == kind)
+    if _template_changed(stored[kind], desired):  # its pods cannot be patched: a new one, from the checkpoint
         meta = desired["metadata"]
-        await kube.delete(desired["apiVersion"], "PyTorchJob", meta.get("namespace"), meta["name"])
-        log.info("replacing PyTorchJob/%s: its template changed", meta["name"])
+        await kube.delete(api_version, kind, meta.get("namespace"), meta["name"])
+        log.info("replacing %s/%s: its template changed", kind, meta["name"])
         return
-    status = pytorchjob_status(body["spec"], body["metadata"].get("generation"), stored.get("PyTorchJob"),
-                               (body.get("status") or {}).get("restarts", 0))  # fmt: skip
+    status = status_of(body["spec"], body["metadata"].get("generation"), stored.get(kind),
+                       (body.get("status") or {}).get("restarts", 0))
     await write_status(kube, body, status)
 
 
@@ -463,7 +483,7 @@ async def _roll_up(kube: Kube, body: Manifest, exp: RLExperiment, pool: Manifest
     if status["phase"] == "Succeeded" and (body.get("status") or {}).get("phase") != "Succeeded":
         # The trainer has exited, so there is no endpoint left to poll: the final step and reward
         # come from rank 0's termination message, in the same write that says Succeeded.
-        final = await final_progress(kube, namespace, name, exp.spec.trainer.runtime == TrainerRuntime.KUBEFLOW)
+        final = await final_progress(kube, namespace, name, exp.spec.trainer.runtime)
         if final:
             status["progress"] = final
     await write_status(kube, body, {**(body.get("status") or {}), **status})

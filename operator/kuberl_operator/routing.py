@@ -40,7 +40,7 @@ def syncs_for(obj: Manifest, live: bool) -> list[Key]:
     """The syncs a change of ``obj`` that the operator did not make calls for (``live``: it still
     exists; else it was deleted). An experiment: its own. A pool or job: its own and its experiment's
     (whose status rolls up the child's, and which puts back a spec someone else changed). A pod: its
-    pool's or job's. A PyTorchJob: its TrainerJob's (a deletion may end a runtime switch). Any other
+    pool's or job's. A PyTorchJob or TrainJob: its TrainerJob's (a deletion may end a runtime switch). Any other
     child: its controller's, which puts it back."""
     kind, meta = obj.get("kind"), obj["metadata"]
     namespace = meta.get("namespace")
@@ -53,7 +53,7 @@ def syncs_for(obj: Manifest, live: bool) -> list[Key]:
     if kind == "Pod":
         owner = pod_owner(obj)
         return [(owner[0], namespace, owner[1])] if owner is not None else []
-    if kind == "PyTorchJob":
+    if kind in ("PyTorchJob", "TrainJob"):
         job = (meta.get("labels") or {}).get(LABEL_JOB)
         return [(TrainerJob.KIND, namespace, job)] if job else []
     return [(ref["kind"], namespace, ref["name"]) for ref in meta.get("ownerReferences") or []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api import Phase
-from kuberl.api.contract import LABEL_REPLICA
+from kuberl.api.contract import LABEL_REPLICA, TRAINJOB_NODE
 from kuberl.api.roles import gang_may_restart
 
 Manifest = dict[str, Any]
@@ -262,6 +262,40 @@ def pytorchjob_status(spec: Manifest, generation: int | None, pytorchjob: Manife
         "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
         "readyNodes": active if phase == Phase.RUNNING else 0, "restarts": restarts,
         "conditions": [_ready(phase, "PyTorchJobRunning", state, generation), degraded],
+    }
+
+
+def trainjob_status(spec: Manifest, generation: int | None, trainjob: Manifest | None, restarts: int = 0) -> Manifest:
+    """TrainerJob status (runtime trainjob) from the TrainJob's status, which Kubeflow Trainer writes:
+    condition Complete → Succeeded, Failed → Failed (its reason and message as Degraded); Suspended
+    while our spec does not suspend it → Pending, ``QueuedForAdmission`` (Kueue suspends a TrainJob
+    until it admits it); else the child Job "node" in ``jobsStatus``: ready → Running with every node
+    ready, active → Initializing, nothing yet → Pending."""
+    nodes = spec.get("nodes", 1)
+    status = (trainjob or {}).get("status") or {}
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    node = next((j for j in status.get("jobsStatus") or [] if j.get("name") == TRAINJOB_NODE), {})
+    queued = False
+    if "Complete" in true:
+        phase = Phase.SUCCEEDED
+    elif "Failed" in true:
+        phase = Phase.FAILED
+    elif spec.get("suspend"):
+        phase = Phase.SUSPENDED
+    elif "Suspended" in true:
+        phase, queued = Phase.PENDING, True
+    else:
+        phase = Phase.RUNNING if node.get("ready") else Phase.INITIALIZING if node.get("active") else Phase.PENDING
+    failed = true.get("Failed")
+    degraded = (condition("Degraded", True, failed.get("reason") or "Failed", f"TrainJob: {failed.get('message', '')}",
+                          generation) if failed else condition("Degraded", False, "AsExpected", "", generation))
+    state = f"TrainJob {phase.value}"
+    ready = (condition("Ready", False, QUEUED, f"{state}; the TrainJob waits for Kueue to admit it", generation)
+             if queued else _ready(phase, "TrainJobRunning", state, generation))
+    return {
+        "phase": phase.value, "observedGeneration": generation, "nodes": nodes,
+        "readyNodes": nodes if phase == Phase.RUNNING else 0, "restarts": restarts,
+        "conditions": [ready, degraded],
     }
 
 

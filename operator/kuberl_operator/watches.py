@@ -17,6 +17,8 @@ import kopf
 from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY
 
+from .builders.kubeflow import PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, TRAINER_GROUP, TRAINER_VERSION
+
 LabelFilter = Mapping[str, object]  # a value, or kopf.PRESENT
 
 
@@ -60,14 +62,15 @@ EXPERIMENTS = Watched(API_GROUP, API_VERSION, "rlexperiments", RLExperiment.KIND
 POOLS = Watched(API_GROUP, API_VERSION, "inferencepools", InferencePool.KIND)
 JOBS = Watched(API_GROUP, API_VERSION, "trainerjobs", TrainerJob.KIND)
 PODS = Watched("", "v1", "pods", "Pod", {LABEL_ROLE: kopf.PRESENT})
-PYTORCHJOBS = Watched("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", {LABEL_JOB: kopf.PRESENT})
+PYTORCHJOBS = Watched(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, "pytorchjobs", "PyTorchJob", {LABEL_JOB: kopf.PRESENT})
+TRAINJOBS = Watched(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", "TrainJob", {LABEL_JOB: kopf.PRESENT})
 OWNED = (  # the other children: by the labels every object the operator creates carries
     Watched("", "v1", "configmaps", "ConfigMap", MANAGED_BY),
     Watched("", "v1", "services", "Service", MANAGED_BY),
     Watched("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", MANAGED_BY),
     Watched("apps", "v1", "deployments", "Deployment", MANAGED_BY),
 )
-WATCHED = (EXPERIMENTS, POOLS, JOBS, PYTORCHJOBS, PODS, *OWNED)  # owners before what they own (priming)
+WATCHED = (EXPERIMENTS, POOLS, JOBS, PYTORCHJOBS, TRAINJOBS, PODS, *OWNED)  # owners before what they own (priming)
 # Read from the cache, not the API server: every kind watched. Secrets (not watchable without list
 # on all of them), Nodes and PodGroups are read from the API server.
 CACHED_KINDS = tuple(w.kind for w in WATCHED)

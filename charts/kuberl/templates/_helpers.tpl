@@ -95,6 +95,11 @@ app.kubernetes.io/component: operator
   resources: [pytorchjobs]
   verbs: [get, list, watch, create, delete]
 {{- end }}
+{{- if .Values.integrations.kubeflowTrainer }}
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs]
+  verbs: [get, list, watch, create, delete]
+{{- end }}
 {{- if .Values.integrations.volcano }}
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]

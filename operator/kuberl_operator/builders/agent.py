@@ -37,13 +37,13 @@ def gateway_url(experiment: str, namespace: str | None) -> str:
     return f"http://{host}:{GATEWAY_PORT}/v1"
 
 
-def gateway_service(parent: Manifest, experiment: str, kubeflow: bool) -> Manifest:
+def gateway_service(parent: Manifest, experiment: str, runtime: str) -> Manifest:
     """A ClusterIP Service on trainer rank 0's gateway port."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": child_metadata(parent, gateway_service_name(experiment), {LABEL_EXPERIMENT: experiment}),
-        "spec": {"selector": trainer_rank0_selector(experiment, kubeflow),
+        "spec": {"selector": trainer_rank0_selector(experiment, runtime),
                  "ports": [{"name": "gateway", "port": GATEWAY_PORT, "targetPort": GATEWAY_PORT}]},
     }
 
@@ -100,8 +100,8 @@ def agent_deployment(parent: Manifest, experiment: str, agent: AgentSpec, image:
     }
 
 
-def build_agent_children(parent: Manifest, experiment: str, agent: AgentSpec, image: str, kubeflow: bool,
+def build_agent_children(parent: Manifest, experiment: str, agent: AgentSpec, image: str, runtime: str,
                          running: bool = True, token_version: str = "") -> list[Manifest]:
     """The agent Deployment and the gateway Service (``image``: the trainer's, the default)."""
-    return [gateway_service(parent, experiment, kubeflow),
+    return [gateway_service(parent, experiment, runtime),
             agent_deployment(parent, experiment, agent, image, running, token_version)]

@@ -31,7 +31,7 @@ from kuberl.api.contract import (
     trainer_rank0_host,
 )
 from kuberl.api.resources import GangMembership, Phase
-from kuberl.api.spec import GangScheduler, Parallelism, StorageSpec, TrainerRuntime
+from kuberl.api.spec import GangScheduler, Parallelism, StorageSpec
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
@@ -106,8 +106,7 @@ def _pool_spec(exp: RLExperiment, inference: InferencePlan, revision: str,
         hosts_per_replica=inference.hosts_per_replica,
         accelerators_per_host=inference.devices_per_host,
         port=spec.inference.port,
-        trainer_address=trainer_rank0_host(trainer_job_name(name), exp.metadata.namespace,
-                                           spec.trainer.runtime == TrainerRuntime.KUBEFLOW),
+        trainer_address=trainer_rank0_host(trainer_job_name(name), exp.metadata.namespace, spec.trainer.runtime),
         config_revision=revision,
         storage=_storage(exp),
         scheduling=spec.scheduling,
@@ -191,6 +190,6 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
     agent = [] if spec.agent is None else build_agent_children(
         parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,
-        spec.trainer.runtime == TrainerRuntime.KUBEFLOW, running=not (spec.suspend or finished),
+        spec.trainer.runtime, running=not (spec.suspend or finished),
         token_version=token_version)
     return [config_map, *([group] if group else []), pool, job, policy, *agent]

@@ -1,7 +1,8 @@
 """TrainerJob → its gang of rank pods + headless Service, through a runtime seam.
 
 The trainer pod template is built once (``build_trainer_pod``); the runtime decides whether the
-templates become Pods (``native``) or a Kubeflow PyTorchJob (``kubeflow``).
+templates become Pods (``native``), a Kubeflow PyTorchJob (``kubeflow``) or a Kubeflow Trainer
+TrainJob (``trainjob``; both in ``kubeflow``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from kuberl.api.spec import TrainerRuntime
 from ..accelerators import profile
 from .common import (
     Manifest,
-    child_metadata,
     container_resources,
     env_list,
     headless_service,
@@ -43,6 +43,7 @@ from .common import (
     with_template_hash,
 )
 from .gang import join_gang, pod_group
+from .kubeflow import build_pytorchjob, build_trainjob
 
 TORCHRUN = (
     "torchrun --nnodes=$(NNODES) --nproc-per-node=$(NPROC_PER_NODE) --node-rank=$(NODE_RANK) "
@@ -96,61 +97,21 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
     return with_template_hash(join_gang(pod, group, members, spec.scheduling))
 
 
-# What the Kubeflow training operator injects into the "pytorch" container of a PyTorchJob with
-# nprocPerNode (torchrun reads PET_* as defaults for its flags): the native pod's own values would
-# contradict it, so the template leaves them out.
-KUBEFLOW_INJECTED = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NNODES", "NODE_RANK", "NPROC_PER_NODE"}
-KUBEFLOW_CONTAINER, KUBEFLOW_PORT_NAME = "pytorch", "pytorchjob-port"
-
-
-def kubeflow_template(pod: Manifest) -> Manifest:
-    """A native trainer pod → the template every PyTorchJob replica shares: container "pytorch"
-    (the one Kubeflow injects into), its dist port named "pytorchjob-port" (Kubeflow's master port),
-    torchrun without rendezvous flags (PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE,
-    PET_MASTER_ADDR, PET_MASTER_PORT come from Kubeflow), no per-rank name, hostname or label."""
-    spec = {k: v for k, v in pod["spec"].items() if k not in ("hostname", "subdomain")}
-    container = dict(spec["containers"][0])
-    container["name"] = KUBEFLOW_CONTAINER
-    container["env"] = [e for e in container["env"] if e["name"] not in KUBEFLOW_INJECTED]
-    container["args"] = [f"exec torchrun -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"]
-    container["ports"] = [{**p, "name": KUBEFLOW_PORT_NAME} if p["name"] == "dist" else p for p in container["ports"]]
-    labels = {k: v for k, v in pod["metadata"]["labels"].items() if k != LABEL_RANK}
-    return {"metadata": {"labels": labels, **({"annotations": pod["metadata"]["annotations"]}
-                                              if pod["metadata"].get("annotations") else {})},
-            "spec": {**spec, "containers": [container]}}  # fmt: skip
-
-
-def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest) -> Manifest:
-    """Kubeflow runtime: the trainer pod template as a kubeflow.org/v1 PyTorchJob, Master (node 0)
-    plus nodes − 1 Workers; Kubeflow names the pods ``<job>-master-0`` / ``<job>-worker-N``."""
-    template = kubeflow_template(pod)
-    specs: Manifest = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
-    if job.spec.nodes > 1:
-        specs["Worker"] = {"replicas": job.spec.nodes - 1, "restartPolicy": "Never", "template": template}
-    return with_template_hash({
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": child_metadata(parent, job.metadata.name, job_selector(job)),
-        "spec": {
-            "runPolicy": {"backoffLimit": job.spec.backoff_limit, "suspend": job.spec.suspend,
-                          "cleanPodPolicy": "None"},  # rank 0's termination message outlives the job
-            "nprocPerNode": str(job.spec.procs_per_node),
-            "pytorchReplicaSpecs": specs,
-        },
-    })
-
-
 def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str = "") -> list[Manifest]:
     """Service, the PodGroup of a standalone job (an experiment's ranks join the experiment's), then pods
-    (native) or one PyTorchJob (kubeflow); ``token_version``:
+    (native), one PyTorchJob (kubeflow), or only one TrainJob (trainjob); ``token_version``:
     a standalone job's own token (``common.pod_manifest``)."""
+    runtime = TrainerRuntime(job.spec.runtime)
+    if runtime == TrainerRuntime.TRAINJOB:  # JobSet makes the headless Service <job>; no gang (validated)
+        return [build_trainjob(job, parent, build_trainer_pod(job, parent, 0, token_version), job_selector(job))]
     out = [headless_service(parent, job.metadata.name, job_selector(job),
                             {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
     group = None if job.spec.gang else pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
                                                  profile(job.spec.accelerator).labels)
     if group:
         out.append(group)
-    if TrainerRuntime(job.spec.runtime) == TrainerRuntime.KUBEFLOW:
-        return [*out, build_pytorchjob(job, parent, build_trainer_pod(job, parent, 0, token_version))]
+    if runtime == TrainerRuntime.KUBEFLOW:
+        rank0 = build_trainer_pod(job, parent, 0, token_version)
+        return [*out, build_pytorchjob(job, parent, rank0, job_selector(job))]
     pods = [build_trainer_pod(job, parent, rank, token_version) for rank in range(job.spec.nodes)]
     return out + ([] if job.spec.suspend else pods)

@@ -5,6 +5,8 @@ name that crosses that line is defined here and nowhere else."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 PREFIX = "kuberl.io"
 LABEL_EXPERIMENT = f"{PREFIX}/experiment"
 LABEL_ROLE = f"{PREFIX}/role"
@@ -129,20 +131,48 @@ def trainer_pod_name(job: str, rank: int) -> str:
     return f"{job}-n{rank}"
 
 
-def trainer_rank0_selector(experiment: str, kubeflow: bool = False) -> dict[str, str]:
+class TrainerRuntime(StrEnum):
+    """Who turns a TrainerJob's pod template into running pods (``spec.trainer.runtime``)."""
+
+    NATIVE = "native"  # the operator: one pod per node rank, ``<job>-n<rank>``
+    KUBEFLOW = "kubeflow"  # a kubeflow.org/v1 PyTorchJob (Kubeflow's training operator)
+    TRAINJOB = "trainjob"  # a Kubeflow Trainer v2 TrainJob on the ClusterTrainingRuntime TRAINJOB_RUNTIME
+
+
+# Kubeflow Trainer v2 (trainer.kubeflow.org): the ClusterTrainingRuntime the chart ships, its replicated
+# job and container (a torch runtime's "node"), and the labels JobSet puts on the pods it makes.
+TRAINJOB_RUNTIME = "kuberl-torch"
+TRAINJOB_NODE = "node"
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # the node rank of an indexed Job's pod
+LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"  # = the TrainJob's name
+
+
+def trainer_rank0_selector(experiment: str, runtime: str = TrainerRuntime.NATIVE) -> dict[str, str]:
     """Labels that select trainer rank 0's pod (the gateway's Service selects it)."""
-    rank0 = {"training.kubeflow.org/replica-type": "master"} if kubeflow else {LABEL_RANK: "0"}
+    rank0 = {TrainerRuntime.KUBEFLOW: {"training.kubeflow.org/replica-type": "master"},
+             TrainerRuntime.TRAINJOB: {LABEL_COMPLETION_INDEX: "0"}}.get(TrainerRuntime(runtime), {LABEL_RANK: "0"})
     return {LABEL_EXPERIMENT: experiment, LABEL_ROLE: ROLE_TRAINER, **rank0}
 
 
-def trainer_rank0_pod(job: str, kubeflow: bool = False) -> str:
-    """Trainer rank 0's pod: ours (``<job>-n0``) or, with the Kubeflow runtime, the PyTorchJob's master."""
-    return f"{job}-master-0" if kubeflow else trainer_pod_name(job, 0)
+def trainer_rank0_pod(job: str, runtime: str = TrainerRuntime.NATIVE) -> str | None:
+    """Trainer rank 0's pod: ours (``<job>-n0``), the PyTorchJob's master (``<job>-master-0``), or None
+    for a TrainJob (its Job's pods end in a random suffix: select it by ``trainer_rank0_selector``)."""
+    runtime = TrainerRuntime(runtime)
+    if runtime == TrainerRuntime.TRAINJOB:
+        return None
+    return f"{job}-master-0" if runtime == TrainerRuntime.KUBEFLOW else trainer_pod_name(job, 0)
 
 
-def trainer_rank0_host(job: str, namespace: str | None, kubeflow: bool = False) -> str:
-    """Rank 0's DNS name: under our headless Service ``<job>``, or Kubeflow's per-pod Service
-    (relative to the pod's own namespace when ``namespace`` is None: an offline render)."""
-    pod = trainer_rank0_pod(job, kubeflow)
-    host = pod if kubeflow else f"{pod}.{job}"
+def trainer_rank0_host(job: str, namespace: str | None, runtime: str = TrainerRuntime.NATIVE) -> str:
+    """Rank 0's DNS name (relative to the pod's own namespace when ``namespace`` is None: an offline
+    render): under our headless Service ``<job>`` (``<job>-n0.<job>``), Kubeflow's per-pod Service
+    (``<job>-master-0``), or the TrainJob's JobSet Service (``<job>-node-0-0.<job>``: replicated job
+    "node", job 0, completion index 0)."""
+    runtime = TrainerRuntime(runtime)
+    if runtime == TrainerRuntime.TRAINJOB:
+        host = f"{job}-{TRAINJOB_NODE}-0-0.{job}"
+    elif runtime == TrainerRuntime.KUBEFLOW:
+        host = f"{job}-master-0"
+    else:
+        host = f"{trainer_pod_name(job, 0)}.{job}"
     return f"{host}.{namespace}.svc" if namespace else host

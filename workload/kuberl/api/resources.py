@@ -18,6 +18,7 @@ from .progress import Progress
 from .spec import (
     MAX_DEVICES_PER_NODE,
     MAX_PODS,
+    TRAINJOB_BACKOFF,
     Backend,
     Engine,
     Parallelism,
@@ -26,6 +27,7 @@ from .spec import (
     SchedulingSpec,
     StorageSpec,
     TrainerRuntime,
+    trainjob_scheduling_problems,
 )
 from .tracking import LoggingSpec
 
@@ -147,6 +149,17 @@ class TrainerJobSpec(PodPlacement):
     gang: GangMembership | None = Field(None, description="set by the RLExperiment: its one gang; a standalone "
                                                           "job is its own")
     suspend: bool = False
+
+    @model_validator(mode="after")
+    def _trainjob_scheduling(self) -> TrainerJobSpec:
+        if TrainerRuntime(self.runtime) == TrainerRuntime.TRAINJOB:
+            problems = [(f"scheduling.{field}", why)
+                        for field, why in trainjob_scheduling_problems(self.scheduling, whole_experiment=False)]
+            if self.experiment is None and "backoff_limit" in self.model_fields_set:  # an experiment's always sets it
+                problems.append(("backoffLimit", TRAINJOB_BACKOFF))
+            if problems:
+                raise ValueError("; ".join(f"{field} {why}" for field, why in problems))
+        return self
 
 
 class ObjectMeta(ApiModel):

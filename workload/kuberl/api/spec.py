@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from .base import DNS1123_SUBDOMAIN, ApiModel, SecretKeyRef, cel, shown
+from .contract import TrainerRuntime
 from .sources import ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
 from .tracking import LoggingSpec
 
@@ -66,11 +67,6 @@ class ModelDtype(StrEnum):
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
     FLOAT32 = "float32"
-
-
-class TrainerRuntime(StrEnum):
-    NATIVE = "native"
-    KUBEFLOW = "kubeflow"
 
 
 ABSOLUTE_PATH = r"^/[A-Za-z0-9._/-]*$"
@@ -289,7 +285,10 @@ class Parallelism(ApiModel):
 
 class TrainerSpec(PodPlacement):
     backend: Backend | None = Field(None, description="fsdp unless the allocation says otherwise")
-    runtime: TrainerRuntime = TrainerRuntime.NATIVE
+    runtime: TrainerRuntime = Field(
+        TrainerRuntime.NATIVE,
+        description="who makes the trainer pods: native (the operator), kubeflow (a kubeflow.org/v1 PyTorchJob) or "
+                    "trainjob (a Kubeflow Trainer v2 TrainJob on the chart's ClusterTrainingRuntime kuberl-torch)")
     nodes: int | None = Field(None, ge=1, le=MAX_PODS, description="pods; derived from the allocation if unset")
     accelerators_per_node: Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_NODE)] = Field(
         8, description="devices per pod; for accelerator cpu, trainer processes per pod"
@@ -372,6 +371,30 @@ class SchedulingSpec(ApiModel):
                     "which admits the experiment's pods as one pod group (never both)")
     gang: GangScheduler = GangScheduler.NONE
     priority_class_name: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253)
+
+
+TRAINJOB_BACKOFF = ("is set, but a TrainJob's restarts are its ClusterTrainingRuntime's (JobSet "
+                    "failurePolicy.maxRestarts; the chart's trainJobRuntime.maxRestarts): leave it unset with "
+                    "trainer.runtime trainjob")
+
+
+def trainjob_scheduling_problems(scheduling: SchedulingSpec, whole_experiment: bool) -> list[tuple[str, str]]:
+    """(field of ``scheduling``, why) for each setting a Kubeflow Trainer TrainJob cannot carry
+    (``trainer.runtime: trainjob``): its pods come from JobSet, shaped by the ClusterTrainingRuntime and
+    the few pod fields a TrainJob's runtimePatches may set."""
+    problems = []
+    if GangScheduler(scheduling.gang) != GangScheduler.NONE:
+        problems.append(("gang", f"is {scheduling.gang}: a TrainJob's pods are made by JobSet, and Kubeflow Trainer "
+                                 "gangs them through the ClusterTrainingRuntime's podGroupPolicy; set it there and "
+                                 "leave gang none, or use trainer.runtime native"))
+    if whole_experiment and scheduling.queue:
+        problems.append(("queue", f"is {scheduling.queue!r}: a TrainJob is its own Kueue workload, so the experiment "
+                                  "would be admitted as two units (pool pods, TrainJob) that can deadlock "
+                                  "half-admitted; use trainer.runtime native (one Kueue pod group per experiment)"))
+    if scheduling.priority_class_name:
+        problems.append(("priorityClassName", "a TrainJob's runtimePatches cannot set a pod's priority class; set it "
+                                              "on the ClusterTrainingRuntime (or use a Kueue WorkloadPriorityClass)"))
+    return problems
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"

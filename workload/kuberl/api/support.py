@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from .resolve import FieldIssue, TrainerPlan
 from .rewards import reward_issue
-from .spec import AlgorithmName, Backend, RLExperimentSpec
+from .spec import (
+    TRAINJOB_BACKOFF,
+    AlgorithmName,
+    Backend,
+    RLExperimentSpec,
+    TrainerRuntime,
+    trainjob_scheduling_problems,
+)
 
 MEGATRON_SCOPE = ("backend megatron trains with tensor, pipeline, expert and data parallelism in this build "
                   "(kuberl.megatron), each expert whole on a rank")
@@ -22,7 +29,7 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues). Every
     ``spec.model.dtype`` trains on Megatron as on FSDP2 (float32 parameters, forward and backward in
     the compute dtype)."""
-    issues = _algorithm_issues(spec) + _reward_issues(spec)
+    issues = _algorithm_issues(spec) + _reward_issues(spec) + _runtime_issues(spec)
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return issues
     if spec.trainer.activation_checkpointing:
@@ -38,6 +45,16 @@ def _algorithm_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
         return [FieldIssue("spec.algorithm.name", "ppo needs a learned critic (GAE), which this build does not "
                                                   f"train yet; allowed: {', '.join(TRAINED_ALGORITHMS)}")]
     return []
+
+
+def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
+    if TrainerRuntime(spec.trainer.runtime) != TrainerRuntime.TRAINJOB:
+        return []
+    issues = [FieldIssue(f"spec.scheduling.{field}", why)
+              for field, why in trainjob_scheduling_problems(spec.scheduling, whole_experiment=True)]
+    if "backoff_limit" in spec.trainer.model_fields_set:
+        issues.append(FieldIssue("spec.trainer.backoffLimit", TRAINJOB_BACKOFF))
+    return issues
 
 
 def _reward_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
