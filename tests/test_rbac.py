@@ -30,8 +30,8 @@ async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_pat
     """A tour of everything the operator does — two experiments (an agent and a Volcano gang; a
     Kubeflow runtime and a coscheduling gang), a node's topology, a tampered policy, a failure that
     becomes an Event, suspend, the agent removed, runtime switches (kubeflow → trainjob → native) —
-    recording every request the emulator gets. The chart's RBAC (every integration on) must cover each request and grant nothing
-    else but GRANTED_NOT_CALLED."""
+    recording every request the emulator gets. The chart's RBAC (every integration on) must cover each
+    request and grant nothing else but GRANTED_NOT_CALLED."""
     from kuberl.local import apply_overrides
 
     from .kube_emulator import Fault
