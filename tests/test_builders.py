@@ -476,3 +476,31 @@ def test_accelerator_pods_request_their_share_of_a_node():
     trainer = next(p for p in by_kind(render(doc), "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer")
     assert container(trainer)["resources"]["requests"]["cpu"] == "64"
     assert container(trainer)["resources"]["limits"]["memory"] == "512Gi"  # the request, above the profile's 256Gi
+
+
+def test_the_operators_settings_from_its_environment_reach_the_pods_and_the_policy():
+    """What the chart sets in the operator's env, read once (``OperatorSettings.from_env``), is what the
+    pure builders build with: the workload image, the Ascend ring label, who may reach the progress port."""
+    from kuberl_operator.settings import OperatorSettings
+
+    settings = OperatorSettings.from_env({
+        "KUBERL_IMAGE_NVIDIA": "registry.example/kuberl/workload-cuda@sha256:" + "b" * 64,
+        "KUBERL_ASCEND_RING_CONTROLLER": "ascend-910", "KUBERL_OPERATOR_NAMESPACE": "kuberl-system",
+        "KUBERL_OPERATOR_LABELS": '{"app.kubernetes.io/name": "kuberl"}', "KUBERL_API_QPS": "50"})
+    assert (settings.api_qps, settings.api_burst) == (50.0, 400)  # unset: the default
+    manifests = render_resource(RLExperiment.model_validate(stored(copy.deepcopy(MINIMAL))), settings.build)
+    assert {container(p)["image"] for p in by_kind(manifests, "Pod")} == {settings.build.images.nvidia}
+    (policy,) = by_kind(manifests, "NetworkPolicy")
+    (rank0,) = [PodRef(p["metadata"]["labels"]) for p in by_kind(manifests, "Pod")
+                if p["metadata"]["name"].endswith("-n0")]
+    operator = PodRef({"app.kubernetes.io/name": "kuberl"}, "kuberl-system",
+                      {"kubernetes.io/metadata.name": "kuberl-system"})
+    assert allowed([policy], operator, rank0, PROGRESS_PORT)
+    assert not allowed(by_kind(render(copy.deepcopy(MINIMAL)), "NetworkPolicy"), operator, rank0, PROGRESS_PORT)
+    ascend = copy.deepcopy(MINIMAL)
+    ascend["spec"]["trainer"] = {"accelerator": "ascend"}
+    pods = by_kind(render_resource(RLExperiment.model_validate(stored(ascend)), settings.build), "Pod")
+    trainer = next(p for p in pods if p["metadata"]["labels"]["kuberl.io/role"] == "trainer")
+    assert trainer["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910"
+    with pytest.raises(ValueError, match="KUBERL_API_BURST"):
+        OperatorSettings.from_env({"KUBERL_API_BURST": "lots"})

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kuberl.api import Accelerator
-from kuberl_operator.accelerators import default_image
+from kuberl_operator.settings import WorkloadImages
 
 from .conftest import ROOT
 
@@ -78,7 +78,8 @@ def test_defaults_name_these_images():
     for kind, image in values["workloadImages"].items():
         name = image.rsplit("/", 1)[-1].split(":")[0]
         assert name in built, f"workloadImages.{kind} = {image} has no Dockerfile under images/"
-        expected = default_image(Accelerator.CPU, "vllm") if kind == "cpuVllm" else default_image(Accelerator(kind))
+        images = WorkloadImages()  # the operator's defaults
+        expected = images.image(Accelerator.CPU, "vllm") if kind == "cpuVllm" else images.image(Accelerator(kind))
         assert image == expected, f"chart and operator disagree on the {kind} image"
 
 

@@ -55,12 +55,14 @@ def test_a_local_runs_settings_travel_in_the_run_config(tmp_path):
     assert set(section) <= set(RUN_CONFIG_FIELDS)
 
 
-def test_outside_the_settings_module_and_the_entry_points_the_workload_reads_no_environment():
-    package = ROOT / "workload" / "kuberl"
+@pytest.mark.parametrize("package", ["workload/kuberl", "operator/kuberl_operator"])
+def test_outside_the_settings_module_and_the_entry_points_nothing_reads_the_environment(package):
+    """The workload's ``kuberl.settings`` and the operator's ``kuberl_operator.settings`` are the only readers."""
+    package = ROOT / package
     allowed = {package / "settings.py", *package.rglob("__main__.py")}
     readers = [f"{path.relative_to(ROOT)}:{n}" for path in sorted(package.rglob("*.py")) if path not in allowed
                for n, line in enumerate(path.read_text().splitlines(), 1) if ENV_READ.search(line)]
-    assert readers == [], f"read the environment through kuberl.settings instead: {readers}"
+    assert readers == [], f"read the environment through the package's settings module instead: {readers}"
 
 
 def test_the_defaults_are_a_bare_process_next_to_trainer_rank_0():

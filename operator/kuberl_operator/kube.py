@@ -20,6 +20,7 @@ import aiohttp
 import kopf
 
 from .ratelimit import RateLimit
+from .settings import DEFAULT_MAX_IN_FLIGHT
 
 log = logging.getLogger("kuberl.operator")
 
@@ -43,7 +44,6 @@ PLURALS = {
     "Deployment": "deployments",
 }
 CLUSTER_SCOPED = {"Node", "Namespace"}
-DEFAULT_MAX_IN_FLIGHT = 32
 LIST_PAGE = 500  # objects per list request (the API server's chunking; kubectl asks for 500 too)
 
 

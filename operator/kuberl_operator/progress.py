@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -198,10 +197,11 @@ async def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> 
     return patched
 
 
-async def poll_forever(kube: Kube, interval: float, targets: Callable[[], list[Target]], pod_ip: PodIp) -> None:
+async def poll_forever(kube: Kube, interval: float, targets: Callable[[], list[Target]], pod_ip: PodIp,
+                       template: str | None = None) -> None:
     """``poll_once`` every ``interval`` seconds until cancelled, over what ``targets`` returns then
-    (read on the event loop); a failed round is logged and retried."""
-    template = os.environ.get("KUBERL_PROGRESS_URL")
+    (read on the event loop), with the URL ``template`` (``progress_url``); a failed round is logged
+    and retried."""
     while True:
         try:
             await poll_once(kube, targets(), pod_ip, template)

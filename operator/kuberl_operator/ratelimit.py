@@ -10,13 +10,11 @@ knobs). The chart sets them (``operator.apiQPS``, ``operator.apiBurst``: env ``K
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-DEFAULT_QPS = 200.0
-DEFAULT_BURST = 400
+from .settings import DEFAULT_BURST, DEFAULT_QPS
 
 
 @dataclass
@@ -32,11 +30,6 @@ class RateLimit:
         if not (self.qps > 0 and self.burst >= 1):
             raise ValueError(f"rate limit: qps must be > 0 and burst ≥ 1 (got {self.qps}, {self.burst})")
         self._tokens = float(self.burst)
-
-    @staticmethod
-    def from_env() -> RateLimit:
-        return RateLimit(float(os.environ.get("KUBERL_API_QPS") or DEFAULT_QPS),
-                         int(os.environ.get("KUBERL_API_BURST") or DEFAULT_BURST))
 
     def _reserve(self) -> float:
         """Take a token (possibly one not yet earned); returns how long to wait until it is."""

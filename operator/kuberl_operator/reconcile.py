@@ -39,6 +39,7 @@ from .kube import ApiError, Kube, Manifest
 from .patch import merge_patch_to, overlay_patch_to
 from .progress import final_progress
 from .replacement import pods_to_replace
+from .settings import DEFAULT_BUILD, BuildSettings
 from .status import (
     child_conflict_status,
     condition,
@@ -258,7 +259,7 @@ async def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], b
     return None
 
 
-async def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
+async def sync_pool(kube: Kube, namespace: str, name: str, settings: BuildSettings = DEFAULT_BUILD) -> Manifest | None:
     body = await kube.get(GROUP_VERSION, InferencePool.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -267,7 +268,7 @@ async def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
         return body
     try:  # on its own, its pods read a token of their own (an experiment's child: in its configRevision)
         version = "" if pool.spec.experiment else token_version(await ensure_api_token(kube, body, name))
-        children = build_inference_children(pool, body, version)
+        children = build_inference_children(pool, body, version, settings)
         pods = await _converge(kube, body, children, pool_selector(pool), gang=False)
     except NotOurs as err:
         await _report_conflict(kube, body, err)
@@ -276,7 +277,7 @@ async def sync_pool(kube: Kube, namespace: str, name: str) -> Manifest | None:
     return body
 
 
-async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
+async def sync_job(kube: Kube, namespace: str, name: str, settings: BuildSettings = DEFAULT_BUILD) -> Manifest | None:
     body = await kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -287,7 +288,7 @@ async def sync_job(kube: Kube, namespace: str, name: str) -> Manifest | None:
         version = "" if job.spec.experiment else token_version(await ensure_api_token(kube, body, name))
         if not job.spec.experiment:  # an experiment's job reads the experiment's key
             await ensure_api_token(kube, body, name, checkpoint_key_secret_name(name))
-        children = build_trainer_children(job, body, version)
+        children = build_trainer_children(job, body, version, settings)
         runtime = TrainerRuntime(job.spec.runtime)
         leftover = await retire_other_runtimes(kube, body, job, runtime)
         if leftover is not None:
@@ -416,7 +417,8 @@ async def ensure_in_stages(kube: Kube, children: list[Manifest]) -> dict[str, Ma
     return stored
 
 
-async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
+async def sync_experiment(kube: Kube, namespace: str, name: str, settings: BuildSettings = DEFAULT_BUILD,
+                          ) -> int | None:
     """Validate, converge the ConfigMap, InferencePool and TrainerJob, then roll their status up.
     Returns the generation it converged (None: gone, invalid, or a child's name taken)."""
     body = await kube.get(GROUP_VERSION, RLExperiment.KIND, namespace, name)
@@ -442,7 +444,7 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
             tokens.append(await ensure_api_token(kube, body, name, agent_token_secret_name(name)))
         elif generation != 1:  # an agent is removed by a spec change; the first spec had none to remove
             await prune_agent(kube, body, name)
-        children = build_experiment_children(exp, body, token_version=token_version(*tokens))
+        children = build_experiment_children(exp, body, settings, token_version(*tokens))
         stored = await ensure_in_stages(kube, children)
     except NotOurs as err:
         await write_status(kube, body, child_conflict_status(generation, str(err)))
@@ -452,7 +454,8 @@ async def sync_experiment(kube: Kube, namespace: str, name: str) -> int | None:
     return generation
 
 
-async def roll_up_experiment(kube: Kube, namespace: str, name: str, converged: int | None) -> int | None:
+async def roll_up_experiment(kube: Kube, namespace: str, name: str, converged: int | None,
+                             settings: BuildSettings = DEFAULT_BUILD) -> int | None:
     """The experiment's status from its pool's and job's, without converging its children: what a
     child's own status write calls for. Only when ``converged`` — the generation its last full sync
     converged — is its generation now and both children are there; otherwise the full
@@ -462,11 +465,11 @@ async def roll_up_experiment(kube: Kube, namespace: str, name: str, converged: i
         return None
     generation = body["metadata"].get("generation")
     if converged is None or converged != generation:
-        return await sync_experiment(kube, namespace, name)
+        return await sync_experiment(kube, namespace, name, settings)
     pool = await kube.get(GROUP_VERSION, InferencePool.KIND, namespace, inference_pool_name(name))
     job = await kube.get(GROUP_VERSION, TrainerJob.KIND, namespace, trainer_job_name(name))
     if pool is None or job is None:
-        return await sync_experiment(kube, namespace, name)
+        return await sync_experiment(kube, namespace, name, settings)
     await _roll_up(kube, body, RLExperiment.model_validate(body), pool, job)
     return generation
 

@@ -12,7 +12,6 @@ syncs and schedule the retries.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from random import Random
 
@@ -92,12 +91,6 @@ class Backoff:
     cap: float = 300.0
     random: Random = field(default_factory=Random)
     _attempts: dict[tuple[str, ...], int] = field(default_factory=dict)
-
-    @staticmethod
-    def from_env() -> Backoff:
-        """KUBERL_BACKOFF_BASE_SECONDS (1) and KUBERL_BACKOFF_MAX_SECONDS (300)."""
-        return Backoff(float(os.environ.get("KUBERL_BACKOFF_BASE_SECONDS", "1")),
-                       float(os.environ.get("KUBERL_BACKOFF_MAX_SECONDS", "300")))
 
     def failed(self, key: tuple[str, ...], retry_after: float | None = None) -> tuple[int, float]:
         """Count a failure; returns (attempt number, seconds until the retry)."""

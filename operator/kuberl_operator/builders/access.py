@@ -11,9 +11,6 @@ own Secret) is all the agent holds: the gateway accepts it, nothing else does.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-from dataclasses import dataclass, field
 
 from kuberl.api.contract import (
     API_TOKEN_KEY,
@@ -28,6 +25,7 @@ from kuberl.api.contract import (
     network_policy_name,
 )
 
+from ..settings import Peers
 from .common import Manifest, child_metadata
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
@@ -36,26 +34,6 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on
 # DNSCache listens on 169.254.20.10.
 METADATA_CIDRS_V4 = ("169.254.169.254/32", "100.100.100.200/32")
 METADATA_CIDRS_V6 = ("fd00:ec2::254/128",)
-
-
-@dataclass(frozen=True)
-class Peers:
-    """Who outside an experiment may reach it: the operator's pods (namespace + labels) and, when
-    configured, the namespaces a metrics scraper runs in (a namespace label selector)."""
-
-    operator_namespace: str = ""
-    operator_labels: dict[str, str] = field(default_factory=dict)
-    metrics_namespace_labels: dict[str, str] = field(default_factory=dict)
-
-    @staticmethod
-    def from_env() -> Peers:
-        """The chart sets KUBERL_OPERATOR_NAMESPACE, KUBERL_OPERATOR_LABELS and
-        KUBERL_METRICS_NAMESPACE_LABELS (JSON objects); unset means "nobody"."""
-        return Peers(
-            os.environ.get("KUBERL_OPERATOR_NAMESPACE", ""),
-            json.loads(os.environ.get("KUBERL_OPERATOR_LABELS") or "{}"),
-            json.loads(os.environ.get("KUBERL_METRICS_NAMESPACE_LABELS") or "{}"),
-        )
 
 
 def egress_rules(metadata: bool) -> list[Manifest]:

@@ -36,7 +36,8 @@ from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
 from ..accelerators import profile
-from .access import Peers, network_policy
+from ..settings import DEFAULT_BUILD, BuildSettings
+from .access import network_policy
 from .agent import build_agent_children
 from .common import Manifest, child_metadata
 from .gang import pod_group
@@ -158,12 +159,12 @@ def _run_config(exp: RLExperiment, parent: Manifest) -> str:
     return _run_config_text(json.dumps(run_config, sort_keys=False))
 
 
-def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers | None = None,
+def build_experiment_children(exp: RLExperiment, parent: Manifest, settings: BuildSettings = DEFAULT_BUILD,
                               token_version: str = "") -> list[Manifest]:
     """ConfigMap, the experiment's PodGroup (with a gang scheduler: one for the pool's and the trainer's
     pods), InferencePool, TrainerJob and NetworkPolicy for ``exp`` (and the agent's Deployment and
     gateway Service with ``spec.agent``); raises ``InvalidSpec``.
-    ``peers``: who else may reach the pods (default: the operator's own settings, ``Peers.from_env``).
+    ``settings``: the operator's (images, Ascend details, ``peers``: who else may reach the pods).
     The API token Secrets are not among them: they hold random values (``reconcile.ensure_api_token``);
     ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
     started with another token is replaced: configRevision = SHA-256(run config + token_version)[:16]."""
@@ -182,14 +183,14 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, peers: Peers 
     job = {"apiVersion": GROUP_VERSION, "kind": TrainerJob.KIND,
            "metadata": child_metadata(parent, trainer_job_name(name), labels),
            "spec": _job_spec(exp, trainer, revision, gang).to_wire()}
-    accelerator_labels = {**profile(spec.inference.accelerator, str(inference.engine)).labels,
-                          **profile(spec.trainer.accelerator).labels}
+    accelerator_labels = {**profile(spec.inference.accelerator, str(inference.engine), settings).labels,
+                          **profile(spec.trainer.accelerator, settings=settings).labels}
     group = pod_group(parent, name, gang.members, spec.scheduling, accelerator_labels) if gang else None
-    policy = network_policy(parent, name, peers or Peers.from_env(), [spec.inference.port, PROGRESS_PORT],
+    policy = network_policy(parent, name, settings.peers, [spec.inference.port, PROGRESS_PORT],
                             metadata=bool(spec.storage.service_account_name))  # workload identity (GKE)
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
     agent = [] if spec.agent is None else build_agent_children(
-        parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator).image,
+        parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator, settings=settings).image,
         spec.trainer.runtime, running=not (spec.suspend or finished),
         token_version=token_version)
     return [config_map, *([group] if group else []), pool, job, policy, *agent]

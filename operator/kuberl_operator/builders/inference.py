@@ -19,6 +19,7 @@ from kuberl.api.contract import (
 from kuberl.api.roles import inference_env
 
 from ..accelerators import profile
+from ..settings import DEFAULT_BUILD, BuildSettings
 from .common import (
     Manifest,
     container_resources,
@@ -35,9 +36,9 @@ def pool_selector(pool: InferencePool) -> dict[str, str]:
 
 
 def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, host: int,
-                        token_version: str = "") -> Manifest:
+                        token_version: str = "", settings: BuildSettings = DEFAULT_BUILD) -> Manifest:
     spec, name = pool.spec, pool.metadata.name
-    accel = profile(spec.accelerator, str(spec.engine))
+    accel = profile(spec.accelerator, str(spec.engine), settings)
     pod_name = inference_pod_name(name, replica, host)
     # Engine, parallel degrees and the rest come from the run config (the ConfigMap); the env only
     # says who this pod is (docs/architecture.md, "The contract").
@@ -78,22 +79,25 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
     return with_template_hash(join_gang(pod, group, members, spec.scheduling))
 
 
-def build_inference_pods(pool: InferencePool, parent: Manifest, token_version: str = "") -> list[Manifest]:
+def build_inference_pods(pool: InferencePool, parent: Manifest, token_version: str = "",
+                         settings: BuildSettings = DEFAULT_BUILD) -> list[Manifest]:
     return [
-        build_inference_pod(pool, parent, r, h, token_version)
+        build_inference_pod(pool, parent, r, h, token_version, settings)
         for r in range(pool.spec.replicas)
         for h in range(pool.spec.hosts_per_replica)
     ]
 
 
-def build_inference_children(pool: InferencePool, parent: Manifest, token_version: str = "") -> list[Manifest]:
+def build_inference_children(pool: InferencePool, parent: Manifest, token_version: str = "",
+                             settings: BuildSettings = DEFAULT_BUILD) -> list[Manifest]:
     """Service, the PodGroup of a standalone pool (an experiment's pods join the experiment's), then the
     pods; ``parent`` is the pool as stored (with uid);
     ``token_version``: a standalone pool's own token (``common.pod_manifest``)."""
     out = [headless_service(parent, pool.metadata.name, pool_selector(pool), {"http": pool.spec.port})]
     spec = pool.spec
+    labels = profile(spec.accelerator, str(spec.engine), settings).labels
     group = None if spec.gang else pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica,
-                                             spec.scheduling, profile(spec.accelerator, str(spec.engine)).labels)
+                                             spec.scheduling, labels)
     if group:
         out.append(group)
-    return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent, token_version))
+    return out + ([] if pool.spec.suspend else build_inference_pods(pool, parent, token_version, settings))

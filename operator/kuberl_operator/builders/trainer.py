@@ -32,6 +32,7 @@ from kuberl.api.roles import trainer_node_env
 from kuberl.api.spec import TrainerRuntime
 
 from ..accelerators import profile
+from ..settings import DEFAULT_BUILD, BuildSettings
 from .common import (
     Manifest,
     container_resources,
@@ -55,10 +56,11 @@ def job_selector(job: TrainerJob) -> dict[str, str]:
     return {LABEL_JOB: job.metadata.name, LABEL_ROLE: ROLE_TRAINER}
 
 
-def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_version: str = "") -> Manifest:
+def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_version: str = "",
+                      settings: BuildSettings = DEFAULT_BUILD) -> Manifest:
     """Pod for node rank ``rank``: torchrun with torch-distributed env, one process per device."""
     spec, name = job.spec, job.metadata.name
-    accel = profile(spec.accelerator)
+    accel = profile(spec.accelerator, settings=settings)
     master = (trainer_rank0_host(name, job.metadata.namespace), MASTER_PORT)
     env = {**accel.env, **trainer_node_env(master, spec.nodes, spec.procs_per_node, rank, spec.inference_service)}
     experiment = spec.experiment or name
@@ -97,21 +99,22 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
     return with_template_hash(join_gang(pod, group, members, spec.scheduling))
 
 
-def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str = "") -> list[Manifest]:
+def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str = "",
+                           settings: BuildSettings = DEFAULT_BUILD) -> list[Manifest]:
     """Service, the PodGroup of a standalone job (an experiment's ranks join the experiment's), then pods
     (native), one PyTorchJob (kubeflow), or only one TrainJob (trainjob); ``token_version``:
     a standalone job's own token (``common.pod_manifest``)."""
     runtime = TrainerRuntime(job.spec.runtime)
+    rank0 = build_trainer_pod(job, parent, 0, token_version, settings)
     if runtime == TrainerRuntime.TRAINJOB:  # JobSet makes the headless Service <job>; no gang (validated)
-        return [build_trainjob(job, parent, build_trainer_pod(job, parent, 0, token_version), job_selector(job))]
+        return [build_trainjob(job, parent, rank0, job_selector(job))]
     out = [headless_service(parent, job.metadata.name, job_selector(job),
                             {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
     group = None if job.spec.gang else pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
-                                                 profile(job.spec.accelerator).labels)
+                                                 profile(job.spec.accelerator, settings=settings).labels)
     if group:
         out.append(group)
     if runtime == TrainerRuntime.KUBEFLOW:
-        rank0 = build_trainer_pod(job, parent, 0, token_version)
         return [*out, build_pytorchjob(job, parent, rank0, job_selector(job))]
-    pods = [build_trainer_pod(job, parent, rank, token_version) for rank in range(job.spec.nodes)]
+    pods = [build_trainer_pod(job, parent, rank, token_version, settings) for rank in range(job.spec.nodes)]
     return out + ([] if job.spec.suspend else pods)
