@@ -53,7 +53,7 @@ async def test_other_tenants_pods_and_configmaps_never_reach_the_operator(tmp_pa
 
 async def test_no_pod_is_created_before_its_network_policy_and_config_exist(tmp_path):
     """The NetworkPolicy that fences an experiment's pods from other tenants, and the ConfigMap they
-    read, are stored before the pool, job or any pod is created (``reconcile.ensure_in_stages``)."""
+    read, are stored before the pool, job or any pod is created (``children.ensure_in_stages``)."""
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
         await api.create(GROUP, "rlexperiments", "team-a", experiment())

@@ -86,7 +86,7 @@ def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_port
 
 def api_token_secret(parent: Manifest, experiment: str, token: str, name: str | None = None) -> Manifest:
     """The experiment's API token (``name``: another of its tokens, e.g. the agent's Secret
-    ``agent_token_secret_name``). Created once and never rewritten (``reconcile.ensure``)."""
+    ``agent_token_secret_name``). Created once and never rewritten (``children.ensure``)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -165,7 +165,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, settings: Bui
     pods), InferencePool, TrainerJob and NetworkPolicy for ``exp`` (and the agent's Deployment and
     gateway Service with ``spec.agent``); raises ``InvalidSpec``.
     ``settings``: the operator's (images, Ascend details, ``peers``: who else may reach the pods).
-    The API token Secrets are not among them: they hold random values (``reconcile.ensure_api_token``);
+    The API token Secrets are not among them: they hold random values (``children.ensure_api_token``);
     ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
     started with another token is replaced: configRevision = SHA-256(run config + token_version)[:16]."""
     inference, trainer = _resolved(exp)
