@@ -195,3 +195,26 @@ def test_only_what_the_operator_controls_is_held_and_a_look_alike_costs_nothing(
     cache.observe(owned("Pod", "job-trainer-master-0", "u-pod", "u-ptj", rv=2))  # its controller is gone
     assert cache.get("Pod", "team-a", "job-trainer-master-0") is None
     assert len(cache) == 2  # the TrainerJob and the Service
+
+
+def test_a_kind_of_the_same_name_from_another_api_group_is_never_held_nor_evicts_ours():
+    """The key names a kind: Gateway API's InferencePool (inference.networking.x-k8s.io) beside ours
+    must neither be held in our pool's place nor, deleted, take ours out."""
+    from kuberl_operator.watches import CACHED_GROUPS, ROOT_KINDS
+
+    cache = ObjectCache(roots=ROOT_KINDS, groups=CACHED_GROUPS)
+
+    def pool(api_version: str, uid: str) -> dict:
+        return {"apiVersion": api_version, "kind": "InferencePool",
+                "metadata": {"name": "exp-inference", "namespace": "team-a", "uid": uid, "resourceVersion": "9"}}
+
+    ours = pool("kuberl.io/v1alpha1", "u-ours")
+    assert cache.observe(ours)
+    assert not cache.observe(pool("inference.networking.x-k8s.io/v1", "u-gateway"))
+    assert cache.get("InferencePool", "team-a", "exp-inference")["metadata"]["uid"] == "u-ours"
+    assert not cache.of_our_group(pool("inference.networking.x-k8s.io/v1", "u-gateway"))  # its deletion is ignored
+    assert cache.of_our_group(ours) and cache.refused == 1
+    owner = [{"uid": "u-ours", "controller": True}]
+    replica = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p", "namespace": "team-a", "uid": "u-p", "ownerReferences": owner}}
+    assert cache.observe(replica)  # the core group: ""

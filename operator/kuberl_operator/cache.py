@@ -30,7 +30,7 @@ import contextvars
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .kube import Credentials, Kube, Manifest
@@ -107,10 +107,15 @@ class ObjectCache:
     Used from the operator's event loop only: no method awaits, so none needs a lock."""
 
     def __init__(self, max_age: float = float("inf"), clock: Callable[[], float] = time.monotonic,
-                 refresh: float = float("inf"), roots: Iterable[str] | None = None) -> None:
+                 refresh: float = float("inf"), roots: Iterable[str] | None = None,
+                 groups: Mapping[str, str] | None = None) -> None:
         """``roots``: the kinds held whoever owns them; any other object only if the operator wrote it
-        or its controller is held (None: every object delivered, for a cache of one kind's tests)."""
+        or its controller is held (None: every object delivered, for a cache of one kind's tests).
+        ``groups``: the API group each kind is held from (``watches.WATCHED``'s): the key names a kind,
+        and a kind of the same name from another group (Gateway API's InferencePool beside ours) is
+        never held, nor does its deletion evict ours (``of_our_group``)."""
         self._objects: dict[Key, Manifest] = {}
+        self._groups = dict(groups or {})
         self._roots = frozenset(roots) if roots is not None else None
         self._uids: dict[str, Key] = {}  # of the objects held
         self._written: set[str] = set()  # uids of the objects the operator wrote (held whatever their owner)
@@ -159,6 +164,11 @@ class ObjectCache:
             return True
         return any(ref.get("controller") and ref.get("uid") in self._uids for ref in meta.get("ownerReferences") or [])
 
+    def of_our_group(self, obj: Manifest) -> bool:
+        """Whether ``obj``'s API group is the one its kind is held from (any, for a kind not in ``groups``)."""
+        group = (obj.get("apiVersion") or "").rpartition("/")[0]
+        return self._groups.get(obj.get("kind", ""), group) == group
+
     def unconfirmed(self) -> list[Key]:
         return sorted(self._unconfirmed, key=lambda k: (k[0], k[1] or "", k[2]))
 
@@ -170,6 +180,9 @@ class ObjectCache:
         resync's re-list re-syncs everything). A version older than the one held does not replace
         it; it is news unless it is an own write's late echo: someone changed the object before the
         operator's write that the cache already holds (a kubelet's status under a label patch)."""
+        if not self.of_our_group(obj):  # another API's kind of the same name: not ours, ours stays
+            self.refused += 1
+            return False
         key = object_key(obj)
         version = obj["metadata"].get("resourceVersion")
         held = self._objects.get(key)

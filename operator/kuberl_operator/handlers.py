@@ -34,7 +34,7 @@ from .kube import Kube
 from .ratelimit import RateLimit
 from .retry import Backoff, classify, reported
 from .settings import BuildSettings, OperatorSettings
-from .watches import CACHED_KINDS, ROOT_KINDS, WATCHED
+from .watches import CACHED_GROUPS, CACHED_KINDS, ROOT_KINDS, WATCHED
 from .workqueue import WorkQueue
 
 log = logging.getLogger("kuberl.operator")
@@ -82,7 +82,8 @@ def _state(memo: kopf.Memo) -> OperatorState:
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     ours = OperatorSettings.from_env()
     _tune_kopf(settings, ours.resync_seconds)
-    cache = ObjectCache(max_age=2 * ours.resync_seconds, refresh=ours.resync_seconds / 2, roots=ROOT_KINDS)
+    cache = ObjectCache(max_age=2 * ours.resync_seconds, refresh=ours.resync_seconds / 2, roots=ROOT_KINDS,
+                        groups=CACHED_GROUPS)
     client = CachedKube(lambda: kube.login(settings), cache, CACHED_KINDS, timeout=ours.api_timeout_seconds,
                         limit=RateLimit(ours.api_qps, ours.api_burst), max_in_flight=ours.api_max_in_flight,
                         secret_seconds=ours.secret_recheck_seconds)
@@ -208,6 +209,8 @@ def _observed(memo: kopf.Memo, event: dict[str, Any]) -> bool:
     if "metadata" not in obj:
         return True
     if not _live(event):
+        if not cache.of_our_group(obj):
+            return False
         meta = obj["metadata"]
         cache.forget(obj.get("kind", ""), meta.get("namespace"), meta["name"])
         return True

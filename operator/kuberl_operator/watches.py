@@ -74,4 +74,5 @@ WATCHED = (EXPERIMENTS, POOLS, JOBS, PYTORCHJOBS, TRAINJOBS, PODS, *OWNED)  # ow
 # Read from the cache, not the API server: every kind watched. Secrets (not watchable without list
 # on all of them), Nodes and PodGroups are read from the API server.
 CACHED_KINDS = tuple(w.kind for w in WATCHED)
+CACHED_GROUPS = {w.kind: w.group for w in WATCHED}  # one API group per cached kind (the cache key names the kind)
 ROOT_KINDS = (EXPERIMENTS.kind, POOLS.kind, JOBS.kind)  # held whoever owns them; the rest only when controlled
