@@ -260,7 +260,7 @@ def test_standalone_trainjob_goes_to_its_kueue_queue_whole():
                                             "metadata": {"name": "t"},
                                             "spec": {"nodes": 2, "runtime": "trainjob",
                                                      "scheduling": {"queue": "team-a-gpus"}}}))
-    (trainjob,) = render_resource(job)
+    (trainjob,) = by_kind(render_resource(job), "TrainJob")
     assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
     pod = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert not [k for k in pod["template"]["spec"]["template"]["metadata"]["labels"] if k.startswith("kueue.x-k8s.io")]
@@ -286,6 +286,29 @@ def test_standalone_pool_and_job_render():
                                             "metadata": {"name": "t"}, "spec": {"nodes": 2}}))
     assert len(by_kind(render_resource(pool), "Pod")) == 2
     assert len(by_kind(render_resource(job), "Pod")) == 2
+
+
+def test_a_standalone_pool_or_job_admits_its_own_namespace_and_no_other():
+    """Their clients (a trainer, an evaluation job) are the user's, unknown to KubeRL: any pod of the
+    namespace may reach them, no pod of another namespace may; the operator reaches the progress port."""
+    from kuberl_operator.settings import BuildSettings, Peers
+
+    settings = BuildSettings(peers=Peers("kuberl-system", {"app.kubernetes.io/name": "kuberl"}))
+    operator = PodRef({"app.kubernetes.io/name": "kuberl"}, "kuberl-system",
+                      {"kubernetes.io/metadata.name": "kuberl-system"})
+    for doc in ({"kind": "InferencePool", "metadata": {"name": "p", "namespace": "team-a"}, "spec": {"replicas": 1}},
+                {"kind": "TrainerJob", "metadata": {"name": "t", "namespace": "team-a"}, "spec": {"nodes": 1}}):
+        kind = InferencePool if doc["kind"] == "InferencePool" else TrainerJob
+        manifests = render_resource(kind.model_validate(stored({"apiVersion": "kuberl.io/v1alpha1", **doc})), settings)
+        kinds = [m["kind"] for m in manifests]
+        assert kinds.index("NetworkPolicy") < kinds.index("Pod")  # fenced before any pod starts
+        policies = by_kind(manifests, "NetworkPolicy")
+        (pod,) = [PodRef(p["metadata"]["labels"]) for p in by_kind(manifests, "Pod")]
+        port = 8000 if kind is InferencePool else MASTER_PORT
+        assert allowed(policies, PodRef({"app": "users-trainer"}), pod, port)  # the same namespace
+        assert not allowed(policies, PodRef({"app": "users-trainer"}, "team-b"), pod, port)
+        assert allowed(policies, operator, pod, PROGRESS_PORT)
+        assert not allowed(policies, operator, pod, port)
 
 
 def test_topology_labels():

@@ -49,17 +49,19 @@ def egress_rules(metadata: bool) -> list[Manifest]:
 
 
 def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_ports: list[int],
-                   metadata: bool = False) -> Manifest:
+                   metadata: bool = False, standalone: bool = False) -> Manifest:
     """Ingress to ``experiment``'s pods: from its inference and trainer pods (any port: collectives,
     stores, weight exchange), from its agent pods on ``GATEWAY_PORT`` only (the agent runs
     model-driven code: it must not reach a torch store or a gloo/NCCL socket), from the operator's
-    pods on ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. Egress
+    pods on ``PROGRESS_PORT``, from the scraper's namespaces on ``metrics_ports``. ``standalone``: a
+    pool's or job's of its own (``experiment`` is its name), whose clients — a trainer, an evaluation
+    job — KubeRL does not know: from any pod of its namespace, never another namespace's. Egress
     (``egress_rules``): everywhere the pods read models and data and write checkpoints, but not the
     node's instance-metadata service (the node's cloud credentials) unless ``metadata``."""
     own = {LABEL_EXPERIMENT: experiment}
     workload = {"matchLabels": own,
                 "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [ROLE_INFERENCE, ROLE_TRAINER]}]}
-    ingress: list[Manifest] = [
+    ingress: list[Manifest] = [{"from": [{"podSelector": {}}]}] if standalone else [
         {"from": [{"podSelector": workload}]},
         {"from": [{"podSelector": {"matchLabels": {**own, LABEL_ROLE: ROLE_AGENT}}}],
          "ports": [{"port": GATEWAY_PORT, "protocol": "TCP"}]},

@@ -20,6 +20,7 @@ from kuberl.api.roles import inference_env
 
 from ..accelerators import profile
 from ..settings import DEFAULT_BUILD, BuildSettings
+from .access import network_policy
 from .common import (
     Manifest,
     container_resources,
@@ -90,11 +91,14 @@ def build_inference_pods(pool: InferencePool, parent: Manifest, token_version: s
 
 def build_inference_children(pool: InferencePool, parent: Manifest, token_version: str = "",
                              settings: BuildSettings = DEFAULT_BUILD) -> list[Manifest]:
-    """Service, the PodGroup of a standalone pool (an experiment's pods join the experiment's), then the
-    pods; ``parent`` is the pool as stored (with uid);
+    """Service, the NetworkPolicy and PodGroup of a standalone pool (an experiment's pods are under the
+    experiment's and join its gang), then the pods; ``parent`` is the pool as stored (with uid);
     ``token_version``: a standalone pool's own token (``common.pod_manifest``)."""
     out = [headless_service(parent, pool.metadata.name, pool_selector(pool), {"http": pool.spec.port})]
     spec = pool.spec
+    if not spec.experiment:
+        out.append(network_policy(parent, pool.metadata.name, settings.peers, [spec.port],
+                                  metadata=bool(spec.storage.service_account_name), standalone=True))
     labels = profile(spec.accelerator, str(spec.engine), settings).labels
     group = None if spec.gang else pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica,
                                              spec.scheduling, labels)

@@ -33,6 +33,7 @@ from kuberl.api.spec import TrainerRuntime
 
 from ..accelerators import profile
 from ..settings import DEFAULT_BUILD, BuildSettings
+from .access import network_policy
 from .common import (
     Manifest,
     container_resources,
@@ -101,15 +102,19 @@ def build_trainer_pod(job: TrainerJob, parent: Manifest, rank: int, token_versio
 
 def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str = "",
                            settings: BuildSettings = DEFAULT_BUILD) -> list[Manifest]:
-    """Service, the PodGroup of a standalone job (an experiment's ranks join the experiment's), then pods
+    """The NetworkPolicy of a standalone job (an experiment's ranks are under the experiment's), then the
+    Service and the job's PodGroup (an experiment's ranks join the experiment's gang), then pods
     (native), one PyTorchJob (kubeflow), or only one TrainJob (trainjob); ``token_version``:
     a standalone job's own token (``common.pod_manifest``)."""
     runtime = TrainerRuntime(job.spec.runtime)
     rank0 = build_trainer_pod(job, parent, 0, token_version, settings)
+    policy = [] if job.spec.experiment else [network_policy(
+        parent, job.metadata.name, settings.peers, [PROGRESS_PORT],
+        metadata=bool(job.spec.storage.service_account_name), standalone=True)]
     if runtime == TrainerRuntime.TRAINJOB:  # JobSet makes the headless Service <job>; no gang (validated)
-        return [build_trainjob(job, parent, rank0, job_selector(job))]
-    out = [headless_service(parent, job.metadata.name, job_selector(job),
-                            {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
+        return [*policy, build_trainjob(job, parent, rank0, job_selector(job))]
+    out = [*policy, headless_service(parent, job.metadata.name, job_selector(job),
+                                     {"dist": MASTER_PORT, "progress": PROGRESS_PORT})]
     group = None if job.spec.gang else pod_group(parent, job.metadata.name, job.spec.nodes, job.spec.scheduling,
                                                  profile(job.spec.accelerator, settings=settings).labels)
     if group:
