@@ -192,6 +192,56 @@ def test_a_history_longer_than_the_models_context_gets_400_naming_messages():
         assert short.choices[0].message.role == "assistant"
 
 
+def test_megabytes_of_chat_are_refused_naming_messages_and_health_answers_meanwhile():
+    """2 MB and 8 MB of chat are refused (400 naming messages) from their length alone, never
+    tokenized; 640 kB — under that bound (at most 5 characters a token here) — is tokenized in a worker
+    thread while /health keeps answering, then refused for its token count; nothing reaches a replica
+    and a short call is served after. Measured on this tokenizer: 2 MB took 6 s to tokenize, /health
+    stalled up to 0.5 s; 8 MB went on to the replica and came back as a 413 about a request body."""
+    import urllib.request
+
+    from kuberl.inference.contract import MAX_PROMPT_TOKENS
+    from kuberl.models.tiny import tiny_qwen2
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    with gateway_over(model, tok) as (gateway, client):
+        health = str(client.base_url).rstrip("/").removesuffix("/v1") + "/health"
+        ask = {"model": "tiny-agent", "max_tokens": 4,
+               "extra_headers": {"X-KubeRL-Group": "g", "X-KubeRL-Session": "long-history"}}
+
+        def refusal(chars: int) -> tuple[str, float, float]:
+            """(the 400's message, the call's seconds, the longest /health answer meanwhile)."""
+            answered, stop = [0.0], threading.Event()
+
+            def ping() -> None:
+                while not stop.is_set():
+                    began = time.monotonic()
+                    urllib.request.urlopen(health, timeout=60).read()
+                    answered[0] = max(answered[0], time.monotonic() - began)
+                    time.sleep(0.01)
+
+            pinger = threading.Thread(target=ping)
+            pinger.start()
+            began = time.monotonic()
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(messages=[{"role": "user", "content": "1" * chars}], **ask)
+            took = time.monotonic() - began
+            stop.set()
+            pinger.join()
+            return str(refused.value), took, answered[0]
+
+        for chars in (2_000_000, 8_000_000):
+            message, _, _ = refusal(chars)
+            assert f"messages: {chars} characters are at least" in message and str(MAX_PROMPT_TOKENS) in message
+        message, took, stalled = refusal(640_000)
+        assert f"messages: {640_000 + 1} tokens, more than the {MAX_PROMPT_TOKENS}" in message  # BOS + text
+        assert stalled < took / 2, (stalled, took)  # tokenized off the event loop
+        assert gateway.stats.sessions == 0  # refused before a session (or a replica) saw them
+        short = client.chat.completions.create(messages=[{"role": "user", "content": "12*34="}], **ask)
+        assert short.choices[0].message.role == "assistant"
+
+
 def scrape_gateway_counters(gateway: Any) -> dict[str, float]:
     """The trainer's /metrics with the gateway's counts added, as rank 0 serves it."""
     import urllib.request

@@ -21,7 +21,7 @@ from typing import Any
 from ..agent.tools import ToolCall, call_text, first_call_span, parse_tool_calls
 from ..agent.workflow import TOOL_MESSAGE
 from ..api.base import shown
-from ..inference.contract import FINISH_LENGTH
+from ..inference.contract import FINISH_LENGTH, MAX_PROMPT_TOKENS
 from ..models.text import TextCodec
 from .params import RequestError
 
@@ -106,8 +106,37 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def refuse_before_tokenizing(codec: TextCodec, texts: list[str], param: str) -> None:
+    """Raise a RequestError naming ``param`` when ``texts`` are surely more than ``MAX_PROMPT_TOKENS``
+    tokens — at least characters / ``codec.max_token_chars()`` — without tokenizing them: megabytes
+    of text cost the tokenizer seconds of rank 0's CPU, for a prompt no replica would take."""
+    chars = sum(len(t) for t in texts)
+    at_least = chars // codec.max_token_chars()
+    if at_least > MAX_PROMPT_TOKENS:
+        raise RequestError(f"{param}: {chars} characters are at least {at_least} tokens, more than the "
+                           f"{MAX_PROMPT_TOKENS} a prompt may have", param)
+
+
+def refuse_too_many(ids: list[int], param: str) -> list[int]:
+    """``ids``, unless they are more than a replica takes (a RequestError naming ``param``)."""
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise RequestError(f"{param}: {len(ids)} tokens, more than the {MAX_PROMPT_TOKENS} a prompt may have", param)
+    return ids
+
+
+def message_texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [content_text(m.get("content"), f"messages[{n}].content") for n, m in enumerate(messages)]
+
+
 def render(codec: TextCodec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    """The prompt tokens for ``messages``, ending where the assistant's next turn begins."""
+    """The prompt tokens for ``messages``, ending where the assistant's next turn begins; a RequestError
+    naming ``messages`` when they are more than a replica takes (``MAX_PROMPT_TOKENS``), before
+    tokenizing when their length alone says so."""
+    refuse_before_tokenizing(codec, message_texts(messages), "messages")
+    return refuse_too_many(_render(codec, messages, tools), "messages")
+
+
+def _render(codec: TextCodec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
     if codec.has_chat_template:
         try:
             return codec.render_chat(template_messages(messages), tools)

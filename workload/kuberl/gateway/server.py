@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ SHUTDOWN_SECONDS = 2.0  # how long stop() lets calls in flight finish before it 
 ADMISSION_WAIT_SECONDS = 20.0  # a new session's first call waits this long for a slot before its 429
 RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
 RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
+TOKENIZE_AT_ONCE = 2  # requests rendered and tokenized at once (in worker threads)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class Gateway:
         self.stats = GatewayStats()
         self._reaper: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._tokenizing: asyncio.Semaphore | None = None  # made on the controller's loop (``_tokenize``)
 
     # -- lifecycle (on the controller's loop) ---------------------------------------------------
     def start_in(self, port: int, host: str = "") -> None:
@@ -145,9 +147,7 @@ class Gateway:
             tools = body.get("tools")
             if tools is not None and not isinstance(tools, list):
                 raise RequestError("tools: must be a list", "tools")
-            # off the event loop: megabytes of chat text take the tokenizer (and a template) a while,
-            # and every other agent's request, the rewards and /health wait on this loop
-            prompt = await asyncio.to_thread(chat.render, self.codec, messages, tools)
+            prompt = await self._tokenize(chat.render, self.codec, messages, tools)
             session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
@@ -171,7 +171,8 @@ class Gateway:
             session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
-            prompt = await asyncio.to_thread(self.codec.encode_prompt, prompt_text)  # as above
+            chat.refuse_before_tokenizing(self.codec, [prompt_text], "prompt")
+            prompt = chat.refuse_too_many(await self._tokenize(self.codec.encode_prompt, prompt_text), "prompt")
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
@@ -209,6 +210,16 @@ class Gateway:
         return web.json_response({"status": "ok", **self.summary()})
 
     # -- steps ----------------------------------------------------------------------------------
+    async def _tokenize(self, render: Callable[..., list[int]], *args: Any) -> list[int]:
+        """``render(*args)`` off the event loop (a megabyte of chat text takes the tokenizer and a
+        template a while, and every other agent's request, the rewards and /health wait on this loop),
+        at most ``TOKENIZE_AT_ONCE`` at a time: however many agents send long histories at once, the
+        tokenizer takes that many of rank 0's cores, not all of them."""
+        if self._tokenizing is None:
+            self._tokenizing = asyncio.Semaphore(TOKENIZE_AT_ONCE)
+        async with self._tokenizing:
+            return await asyncio.to_thread(render, *args)
+
     async def _body(self, request: web.Request) -> dict[str, Any]:
         body = await read_json(request)
         if not isinstance(body, dict):

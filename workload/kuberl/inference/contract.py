@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
+MAX_PROMPT_TOKENS = 131072  # token ids a request's prompt may have (the server refuses more; the gateway too)
 
 
 @dataclass

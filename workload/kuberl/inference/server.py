@@ -36,7 +36,7 @@ from ..jsonbody import bad_request, read_json
 from ..models.text import TextCodec
 from ..settings import Settings
 from ..weights.discovery import own_topology, to_json
-from .contract import Engine, EngineDown, GenerateReply, SamplingParams
+from .contract import MAX_PROMPT_TOKENS, Engine, EngineDown, GenerateReply, SamplingParams
 from .faults import injected_faults
 from .p2p_receiver import NotJoined, P2PReceiver
 
@@ -57,7 +57,6 @@ class Metrics:
 MAX_SAMPLES = 64  # "n" per request
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/topology"})
 MAX_NEW_TOKENS = 32768
-MAX_PROMPT_TOKENS = 131072
 
 
 def _int(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:

@@ -28,6 +28,7 @@ class TextCodec:
         """``chat``: how single-turn prompts are rendered (None: raw text after BOS, the gateway's and
         the inference server's text route)."""
         self.tokenizer = tokenizer
+        self._max_token_chars: int | None = None
         self.bos_id: int | None = tokenizer.bos_token_id
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id
@@ -35,6 +36,15 @@ class TextCodec:
         if self.chat.mode == ChatTemplateMode.ON and not self.has_chat_template:
             raise ValueError("spec.model.chatTemplate.mode is on but the tokenizer has no chat template; give one "
                              "in spec.model.chatTemplate.template")
+
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for: the longest vocabulary entry (a byte-level
+        BPE entry has one character per byte, a SentencePiece or WordPiece entry at least as many as
+        it decodes to). So a text of ``n`` characters is at least ``n / max_token_chars`` tokens for a
+        tokenizer that keeps every character (byte-level BPE, SentencePiece: every chat model's)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max((len(token) for token in self.tokenizer.get_vocab()), default=1) or 1
+        return self._max_token_chars
 
     @property
     def has_chat_template(self) -> bool:
