@@ -527,3 +527,30 @@ def test_the_operators_settings_from_its_environment_reach_the_pods_and_the_poli
     assert trainer["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910"
     with pytest.raises(ValueError, match="KUBERL_API_BURST"):
         OperatorSettings.from_env({"KUBERL_API_BURST": "lots"})
+
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_workload_pod_meets_the_restricted_pod_security_standard(example):
+    """What PodSecurity ``restricted`` checks (Kubernetes' Pod Security Standards), on every pod and pod
+    template an example renders: a tenant namespace may enforce it."""
+    manifests = render_resource(RLExperiment.model_validate(stored(load_example(example))))
+    specs = [m["spec"] for m in by_kind(manifests, "Pod")]
+    specs += [m["spec"]["template"]["spec"] for m in by_kind(manifests, "Deployment")]
+    assert specs
+    for spec in specs:
+        assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+        assert {key for v in spec.get("volumes") or [] for key in v if key != "name"} <= RESTRICTED_VOLUMES
+        pod_context = spec.get("securityContext") or {}
+        for c in spec["containers"] + spec.get("initContainers", []):
+            context = c.get("securityContext") or {}
+            assert context.get("allowPrivilegeEscalation") is False and not context.get("privileged")
+            assert context.get("capabilities", {}).get("drop") == ["ALL"] and not context["capabilities"].get("add")
+            assert context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is True
+            assert (context.get("runAsUser", pod_context.get("runAsUser")) or 1) != 0
+            seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+            assert seccomp in ("RuntimeDefault", "Localhost")
+            assert not any(p.get("hostPort") for p in c.get("ports") or [])

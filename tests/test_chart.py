@@ -310,3 +310,54 @@ def test_the_secret_reference_policy_admits_only_authors_who_may_get_every_secre
     checkpoint_only = json.loads(json.dumps(MINIMAL))
     checkpoint_only["spec"]["checkpoint"] = {"uri": "s3://ckpt/", "credentialsSecret": "ckpt-keys"}
     assert _policy_verdict(policy, checkpoint_only, set())[:2] == (False, ["ckpt-keys"])
+
+
+def test_the_image_digest_policy_admits_only_images_pinned_by_digest():
+    """Off by default. On: the chart will not render while a default image is a tag; rendered, its CEL
+    (evaluated with cel-python) refuses an experiment, pool or job naming a tag, naming the image, and
+    admits digests and unset images (the pinned defaults)."""
+    import celpy
+
+    from .conftest import MINIMAL
+
+    assert not [d for d in render([]) if d["metadata"]["name"].endswith("image-digests")]
+    refused = helm("template", "kuberl", str(CHART), "--set", "imageDigestPolicy.enabled=true")
+    assert refused.returncode != 0 and "workloadImages." in refused.stderr, refused.stderr
+    digest = "@sha256:" + "c" * 64
+    pinned = ["--set", "imageDigestPolicy.enabled=true", "--set", "image.digest=sha256:" + "a" * 64,
+              *[arg for kind in ("nvidia", "ascend", "cpu", "cpuVllm")
+                for arg in ("--set", f"workloadImages.{kind}=registry.example/kuberl/{kind}{digest}")]]
+    docs = render(pinned)
+    policy = next(d for d in docs
+                  if d["kind"] == "ValidatingAdmissionPolicy" and "image-digests" in d["metadata"]["name"])
+    assert set(policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"]) == {
+        "rlexperiments", "inferencepools", "trainerjobs"}
+
+    def verdict(doc: dict[str, Any]) -> tuple[bool, str]:
+        env = celpy.Environment()
+        functions = {"join": lambda items, sep: celpy.celtypes.StringType(str(sep).join(map(str, items)))}
+        activation: dict[str, Any] = {"object": celpy.json_to_cel(doc)}
+        variables: dict[Any, Any] = {}
+        for variable in policy["spec"]["variables"]:
+            activation["variables"] = celpy.celtypes.MapType(variables)
+            program = env.program(env.compile(variable["expression"]), functions=functions)
+            variables[celpy.celtypes.StringType(variable["name"])] = program.evaluate(activation)
+        activation["variables"] = celpy.celtypes.MapType(variables)
+        (validation,) = policy["spec"]["validations"]
+        admitted = env.program(env.compile(validation["expression"]), functions=functions).evaluate(activation)
+        message = env.program(env.compile(validation["messageExpression"]), functions=functions).evaluate(activation)
+        return bool(admitted), str(message)
+
+    experiment = json.loads(json.dumps(MINIMAL))
+    assert verdict(experiment)[0]  # no image named: the chart's pinned defaults
+    for field in ("inference", "trainer", "agent"):
+        doc = json.loads(json.dumps(MINIMAL))
+        doc["spec"][field] = {"image": "registry.example/team/img:v1"} | (
+            {"command": ["python", "agent.py"]} if field == "agent" else {})
+        admitted, message = verdict(doc)
+        assert not admitted and message.endswith("registry.example/team/img:v1"), (field, message)
+        doc["spec"][field]["image"] = "registry.example/team/img" + digest
+        assert verdict(doc)[0], field
+    pool = {"apiVersion": "kuberl.io/v1alpha1", "kind": "InferencePool", "metadata": {"name": "p"},
+            "spec": {"image": "img:latest"}}
+    assert verdict(pool) == (False, "images must be pinned by digest (name@sha256:...): img:latest")
