@@ -109,6 +109,11 @@ CASES = {
     "clip inverted": experiment(algorithm={"clip": {"low": 0.3, "high": 0.2}}),
     "clip fine": experiment(algorithm={"clip": {"low": 0.2, "high": 0.28}}),
     "batch not a multiple of the group": experiment(algorithm={"batchSize": 12, "groupSize": 8}),
+    "importance sampling bounds inverted": experiment(algorithm={"importanceSampling": {"low": 2.0, "high": 0.5}}),
+    "importance sampling two-sided mask": experiment(algorithm={"importanceSampling": {"low": 0.5, "high": 2.0}}),
+    "truncation with a lower bound": experiment(algorithm={"importanceSampling": {"mode": "truncate", "low": 0.5}}),
+    "truncation at a sequence's geometric mean": experiment(algorithm={
+        "importanceSampling": {"mode": "truncate", "level": "geometric", "high": 2}, "ratio": "sequence"}),
     "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),

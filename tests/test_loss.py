@@ -50,6 +50,73 @@ def test_negative_advantage_and_dual_clip():
     assert dual.loss.item() == pytest.approx(3.0)
 
 
+def test_truncated_importance_sampling_cuts_the_weight_and_masks_nothing():
+    """TIS: w = 0.5, 10 with C = 2 → weights 0.5 and 2, both tokens kept; on-policy r = 1, A = 1."""
+    prox = t([0.0, 0.0])
+    behav = torch.log(t([2.0, 0.1]))  # w = π_prox / π_behav = 0.5, 10
+    out = ppo_loss(prox, prox, behav, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
+                   cfg(correction="truncate", behavior_imp_cap=2.0))
+    assert out.loss.item() == pytest.approx(-(0.5 + 2.0) / 2)
+    assert float(out.stats["ppo_actor/valid_tokens"]) == 2
+    assert float(out.stats["mismatch/truncated_fraction"]) == pytest.approx(0.5)
+    assert float(out.stats["mismatch/masked_fraction"]) == 0
+
+
+def test_a_two_sided_token_mask_drops_tokens_on_either_side():
+    """Token MIS / IcePop: w = 0.25, 1, 4 with [0.5, 2] keeps only the middle token, w = 1."""
+    prox = t([0.0, 0.0, 0.0])
+    behav = torch.log(t([4.0, 1.0, 0.25]))
+    out = ppo_loss(prox, prox, behav, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 3),
+                   cfg(behavior_imp_low=0.5, behavior_imp_cap=2.0))
+    assert out.loss.item() == pytest.approx(-1.0)
+    assert float(out.stats["mismatch/masked_fraction"]) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize(("level", "weights"), [("sequence", (2.0 * 3.0, 0.5 * 1.0)),
+                                                ("geometric", (math.sqrt(6.0), math.sqrt(0.5)))])
+def test_sequence_level_weights_mask_whole_sequences(level, weights):
+    """Row 1: w = 2, 3 → Π = 6 (masked at high 5) or √6 (kept); row 2: w = 0.5, 1 → 0.5 or √0.5. Each kept
+    token's loss is −A · r · (its row's weight), r = 1."""
+    prox = t([0.0, 0.0], [0.0, 0.0])
+    behav = torch.log(t([0.5, 1 / 3], [2.0, 1.0]))
+    adv = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    out = ppo_loss(prox, prox, behav, adv, torch.ones(2, 2), cfg(correction_level=level, behavior_imp_cap=5.0))
+    kept = [w for w in weights if w <= 5.0]
+    assert out.loss.item() == pytest.approx(-sum(2 * w for w in kept) / (2 * len(kept)))
+    assert float(out.stats["mismatch/masked_fraction"]) == pytest.approx(1 - len(kept) / 2)
+
+
+def test_gspo_clips_the_length_normalised_sequence_ratio_and_averages_over_sequences():
+    """GSPO: row 1 has log r = log 1.2, log 1.0 → s = √1.2 ≈ 1.095 (inside [0.9996, 1.0004]? no: clipped);
+    row 2 has r = 1 everywhere → s = 1. Loss = mean over sequences of −A·clip(s) (A > 0 takes the min).
+    Gradient: row 2's tokens each get −A·s / (|y| · sequences), row 1's none (clipped)."""
+    config = cfg(ratio_level="sequence", clip_low=3e-4, clip_high=4e-4, behavior_imp_cap=None)
+    assert config.loss_agg == "seq_mean"
+    prox = t([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    logp = torch.log(t([1.2, 1.0, 1.0], [1.0, 1.0, 1.0])).requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)  # row 1: two tokens
+    adv = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    out = ppo_loss(logp, prox, prox, adv, mask, config)
+    s1 = math.sqrt(1.2)
+    assert s1 > 1 + 4e-4
+    expected = (-1.0 * min(s1, 1 + 4e-4) + -2.0 * 1.0) / 2
+    assert out.loss.item() == pytest.approx(expected)
+    out.loss.backward()
+    assert logp.grad[0].abs().max().item() == 0  # clipped: no gradient
+    assert logp.grad[1].tolist() == pytest.approx([-2.0 / (3 * 2)] * 3)
+
+
+def test_mismatch_diagnostics_by_hand():
+    """ρ = π_prox / π_behav = 2 and 0.5: k3 = mean(ρ − 1 − log ρ), χ² = mean(ρ²) − 1."""
+    prox = t([0.0, 0.0])
+    behav = torch.log(t([0.5, 2.0]))
+    out = ppo_loss(prox, prox, behav, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2),
+                   cfg(behavior_imp_cap=None))
+    k3 = ((2 - 1 - math.log(2)) + (0.5 - 1 - math.log(0.5))) / 2
+    assert float(out.stats["mismatch/k3_kl"]) == pytest.approx(k3)
+    assert float(out.stats["mismatch/chi2"]) == pytest.approx((4 + 0.25) / 2 - 1)
+
+
 def test_behaviour_cap_masks_too_off_policy_tokens():
     prox = t([0.0, 0.0])
     behav = torch.log(t([0.1, 1.0]))  # w = 10 (masked with cap 5), 1

@@ -115,6 +115,11 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
          "the agent runs its own tools"),
         ({"agent": {"command": ["python", "agent.py"]}, "evaluation": {}}, "spec.evaluation",
          "the agent drives the episodes"),
+        ({"algorithm": {"name": "drgrpo", "ratio": "sequence"}}, "spec.algorithm", "ratio: sequence (GSPO)"),
+        ({"algorithm": {"behaviorImpCap": 3, "importanceSampling": {"high": 2}}}, "spec.algorithm",
+         "behaviorImpCap and importanceSampling.high are one bound"),
+        ({"algorithm": {"importanceSampling": {"mode": "truncate", "low": 0.5}}}, "spec.algorithm.importanceSampling",
+         "truncate has no lower bound"),
     ],
 )
 def test_cross_field_rules(changes, field, fragment):

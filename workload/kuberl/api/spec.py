@@ -44,6 +44,22 @@ class AlgorithmName(StrEnum):
     PPO = "ppo"
 
 
+class CorrectionMode(StrEnum):
+    MASK = "mask"  # w applied; tokens or sequences whose w leaves [low, high] masked out (MIS, IcePop)
+    TRUNCATE = "truncate"  # w → min(w, high), nothing masked (TIS)
+
+
+class CorrectionLevel(StrEnum):
+    TOKEN = "token"  # each token's own w
+    SEQUENCE = "sequence"  # the sequence's product Π_t w_t
+    GEOMETRIC = "geometric"  # the sequence's geometric mean exp(mean_t log w_t)
+
+
+class RatioLevel(StrEnum):
+    TOKEN = "token"  # PPO: r_t = π_θ / π_prox per token
+    SEQUENCE = "sequence"  # GSPO: s = exp(mean_t log(π_θ / π_prox)) per sequence, clipped as a whole
+
+
 class LearningRateSchedule(StrEnum):
     CONSTANT = "constant"
     LINEAR = "linear"
@@ -172,6 +188,32 @@ class ClipSpec(ApiModel):
         return self
 
 
+class ImportanceSamplingSpec(ApiModel):
+    """How the behaviour importance weight w = π_prox / π_behav (the trainer's policy at the step's
+    start over the engine's that sampled the token: staleness and numerics) enters the loss."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("!has(self.low) || !has(self.high) || self.low < self.high", "importanceSampling.low must be < high"),
+            ("self.mode != 'truncate' || !has(self.low)", "importanceSampling.low: truncate has no lower bound"))
+    }
+    mode: CorrectionMode = Field(CorrectionMode.MASK, description="mask (MIS; IcePop is a two-sided token mask) or "
+                                                                    "truncate (TIS)")
+    level: CorrectionLevel = Field(CorrectionLevel.TOKEN, description="w per token, per sequence (the product) or "
+                                                                       "the sequence's geometric mean")
+    low: float | None = Field(None, gt=0, description="mask: below this w is masked out")
+    high: float | None = Field(None, gt=0, description="mask: above this w is masked out; truncate: w is cut to "
+                                                       "it; default behaviorImpCap")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ImportanceSamplingSpec:
+        if self.low is not None and self.high is not None and self.low >= self.high:
+            raise ValueError(f"importanceSampling.low ({self.low}) must be < high ({self.high})")
+        if self.mode == CorrectionMode.TRUNCATE and self.low is not None:
+            raise ValueError("importanceSampling.low: truncate has no lower bound (mode mask has)")
+        return self
+
+
 class AlgorithmSpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
@@ -197,8 +239,11 @@ class AlgorithmSpec(ApiModel):
         1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"
     )
     behavior_imp_cap: float | None = Field(
-        5.0, gt=0, description="cap on π_prox/π_behav; tokens above it are masked"
+        5.0, gt=0, description="cap on π_prox/π_behav; tokens above it are masked (importanceSampling.high's default)"
     )
+    importance_sampling: ImportanceSamplingSpec = Field(default_factory=ImportanceSamplingSpec)
+    ratio: RatioLevel = Field(RatioLevel.TOKEN, description="token (PPO) or sequence (GSPO: one length-normalised "
+                                                             "ratio per sequence, clipped by clip.low/high)")
 
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> AlgorithmSpec:
@@ -206,7 +251,18 @@ class AlgorithmSpec(ApiModel):
             raise ValueError(
                 f"batchSize ({self.batch_size}) must be a multiple of groupSize ({self.group_size})"
             )
+        if self.ratio == RatioLevel.SEQUENCE and self.name == AlgorithmName.DRGRPO:
+            raise ValueError("ratio: sequence (GSPO) averages over sequences; drgrpo's loss is a sum over a "
+                             "constant token count: use grpo, dapo, rloo or reinforce_pp with it")
+        if self.importance_sampling.high is not None and "behavior_imp_cap" in self.model_fields_set:
+            raise ValueError("behaviorImpCap and importanceSampling.high are one bound: set importanceSampling.high")
         return self
+
+    @property
+    def importance_high(self) -> float | None:
+        """The upper bound on w: ``importanceSampling.high``, else ``behaviorImpCap``."""
+        high = self.importance_sampling.high
+        return high if high is not None else self.behavior_imp_cap
 
 
 class EvaluationSpec(ApiModel):

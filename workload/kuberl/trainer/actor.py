@@ -237,6 +237,8 @@ class Actor:
         _, data_ranks = self.data_parallel()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / data_ranks
+        elif self.config.loss_agg == "seq_mean":  # every sequence weighs alike (GSPO)
+            normalizer = max(global_rows, 1.0) / data_ranks
         else:  # every rank's tokens, each row counted once (ranks that share rows count them alike)
             global_tokens = all_reduce(local_tokens) * data_ranks / world_size()
             normalizer = max(global_tokens, 1.0) / data_ranks

@@ -36,8 +36,12 @@ class AlgorithmConfig:
     clip_high: float = 0.28
     dual_clip: float | None = None
     kl_coef: float = 0.0
-    behavior_imp_cap: float | None = 5.0
+    behavior_imp_cap: float | None = 5.0  # the upper bound on w (importanceSampling.high)
     max_new_tokens: int = 1024
+    correction: str = "mask"  # how w enters the loss: "mask" or "truncate" (loss.py)
+    correction_level: str = "token"  # "token", "sequence" or "geometric"
+    behavior_imp_low: float | None = None  # mask: the lower bound on w
+    ratio_level: str = "token"  # "token" (PPO) or "sequence" (GSPO)
 
     def __post_init__(self) -> None:
         if self.name == "ppo":
@@ -47,10 +51,19 @@ class AlgorithmConfig:
             )
         if self.name not in ADVANTAGE:
             raise ValueError(f"algorithm.name {self.name!r}; allowed: {', '.join(ADVANTAGE)}")
+        for field, value, allowed in (("correction", self.correction, ("mask", "truncate")),
+                                      ("correction_level", self.correction_level, ("token", "sequence", "geometric")),
+                                      ("ratio_level", self.ratio_level, ("token", "sequence"))):
+            if value not in allowed:
+                raise ValueError(f"{field} {value!r}; allowed: {', '.join(allowed)}")
 
     @property
     def loss_agg(self) -> str:
-        return "seq_sum_const" if self.name == "drgrpo" else "token_mean"
+        """``seq_sum_const`` (Dr.GRPO), ``seq_mean`` (GSPO: each sequence's token mean, averaged over
+        the batch's sequences) or ``token_mean``."""
+        if self.name == "drgrpo":
+            return "seq_sum_const"
+        return "seq_mean" if self.ratio_level == "sequence" else "token_mean"
 
     @property
     def dynamic_sampling(self) -> bool:

@@ -1,17 +1,28 @@
-"""The decoupled PPO objective (AReaL), one function for every algorithm.
+"""The decoupled PPO objective (AReaL), one function for every algorithm and both backends.
 
 For each generated token, with π_θ the policy being trained, π_prox the proximal policy (the
 weights at the start of this step, recomputed by the trainer) and π_behav the behaviour policy
 (the possibly older weights that sampled the token, logged by the inference engine):
 
-    r = π_θ / π_prox                                     (trust-region ratio)
-    w = π_prox / π_behav, detached                       (off-policy correction)
+    r = π_θ / π_prox                                     (trust-region ratio, per token)
+        or, ratio "sequence" (GSPO), s = exp(mean_t log(π_θ / π_prox)) of the token's sequence
+    w = π_prox / π_behav, detached                       (off-policy correction, per token)
+        or the sequence's Π_t w_t ("sequence") or exp(mean_t log w_t) ("geometric")
     ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))     (clip-higher when ε_high > ε_low)
     ℓ = min(ℓ, −A·c)        for A < 0, when dual clip c is set
     loss = Σ mask · w · ℓ / N  (+ kl_coef · Σ mask · KL_k3(π_θ ‖ π_ref) / N)
 
-Tokens whose w exceeds ``behavior_imp_cap`` are masked out (too off-policy to correct). N is the
-number of valid tokens (``token_mean``) or batch size × max new tokens (``seq_sum_const``, Dr.GRPO).
+How w enters (``correction``): "mask" keeps w and masks out the tokens (or, at sequence level, whole
+sequences) whose w leaves [low, high] (MIS; IcePop is the two-sided token mask; the default — high 5,
+no low — is AReaL's cap); "truncate" uses min(w, high) and masks nothing (TIS). N is the number of
+valid tokens (``token_mean``), batch size × max new tokens (``seq_sum_const``, Dr.GRPO), or — GSPO,
+``seq_mean`` — the number of sequences, each sequence's Σ_t mask · w · ℓ first divided by its length.
+GSPO's gradient comes through the token form s_t = sg(s) · π_θ(y_t) / sg(π_θ(y_t)): its value is s,
+its gradient s · ∇ log π_θ(y_t), so the sequence's mean over tokens is GSPO's ∇s.
+
+Diagnostics of the engine–trainer mismatch, over the valid tokens, with ρ = π_prox / π_behav:
+``mismatch/k3_kl`` = mean(ρ − 1 − log ρ) (k3 estimate of KL(π_behav ‖ π_prox)), ``mismatch/chi2`` =
+mean(ρ²) − 1 (χ²(π_prox ‖ π_behav)), and the fractions of tokens the correction masked or truncated.
 """
 
 from __future__ import annotations
@@ -55,11 +66,10 @@ def ppo_loss(
     ``normalizer`` overrides N (used when a batch is split into micro-batches, so the sum of the
     micro-batch losses equals the full-batch loss).
     """
-    mask = mask.to(logp.dtype)
-    ratio = torch.exp(logp - prox_logp)
-    behav_w = torch.exp(prox_logp - behav_logp).detach()
-    if config.behavior_imp_cap is not None:
-        mask = mask * (behav_w <= config.behavior_imp_cap).to(mask.dtype)
+    given = mask.to(logp.dtype)
+    log_w = (prox_logp - behav_logp).detach()
+    weight, mask, truncated = behaviour_weight(log_w, given, config)
+    ratio = trust_ratio(logp, prox_logp, given, config.ratio_level)
     adv = advantages if advantages.dim() == logp.dim() else advantages.unsqueeze(-1).expand_as(logp)
     surrogate = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)
@@ -67,10 +77,14 @@ def ppo_loss(
     if config.dual_clip is not None:
         dual = torch.minimum(per_token, -adv * config.dual_clip)
         per_token = torch.where(adv < 0, dual, per_token)
-    per_token = per_token * behav_w
+    per_token = per_token * weight
+    if config.loss_agg == "seq_mean":  # each sequence's mean over its tokens
+        per_token = per_token / given.sum(dim=-1, keepdim=True).clamp(min=1.0)
     if normalizer is None:
         if config.loss_agg == "seq_sum_const":
             normalizer = float(logp.shape[0] * config.max_new_tokens)
+        elif config.loss_agg == "seq_mean":
+            normalizer = float((given.sum(dim=-1) > 0).sum().clamp(min=1.0))
         else:
             normalizer = float(mask.sum().clamp(min=1.0))
     loss = (per_token * mask).sum() / normalizer
@@ -84,17 +98,60 @@ def ppo_loss(
         loss = loss + config.kl_coef * kl_term
         kl_value = kl_term.detach()
     with torch.no_grad():
-        valid = mask.sum().clamp(min=1.0)
+        valid, offered = mask.sum().clamp(min=1.0), given.sum().clamp(min=1.0)
         clipped_frac = (((ratio < 1 - config.clip_low) | (ratio > 1 + config.clip_high)).to(mask.dtype) * mask)
+        rho = torch.exp(log_w)
         stats = {
             "ppo_actor/loss": loss.detach(),
             "ppo_actor/importance_weight": (ratio * mask).sum() / valid,
             "ppo_actor/clip_ratio": clipped_frac.sum() / valid,
-            "ppo_actor/behave_imp_weight": (behav_w * mask).sum() / valid,
+            "ppo_actor/behave_imp_weight": (weight * mask).sum() / valid,
             VALID_TOKENS: mask.sum(),
             "ppo_actor/kl": kl_value,
+            "mismatch/k3_kl": ((rho - 1 - log_w) * given).sum() / offered,
+            "mismatch/chi2": (rho.square() * given).sum() / offered - 1,
+            "mismatch/masked_fraction": ((given - mask) * given).sum() / offered,
+            "mismatch/truncated_fraction": (truncated * given).sum() / offered,
         }
     return LossOutput(loss, stats)
+
+
+def sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the mean of ``values`` over its ``mask``ed tokens ([batch, 1]; 0 for an empty row)."""
+    return (values * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+
+
+def behaviour_weight(log_w: torch.Tensor, mask: torch.Tensor,
+                     config: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the weight each token's loss is multiplied by, the mask after the correction, which tokens were
+    truncated) for log w = log π_prox − log π_behav (detached) at ``config.correction_level``; see the
+    module docstring."""
+    if config.correction_level == "sequence":
+        log_w = (log_w * mask).sum(dim=-1, keepdim=True).expand_as(log_w)
+    elif config.correction_level == "geometric":
+        log_w = sequence_mean(log_w, mask).expand_as(log_w)
+    weight = torch.exp(log_w)
+    high, low = config.behavior_imp_cap, config.behavior_imp_low
+    none = torch.zeros_like(mask)
+    if config.correction == "truncate":
+        if high is None:
+            return weight, mask, none
+        truncated = (weight > high).to(mask.dtype)
+        return weight.clamp(max=high), mask, truncated
+    keep = torch.ones_like(mask)
+    if high is not None:
+        keep = keep * (weight <= high).to(mask.dtype)
+    if low is not None:
+        keep = keep * (weight >= low).to(mask.dtype)
+    return weight, mask * keep, none
+
+
+def trust_ratio(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """r = π_θ / π_prox per token, or GSPO's sequence ratio in its token form (module docstring)."""
+    log_r = logp - prox_logp
+    if level == "token":
+        return torch.exp(log_r)
+    return torch.exp(sequence_mean(log_r, mask).detach() + log_r - log_r.detach())
 
 
 def behaviour_gap(prox_logp: torch.Tensor, behav_logp: torch.Tensor,
