@@ -109,11 +109,13 @@ CASES = {
     "clip inverted": experiment(algorithm={"clip": {"low": 0.3, "high": 0.2}}),
     "clip fine": experiment(algorithm={"clip": {"low": 0.2, "high": 0.28}}),
     "batch not a multiple of the group": experiment(algorithm={"batchSize": 12, "groupSize": 8}),
-    "importance sampling bounds inverted": experiment(algorithm={"importanceSampling": {"low": 2.0, "high": 0.5}}),
-    "importance sampling two-sided mask": experiment(algorithm={"importanceSampling": {"low": 0.5, "high": 2.0}}),
+    "importance sampling bounds inverted": experiment(algorithm={"importanceSampling": {"low": 2.0},
+                                                                 "behaviorImpCap": 0.5}),
+    "importance sampling two-sided mask": experiment(algorithm={"importanceSampling": {"low": 0.5},
+                                                                "behaviorImpCap": 2.0}),
     "truncation with a lower bound": experiment(algorithm={"importanceSampling": {"mode": "truncate", "low": 0.5}}),
     "truncation at a sequence's geometric mean": experiment(algorithm={
-        "importanceSampling": {"mode": "truncate", "level": "geometric", "high": 2}, "ratio": "sequence"}),
+        "importanceSampling": {"mode": "truncate", "level": "geometric"}, "behaviorImpCap": 2.0, "ratio": "sequence"}),
     "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
@@ -198,3 +200,17 @@ def test_a_pool_is_bounded_in_pods_by_the_crd_and_by_the_model_the_operator_read
     with pytest.raises(ValidationError) as err:
         InferencePool.model_validate(doc)
     assert "hostsPerReplica" in str(err.value) or "hosts_per_replica" in str(err.value)
+
+
+@pytest.mark.parametrize("trainer", [{"runtime": "trainjob"}, {"runtime": "kubeflow"}, {}])
+def test_every_example_and_runtime_validates_as_the_api_server_stores_it_with_the_crds_defaults(trainer):
+    """The API server fills in the CRD's defaults before anyone reads an object: a rule that asks whether
+    a field was set (rather than what it holds) would then refuse what validate admitted — trainer.backoffLimit
+    with the trainjob runtime once did. Every example, as stored, validates as it did before storing."""
+    docs = [copy.deepcopy(d) for name, d in CASES.items() if name.startswith("example ")]
+    for doc in docs:
+        doc["spec"].setdefault("trainer", {}).update(trainer)
+        doc["spec"].pop("scheduling", None)  # a trainjob carries no gang (refused, tested elsewhere)
+        before = [i.path for i in validate_document(doc)[1]]
+        stored = with_defaults(ROOT_SCHEMA, doc)
+        assert [i.path for i in validate_document(stored)[1]] == before, doc["metadata"]["name"]

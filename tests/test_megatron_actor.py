@@ -36,6 +36,9 @@ from .workers import start_workers
 
 DR_GRPO = AlgorithmConfig(name="drgrpo", group_size=2, kl_coef=0.0, max_new_tokens=8)  # Σ loss ÷ (rows · 8)
 KL = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.5)  # with two updates a batch: π_prox and π_ref passes
+# GSPO's sequence ratio (sequences averaged: Σ ÷ rows) with TIS: the loss module's other paths, on both backends
+GSPO_TIS = AlgorithmConfig(name="grpo", group_size=2, ratio_level="sequence", clip_low=3e-4, clip_high=4e-4,
+                           correction="truncate", behavior_imp_cap=0.1)  # random behaviour log-probs: w < 1
 TOKEN_BUDGET = 24  # rows of ≤ 13 tokens: one or two a micro-batch, several through a pipeline
 
 
@@ -127,6 +130,8 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
         result |= {"state": actor.full_state_dict(), "grad_norms": norms}
         dr_grpo = make_actor(make, layout, DR_GRPO, token_budget=budget)
         result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
+        gspo = make_actor(make, layout, GSPO_TIS, token_budget=budget)
+        result["gspo_tis"] = gspo.train_step(mine[0], first.size)
         if pipelined and data_ranks == 1:  # two updates a batch split alike: the same rows in each
             kl = make_actor(make, layout, KL, token_budget=budget, mini_batches=2)
             kl.freeze_reference()
@@ -202,6 +207,9 @@ def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start:
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
     assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
+    assert fsdp["gspo_tis"]["mismatch/truncated_fraction"] > 0  # the truncation is exercised
+    assert megatron["gspo_tis"]["ppo_actor/grad_norm"] == pytest.approx(  # GSPO + TIS: the same gradient
+        fsdp["gspo_tis"]["ppo_actor/grad_norm"], rel=1e-4)  # (loss and means: this rank's rows only)
     if with_kl:
         assert fsdp["kl_stats"][1]["ppo_actor/kl"] > 0  # π_ref is read: the second update's policy has moved
         compared = ("ppo_actor/grad_norm", "ppo_actor/entropy", "mismatch/behav_logp_gap", "ppo_actor/loss",

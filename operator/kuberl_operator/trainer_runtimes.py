@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from kuberl.api import TrainerJob
-from kuberl.api.spec import TrainerRuntime
+from kuberl.api.spec import TrainerRuntime, restart_limit
 
 from .builders.kubeflow import PYTORCHJOB_API_VERSION, TRAINER_API_VERSION
 from .builders.trainer import job_selector
@@ -83,7 +83,8 @@ async def sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children:
     acknowledged = list(before.get("disruptedPods") or [])
     pods = await converge_pods(kube, body, children, job_selector(job), gang=True)  # a failed pod keeps its name
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    restart = gang_restart(pods, restarts, job.spec.backoff_limit, frozenset(acknowledged))
+    limit = restart_limit(job.spec.backoff_limit)
+    restart = gang_restart(pods, restarts, limit, frozenset(acknowledged))
     if restart is not None:
         if restart.preempted:
             preemptions += 1
@@ -92,7 +93,7 @@ async def sync_native_job(kube: Kube, body: Manifest, job: TrainerJob, children:
                    f"backoffLimit not used)"
         else:
             restarts += 1
-            told = f"{restart.reason}; restart {restarts}/{job.spec.backoff_limit} from the last checkpoint"
+            told = f"{restart.reason}; restart {restarts}/{limit} from the last checkpoint"
         status = job_status(body["spec"], generation, [], restarts, preemptions, acknowledged)
         status["conditions"].append(condition(
             "GangRestarted", True, "Preempted" if restart.preempted else "RankFailed", told, generation))

@@ -47,6 +47,7 @@ from .api.contract import (
 )
 from .api.resolve import InferencePlan, TrainerPlan
 from .api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
+from .api.spec import restart_limit
 from .display import ProgressDisplay
 from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
 from .runconfig import write_run_config
@@ -310,7 +311,7 @@ class LocalRun:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        rank, limit = ranks.index(failed), self.spec.trainer.backoff_limit
+        rank, limit = ranks.index(failed), restart_limit(self.spec.trainer.backoff_limit)
         log = self.work / f"trainer-{rank}.log"
         if not gang_may_restart(self.restarts["trainer"], limit):
             raise RunError(f"the trainer failed {self.restarts['trainer'] + 1} time(s) (backoffLimit {limit}); last "

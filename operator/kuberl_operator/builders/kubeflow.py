@@ -19,6 +19,7 @@ from kuberl.api.contract import (
     TRAINJOB_NODE,
     TRAINJOB_RUNTIME,
 )
+from kuberl.api.spec import restart_limit
 
 from .common import Manifest, child_metadata, with_template_hash
 from .gang import KUEUE_GROUP_LABEL, KUEUE_QUEUE_LABEL, KUEUE_TOTAL_ANNOTATION, kueue_queue
@@ -78,7 +79,7 @@ def build_pytorchjob(job: TrainerJob, parent: Manifest, pod: Manifest, labels: d
         metadata=child_metadata(parent, job.metadata.name, labels),
         spec=models.KubeflowOrgV1PyTorchJobSpec(
             run_policy=models.KubeflowOrgV1RunPolicy(
-                backoff_limit=job.spec.backoff_limit, suspend=job.spec.suspend,
+                backoff_limit=restart_limit(job.spec.backoff_limit), suspend=job.spec.suspend,
                 clean_pod_policy="None"),  # rank 0's termination message outlives the job
             nproc_per_node=str(job.spec.procs_per_node),
             pytorch_replica_specs=specs,

@@ -139,7 +139,7 @@ class TrainerJobSpec(PodPlacement):
     nodes: int = Field(1, ge=1, le=MAX_PODS)
     procs_per_node: int = Field(1, ge=1, le=MAX_DEVICES_PER_NODE, description="ranks (and devices) per pod")
     parallelism: Parallelism = Field(default_factory=Parallelism)
-    backoff_limit: int = Field(3, ge=0)
+    backoff_limit: int | None = Field(None, ge=0, description="the RLExperiment's trainer.backoffLimit")
     inference_service: str | None = Field(None, description="headless Service of the pool")
     config_revision: str | None = Field(None, pattern=r"^[0-9a-f]{1,64}$", description=CONFIG_REVISION)
     storage: StorageSpec = Field(default_factory=StorageSpec)
@@ -155,7 +155,7 @@ class TrainerJobSpec(PodPlacement):
         if TrainerRuntime(self.runtime) == TrainerRuntime.TRAINJOB:
             problems = [(f"scheduling.{field}", why)
                         for field, why in trainjob_scheduling_problems(self.scheduling, whole_experiment=False)]
-            if self.experiment is None and "backoff_limit" in self.model_fields_set:  # an experiment's always sets it
+            if self.backoff_limit is not None:
                 problems.append(("backoffLimit", TRAINJOB_BACKOFF))
             if problems:
                 raise ValueError("; ".join(f"{field} {why}" for field, why in problems))

@@ -194,21 +194,18 @@ class ImportanceSamplingSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("!has(self.low) || !has(self.high) || self.low < self.high", "importanceSampling.low must be < high"),
             ("self.mode != 'truncate' || !has(self.low)", "importanceSampling.low: truncate has no lower bound"))
     }
-    mode: CorrectionMode = Field(CorrectionMode.MASK, description="mask (MIS; IcePop is a two-sided token mask) or "
-                                                                    "truncate (TIS)")
+    mode: CorrectionMode = Field(
+        CorrectionMode.MASK, description="mask (MIS; IcePop is a two-sided token mask): w kept, what leaves "
+                                         "[low, behaviorImpCap] masked; truncate (TIS): min(w, behaviorImpCap)")
     level: CorrectionLevel = Field(CorrectionLevel.TOKEN, description="w per token, per sequence (the product) or "
                                                                        "the sequence's geometric mean")
-    low: float | None = Field(None, gt=0, description="mask: below this w is masked out")
-    high: float | None = Field(None, gt=0, description="mask: above this w is masked out; truncate: w is cut to "
-                                                       "it; default behaviorImpCap")
+    low: float | None = Field(None, gt=0, description="mask: below this w is masked out (the upper bound is "
+                                                      "algorithm.behaviorImpCap)")
 
     @model_validator(mode="after")
     def _bounds(self) -> ImportanceSamplingSpec:
-        if self.low is not None and self.high is not None and self.low >= self.high:
-            raise ValueError(f"importanceSampling.low ({self.low}) must be < high ({self.high})")
         if self.mode == CorrectionMode.TRUNCATE and self.low is not None:
             raise ValueError("importanceSampling.low: truncate has no lower bound (mode mask has)")
         return self
@@ -217,7 +214,9 @@ class ImportanceSamplingSpec(ApiModel):
 class AlgorithmSpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize")
+            ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize"),
+            ("!has(self.importanceSampling) || !has(self.importanceSampling.low) || !has(self.behaviorImpCap) "
+             "|| self.importanceSampling.low < self.behaviorImpCap", "importanceSampling.low must be < behaviorImpCap"),
         )
     }
     name: AlgorithmName = AlgorithmName.GRPO
@@ -239,7 +238,8 @@ class AlgorithmSpec(ApiModel):
         1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"
     )
     behavior_imp_cap: float | None = Field(
-        5.0, gt=0, description="cap on π_prox/π_behav; tokens above it are masked (importanceSampling.high's default)"
+        5.0, gt=0, description="the upper bound on w = π_prox/π_behav: above it tokens (or sequences) are masked, "
+                               "or w is truncated to it (importanceSampling.mode); null: none"
     )
     importance_sampling: ImportanceSamplingSpec = Field(default_factory=ImportanceSamplingSpec)
     ratio: RatioLevel = Field(RatioLevel.TOKEN, description="token (PPO) or sequence (GSPO: one length-normalised "
@@ -254,15 +254,10 @@ class AlgorithmSpec(ApiModel):
         if self.ratio == RatioLevel.SEQUENCE and self.name == AlgorithmName.DRGRPO:
             raise ValueError("ratio: sequence (GSPO) averages over sequences; drgrpo's loss is a sum over a "
                              "constant token count: use grpo, dapo, rloo or reinforce_pp with it")
-        if self.importance_sampling.high is not None and "behavior_imp_cap" in self.model_fields_set:
-            raise ValueError("behaviorImpCap and importanceSampling.high are one bound: set importanceSampling.high")
+        low = self.importance_sampling.low
+        if low is not None and self.behavior_imp_cap is not None and low >= self.behavior_imp_cap:
+            raise ValueError(f"importanceSampling.low ({low}) must be < behaviorImpCap ({self.behavior_imp_cap})")
         return self
-
-    @property
-    def importance_high(self) -> float | None:
-        """The upper bound on w: ``importanceSampling.high``, else ``behaviorImpCap``."""
-        high = self.importance_sampling.high
-        return high if high is not None else self.behavior_imp_cap
 
 
 class EvaluationSpec(ApiModel):
@@ -339,6 +334,14 @@ class Parallelism(ApiModel):
     expert_tensor: int | None = Field(None, ge=1)
 
 
+DEFAULT_BACKOFF_LIMIT = 3  # gang restarts before a TrainerJob fails, unless trainer.backoffLimit says
+
+
+def restart_limit(backoff_limit: int | None) -> int:
+    """``trainer.backoffLimit`` as the native and kubeflow runtimes apply it (unset: the default)."""
+    return DEFAULT_BACKOFF_LIMIT if backoff_limit is None else backoff_limit
+
+
 class TrainerSpec(PodPlacement):
     backend: Backend | None = Field(None, description="fsdp unless the allocation says otherwise")
     runtime: TrainerRuntime = Field(
@@ -350,7 +353,9 @@ class TrainerSpec(PodPlacement):
         8, description="devices per pod; for accelerator cpu, trainer processes per pod"
     )
     parallelism: Parallelism = Field(default_factory=Parallelism)
-    backoff_limit: int = Field(3, ge=0, description="gang restarts before the job fails")
+    backoff_limit: int | None = Field(
+        None, ge=0, description=f"gang restarts before the job fails (default {DEFAULT_BACKOFF_LIMIT}); runtime "
+                                "trainjob: the ClusterTrainingRuntime's failurePolicy decides, leave it unset")
     activation_checkpointing: bool = Field(
         False, description="recompute each transformer block's activations in the backward pass instead of keeping "
                            "them: less device memory for long sequences, one more forward per block (backend fsdp)")

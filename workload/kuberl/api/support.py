@@ -52,7 +52,7 @@ def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
         return []
     issues = [FieldIssue(f"spec.scheduling.{field}", why)
               for field, why in trainjob_scheduling_problems(spec.scheduling, whole_experiment=True)]
-    if "backoff_limit" in spec.trainer.model_fields_set:
+    if spec.trainer.backoff_limit is not None:
         issues.append(FieldIssue("spec.trainer.backoffLimit", TRAINJOB_BACKOFF))
     return issues
 

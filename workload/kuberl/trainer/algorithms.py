@@ -36,7 +36,7 @@ class AlgorithmConfig:
     clip_high: float = 0.28
     dual_clip: float | None = None
     kl_coef: float = 0.0
-    behavior_imp_cap: float | None = 5.0  # the upper bound on w (importanceSampling.high)
+    behavior_imp_cap: float | None = 5.0  # the upper bound on w (algorithm.behaviorImpCap)
     max_new_tokens: int = 1024
     correction: str = "mask"  # how w enters the loss: "mask" or "truncate" (loss.py)
     correction_level: str = "token"  # "token", "sequence" or "geometric"

@@ -70,7 +70,7 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
     spec, algo = run.spec, run.spec.algorithm
     return AlgorithmConfig(
         name=str(algo.name), group_size=algo.group_size, clip_low=algo.clip.low, clip_high=algo.clip.high,
-        dual_clip=algo.clip.dual, kl_coef=algo.kl_coef, behavior_imp_cap=algo.importance_high,
+        dual_clip=algo.clip.dual, kl_coef=algo.kl_coef, behavior_imp_cap=algo.behavior_imp_cap,
         max_new_tokens=spec.rollout.max_new_tokens, correction=str(algo.importance_sampling.mode),
         correction_level=str(algo.importance_sampling.level), behavior_imp_low=algo.importance_sampling.low,
         ratio_level=str(algo.ratio),

@@ -164,6 +164,8 @@ def behaviour_gap(prox_logp: torch.Tensor, behav_logp: torch.Tensor,
     return ((prox_logp.detach() - behav_logp).abs() * fresh).sum(), fresh.sum()
 
 
+MISMATCH_STATS = ("mismatch/k3_kl", "mismatch/chi2", "mismatch/masked_fraction", "mismatch/truncated_fraction")
+
 BEHAVIOUR_GAP_LIMIT = 0.2
 """Nats. Above this mean gap at version lag 0 the trainer warns: bf16 engines differ from the
 trainer by ≈ 0.01–0.05, a wrong or stale layer in the engine by whole nats."""
@@ -178,9 +180,13 @@ class BehaviourGapMonitor:
     every: int = 50
     last: float | None = None  # None while no step had fresh tokens
     values: list[float] = field(default_factory=list)
+    mismatch: dict[str, list[float]] = field(default_factory=dict)  # the loss's mismatch/* stats, by step
     _warned_at: int | None = None
 
     def observe(self, step: int, stats: dict[str, float]) -> None:
+        for key in MISMATCH_STATS:
+            if key in stats and not math.isnan(stats[key]):
+                self.mismatch.setdefault(key, []).append(stats[key])
         gap = stats.get("mismatch/behav_logp_gap", math.nan)
         if math.isnan(gap):
             return
@@ -197,6 +203,9 @@ class BehaviourGapMonitor:
                     "weight update, another dtype or model): the run learns from noise",
                     step, gap, int(stats.get("mismatch/fresh_tokens", 0)), BEHAVIOUR_GAP_LIMIT)
 
-    def summary(self) -> dict[str, float | None]:
+    def summary(self) -> dict[str, float | dict[str, float] | None]:
+        """The gap's mean and max over the steps, and ``mismatch``: each loss diagnostic's mean over them."""
         return {"behav_logp_gap_mean": round(sum(self.values) / len(self.values), 6) if self.values else None,
-                "behav_logp_gap_max": round(max(self.values), 6) if self.values else None}
+                "behav_logp_gap_max": round(max(self.values), 6) if self.values else None,
+                "mismatch": {key.removeprefix("mismatch/") + "_mean": round(sum(v) / len(v), 6)
+                             for key, v in self.mismatch.items() if v}}
