@@ -233,9 +233,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return json_copy(obj)
 
     def list(self, group: str, plural: str, namespace: str | None = None, labels: str | None = None,
-             fields: str | None = None) -> list[Obj]:
+             fields: str | None = None, copy: bool = True) -> list[Obj]:
+        """The matching objects (copies; ``copy`` False: the stored ones, for a reply serialized at once —
+        a page of a large list then costs its own objects, not every object's copy)."""
         return [
-            json_copy(o) for (ns, _), o in sorted(self.store[(group, plural)].items(), key=lambda kv: str(kv[0]))
+            json_copy(o) if copy else o
+            for (ns, _), o in sorted(self.store[(group, plural)].items(), key=lambda kv: str(kv[0]))
             if (namespace is None or ns == namespace)
             and matches_labels(o["metadata"].get("labels") or {}, labels) and matches_fields(o, fields)
         ]
@@ -381,7 +384,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await fault.respond()
         if method == "GET" and name is None:
             return self._list_response(request, self.list(g, p, ns, params.get("labelSelector"),
-                                                          params.get("fieldSelector")))
+                                                          params.get("fieldSelector"), copy=False))
         if method == "GET":
             return aiohttp.web.json_response(self.get(g, p, ns, name))
         if method == "POST" and name is None:
