@@ -110,20 +110,17 @@ def trainjob_patch(pod: Manifest) -> Manifest:
     ClusterTrainingRuntime sets."""
     spec = pod["spec"]
     container = spec["containers"][0]
-    metadata = _pod_metadata(pod)
-    kueue_pod_group = (KUEUE_QUEUE_LABEL, KUEUE_GROUP_LABEL)
-    metadata["labels"] = {k: v for k, v in metadata["labels"].items() if k not in kueue_pod_group}
-    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != KUEUE_TOTAL_ANNOTATION}
-    metadata.pop("annotations", None)
-    if annotations:
-        metadata["annotations"] = annotations
+    shared = _pod_metadata(pod)
+    labels = {k: v for k, v in shared["labels"].items() if k not in (KUEUE_QUEUE_LABEL, KUEUE_GROUP_LABEL)}
+    annotations = {k: v for k, v in shared.get("annotations", {}).items() if k != KUEUE_TOTAL_ANNOTATION}
+    metadata = {"labels": labels, **({"annotations": annotations} if annotations else {})}
     pod_spec = {key: spec[key] for key in ("volumes", "securityContext", "nodeSelector", "tolerations",
                                            "affinity", "serviceAccountName") if spec.get(key)}
     pod_spec["containers"] = [{"name": TRAINJOB_NODE, "volumeMounts": container["volumeMounts"],
                                "securityContext": container["securityContext"]}]
     job_template = {"metadata": metadata, "spec": {"template": {"metadata": metadata, "spec": pod_spec}}}
     return {"manager": TRAINJOB_MANAGER, "trainingRuntimeSpec": {"template": {
-        "metadata": {"labels": metadata["labels"]},
+        "metadata": {"labels": labels},
         "spec": {"replicatedJobs": [{"name": TRAINJOB_NODE, "template": job_template}]}}}}
 
 

@@ -121,5 +121,6 @@ def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str
         out.append(group)
     if runtime == TrainerRuntime.KUBEFLOW:
         return [*out, build_pytorchjob(job, parent, rank0, job_selector(job))]
-    pods = [build_trainer_pod(job, parent, rank, token_version, settings) for rank in range(job.spec.nodes)]
+    pods = [rank0, *(build_trainer_pod(job, parent, rank, token_version, settings)
+                     for rank in range(1, job.spec.nodes))]
     return out + ([] if job.spec.suspend else pods)
