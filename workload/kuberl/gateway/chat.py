@@ -111,7 +111,7 @@ def refuse_before_tokenizing(codec: TextCodec, texts: list[str], param: str) -> 
     tokens — at least characters / ``codec.max_token_chars()`` — without tokenizing them: megabytes
     of text cost the tokenizer seconds of rank 0's CPU, for a prompt no replica would take."""
     chars = sum(len(t) for t in texts)
-    at_least = chars // codec.max_token_chars()
+    at_least = chars // codec.max_token_chars
     if at_least > MAX_PROMPT_TOKENS:
         raise RequestError(f"{param}: {chars} characters are at least {at_least} tokens, more than the "
                            f"{MAX_PROMPT_TOKENS} a prompt may have", param)
@@ -134,6 +134,13 @@ def render(codec: TextCodec, messages: list[dict[str, Any]], tools: list[dict[st
     tokenizing when their length alone says so."""
     refuse_before_tokenizing(codec, message_texts(messages), "messages")
     return refuse_too_many(_render(codec, messages, tools), "messages")
+
+
+def encode(codec: TextCodec, text: str) -> list[int]:
+    """The prompt tokens of a completion's ``prompt`` text; a RequestError naming ``prompt`` when it is
+    more than a replica takes, as ``render``."""
+    refuse_before_tokenizing(codec, [text], "prompt")
+    return refuse_too_many(codec.encode_prompt(text), "prompt")
 
 
 def _render(codec: TextCodec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:

@@ -171,8 +171,7 @@ class Gateway:
             session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
-            chat.refuse_before_tokenizing(self.codec, [prompt_text], "prompt")
-            prompt = chat.refuse_too_many(await self._tokenize(self.codec.encode_prompt, prompt_text), "prompt")
+            prompt = await self._tokenize(chat.encode, self.codec, prompt_text)
             ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)

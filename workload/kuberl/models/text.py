@@ -12,6 +12,7 @@ inference server all go through here, so the policy sees the same tokens whoever
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,6 @@ class TextCodec:
         """``chat``: how single-turn prompts are rendered (None: raw text after BOS, the gateway's and
         the inference server's text route)."""
         self.tokenizer = tokenizer
-        self._max_token_chars: int | None = None
         self.bos_id: int | None = tokenizer.bos_token_id
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id
@@ -37,14 +37,13 @@ class TextCodec:
             raise ValueError("spec.model.chatTemplate.mode is on but the tokenizer has no chat template; give one "
                              "in spec.model.chatTemplate.template")
 
+    @functools.cached_property
     def max_token_chars(self) -> int:
         """The most characters one token can stand for: the longest vocabulary entry (a byte-level
         BPE entry has one character per byte, a SentencePiece or WordPiece entry at least as many as
         it decodes to). So a text of ``n`` characters is at least ``n / max_token_chars`` tokens for a
         tokenizer that keeps every character (byte-level BPE, SentencePiece: every chat model's)."""
-        if self._max_token_chars is None:
-            self._max_token_chars = max((len(token) for token in self.tokenizer.get_vocab()), default=1) or 1
-        return self._max_token_chars
+        return max((len(token) for token in self.tokenizer.get_vocab()), default=1) or 1
 
     @property
     def has_chat_template(self) -> bool:
