@@ -108,7 +108,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def refuse_before_tokenizing(codec: TextCodec, texts: list[str], param: str) -> None:
     """Raise a RequestError naming ``param`` when ``texts`` are surely more than ``MAX_PROMPT_TOKENS``
-    tokens — at least characters / ``codec.max_token_chars()`` — without tokenizing them: megabytes
+    tokens — at least characters / ``codec.max_token_chars`` — without tokenizing them: megabytes
     of text cost the tokenizer seconds of rank 0's CPU, for a prompt no replica would take."""
     chars = sum(len(t) for t in texts)
     at_least = chars // codec.max_token_chars
