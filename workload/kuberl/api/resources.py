@@ -18,7 +18,6 @@ from .progress import Progress
 from .spec import (
     MAX_DEVICES_PER_NODE,
     MAX_PODS,
-    TRAINJOB_BACKOFF,
     Backend,
     Engine,
     Parallelism,
@@ -27,7 +26,7 @@ from .spec import (
     SchedulingSpec,
     StorageSpec,
     TrainerRuntime,
-    trainjob_scheduling_problems,
+    trainjob_problems,
 )
 from .tracking import LoggingSpec
 
@@ -153,10 +152,7 @@ class TrainerJobSpec(PodPlacement):
     @model_validator(mode="after")
     def _trainjob_scheduling(self) -> TrainerJobSpec:
         if TrainerRuntime(self.runtime) == TrainerRuntime.TRAINJOB:
-            problems = [(f"scheduling.{field}", why)
-                        for field, why in trainjob_scheduling_problems(self.scheduling, whole_experiment=False)]
-            if self.backoff_limit is not None:
-                problems.append(("backoffLimit", TRAINJOB_BACKOFF))
+            problems = trainjob_problems(self.scheduling, self.backoff_limit, whole_experiment=False)
             if problems:
                 raise ValueError("; ".join(f"{field} {why}" for field, why in problems))
         return self

@@ -434,27 +434,29 @@ class SchedulingSpec(ApiModel):
     priority_class_name: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253)
 
 
-TRAINJOB_BACKOFF = ("is set, but a TrainJob's restarts are its ClusterTrainingRuntime's (JobSet "
-                    "failurePolicy.maxRestarts; the chart's trainJobRuntime.maxRestarts): leave it unset with "
-                    "trainer.runtime trainjob")
-
-
-def trainjob_scheduling_problems(scheduling: SchedulingSpec, whole_experiment: bool) -> list[tuple[str, str]]:
-    """(field of ``scheduling``, why) for each setting a Kubeflow Trainer TrainJob cannot carry
-    (``trainer.runtime: trainjob``): its pods come from JobSet, shaped by the ClusterTrainingRuntime and
-    the few pod fields a TrainJob's runtimePatches may set."""
+def trainjob_problems(scheduling: SchedulingSpec, backoff_limit: int | None,
+                      whole_experiment: bool) -> list[tuple[str, str]]:
+    """(field, why) for each setting a Kubeflow Trainer TrainJob cannot carry (``trainer.runtime:
+    trainjob``) — ``scheduling.gang``, ``scheduling.queue`` (of a whole experiment),
+    ``scheduling.priorityClassName``, ``backoffLimit`` —: its pods come from JobSet, shaped by the
+    ClusterTrainingRuntime and the few pod fields a TrainJob's runtimePatches may set, and restarted
+    by the runtime's failure policy."""
     problems = []
     if GangScheduler(scheduling.gang) != GangScheduler.NONE:
-        problems.append(("gang", f"is {scheduling.gang}: a TrainJob's pods are made by JobSet, and Kubeflow Trainer "
-                                 "gangs them through the ClusterTrainingRuntime's podGroupPolicy; set it there and "
-                                 "leave gang none, or use trainer.runtime native"))
+        problems.append(("scheduling.gang", f"is {scheduling.gang}: a TrainJob's pods are made by JobSet, and "
+                         "Kubeflow Trainer gangs them through the ClusterTrainingRuntime's podGroupPolicy; set it "
+                         "there and leave gang none, or use trainer.runtime native"))
     if whole_experiment and scheduling.queue:
-        problems.append(("queue", f"is {scheduling.queue!r}: a TrainJob is its own Kueue workload, so the experiment "
-                                  "would be admitted as two units (pool pods, TrainJob) that can deadlock "
-                                  "half-admitted; use trainer.runtime native (one Kueue pod group per experiment)"))
+        problems.append(("scheduling.queue", f"is {scheduling.queue!r}: a TrainJob is its own Kueue workload, so "
+                         "the experiment would be admitted as two units (pool pods, TrainJob) that can deadlock "
+                         "half-admitted; use trainer.runtime native (one Kueue pod group per experiment)"))
     if scheduling.priority_class_name:
-        problems.append(("priorityClassName", "a TrainJob's runtimePatches cannot set a pod's priority class; set it "
-                                              "on the ClusterTrainingRuntime (or use a Kueue WorkloadPriorityClass)"))
+        problems.append(("scheduling.priorityClassName", "a TrainJob's runtimePatches cannot set a pod's priority "
+                         "class; set it on the ClusterTrainingRuntime (or use a Kueue WorkloadPriorityClass)"))
+    if backoff_limit is not None:
+        problems.append(("backoffLimit", "is set, but a TrainJob's restarts are its ClusterTrainingRuntime's (JobSet "
+                         "failurePolicy.maxRestarts; the chart's trainJobRuntime.maxRestarts): leave it unset with "
+                         "trainer.runtime trainjob"))
     return problems
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 from .resolve import FieldIssue, TrainerPlan
 from .rewards import reward_issue
 from .spec import (
-    TRAINJOB_BACKOFF,
     AlgorithmName,
     Backend,
     RLExperimentSpec,
     TrainerRuntime,
-    trainjob_scheduling_problems,
+    trainjob_problems,
 )
 
 MEGATRON_SCOPE = ("backend megatron trains with tensor, pipeline, expert and data parallelism in this build "
@@ -50,11 +49,8 @@ def _algorithm_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
 def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
     if TrainerRuntime(spec.trainer.runtime) != TrainerRuntime.TRAINJOB:
         return []
-    issues = [FieldIssue(f"spec.scheduling.{field}", why)
-              for field, why in trainjob_scheduling_problems(spec.scheduling, whole_experiment=True)]
-    if spec.trainer.backoff_limit is not None:
-        issues.append(FieldIssue("spec.trainer.backoffLimit", TRAINJOB_BACKOFF))
-    return issues
+    problems = trainjob_problems(spec.scheduling, spec.trainer.backoff_limit, whole_experiment=True)
+    return [FieldIssue(f"spec.{'trainer.' if field == 'backoffLimit' else ''}{field}", why) for field, why in problems]
 
 
 def _reward_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
