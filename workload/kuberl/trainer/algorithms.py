@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..api.spec import CorrectionLevel, CorrectionMode, RatioLevel
 from ..rollout.types import Group, Trajectory
 
 ADVANTAGE = {"grpo": "group_norm", "dapo": "group_norm", "drgrpo": "group_center", "rloo": "rloo",
@@ -38,10 +39,10 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     behavior_imp_cap: float | None = 5.0  # the upper bound on w (algorithm.behaviorImpCap)
     max_new_tokens: int = 1024
-    correction: str = "mask"  # how w enters the loss: "mask" or "truncate" (loss.py)
-    correction_level: str = "token"  # "token", "sequence" or "geometric"
+    correction: str = CorrectionMode.MASK  # how w enters the loss (loss.py)
+    correction_level: str = CorrectionLevel.TOKEN
     behavior_imp_low: float | None = None  # mask: the lower bound on w
-    ratio_level: str = "token"  # "token" (PPO) or "sequence" (GSPO)
+    ratio_level: str = RatioLevel.TOKEN  # token (PPO) or sequence (GSPO)
 
     def __post_init__(self) -> None:
         if self.name == "ppo":
@@ -51,11 +52,11 @@ class AlgorithmConfig:
             )
         if self.name not in ADVANTAGE:
             raise ValueError(f"algorithm.name {self.name!r}; allowed: {', '.join(ADVANTAGE)}")
-        for field, value, allowed in (("correction", self.correction, ("mask", "truncate")),
-                                      ("correction_level", self.correction_level, ("token", "sequence", "geometric")),
-                                      ("ratio_level", self.ratio_level, ("token", "sequence"))):
-            if value not in allowed:
-                raise ValueError(f"{field} {value!r}; allowed: {', '.join(allowed)}")
+        for field, value, allowed in (("correction", self.correction, CorrectionMode),
+                                      ("correction_level", self.correction_level, CorrectionLevel),
+                                      ("ratio_level", self.ratio_level, RatioLevel)):
+            if value not in {m.value for m in allowed}:
+                raise ValueError(f"{field} {value!r}; allowed: {', '.join(m.value for m in allowed)}")
 
     @property
     def loss_agg(self) -> str:
@@ -63,7 +64,7 @@ class AlgorithmConfig:
         the batch's sequences) or ``token_mean``."""
         if self.name == "drgrpo":
             return "seq_sum_const"
-        return "seq_mean" if self.ratio_level == "sequence" else "token_mean"
+        return "seq_mean" if self.ratio_level == RatioLevel.SEQUENCE else "token_mean"
 
     @property
     def dynamic_sampling(self) -> bool:

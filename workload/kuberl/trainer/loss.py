@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..api.spec import CorrectionLevel, CorrectionMode, RatioLevel
 from .algorithms import AlgorithmConfig
 
 log = logging.getLogger("kuberl.trainer")
@@ -126,14 +127,14 @@ def behaviour_weight(log_w: torch.Tensor, mask: torch.Tensor,
     """(the weight each token's loss is multiplied by, the mask after the correction, which tokens were
     truncated) for log w = log π_prox − log π_behav (detached) at ``config.correction_level``; see the
     module docstring."""
-    if config.correction_level == "sequence":
+    if config.correction_level == CorrectionLevel.SEQUENCE:
         log_w = (log_w * mask).sum(dim=-1, keepdim=True).expand_as(log_w)
-    elif config.correction_level == "geometric":
+    elif config.correction_level == CorrectionLevel.GEOMETRIC:
         log_w = sequence_mean(log_w, mask).expand_as(log_w)
     weight = torch.exp(log_w)
     high, low = config.behavior_imp_cap, config.behavior_imp_low
     none = torch.zeros_like(mask)
-    if config.correction == "truncate":
+    if config.correction == CorrectionMode.TRUNCATE:
         if high is None:
             return weight, mask, none
         truncated = (weight > high).to(mask.dtype)
@@ -149,7 +150,7 @@ def behaviour_weight(log_w: torch.Tensor, mask: torch.Tensor,
 def trust_ratio(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
     """r = π_θ / π_prox per token, or GSPO's sequence ratio in its token form (module docstring)."""
     log_r = logp - prox_logp
-    if level == "token":
+    if level == RatioLevel.TOKEN:
         return torch.exp(log_r)
     return torch.exp(sequence_mean(log_r, mask).detach() + log_r - log_r.detach())
 
