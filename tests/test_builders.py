@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kuberl.api import InferencePool, RLExperiment, TrainerJob
-from kuberl.api.contract import GATEWAY_PORT, LABEL_EXPERIMENT, MASTER_PORT, PROGRESS_PORT, gateway_service_name
+from kuberl.api.contract import GATEWAY_PORT, LABEL_EXPERIMENT, MASTER_PORT, PROGRESS_PORT
 from kuberl.api.spec import AgentSpec
 from kuberl_cli.main import main
 from kuberl_operator.builders.agent import agent_resources
@@ -176,98 +176,6 @@ def test_with_kueue_an_experiment_is_one_pod_group():
         assert labels["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
         assert labels["kueue.x-k8s.io/pod-group-name"] == "demo"
         assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "3"
-
-
-def test_kubeflow_runtime_emits_one_pytorchjob_from_the_same_templates():
-    doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["trainer"] = {"nodes": 3, "runtime": "kubeflow"}
-    manifests = render(doc)
-    jobs = by_kind(manifests, "PyTorchJob")
-    assert len(jobs) == 1
-    specs = jobs[0]["spec"]["pytorchReplicaSpecs"]
-    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 2)
-    assert jobs[0]["spec"]["nprocPerNode"] == "8"
-    for replica in specs.values():
-        template = replica["template"]
-        (trainer,) = template["spec"]["containers"]
-        assert trainer["name"] == "pytorch"  # the container Kubeflow injects its env into
-        env = {e["name"] for e in trainer["env"]}
-        # Kubeflow injects these (PET_* for torchrun): ours would contradict it; NODE_RANK=1 for every
-        # worker was the old template's bug
-        assert not env & {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES",
-                          "NPROC_PER_NODE"}, env
-        assert "$(" not in trainer["args"][0] and "torchrun -m kuberl.trainer" in trainer["args"][0]
-        assert {"name": "pytorchjob-port", "containerPort": 29500} in trainer["ports"]
-        assert "kuberl.io/rank" not in template["metadata"]["labels"]
-        assert "hostname" not in template["spec"] and "subdomain" not in template["spec"]
-    assert not [p for p in by_kind(manifests, "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer"]
-
-
-def test_trainjob_runtime_emits_one_trainjob_that_kubeflow_trainers_models_read_back():
-    """trainer.runtime trainjob: one Kubeflow Trainer v2 TrainJob on the chart's runtime, no rank pods and no
-    headless Service of ours (JobSet makes <job>); the pool and the gateway find rank 0 where JobSet puts it."""
-    from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
-
-    doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["trainer"] = {"nodes": 3, "runtime": "trainjob"}
-    doc["spec"]["agent"] = {"command": ["python", "agent.py"]}
-    manifests = render(doc)
-    (trainjob,) = by_kind(manifests, "TrainJob")
-    parsed = TrainerV1alpha1TrainJob.from_dict(trainjob)  # the SDK's own schema
-    assert parsed.spec.runtime_ref.name == "kuberl-torch" and parsed.spec.runtime_ref.kind == "ClusterTrainingRuntime"
-    trainer = parsed.spec.trainer
-    assert (trainer.num_nodes, trainer.num_proc_per_node) == (3, 8)
-    assert trainjob["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
-    env = {e.name for e in trainer.env}
-    assert not env & {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE"}
-    assert {"KUBERL_API_TOKEN", "KUBERL_CHECKPOINT_KEY"} <= env
-    assert "torchrun -m kuberl.trainer" in trainer.args[0] and "$(" not in trainer.args[0]
-    (patch,) = trainjob["spec"]["runtimePatches"]
-    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-    assert node["name"] == "node"
-    pod = node["template"]["spec"]["template"]
-    labels = pod["metadata"]["labels"]
-    assert labels["kuberl.io/role"] == "trainer" and "kuberl.io/rank" not in labels
-    assert pod["metadata"]["labels"]["kuberl.io/trainer-job"] == "demo-trainer"
-    (container,) = pod["spec"]["containers"]
-    assert container["name"] == "node"
-    assert any(m["mountPath"] == "/etc/kuberl/config" for m in container["volumeMounts"])
-    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
-    assert {v["name"] for v in pod["spec"]["volumes"]} >= {m["name"] for m in container["volumeMounts"]}
-    assert not [p for p in by_kind(manifests, "Pod") if p["metadata"]["labels"]["kuberl.io/role"] == "trainer"]
-    assert not [s for s in by_kind(manifests, "Service") if s["metadata"]["name"] == "demo-trainer"]
-    (pool,) = by_kind(manifests, "InferencePool")
-    assert pool["spec"]["trainerAddress"] == "demo-trainer-node-0-0.demo-trainer.team-a.svc"
-    (gateway,) = [s for s in by_kind(manifests, "Service") if s["metadata"]["name"] == gateway_service_name("demo")]
-    assert gateway["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
-
-
-@pytest.mark.parametrize("scheduling, field", [({"gang": "volcano"}, "spec.scheduling.gang"),
-                                               ({"queue": "team-a-gpus"}, "spec.scheduling.queue"),
-                                               ({"priorityClassName": "high"}, "spec.scheduling.priorityClassName"),
-                                               ({}, "spec.trainer.backoffLimit")])
-def test_trainjob_runtime_refuses_what_a_trainjob_cannot_carry(scheduling, field):
-    doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["trainer"] = {"runtime": "trainjob", **({} if scheduling else {"backoffLimit": 3})}
-    doc["spec"]["scheduling"] = scheduling
-    with pytest.raises(InvalidSpec) as err:
-        render(doc)
-    assert [i.path for i in err.value.issues] == [field]
-
-
-def test_standalone_trainjob_goes_to_its_kueue_queue_whole():
-    job = TrainerJob.model_validate(stored({"apiVersion": "kuberl.io/v1alpha1", "kind": "TrainerJob",
-                                            "metadata": {"name": "t"},
-                                            "spec": {"nodes": 2, "runtime": "trainjob",
-                                                     "scheduling": {"queue": "team-a-gpus"}}}))
-    (trainjob,) = by_kind(render_resource(job), "TrainJob")
-    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
-    pod = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
-    assert not [k for k in pod["template"]["spec"]["template"]["metadata"]["labels"] if k.startswith("kueue.x-k8s.io")]
-    with pytest.raises(ValueError, match=r"scheduling\.gang"):
-        TrainerJob.model_validate(stored({"apiVersion": "kuberl.io/v1alpha1", "kind": "TrainerJob",
-                                          "metadata": {"name": "t"},
-                                          "spec": {"runtime": "trainjob", "scheduling": {"gang": "volcano"}}}))
 
 
 def test_invalid_spec_builds_nothing():

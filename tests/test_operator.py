@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 
 import pytest
 
@@ -411,100 +410,6 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
             "step": 7, "version": 7, "reward": 0.5, "observedStaleness": 2, "maxSteps": 100, "phase": "running"}
         assert get_rlx(api, "cpu-tiny")["status"]["phase"] == "Running"  # the experiment's sync keeps it
     await runner.cleanup()
-
-
-async def test_kubeflow_runtime_reaches_running_and_succeeded_through_the_pytorchjob(tmp_path):
-    """trainer.runtime kubeflow: the operator creates a PyTorchJob instead of trainer pods; the test
-    plays the Kubeflow training operator (its status conditions, its master pod) and the kubelet."""
-    from kuberl.local import apply_overrides
-
-    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
-        api = cluster.api
-        await api.create(GROUP, "rlexperiments", "team-a", apply_overrides(experiment(), ["trainer.runtime=kubeflow"]))
-        (job,) = await eventually(lambda: api.list("kubeflow.org", "pytorchjobs", "team-a"), what="PyTorchJob")
-        assert job["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] == 1
-        assert pods(api, "team-a", "kuberl.io/role=trainer") == []  # Kubeflow makes those
-        (replica,) = await eventually(lambda: pods(api, "team-a", "kuberl.io/role=inference"), what="replica")
-        await bind(api, replica, "node-a")
-        await set_pod(api, replica, "Running", ready=True)
-
-        async def kubeflow_says(kind: str, active: int, at: str) -> None:
-            await api.patch("kubeflow.org", "pytorchjobs", "team-a", "cpu-tiny-trainer", {"status": {
-                "conditions": [{"type": "Created", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                               {"type": kind, "status": "True", "lastTransitionTime": at}],
-                "replicaStatuses": {"Master": {"active": active}}}}, subresource="status")  # fmt: skip
-
-        def phase() -> str | None:
-            return get_rlx(api, "cpu-tiny").get("status", {}).get("phase")
-
-        await kubeflow_says("Created", 0, "2026-01-01T00:00:00Z")
-        await eventually(lambda: api.get(GROUP, "trainerjobs", "team-a", "cpu-tiny-trainer").get("status", {})
-                         .get("phase") == "Initializing", what="TrainerJob Initializing")
-        assert phase() != "Running"
-        await kubeflow_says("Running", 1, "2026-01-01T00:01:00Z")
-        await eventually(lambda: phase() == "Running", what="experiment Running")
-        master = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-tiny-trainer-master-0",
-                  "labels": job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["labels"]},
-                  "spec": {"containers": [{"name": "pytorch", "image": "x"}]}}  # fmt: skip
-        created = await api.create("", "pods", "team-a", master)
-        final = {"exitCode": 0, "message": '{"step": 500, "version": 500, "reward": 0.8}'}
-        await api.patch("", "pods", "team-a", created["metadata"]["name"], {"status": {"phase": "Succeeded",
-                        "containerStatuses": [{"name": "pytorch", "state": {"terminated": final}}]}},
-                        subresource="status")  # fmt: skip
-        await kubeflow_says("Succeeded", 0, "2026-01-01T00:09:00Z")
-        exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
-        assert exp["status"]["progress"]["step"] == 500  # from the master pod's termination message
-
-
-async def test_trainjob_runtime_reaches_running_and_succeeded_through_the_trainjob(tmp_path):
-    """trainer.runtime trainjob: the operator creates a Kubeflow Trainer v2 TrainJob instead of trainer pods
-    and its headless Service; the test plays Kubeflow Trainer and JobSet (the TrainJob's status, a
-    random-named rank-0 pod built from the runtime patch) and the kubelet. The final progress comes from
-    that pod, found by its labels."""
-    from kuberl.local import apply_overrides
-
-    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
-        api = cluster.api
-        await api.create(GROUP, "rlexperiments", "team-a", apply_overrides(experiment(), ["trainer.runtime=trainjob"]))
-        (job,) = await eventually(lambda: api.list("trainer.kubeflow.org", "trainjobs", "team-a"), what="TrainJob")
-        assert job["spec"]["runtimeRef"]["name"] == "kuberl-torch" and job["spec"]["trainer"]["numNodes"] == 1
-        assert pods(api, "team-a", "kuberl.io/role=trainer") == []  # JobSet makes those
-        assert not [s for s in api.list("", "services", "team-a") if s["metadata"]["name"] == "cpu-tiny-trainer"]
-        (replica,) = await eventually(lambda: pods(api, "team-a", "kuberl.io/role=inference"), what="replica")
-        await bind(api, replica, "node-a")
-        await set_pod(api, replica, "Running", ready=True)
-
-        async def trainer_says(conditions: list[str], **node: int) -> None:
-            await api.patch("trainer.kubeflow.org", "trainjobs", "team-a", "cpu-tiny-trainer", {"status": {
-                "conditions": [{"type": t, "status": "True", "reason": t, "message": ""} for t in conditions],
-                "jobsStatus": [{"name": "node", **node}]}}, subresource="status")  # fmt: skip
-
-        def phase(kind: str = "rlexperiments", name: str = "cpu-tiny") -> str | None:
-            return api.get(GROUP, kind, "team-a", name).get("status", {}).get("phase")
-
-        await trainer_says([], active=1)
-        await eventually(lambda: phase("trainerjobs", "cpu-tiny-trainer") == "Initializing", what="Initializing")
-        assert phase() != "Running"
-        await trainer_says([], active=1, ready=1)
-        await eventually(lambda: phase() == "Running", what="experiment Running")
-        node = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
-        labels = {**node["template"]["spec"]["template"]["metadata"]["labels"],
-                  "jobset.sigs.k8s.io/jobset-name": "cpu-tiny-trainer", "batch.kubernetes.io/job-completion-index": "0"}
-        initializer = {"jobset.sigs.k8s.io/jobset-name": "cpu-tiny-trainer"}  # a runtime's initializer step
-        for index, name, pod_labels in ((0, "cpu-tiny-trainer-dataset-initializer-0-0-b4v9c", initializer),
-                                        (1, "cpu-tiny-trainer-node-0-1-q8w2z", labels),
-                                        (0, "cpu-tiny-trainer-node-0-0-x7k2p", labels)):
-            rank = {**pod_labels, "batch.kubernetes.io/job-completion-index": str(index)}
-            await api.create("", "pods", "team-a", {"apiVersion": "v1", "kind": "Pod",
-                                                    "metadata": {"name": name, "labels": rank},
-                                                    "spec": {"containers": [{"name": "node", "image": "x"}]}})
-            message = json.dumps({"step": 500 + index + (pod_labels is initializer), "version": 500, "reward": 0.8})
-            await api.patch("", "pods", "team-a", name, {"status": {"phase": "Succeeded", "containerStatuses": [
-                {"name": "node", "state": {"terminated": {"exitCode": 0, "message": message}}}]}},
-                subresource="status")  # fmt: skip
-        await trainer_says(["Complete"], succeeded=1)
-        exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
-        assert exp["status"]["progress"]["step"] == 500  # rank 0's termination message, not another pod's
 
 
 async def test_objects_it_did_not_create_are_never_adopted_changed_or_pruned(tmp_path):
