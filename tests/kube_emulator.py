@@ -29,7 +29,8 @@ for every registered resource, and nothing else in the tests emulates the API:
 What it does not do (a real cluster's job, see README "What the emulator cannot check"): OpenAPI
 schema validation, defaulting, pruning and CEL rules of the CRDs (kubectl needs
 ``--validate=false``), admission, RBAC, server-side apply, scheduling and kubelets (tests play the
-scheduler and the kubelet by patching pods), and 410 Gone for expired resource versions.
+scheduler and the kubelet by patching pods), and 410 Gone for expired resource versions (a
+``Fault("WATCH", plural, 410)`` sends one).
 """
 
 from __future__ import annotations
@@ -129,9 +130,10 @@ FAULT_REASONS = {403: "Forbidden", 409: "Conflict", 422: "Invalid", 429: "TooMan
 @dataclass
 class Fault:
     """Fault injection: the next ``times`` requests matching ``method`` (GET, POST, PATCH, DELETE,
-    LIST for collection reads), ``plural`` and, when given, ``namespace`` ("" = cluster-wide
-    requests only) and ``subresource`` get ``status`` as a metav1.Status (429 with Retry-After), or
-    with ``status`` 0 no answer for ``hang`` seconds (the client's timeout fires)."""
+    LIST for collection reads, WATCH: a 410 comes as a real server sends it, an ERROR event),
+    ``plural`` and, when given, ``namespace`` ("" = cluster-wide requests only) and ``subresource``
+    get ``status`` as a metav1.Status (429 with Retry-After), or with ``status`` 0 no answer for
+    ``hang`` seconds (the client's timeout fires)."""
 
     method: str
     plural: str
@@ -376,12 +378,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         watching = method == "GET" and params.get("watch") in ("true", "1")
         self.used.add((rbac_verb(method, name, watching), g, p + (f"/{sub}" if sub else "")))
         self.requests[rbac_verb(method, name, watching)] += 1
-        if watching:
-            return await self._watch(request)
-        verb = "LIST" if method == "GET" and name is None else method
+        verb = "WATCH" if watching else "LIST" if method == "GET" and name is None else method
         fault = next((f for f in self.faults if f.matches(verb, p, ns, sub)), None)
+        if fault is not None and fault.status == 410 and watching:  # as a real server: 200, then an ERROR event
+            fault.hits += 1
+            return await self._watch_gone(request)
         if fault is not None:
             return await fault.respond()
+        if watching:
+            return await self._watch(request)
         if method == "GET" and name is None:
             return self._list_response(request, self.list(g, p, ns, params.get("labelSelector"),
                                                           params.get("fieldSelector"), copy=False))
@@ -427,6 +432,16 @@ class KubeEmulator(kmock.KubernetesEmulator):
             rows.append({"cells": cells, "object": partial})
         return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
                 "columnDefinitions": columns, "rows": rows}
+
+    async def _watch_gone(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """A watch whose resourceVersion is too old: one ERROR event with a 410 Status, then the end."""
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json;stream=watch"})
+        await response.prepare(request._raw_request)
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                  "message": "too old resource version"}
+        await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+        await response.write_eof()
+        return response
 
     async def _watch(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         g, p, ns = request.resource.group, request.resource.plural, request.namespace

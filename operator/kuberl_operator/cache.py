@@ -1,14 +1,13 @@
 """What the watches delivered, kept in memory: the operator reconciles from it instead of reading
 the API server again for every event (docs/architecture.md, "Reading from the watches").
 
-``ObjectCache`` holds the latest version of every object of the watched kinds (fed by kopf's event
-handlers: ``observe`` / ``forget``) and of what the operator itself just wrote (``Kube`` results),
+``ObjectCache`` holds the latest version of every object of the watched kinds (fed by the informers,
+``informer``: ``observe`` / ``forget``) and of what the operator itself just wrote (``Kube`` results),
 so a sync right after a create sees its child without waiting for the watch. A version older than
 the one held never replaces it (resource versions compared as numbers when they are numbers). A
-label index answers ``list(selector)`` without a scan. kopf re-lists every watched kind when its
-watch reconnects (every resync) and delivers each object again, but says nothing of an object that
-went away while no watch was open: an entry not delivered again within ``max_age`` seconds (two
-resyncs) counts as gone.
+label index answers ``list(selector)`` without a scan. The informers re-list every watched kind each
+resync, deliver each object again and report what the list no longer has; as a last resort, an
+entry not delivered again within ``max_age`` seconds (two resyncs) counts as gone.
 
 Only what the operator controls is held (``roots``; controller-runtime's cache transforms are the
 model): an object of a root kind (the custom resources), one the operator wrote, and one whose
@@ -123,7 +122,6 @@ class ObjectCache:
         self._seen: dict[Key, float] = {}
         self._ours: dict[Key, deque[str | None]] = defaultdict(lambda: deque(maxlen=OWN_VERSIONS))
         self._creating: set[Key] = set()  # the operator's creates in flight (``creating``)
-        self._unconfirmed: set[Key] = set()  # primed, not delivered by a watch or written since (``prime``)
         self._by_label: dict[tuple[str, str | None, str, str], set[str]] = defaultdict(set)
         self._max_age, self._clock, self._refresh = max_age, clock, refresh
 
@@ -144,17 +142,6 @@ class ObjectCache:
         self._written.discard((self._objects.get(key) or {}).get("metadata", {}).get("uid", ""))
         self._unindex(key)
         self._ours.pop(key, None)
-        self._unconfirmed.discard(key)
-
-    def prime(self, obj: Manifest) -> bool:
-        """An object the operator's own list at start-up found (``priming``): held like a watch's, but
-        unconfirmed until a watch delivers it or the operator writes it — one deleted between that
-        list and the watch's own never is (``unconfirmed``). Returns whether it is held (controlled)."""
-        self.observe(obj)
-        if object_key(obj) not in self._objects:  # not the operator's
-            return False
-        self._unconfirmed.add(object_key(obj))
-        return True
 
     def controlled(self, obj: Manifest) -> bool:
         """Whether ``obj`` is the operator's to hold: a root kind, written by the operator, or controlled
@@ -168,9 +155,6 @@ class ObjectCache:
         """Whether ``obj``'s API group is the one its kind is held from (any, for a kind not in ``groups``)."""
         group = (obj.get("apiVersion") or "").rpartition("/")[0]
         return self._groups.get(obj.get("kind", ""), group) == group
-
-    def unconfirmed(self) -> list[Key]:
-        return sorted(self._unconfirmed, key=lambda k: (k[0], k[1] or "", k[2]))
 
     def observe(self, obj: Manifest, quiet: bool = False) -> bool:
         """An object as a watch or a write delivered it; ``quiet``: the operator's own write (a create,
@@ -186,7 +170,6 @@ class ObjectCache:
         key = object_key(obj)
         version = obj["metadata"].get("resourceVersion")
         held = self._objects.get(key)
-        self._unconfirmed.discard(key)
         if held is None and key in self._creating:  # the watch was quicker than the create's answer
             quiet = True
         if quiet:

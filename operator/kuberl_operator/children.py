@@ -1,7 +1,8 @@
 """Converging one object's children — the steps every sync is made of: create what is missing
 (``ensure``; never adopting or rewriting someone else's object), bring a child's spec or data in line,
 prune and replace pods (``converge_pods``), delete what a removed field made (``delete_owned``), the
-API token Secrets (``ensure_api_token``), and write a status only when it changed (``write_status``).
+API token Secrets (``ensure_api_token``), write a status only when it changed (``write_status``), and
+say what went wrong in an Event (``post_warning``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kuberl.api import API_GROUP, InferencePool, TrainerJob
 from kuberl.api.contract import ANNOTATION_TEMPLATE_HASH
 
 from .builders.access import api_token_secret
+from .builders.events import warning_event
 from .kube import ApiError, Kube, Manifest
 from .patch import merge_patch_to, overlay_patch_to
 from .replacement import pods_to_replace
@@ -195,3 +197,12 @@ async def ensure_in_stages(kube: Kube, children: list[Manifest]) -> dict[str, Ma
             raise raised
         stored.update({c["kind"]: r for c, r in zip(stage, results, strict=True)})
     return stored
+
+
+async def post_warning(kube: Kube, involved: Manifest, reason: str, message: str) -> None:
+    """A Warning Event about ``involved`` (``builders.events``). An Event is a report, not state: one
+    that cannot be written is logged, never raised."""
+    try:
+        await kube.create(warning_event(involved, reason, message, now()))
+    except Exception as err:
+        log.warning("%s %s: Event %s not written (%s)", involved.get("kind"), involved["metadata"]["name"], reason, err)

@@ -1,17 +1,16 @@
-"""kopf handlers: thin, level-triggered, all logic in ``reconcile``.
+"""The operator's handlers: thin, level-triggered, all logic in ``reconcile``.
 
-One event handler for every watched kind (``watches``): the object goes into the cache, and someone
-else's change asks for the idempotent syncs it calls for (``routing.syncs_for``) on a work queue. The
-start-up handler fills the cache first (``priming``). The periodic safety net is kopf's watch itself:
-every ``settings.watching.server_timeout`` seconds it reconnects, re-lists every object and fires the
-handler again. No timers and no on.delete handlers, so kopf adds no finalizers: deleting an
-experiment never waits for the operator, owner references do the cleanup. A background task
-polls each running experiment's trainer for progress (``progress.py``), reading the running
-experiments and rank 0's pod IP from the cache instead of listing anything: no kopf index, whose
-upkeep on every event cost more than the cache's. Handlers are registered with the fully-qualified
-group (``kuberl.io``), because ``InferencePool`` is also a kind of the Gateway API Inference
-Extension and kopf silently ignores ambiguous selectors. Every handler is a coroutine: kopf runs a
-plain function in its thread pool, a thread hop per event.
+kopf runs the process (start-up, clean-up, log-in, liveness); the watching is the operator's own
+(``informer``: one task per kind and watched namespace, pages bounded by bytes, one object at a
+time — kopf's watches gave every delivered object a task holding its body, which another tenant's
+look-alikes could fill). Every watched object goes to one handler (``on_object``): into the cache,
+and someone else's change asks for the idempotent syncs it calls for (``routing.syncs_for``) on a
+work queue. The start-up handler fills the cache first (every kind's first list, owners first) and
+only then starts the syncs. The periodic safety net is the informers' re-list every
+``resync_seconds``: every object is delivered again, and its syncs run again. No finalizers:
+deleting an experiment never waits for the operator, owner references do the cleanup. A background
+task polls each running experiment's trainer for progress (``progress.py``), reading the running
+experiments and rank 0's pod IP from the cache instead of listing anything.
 """
 
 from __future__ import annotations
@@ -28,12 +27,14 @@ import kopf
 from kuberl.api import InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import LABEL_ROLE, PREFIX, ROLE_TRAINER
 
-from . import kube, priming, progress, reconcile, routing
-from .cache import ON_WRITE, CachedKube, ObjectCache
-from .kube import Kube
+from . import children, kube, progress, reconcile, routing
+from .cache import ON_WRITE, CachedKube, Key, ObjectCache, object_key
+from .informer import Informer
+from .kube import Kube, Manifest
 from .ratelimit import RateLimit
 from .retry import Backoff, classify, reported
 from .settings import BuildSettings, OperatorSettings
+from .topology import missing_topology
 from .watches import CACHED_GROUPS, CACHED_KINDS, ROOT_KINDS, WATCHED
 from .workqueue import WorkQueue
 
@@ -41,8 +42,9 @@ log = logging.getLogger("kuberl.operator")
 SYNC_WORKERS = "kuberl-sync"
 PROGRESS_TASK = "kuberl-progress-polling"
 RETRY_TASK = "kuberl-retry-"
-PRIME_TASK = "kuberl-prime-confirm"
-Key = tuple[str, str, str]
+INFORMER_TASK = "kuberl-informer-"
+LABEL_TASK = "kuberl-topology-"
+SyncKey = tuple[str, str, str]
 
 
 @dataclass
@@ -55,11 +57,12 @@ class OperatorState:
     namespaces: list[str]  # watched; empty: the whole cluster
     cache: ObjectCache
     kube: CachedKube
-    queue: WorkQueue[Key]
+    queue: WorkQueue[SyncKey]
     backoff: Backoff
     convergence: Convergence
-    retries: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the progress poller, the prime check
+    retries: dict[SyncKey, asyncio.Task[None]] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # the informers, the progress poller
+    labelling: dict[Key, asyncio.Task[None]] = field(default_factory=dict)  # pods getting their topology labels
 
     @property
     def scope(self) -> list[str | None]:
@@ -81,7 +84,7 @@ def _state(memo: kopf.Memo) -> OperatorState:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     ours = OperatorSettings.from_env()
-    _tune_kopf(settings, ours.resync_seconds)
+    _tune_kopf(settings)
     cache = ObjectCache(max_age=2 * ours.resync_seconds, refresh=ours.resync_seconds / 2, roots=ROOT_KINDS,
                         groups=CACHED_GROUPS)
     client = CachedKube(lambda: kube.login(settings), cache, CACHED_KINDS, timeout=ours.api_timeout_seconds,
@@ -92,71 +95,48 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
         ours, list(memo.get("namespaces") or []), cache, client,
         WorkQueue(lambda key: _sync_once(memo, key)),  # started by the first request_sync
         Backoff(ours.backoff_base_seconds, ours.backoff_max_seconds), Convergence())
-    await _prime(memo, logger)
-    loop = asyncio.get_running_loop()
+    held = await _inform(memo)
+    logger.info("Listed before the first sync: %s", ", ".join(f"{n} {kind}" for kind, n in held.items()))
+    state.queue.start(ours.max_syncs, SYNC_WORKERS)  # the syncs the lists asked for, and every later one
     poller = progress.poll_forever(client, ours.progress_seconds, lambda: running_targets(cache),
                                    lambda namespace, pod: trainer_pod_ip(cache, namespace, pod), ours.progress_url)
-    state.tasks += [loop.create_task(_confirm_primed(memo, ours.prime_confirm_seconds), name=PRIME_TASK),
-                    loop.create_task(poller, name=PROGRESS_TASK)]
+    state.tasks.append(asyncio.get_running_loop().create_task(poller, name=PROGRESS_TASK))
     logger.info("KubeRL operator ready (full resync every %ds, progress every %.0fs)", ours.resync_seconds,
                 ours.progress_seconds)
 
 
-def _tune_kopf(settings: kopf.OperatorSettings, resync_seconds: int) -> None:
+def _tune_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf runs no resource handler here (``informer`` watches): nothing for it to store on objects."""
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = resync_seconds
-    for watched in WATCHED:
-        if watched.selector is not None:
-            settings.watching.label_selectors[watched.resource] = watched.selector
-    settings.queueing.idle_timeout = 0.5  # an idle object worker holds its last event body: let it go soon
     settings.networking.error_backoffs = [1, 2, 5, 10]
 
 
-async def _prime(memo: kopf.Memo, logger: logging.Logger) -> None:
-    """Fill the cache before the first sync (``priming``). A failure does not stop the operator (nor
-    repeat this start-up handler): its syncs then may see an object before its children's list."""
-    try:
-        held = await priming.prime(_kube(memo), _state(memo).cache, _state(memo).scope)
-    except Exception as err:
-        logger.warning("The cache is not filled before the first sync (%s): a sync may find an object's "
-                       "children missing until their watch delivers them", classify(err).message)
-        return
-    logger.info("Listed before the first sync: %s", ", ".join(f"{n} {kind}" for kind, n in held.items()))
+async def _inform(memo: kopf.Memo) -> dict[str, int]:
+    """Start an informer for each watched kind in each watched namespace (or the whole cluster), each
+    kind's first list ended before the next kind's starts (``watches.WATCHED``: owners before what they
+    own, so the cache knows a child's controller when the child comes; controller-runtime's
+    WaitForCacheSync). The syncs these lists ask for wait in the queue until the last list has ended:
+    no sync sees an experiment without the pods that existed. Returns how many of each kind are held.
+    A list that fails does not stop the operator: its informer lists again, and those syncs may run first."""
+    state = _state(memo)
+    loop = asyncio.get_running_loop()
 
+    def held(kind: str, namespace: str | None) -> list[Manifest]:
+        return [o for o in state.cache.held(kind) if namespace is None or o["metadata"].get("namespace") == namespace]
 
-async def _confirm_primed(memo: kopf.Memo, delay: float) -> None:
-    """After ``delay``: forget what the start-up list held that no watch delivered since and the API
-    server no longer has (``priming.confirm``), and re-sync its owners."""
-    await asyncio.sleep(delay)
-    try:
-        gone = await priming.confirm(_kube(memo), _state(memo).cache, _state(memo).scope)
-    except Exception as err:  # held until two resyncs pass without it (``ObjectCache``'s max_age)
-        log.warning("start-up list not confirmed (%s)", classify(err).message)
-        return
-    for obj in gone:
-        log.info("%s %s/%s: deleted while the operator started", obj["kind"], obj["metadata"].get("namespace"),
-                 obj["metadata"]["name"])
-        if _state(memo).queue.started:  # else no sync ran yet: the first finds it gone
-            for key in routing.syncs_for(obj, live=False):
-                request_sync(memo, *key)
-
-
-class NoDiffBase(kopf.DiffBaseStorage):
-    """No diff base: every handler here is an event handler or an index, none diffs old against new
-    (on.create/on.update would), and kopf's default builds the diff base — a deep copy of the body —
-    on every event anyway. Nothing is stored on the objects either."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        return None
+    for watched in WATCHED:
+        started = []
+        for namespace in state.scope:
+            informer = Informer(state.kube, watched, namespace, lambda obj, live: on_object(memo, obj, live), held,
+                                state.settings.resync_seconds)
+            name = f"{INFORMER_TASK}{watched.kind}/{namespace or '*'}"
+            state.tasks.append(loop.create_task(informer.run(), name=name))
+            started.append(informer)
+        for informer in started:
+            await informer.listed.wait()
+    return {w.kind: n for w in WATCHED if (n := len(state.cache.held(w.kind)))}
 
 
 def running_targets(cache: ObjectCache) -> list[progress.Target]:
@@ -179,7 +159,7 @@ async def stop_polling(memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState | None = memo.get("state")
     if state is None:  # the start-up handler did not get that far
         return
-    for task in [*state.tasks, *state.retries.values()]:
+    for task in [*state.tasks, *state.retries.values(), *state.labelling.values()]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -197,18 +177,13 @@ def _kube(memo: kopf.Memo) -> Kube:
     return _state(memo).kube
 
 
-def _live(event: dict[str, Any]) -> bool:
-    return event.get("type") != "DELETED"
-
-
-def _observed(memo: kopf.Memo, event: dict[str, Any]) -> bool:
-    """Put the event's object into the cache (or take it out); whether it is news (``ObjectCache.observe``:
+def _observed(memo: kopf.Memo, obj: Manifest, live: bool) -> bool:
+    """Put the object into the cache (or take it out); whether it is news (``ObjectCache.observe``:
     the operator's own writes come back as events it already knows and trigger nothing)."""
     cache = _state(memo).cache
-    obj = event.get("object") or {}
     if "metadata" not in obj:
         return True
-    if not _live(event):
+    if not live:
         if not cache.of_our_group(obj):
             return False
         meta = obj["metadata"]
@@ -233,10 +208,10 @@ class Convergence:
     _full: set[tuple[str, str, str]] = field(default_factory=set)
     _converged: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
-    def ask_full(self, key: tuple[str, str, str]) -> None:
+    def ask_full(self, key: SyncKey) -> None:
         self._full.add(key)
 
-    def take(self, key: tuple[str, str, str]) -> tuple[bool, int | None]:
+    def take(self, key: SyncKey) -> tuple[bool, int | None]:
         """(full sync asked for — and now taken, the generation last converged)."""
         full = key in self._full
         self._full.discard(key)
@@ -244,7 +219,7 @@ class Convergence:
             self._converged.pop(key, None)
         return full, self._converged.get(key)
 
-    def record(self, key: tuple[str, str, str], generation: int | None) -> None:
+    def record(self, key: SyncKey, generation: int | None) -> None:
         """What a sync converged (None: nothing; the next one is full)."""
         if generation is None:
             self._converged.pop(key, None)
@@ -252,7 +227,7 @@ class Convergence:
         else:
             self._converged[key] = generation
 
-    def forget(self, key: tuple[str, str, str]) -> None:
+    def forget(self, key: SyncKey) -> None:
         self._full.discard(key)
         self._converged.pop(key, None)
 
@@ -264,13 +239,10 @@ def request_sync(memo: kopf.Memo, kind: str, namespace: str, name: str, roll_up:
     key = (kind, namespace, name)
     if kind == RLExperiment.KIND and not roll_up:
         _state(memo).convergence.ask_full(key)
-    queue = _state(memo).queue
-    if not queue.started:  # from a resource handler: its context has what kopf.warn needs, a startup one's not
-        queue.start(_state(memo).settings.max_syncs, SYNC_WORKERS)
-    queue.add(key)
+    _state(memo).queue.add(key)
 
 
-async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
+async def _sync(memo: kopf.Memo, key: SyncKey) -> None:
     """``key``'s sync; an experiment's only rolls its children's status up unless a full one was
     asked for or its last full one did not converge this generation (``reconcile.roll_up_experiment``)."""
     kind, namespace, name = key
@@ -287,14 +259,14 @@ async def _sync(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
     convergence.record(key, generation)
 
 
-def _follow_up(memo: kopf.Memo, synced: tuple[str, str, str], written: tuple[str, str | None, str]) -> None:
+def _follow_up(memo: kopf.Memo, synced: SyncKey, written: Key) -> None:
     """Ask for the syncs one write of ``synced``'s sync calls for (``routing.follow_ups``), as it
     answers: a pool or job an experiment's sync just created starts on its pods while that sync goes on."""
     for follow in routing.follow_ups(synced, [written], _state(memo).cache.get):
         request_sync(memo, *follow, roll_up=follow[0] == RLExperiment.KIND)  # a child's status: the roll-up
 
 
-async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
+async def _sync_once(memo: kopf.Memo, key: SyncKey) -> None:
     """One sync; each of its writes asks for the syncs it calls for at once (``_follow_up``). On failure:
     log it, report it on the object when it will not heal by itself or has persisted (``retry.reported``:
     ``Degraded`` condition + Event),
@@ -315,7 +287,7 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
         if (report := reported(failure, attempt)) is not None:
             body = await reconcile.report_failure(_kube(memo), kind, namespace, name, report.reason, report.message)
             if body is not None:
-                kopf.warn(body, reason=report.reason, message=report.message)
+                await children.post_warning(_kube(memo), body, report.reason, report.message)
         ON_WRITE.reset(token)
         _schedule_retry(memo, key, delay)
     else:
@@ -324,7 +296,7 @@ async def _sync_once(memo: kopf.Memo, key: tuple[str, str, str]) -> None:
             log.info("%s %s/%s: in sync again", kind, namespace, name)
 
 
-def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) -> None:
+def _schedule_retry(memo: kopf.Memo, key: SyncKey, delay: float) -> None:
     """One pending retry per object: a newer one replaces it."""
     retries = _state(memo).retries
 
@@ -339,24 +311,35 @@ def _schedule_retry(memo: kopf.Memo, key: tuple[str, str, str], delay: float) ->
     retries[key] = asyncio.create_task(later(), name=RETRY_TASK + "/".join(key))
 
 
-async def watched_event(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Any watched object's event: into the cache; someone else's change (not the echo of the operator's
-    own write, whose sync called for what it needs: ``routing.follow_ups``) asks for the syncs it calls
-    for (``routing.syncs_for``). A freshly scheduled pod is first labelled with its node's topology (a
-    failure is retried by the pod's next event)."""
-    obj, live = dict(body), _live(event)
-    if not _observed(memo, event):
+async def on_object(memo: kopf.Memo, obj: Manifest, live: bool) -> None:
+    """Any watched object as delivered (``live`` False: deleted): into the cache; someone else's change
+    (not the echo of the operator's own write, whose sync called for what it needs:
+    ``routing.follow_ups``) asks for the syncs it calls for (``routing.syncs_for``). A freshly
+    scheduled pod of the operator's gets its node's topology labels, beside this (a failure is
+    retried by the pod's next event)."""
+    if not _observed(memo, obj, live):
         return
     if obj.get("kind") == RLExperiment.KIND and not live:
         _state(memo).convergence.forget((RLExperiment.KIND, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
-    if obj.get("kind") == "Pod" and live:
-        try:
-            await reconcile.label_pod_topology(_kube(memo), obj)
-        except Exception as err:
-            log.warning("pod %s: topology labels not written (%s)", obj["metadata"]["name"], classify(err).message)
+    if obj.get("kind") == "Pod" and live and missing_topology(obj) is not None:
+        _label_topology(memo, obj)
     for key in routing.syncs_for(obj, live):
         request_sync(memo, *key)
 
 
-for _watched in WATCHED:  # the custom resources by their full group: InferencePool is a Gateway API kind too
-    kopf.on.event(*_watched.resource, labels=_watched.labels)(watched_event)
+def _label_topology(memo: kopf.Memo, pod: Manifest) -> None:
+    """``reconcile.label_pod_topology`` as a task of its own (one per pod at a time): the informer
+    goes on with the next event meanwhile."""
+    labelling, key = _state(memo).labelling, object_key(pod)
+    if key in labelling:
+        return
+
+    async def label() -> None:
+        try:
+            await reconcile.label_pod_topology(_kube(memo), pod)
+        except Exception as err:
+            log.warning("pod %s: topology labels not written (%s)", pod["metadata"]["name"], classify(err).message)
+        finally:
+            labelling.pop(key, None)
+
+    labelling[key] = asyncio.get_running_loop().create_task(label(), name=LABEL_TASK + "/".join(map(str, key)))

@@ -12,11 +12,11 @@ GC_YOUNG_OBJECTS = 10_000  # allocations between collections of the youngest gen
 
 
 def tune_garbage_collection() -> None:
-    """Fewer, cheaper cyclic collections. kopf wraps every watch event's body in views that refer to
-    each other (a reference cycle), so each event's parsed body is freed only by the cyclic collector;
-    at Python's default thresholds it ran ~3,600 times and took a third of the operator's CPU for
-    1,000 experiments (``benchmarks/operator_scale.py``). What the imports built (modules, pydantic
-    schemas) lives as long as the process: frozen, the collector never traverses it again."""
+    """Fewer, cheaper cyclic collections: when kopf watched, each event's body was freed only by the
+    cyclic collector, which at Python's default thresholds took a third of the operator's CPU for
+    1,000 experiments (``benchmarks/operator_scale.py``); the informers' bodies are plain JSON, but
+    the syncs still allocate in bursts. What the imports built (modules, pydantic schemas) lives as
+    long as the process: frozen, the collector never traverses it again."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_OBJECTS, 10, 10)
@@ -33,7 +33,5 @@ def run_operator(namespace: list[str] | None = None, verbose: bool = False, live
 
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("kuberl").setLevel(logging.DEBUG if verbose else logging.INFO)
-    if not verbose:  # kopf says "Handler … succeeded" at INFO for every event of every object
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     asyncio.run(kopf.operator(standalone=True, liveness_endpoint=liveness, **handlers.operator_scope(namespace)))
     return 0

@@ -10,7 +10,6 @@ chart's. This module imports nothing of the operator: the pure builders and the 
 | KUBERL_ASCEND_DEVICE_GID | ``build.ascend_device_gid`` | 1000 |
 | KUBERL_OPERATOR_NAMESPACE / _LABELS, KUBERL_METRICS_NAMESPACE_LABELS | ``build.peers`` | nobody |
 | KUBERL_RESYNC_SECONDS | ``resync_seconds`` | 300 |
-| KUBERL_PRIME_CONFIRM_SECONDS | ``prime_confirm_seconds`` | 30 |
 | KUBERL_PROGRESS_SECONDS / KUBERL_PROGRESS_URL | ``progress_seconds`` / ``progress_url`` | 10 / rank 0's pod IP |
 | KUBERL_API_TIMEOUT_SECONDS / _MAX_IN_FLIGHT / _QPS / _BURST | ``api_*`` | 30 / 32 / 200 / 400 |
 | KUBERL_SECRET_RECHECK_SECONDS | ``secret_recheck_seconds`` | 60 |
@@ -74,7 +73,6 @@ DEFAULT_BUILD = BuildSettings()
 class OperatorSettings:
     build: BuildSettings = DEFAULT_BUILD
     resync_seconds: int = 300
-    prime_confirm_seconds: float = 30.0
     progress_seconds: float = 10.0
     progress_url: str | None = None  # a template for rank 0's /progress (progress.py); None: its pod IP
     api_timeout_seconds: float = 30.0
@@ -111,7 +109,6 @@ class OperatorSettings:
         return OperatorSettings(
             build=build,
             resync_seconds=read("KUBERL_RESYNC_SECONDS", base.resync_seconds, int),
-            prime_confirm_seconds=read("KUBERL_PRIME_CONFIRM_SECONDS", base.prime_confirm_seconds, float),
             progress_seconds=read("KUBERL_PROGRESS_SECONDS", base.progress_seconds, float),
             progress_url=read("KUBERL_PROGRESS_URL", None, str),
             api_timeout_seconds=read("KUBERL_API_TIMEOUT_SECONDS", base.api_timeout_seconds, float),

@@ -1,10 +1,11 @@
 """What the operator watches: each kind, where its API lives, and which of its objects it cares about.
 
-The custom resources are watched whole. The children's kinds only for the labels the operator puts
-on what it creates (``Watched.labels``): kopf's handler filter and the API server's label selector
-(``Watched.selector``, kopf's ``settings.watching.label_selectors``) are the same mapping, so the API
-server never sends another tenant's pods or ConfigMaps. Everything watched is held in the cache
-(``cache.ObjectCache``) and filled before the first sync (``priming``).
+Each kind is watched by an informer of the operator's (``informer``). The custom resources whole;
+the children's kinds only for the labels the operator puts on what it creates (``Watched.labels``,
+sent as the API server's label selector, ``Watched.selector``), so the API server never sends
+another tenant's pods or ConfigMaps unless they wear those labels (and then the cache drops them:
+``cache.ObjectCache.controlled``). What is held is filled before the first sync, owners first
+(``WATCHED``'s order).
 """
 
 from __future__ import annotations
@@ -12,28 +13,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import kopf
-
 from kuberl.api import API_GROUP, API_VERSION, InferencePool, RLExperiment, TrainerJob
 from kuberl.api.contract import LABEL_JOB, LABEL_ROLE, MANAGED_BY
 
 from .builders.kubeflow import PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, TRAINER_GROUP, TRAINER_VERSION
 
-LabelFilter = Mapping[str, object]  # a value, or kopf.PRESENT
+LabelFilter = Mapping[str, str | None]  # a label's value, or None: the key with any value
 
 
 def label_selector(labels: LabelFilter) -> str:
-    """A handler's ``labels=`` filter as the API server's label selector: ``key=value`` for a value,
-    ``key`` for ``kopf.PRESENT``, joined by commas (all must hold)."""
-    terms = []
-    for key, value in labels.items():
-        if value is kopf.PRESENT:
-            terms.append(key)
-        elif isinstance(value, str):
-            terms.append(f"{key}={value}")
-        else:
-            raise ValueError(f"label {key!r}: only a string or kopf.PRESENT goes to the API server, not {value!r}")
-    return ",".join(terms)
+    """``labels`` as the API server's label selector: ``key=value`` for a value, ``key`` for None,
+    joined by commas (all must hold)."""
+    return ",".join(key if value is None else f"{key}={value}" for key, value in labels.items())
 
 
 @dataclass(frozen=True)
@@ -43,11 +34,6 @@ class Watched:
     plural: str
     kind: str
     labels: LabelFilter | None = None  # None: every object of the kind
-
-    @property
-    def resource(self) -> tuple[str, str, str]:
-        """(group, version, plural): kopf's decorators' and settings' key."""
-        return self.group, self.version, self.plural
 
     @property
     def api_version(self) -> str:
@@ -61,16 +47,16 @@ class Watched:
 EXPERIMENTS = Watched(API_GROUP, API_VERSION, "rlexperiments", RLExperiment.KIND)
 POOLS = Watched(API_GROUP, API_VERSION, "inferencepools", InferencePool.KIND)
 JOBS = Watched(API_GROUP, API_VERSION, "trainerjobs", TrainerJob.KIND)
-PODS = Watched("", "v1", "pods", "Pod", {LABEL_ROLE: kopf.PRESENT})
-PYTORCHJOBS = Watched(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, "pytorchjobs", "PyTorchJob", {LABEL_JOB: kopf.PRESENT})
-TRAINJOBS = Watched(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", "TrainJob", {LABEL_JOB: kopf.PRESENT})
+PODS = Watched("", "v1", "pods", "Pod", {LABEL_ROLE: None})
+PYTORCHJOBS = Watched(PYTORCHJOB_GROUP, PYTORCHJOB_VERSION, "pytorchjobs", "PyTorchJob", {LABEL_JOB: None})
+TRAINJOBS = Watched(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", "TrainJob", {LABEL_JOB: None})
 OWNED = (  # the other children: by the labels every object the operator creates carries
     Watched("", "v1", "configmaps", "ConfigMap", MANAGED_BY),
     Watched("", "v1", "services", "Service", MANAGED_BY),
     Watched("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", MANAGED_BY),
     Watched("apps", "v1", "deployments", "Deployment", MANAGED_BY),
 )
-WATCHED = (EXPERIMENTS, POOLS, JOBS, PYTORCHJOBS, TRAINJOBS, PODS, *OWNED)  # owners before what they own (priming)
+WATCHED = (EXPERIMENTS, POOLS, JOBS, PYTORCHJOBS, TRAINJOBS, PODS, *OWNED)  # owners first: listed in this order
 # Read from the cache, not the API server: every kind watched. Secrets (not watchable without list
 # on all of them), Nodes and PodGroups are read from the API server.
 CACHED_KINDS = tuple(w.kind for w in WATCHED)
