@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -206,3 +208,24 @@ async def test_trainjob_runtime_reaches_running_and_succeeded_through_the_trainj
         await trainer_says(["Complete"], succeeded=1)
         exp = await eventually(lambda: phase() == "Succeeded" and get_rlx(api, "cpu-tiny"), what="Succeeded")
         assert exp["status"]["progress"]["step"] == 500  # rank 0's termination message, not another pod's
+
+
+def test_the_operator_loads_no_kubernetes_client_until_it_builds_a_kubeflow_job():
+    """kopf imports the ``kubernetes`` package whenever it is installed (47 MiB, here for the Kubeflow
+    SDK): the operator's process keeps it out while kopf and the handlers load, and a PyTorchJob built
+    later still gets its SDK (and so the client) — the builder is the one that needs it."""
+    probe = (
+        "import json, sys\n"
+        "from kuberl_operator.main import import_handlers\n"
+        "import_handlers()\n"
+        "loaded = 'kubernetes' in sys.modules\n"
+        "from kuberl.api import RLExperiment\n"
+        "from kuberl_operator.render import render_resource\n"
+        f"doc = json.loads({json.dumps(json.dumps(stored(MINIMAL)))})\n"
+        "doc['spec']['trainer'] = {'nodes': 2, 'runtime': 'kubeflow'}\n"
+        "kinds = [m['kind'] for m in render_resource(RLExperiment.model_validate(doc))]\n"
+        "print(json.dumps([loaded, 'kubernetes' in sys.modules, 'PyTorchJob' in kinds]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, True, True]
