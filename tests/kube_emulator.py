@@ -51,7 +51,17 @@ import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
 
-from .kube_objects import age, json_copy, json_path, matches_fields, matches_labels, merge_patch, now_timestamp
+from .kube_objects import (
+    age,
+    json_copy,
+    json_path,
+    matches_fields,
+    matches_labels,
+    merge_patch,
+    now_timestamp,
+    scale_of,
+    with_json_path,
+)
 
 Obj = dict[str, Any]
 
@@ -117,6 +127,7 @@ class Kind:
     namespaced: bool
     has_status: bool
     columns: list[Obj] = field(default_factory=list)
+    scale: Obj | None = None  # the CRD's scale subresource (specReplicasPath, ...), if it has one
 
     @property
     def api_version(self) -> str:
@@ -188,7 +199,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.resources[f"{kind.api_version}/{kind.plural}"] = kmock.ResourceInfo(
             kind=kind.kind, singular=kind.kind.lower(), namespaced=kind.namespaced, verbs=VERBS,
             shortnames=set(short_names), categories=set(categories),
-            subresources={"status"} if kind.has_status else set(),
+            subresources=({"status"} if kind.has_status else set()) | ({"scale"} if kind.scale else set()),
         )
 
     def register_crds(self, directory: Path) -> None:
@@ -198,7 +209,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.register(
                 Kind(spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
                      spec["scope"] == "Namespaced", "status" in version.get("subresources", {}),
-                     version.get("additionalPrinterColumns", [])),
+                     version.get("additionalPrinterColumns", []), version.get("subresources", {}).get("scale")),
                 spec["names"].get("shortNames", []), spec["names"].get("categories", []),
             )
 
@@ -209,6 +220,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         for entry in listing.get("resources", []):
             if "/" in entry["name"]:
                 entry.update(categories=[], shortNames=[], verbs=["get", "patch", "update"])
+            if entry["name"].endswith("/scale"):  # kubectl scale looks for this
+                entry.update(kind="Scale", group="autoscaling", version="v1", singularName="")
         return listing
 
     # -- the object API (also used directly by tests, e.g. to play kubelet) ---------------------
@@ -342,6 +355,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new["metadata"]["resourceVersion"] = precondition
         return await self.update(group, plural, namespace, name, new, subresource)
 
+    async def scale(self, group: str, plural: str, namespace: str | None, name: str, method: str,
+                    request: kmock.Request) -> Obj:
+        """The scale subresource: GET reads the Scale, PUT/PATCH write its spec.replicas into the object's
+        specReplicasPath (as the API server does for a CRD with ``subresources.scale``)."""
+        kind, obj = self.kind_of(group, plural), self.get(group, plural, namespace, name)
+        if not kind.scale:
+            raise ApiError(status=404, reason="NotFound", message=f"{plural} has no scale subresource")
+        scale = scale_of(obj, kind.scale)
+        if scale is None:
+            raise ApiError(status=500, reason="InternalError",
+                           message=f'the spec replicas field "{kind.scale["specReplicasPath"]}" does not exist')
+        if method == "GET":
+            return scale
+        body = request.data if request.data is not None else json.loads(request.text or "{}")
+        new = body if method == "PUT" else merge_patch(scale, body)
+        replicas = (new.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(status=422, reason="Invalid", message=f"spec.replicas: Invalid value: {replicas!r}")
+        updated = with_json_path(obj, kind.scale["specReplicasPath"], replicas)
+        return scale_of(await self.update(group, plural, namespace, name, updated), kind.scale)
+
     async def delete(self, group: str, plural: str, namespace: str | None, name: str) -> Obj:
         kind = self.kind_of(group, plural)
         key = (namespace if kind.namespaced else None, name)
@@ -387,6 +421,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await fault.respond()
         if watching:
             return await self._watch(request)
+        if sub == "scale" and name:
+            return aiohttp.web.json_response(await self.scale(g, p, ns, name, method, request))
         if method == "GET" and name is None:
             return self._list_response(request, self.list(g, p, ns, params.get("labelSelector"),
                                                           params.get("fieldSelector"), copy=False))

@@ -102,3 +102,30 @@ def json_path(obj: Obj, path: str) -> Any:
     for part in path.strip(".").split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
+
+
+def with_json_path(obj: Obj, path: str, value: Any) -> Obj:
+    """A copy of ``obj`` with ``value`` at ``path`` (``.spec.inference.replicas``), objects made on the way."""
+    out = json_copy(obj)
+    *parents, last = path.strip(".").split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def scale_of(obj: Obj, paths: Obj) -> Obj:
+    """The autoscaling/v1 Scale a custom resource's scale subresource answers (``paths``: its CRD's
+    specReplicasPath, statusReplicasPath, labelSelectorPath). No value at specReplicasPath: None (the
+    API server answers an error); none at the others: 0 and "" (as it does)."""
+    replicas = json_path(obj, paths["specReplicasPath"])
+    if replicas is None:
+        return None
+    meta = obj["metadata"]
+    return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                         if k in meta},
+            "spec": {"replicas": replicas},
+            "status": {"replicas": json_path(obj, paths["statusReplicasPath"]) or 0,
+                       "selector": json_path(obj, paths.get("labelSelectorPath", ".status.none")) or ""}}

@@ -181,10 +181,22 @@ def test_with_kueue_an_experiment_is_one_pod_group():
 def test_invalid_spec_builds_nothing():
     doc = copy.deepcopy(MINIMAL)
     doc["spec"]["allocation"] = "vllm:d2+fsdp:d8"
-    doc["spec"]["inference"] = {"replicas": 3}
+    doc["spec"]["inference"] = {"tensorParallel": 2}
     with pytest.raises(InvalidSpec) as err:
         render(doc)
-    assert err.value.issues[0].path == "spec.inference.replicas"
+    assert err.value.issues[0].path == "spec.inference.tensorParallel"
+
+
+def test_inference_replicas_given_beside_an_allocation_is_the_count():
+    """What a scale subresource writes: the allocation's inference ``d`` starts the pool, the field wins."""
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["allocation"] = "vllm:d2+fsdp:d8"
+    doc["spec"]["inference"] = {"replicas": 3}
+    [pool] = by_kind(render(doc), "InferencePool")
+    assert pool["spec"]["replicas"] == 3
+    del doc["spec"]["inference"]
+    [pool] = by_kind(render(doc), "InferencePool")
+    assert pool["spec"]["replicas"] == 2
 
 
 def test_standalone_pool_and_job_render():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from kuberl.api.crd import render_crds
@@ -54,7 +55,7 @@ def test_names_columns_and_defaults():
         "Phase", "Step", "Version", "Reward", "Observed-Staleness", "Eval", "Age", "Last-Export",
     ]
     assert rlx["additionalPrinterColumns"][-1]["priority"] == 1  # kubectl get rlx -o wide
-    assert rlx["subresources"] == {"status": {}}
+    assert set(rlx["subresources"]) == {"status", "scale"}
     spec = rlx["schema"]["openAPIV3Schema"]["properties"]["spec"]
     algorithm = spec["properties"]["algorithm"]
     assert algorithm["default"] == {}
@@ -62,3 +63,24 @@ def test_names_columns_and_defaults():
     assert algorithm["x-kubernetes-validations"][0]["rule"] == "self.batchSize % self.groupSize == 0"
     assert "default" not in spec["properties"]["inference"]["properties"]["replicas"]
     assert spec["properties"]["inference"]["properties"]["accelerator"]["enum"] == ["nvidia", "ascend", "cpu"]
+
+
+def schema_at(schema: dict, path: str) -> dict:
+    """The schema a JSON path like ``.spec.inference.replicas`` leads to."""
+    for part in path.lstrip(".").split("."):
+        schema = schema["properties"][part]
+    return schema
+
+
+@pytest.mark.parametrize("kind", ["RLExperiment", "InferencePool"])
+def test_the_scale_subresource_points_at_fields_the_schema_has(kind):
+    """kubectl scale / an HPA read and write through these paths (the API server answers an error for a
+    path the object lacks): replicas are integers, the selector a string — and a TrainerJob has none."""
+    crds = {yaml.safe_load(t)["spec"]["names"]["kind"]: yaml.safe_load(t) for t in render_crds().values()}
+    version = crds[kind]["spec"]["versions"][0]
+    scale, root = version["subresources"]["scale"], version["schema"]["openAPIV3Schema"]
+    assert scale["specReplicasPath"].startswith(".spec.") and scale["statusReplicasPath"].startswith(".status.")
+    assert schema_at(root, scale["specReplicasPath"])["type"] == "integer"
+    assert schema_at(root, scale["statusReplicasPath"])["type"] == "integer"
+    assert schema_at(root, scale["labelSelectorPath"])["type"] == "string"
+    assert "scale" not in crds["TrainerJob"]["spec"]["versions"][0]["subresources"]

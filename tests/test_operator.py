@@ -276,13 +276,13 @@ async def test_invalid_spec_creates_nothing_and_names_the_field(tmp_path):
         api = cluster.api
         doc = experiment()
         doc["spec"]["allocation"] = "torch:d2+fsdp:d1"
-        doc["spec"]["inference"]["replicas"] = 3
+        doc["spec"]["inference"]["tensorParallel"] = 2
         await api.create(GROUP, "rlexperiments", "team-a", doc)
         exp = await eventually(lambda: condition(get_rlx(api, "cpu-tiny"), "SpecValid") and get_rlx(api, "cpu-tiny"),
                                what="SpecValid condition")
         cond = condition(exp, "SpecValid")
         assert cond["status"] == "False" and cond["reason"] == "InvalidSpec"
-        assert "spec.inference.replicas" in cond["message"]
+        assert "spec.inference.tensorParallel" in cond["message"]
         assert exp["status"]["phase"] == "Failed"
         assert api.list(GROUP, "inferencepools", "team-a") == [] and pods(api, "team-a") == []
 

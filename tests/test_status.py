@@ -47,19 +47,33 @@ def test_pod_health_reasons():
     assert unsched.problem[0] == "Unschedulable" and "Insufficient" in unsched.problem[1]
 
 
+SELECTOR = {"kuberl.io/role": "inference", "kuberl.io/inference-pool": "p"}
+
+
 def test_pool_phases_and_ready_replicas():
     spec = {"replicas": 2, "hostsPerReplica": 2}
     pods = [pod(f"p-r{r}-h{h}", ready=(r == 0), replica=r) for r in range(2) for h in range(2)]
-    st = pool_status(spec, 3, pods)
+    st = pool_status(spec, 3, pods, SELECTOR)
     assert (st["phase"], st["readyReplicas"], st["readyPods"], st["observedGeneration"]) == ("Initializing", 1, 2, 3)
-    st = pool_status(spec, 3, [pod(f"p-r{r}-h{h}", ready=True, replica=r) for r in range(2) for h in range(2)])
+    all_ready = [pod(f"p-r{r}-h{h}", ready=True, replica=r) for r in range(2) for h in range(2)]
+    st = pool_status(spec, 3, all_ready, SELECTOR)
     assert st["phase"] == "Running" and st["readyReplicas"] == 2
     # replicas are counted by their label, not by a name pattern: a pool named "x-r1-h" stays right
     named_alike = [pod(f"x-r1-h-r{r}-h{h}", ready=(r == 1), replica=r) for r in range(2) for h in range(2)]
-    assert pool_status(spec, 3, named_alike)["readyReplicas"] == 1
-    assert pool_status({**spec, "suspend": True}, 3, [])["phase"] == "Suspended"
-    assert pool_status(spec, 1, [pod("p-r0-h0", waiting="InvalidImageName")])["phase"] == "Failed"
-    assert pool_status(spec, 1, [])["phase"] == "Pending"
+    assert pool_status(spec, 3, named_alike, SELECTOR)["readyReplicas"] == 1
+    assert pool_status({**spec, "suspend": True}, 3, [], SELECTOR)["phase"] == "Suspended"
+    assert pool_status(spec, 1, [pod("p-r0-h0", waiting="InvalidImageName")], SELECTOR)["phase"] == "Failed"
+    assert pool_status(spec, 1, [], SELECTOR)["phase"] == "Pending"
+
+
+def test_a_pools_scale_status_counts_the_replicas_that_have_pods_and_names_their_selector():
+    """What a scale subresource reads: ``replicas`` now (not the spec's wish), the selector as text."""
+    spec = {"replicas": 3, "hostsPerReplica": 2}
+    pods = [pod(f"p-r{r}-h{h}", ready=True, replica=r) for r in (0, 1) for h in range(2)]
+    pods.append(pod("p-r4-h0", ready=True, replica=4))  # a replica scaled away, still going
+    st = pool_status(spec, 3, pods, SELECTOR)
+    assert (st["replicas"], st["readyReplicas"]) == (3, 2)
+    assert st["selector"] == "kuberl.io/inference-pool=p,kuberl.io/role=inference"
 
 
 def test_job_phases():
@@ -346,7 +360,7 @@ def test_pods_kueue_has_not_admitted_say_so_up_to_the_experiment():
         return held
 
     job = job_status({"nodes": 2}, 1, [gated("t-n0"), gated("t-n1")])
-    pool = pool_status({"replicas": 1}, 1, [gated("p-r0-h0")])
+    pool = pool_status({"replicas": 1}, 1, [gated("p-r0-h0")], SELECTOR)
     for status in (job, pool):
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert status["phase"] == "Pending" and ready["reason"] == "QueuedForAdmission" and "Kueue" in ready["message"]

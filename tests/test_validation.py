@@ -90,7 +90,8 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
 @pytest.mark.parametrize(
     ("changes", "field", "fragment"),
     [
-        ({"allocation": "vllm:d2t2+fsdp:d8", "inference__replicas": 3}, "spec.inference.replicas", "implies 2"),
+        ({"allocation": "vllm:d2t2+fsdp:d8", "inference__tensorParallel": 4}, "spec.inference.tensorParallel",
+         "implies 2"),
         ({"allocation": "vllm:d2t2+fsdp:d8", "trainer__nodes": 2}, "spec.trainer.nodes", "implies 1"),
         ({"allocation": "vllm:d2+megatron:d8", "trainer__backend": "fsdp"}, "spec.trainer.backend", "implies megatron"),
         ({"inference__accelerator": "ascend", "inference__engine": "torch"}, "spec.inference.engine", "use vllm"),

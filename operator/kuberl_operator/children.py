@@ -73,14 +73,15 @@ async def ensure(kube: Kube, obj: Manifest, new_owner: bool = False) -> Manifest
     return existing
 
 
-SERVER_DEFAULTED = ("Deployment",)
+SERVER_DEFAULTED = ("Deployment", "PodGroup")  # kept in line only in the fields we set (a scheduler's webhook
+# defaults the rest); a PodGroup's minMember follows the experiment's size (a scale changes it)
 
 
 def updated_field(obj: Manifest) -> str | None:
-    """What ``ensure`` keeps in line with the desired object: a custom resource's, NetworkPolicy's or
-    Deployment's spec (a Deployment's only in the fields we set: the API server defaults the rest), a
-    ConfigMap's data. Secrets (the API token) and Services are only ever created; pods are replaced,
-    never patched (``prune_pods``)."""
+    """What ``ensure`` keeps in line with the desired object: a custom resource's, NetworkPolicy's,
+    Deployment's or PodGroup's spec (the last two only in the fields we set: the API server or the
+    scheduler defaults the rest), a ConfigMap's data. Secrets (the API token) and Services are only
+    ever created; pods are replaced, never patched (``prune_pods``)."""
     if obj["apiVersion"].startswith(f"{API_GROUP}/") or obj["kind"] in ("NetworkPolicy", *SERVER_DEFAULTED):
         return "spec"
     return "data" if obj["kind"] == "ConfigMap" else None

@@ -127,7 +127,8 @@ async def sync_pool(kube: Kube, namespace: str, name: str, settings: BuildSettin
     async def converge(pool: InferencePool, body: Manifest, version: str) -> None:
         children = build_inference_children(pool, body, version, settings)
         pods = await converge_pods(kube, body, children, pool_selector(pool), gang=False)
-        await write_status(kube, body, pool_status(body["spec"], body["metadata"].get("generation"), pods))
+        status = pool_status(body["spec"], body["metadata"].get("generation"), pods, pool_selector(pool))
+        await write_status(kube, body, status)
 
     return await _sync_child(kube, InferencePool, namespace, name, converge)
 

@@ -123,8 +123,16 @@ def _ready(phase: Phase, running_reason: str, message: str, generation: int | No
     return condition("Ready", running, running_reason if running else phase.value, message, generation)
 
 
-def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) -> Manifest:
-    """InferencePool status. A failed replica degrades the pool; a bad image fails it."""
+def label_selector_text(selector: dict[str, str]) -> str:
+    """``{"a": "1", "b": "2"}`` → ``"a=1,b=2"`` (sorted): the form a scale subresource's
+    ``labelSelectorPath`` points to (an HPA lists the pods it measures with it)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest], selector: dict[str, str]) -> Manifest:
+    """InferencePool status. A failed replica degrades the pool; a bad image fails it. ``replicas``:
+    how many replicas have pods (the scale subresource's current count; ``spec.replicas`` is the
+    desired one), ``selector``: the pool's pods, as text (the scale subresource's)."""
     hosts = spec.get("hostsPerReplica", 1)
     expected = spec.get("replicas", 1) * hosts
     healths = [pod_health(p) for p in pods]
@@ -145,9 +153,9 @@ def pool_status(spec: Manifest, generation: int | None, pods: list[Manifest]) ->
     ready = _ready(phase, "AllReplicasReady", f"{ready_replicas}/{spec.get('replicas', 1)} replicas ready", generation,
                    healths)
     return {
-        "phase": phase.value, "observedGeneration": generation, "replicas": spec.get("replicas", 1),
+        "phase": phase.value, "observedGeneration": generation, "replicas": len(set(members) - {""}),
         "readyReplicas": ready_replicas, "pods": len(pods), "readyPods": ready_pods,
-        "conditions": [ready, degraded],
+        "selector": label_selector_text(selector), "conditions": [ready, degraded],
     }
 
 
@@ -338,11 +346,13 @@ def experiment_status(
                 or _child_degraded("InferencePool", pool_name, pool_st)
                 or condition("Degraded", False, "AsExpected"))
     degraded = {**degraded, "observedGeneration": generation}
+    scale = {k: (pool_st or {})[k] for k in ("replicas", "readyReplicas", "selector") if k in (pool_st or {})}
     return {
         "phase": phase.value,
         "observedGeneration": generation,
         "inferencePool": pool_name,
         "trainerJob": job_name,
+        **scale,  # the inference pool's: the experiment's scale subresource scales it
         "conditions": [
             condition("SpecValid", True, "Valid", "", generation),
             condition("Ready", phase == Phase.RUNNING,

@@ -141,6 +141,19 @@ NAME_RULES = {  # the API server checks what the pydantic model checks (RLExperi
 }
 
 
+SCALE = {  # kubectl scale / an HPA / KEDA resize inference through these (autoscaling/v1 Scale)
+    "RLExperiment": {"specReplicasPath": ".spec.inference.replicas", "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"},
+    "InferencePool": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                      "labelSelectorPath": ".status.selector"},
+}
+
+
+def subresources(kind: str) -> dict[str, Any]:
+    """Every kind's ``status``; ``scale`` where inference can be resized (``SCALE``)."""
+    return {"status": {}, **({"scale": SCALE[kind]} if kind in SCALE else {})}
+
+
 def build_crd(model: type[Resource]) -> dict[str, Any]:
     spec_schema = openapi_schema(model, "spec")
     return {
@@ -163,7 +176,7 @@ def build_crd(model: type[Resource]) -> dict[str, Any]:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": subresources(model.KIND),
                     "additionalPrinterColumns": PRINTER_COLUMNS[model.KIND],
                     "schema": {
                         "openAPIV3Schema": {

@@ -123,10 +123,11 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
     if alloc is not None:
         a = alloc.inference
         issues.agree("spec.inference.engine", inf.engine, a.engine, src)
-        issues.agree("spec.inference.replicas", inf.replicas, a.dims.data, src)
         issues.agree("spec.inference.tensorParallel", inf.tensor_parallel, a.dims.tensor, src)
         issues.agree("spec.inference.pipelineParallel", inf.pipeline_parallel, a.dims.pipeline, src)
-        engine, replicas, tp, pp = Engine(a.engine), a.dims.data, a.dims.tensor, a.dims.pipeline
+        # replicas, when given, is the count: the scale subresource writes it (the allocation's d starts it)
+        engine, tp, pp = Engine(a.engine), a.dims.tensor, a.dims.pipeline
+        replicas = inf.replicas if inf.replicas is not None else a.dims.data
     else:
         default_engine = Engine.TORCH if accel == Accelerator.CPU else Engine.VLLM
         engine = Engine(inf.engine or default_engine)

@@ -58,17 +58,27 @@ class BaseStatus(ApiModel):
     observed_generation: int | None = None
 
 
+SELECTOR_TEXT = Field(None, max_length=512, description="the inference pods' label selector, as text: the scale "
+                                                      "subresource's (an HPA measures these pods)")
+
+
 class RLExperimentStatus(BaseStatus):
     progress: Progress | None = None
     inference_pool: str | None = None
     trainer_job: str | None = None
+    replicas: int | None = Field(None, description="inference replicas that have pods (its pool's; the scale "
+                                                   "subresource's current count — spec.inference.replicas the wish)")
+    ready_replicas: int | None = None
+    selector: str | None = SELECTOR_TEXT
 
 
 class InferencePoolStatus(BaseStatus):
-    replicas: int | None = None
+    replicas: int | None = Field(None, description="replicas that have pods (the scale subresource's current "
+                                                   "count; spec.replicas is the wish)")
     ready_replicas: int | None = None
     pods: int | None = None
     ready_pods: int | None = None
+    selector: str | None = SELECTOR_TEXT
 
 
 class TrainerJobStatus(BaseStatus):

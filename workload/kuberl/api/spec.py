@@ -316,7 +316,9 @@ class PodPlacement(ApiModel):
 
 class InferenceSpec(PodPlacement):
     engine: Engine | None = Field(None, description="vllm on accelerators, torch on cpu by default")
-    replicas: int | None = Field(None, ge=1, le=MAX_PODS, description="number of server replicas")
+    replicas: int | None = Field(None, ge=1, le=MAX_PODS, description=(
+        "number of server replicas (default: the allocation's inference d, else 1); what `kubectl scale "
+        "rlexperiment` and an HPA change, at run time too"))
     tensor_parallel: int | None = Field(None, ge=1, le=MAX_DEVICES_PER_NODE)
     pipeline_parallel: int | None = Field(None, ge=1, le=MAX_DEVICES_PER_NODE)
     accelerators_per_node: Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_NODE)] = Field(
