@@ -1,4 +1,5 @@
-"""Weight sync: naive ``broadcast`` vs topology-aware ``p2p``, on an emulated cluster, bit-checked.
+"""Weight sync: naive ``broadcast``, ``pipelined`` broadcast and topology-aware ``p2p``, on an
+emulated cluster, bit-checked.
 
 N trainer nodes run FSDP2 ranks of a Qwen2-style model of a few hundred MB; M inference nodes hold
 an unsharded copy. Each node is a network namespace whose link is shaped with ``tc`` (default
@@ -8,6 +9,9 @@ shard (w ← w₀ + sync number) and zeroes every receiver, so each sync is chec
 
 - ``broadcast``: what the product's broadcast mode does — gather the full state on trainer rank 0
   (``get_model_state_dict``, an all-gather), then rank 0 sends all of it to every replica.
+- ``pipelined``: the strongest broadcast, as NCCL's is — gather on rank 0 as above, then the model
+  flows down a chain (rank 0 → replica 1 → replica 2 → …) in chunks of ``CHUNK_BYTES``, each replica
+  forwarding a chunk while it receives the next: every link carries the model once.
 - ``p2p``: the planner's schedule; every trainer rank sends its own shard to every replica.
 
     python benchmarks/weight_sync.py [--trainer-nodes 4 --replica-nodes 4 --link-mbit 500]
@@ -21,12 +25,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -48,6 +54,8 @@ from kuberl.weights.layouts import (  # noqa: E402
 from kuberl.weights.plan import Bandwidths, Holding, RankTopology, full_box, plan, predicted_seconds  # noqa: E402
 
 TRAIN_PORT, EXCHANGE_PORT = 29510, 29511
+CHUNK_BYTES = 4 << 20  # the pipelined broadcast's unit (NCCL's default chunks are smaller; 4 MiB suits gloo)
+MODES = ("broadcast", "pipelined", "p2p")
 
 
 def log(msg: str) -> None:
@@ -77,6 +85,8 @@ def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: flo
     naive = plan(_full_on(0, params), needs, ranks, itemsize, bw)
     predicted = predicted_seconds(p2p, bw)
     model_bytes = sum(p.nbytes for p in params)
+    # every rank here is in one zone: the chain's node-to-node hops run at one NIC's rate
+    pipelined = pipelined_broadcast_seconds(model_bytes, len(everyone) - len(trainers), bw.zone)
     return {
         "model_bytes": model_bytes,
         "allocation": allocation,
@@ -89,8 +99,19 @@ def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: flo
         "lower_bound_seconds": round(p2p.lower_bound_seconds, 4),
         "predicted_over_lower_bound": round(predicted / p2p.lower_bound_seconds, 4),
         "broadcast_predicted_seconds": round(predicted_seconds(naive, bw), 3),
+        "pipelined_broadcast_predicted_seconds": round(pipelined, 4),
+        "speedup_vs_pipelined": round(pipelined / predicted, 2),
         "single_replica_physical_bound_seconds": round(model_bytes / (per_node * nic), 4),
     }
+
+
+def pipelined_broadcast_seconds(model_bytes: int, receivers: int, link_bytes_per_s: float,
+                                chunk_bytes: int = CHUNK_BYTES) -> float:
+    """A chain broadcast's time from the rank holding the whole model to ``receivers`` ranks:
+    ``model_bytes / link + (receivers - 1) * chunk_bytes / link`` — the whole model crosses the
+    slowest link once, and the last receiver starts one chunk per hop late. (Gathering the model onto
+    the first rank comes on top, as for the naive broadcast, and is left out of both.)"""
+    return model_bytes / link_bytes_per_s + (receivers - 1) * chunk_bytes / link_bytes_per_s
 
 
 def _full_on(rank: int, params: list[ParamMeta]) -> list[Holding]:
@@ -153,7 +174,7 @@ def worker(args: argparse.Namespace) -> None:
     needs = inference_needs(metas, replicas)
     if args.mode == "p2p":
         schedule = plan(fsdp2_holdings(metas, list(range(n_train))), needs, topology, itemsize)
-    else:
+    else:  # pipelined uses only its lower bound (the model once), for the record
         schedule = plan(_full_on(0, metas), needs, topology, itemsize)
     dests: dict[str, torch.Tensor] = {}
     if rank < n_train:
@@ -178,10 +199,13 @@ def worker(args: argparse.Namespace) -> None:
         pg.barrier().wait()
         start = time.perf_counter()
         sources = shards if rank < n_train else {}
-        if args.mode == "broadcast" and rank < n_train:
+        if args.mode in ("broadcast", "pipelined") and rank < n_train:
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             sources = full if rank == 0 else {}
-        stats = run_exchange(pg, schedule.for_rank(rank), rank, sources, dests)
+        if args.mode == "pipelined":
+            stats = chain_broadcast(pg, [0, *range(n_train, world)], rank, metas, sources, dests)
+        else:
+            stats = run_exchange(pg, schedule.for_rank(rank), rank, sources, dests)
         pg.barrier().wait()
         elapsed = time.perf_counter() - start
         if sync >= args.warmup:
@@ -199,6 +223,49 @@ def worker(args: argparse.Namespace) -> None:
     if rank < n_train:
         dist.destroy_process_group()
     exit_without_teardown(0)
+
+
+@dataclass
+class ChainStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+def chain_broadcast(pg, chain: list[int], rank: int, metas, sources: dict, dests: dict) -> ChainStats:
+    """The pipelined broadcast: ``chain[0]`` packs the whole model into one buffer and sends it in
+    ``CHUNK_BYTES`` chunks to ``chain[1]``, which forwards each chunk to ``chain[2]`` as soon as it
+    has it (its sends in flight while it receives the next), and so on; each receiver unpacks into
+    ``dests``. A rank not in the chain does nothing."""
+    import torch
+
+    if rank not in chain:
+        return ChainStats()
+    at = chain.index(rank)
+    before, after = (chain[at - 1] if at else None), (chain[at + 1] if at + 1 < len(chain) else None)
+    sizes = [math.prod(m.shape) for m in metas]
+    numel = sum(sizes)
+    if before is None:
+        buffer = torch.cat([sources[m.name].reshape(-1).to(torch.float32) for m in metas])
+    else:
+        buffer = torch.empty(numel, dtype=torch.float32)
+    step = CHUNK_BYTES // buffer.element_size()
+    sends, stats = [], ChainStats()
+    for tag, start in enumerate(range(0, numel, step)):
+        chunk = buffer[start:start + step]
+        if before is not None:
+            pg.recv([chunk], before, tag).wait()
+            stats.bytes_received += chunk.numel() * chunk.element_size()
+        if after is not None:
+            sends.append(pg.send([chunk], after, tag))
+            stats.bytes_sent += chunk.numel() * chunk.element_size()
+    for work in sends:
+        work.wait()
+    if before is not None:
+        offset = 0
+        for m, size in zip(metas, sizes, strict=True):
+            dests[m.name].copy_(buffer[offset:offset + size].view(m.shape))
+            offset += size
+    return stats
 
 
 # ---- orchestration --------------------------------------------------------------------------
@@ -295,12 +362,12 @@ def emulate(args: argparse.Namespace) -> dict:
         except NetemUnavailable as why:
             log(f"WARNING: no emulated network ({why}); plain loopback: all ranks share one host, no link shaping")
         modes = {}
-        for mode in ("broadcast", "p2p"):
+        for mode in MODES:
             log(f"{mode}:")
             workdir = Path(tmp, mode)
             workdir.mkdir()
             modes[mode] = run_mode(args, mode, nodes, workdir)
-    p2p, broadcast = modes["p2p"], modes["broadcast"]
+    p2p, broadcast, pipelined = modes["p2p"], modes["broadcast"], modes["pipelined"]
     return {
         "emulation": emulation,
         "link_mbit": args.link_mbit if nodes else None,
@@ -308,13 +375,14 @@ def emulate(args: argparse.Namespace) -> dict:
         "trainer_ranks": args.trainer_nodes * args.ranks_per_node,
         "replica_nodes": args.replica_nodes,
         "model_bytes": model_bytes,
-        "seconds": {"broadcast": round(broadcast["seconds"], 3), "p2p": round(p2p["seconds"], 3)},
+        "seconds": {mode: round(modes[mode]["seconds"], 3) for mode in MODES},
         "speedup": round(broadcast["seconds"] / p2p["seconds"], 2),
-        "bit_identical": broadcast["bit_identical"] and p2p["bit_identical"],
-        "busiest_process_bytes": {"broadcast": broadcast["busiest_process_bytes"], "p2p": p2p["busiest_process_bytes"]},
+        "speedup_vs_pipelined": round(pipelined["seconds"] / p2p["seconds"], 2),
+        "bit_identical": all(modes[mode]["bit_identical"] for mode in MODES),
+        "busiest_process_bytes": {mode: modes[mode]["busiest_process_bytes"] for mode in MODES},
         "lower_bound_bytes": p2p["lower_bound_bytes"],
         "p2p_busiest_over_lower_bound": round(p2p["busiest_process_bytes"] / p2p["lower_bound_bytes"], 4),
-        "busiest_link_bytes_per_sync": {"broadcast": broadcast["busiest_link_bytes"], "p2p": p2p["busiest_link_bytes"]},
+        "busiest_link_bytes_per_sync": {mode: modes[mode]["busiest_link_bytes"] for mode in MODES},
         "modes": modes,
     }
 
