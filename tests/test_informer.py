@@ -188,8 +188,8 @@ async def test_look_alikes_of_a_megabyte_come_a_few_per_page_and_none_is_held(tm
 
 @pytest.mark.integration
 async def test_objects_idle_for_several_resyncs_stay_held_and_are_still_reconciled(tmp_path, monkeypatch):
-    """Resync every second; the experiment Running, nothing changes for 6 s (three cache lifetimes of
-    two resyncs). Then the trainer pod is deleted: the operator still knows its TrainerJob and makes
+    """Resync every second; the experiment Running, nothing changes for 4.5 s (over two cache
+    lifetimes of two resyncs). Then the trainer pod is deleted: the operator still knows its TrainerJob and makes
     it again. (With kopf's watches, which resume without a re-list, the idle TrainerJob had aged out
     of the cache and nothing came back.)"""
     monkeypatch.setenv("KUBERL_RESYNC_SECONDS", "1")
@@ -201,7 +201,7 @@ async def test_objects_idle_for_several_resyncs_stay_held_and_are_still_reconcil
             await bind(api, each, "node-a")
             await set_pod(api, each, "Running", ready=True)
         await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("phase") == "Running", what="Running")
-        await asyncio.sleep(6)
+        await asyncio.sleep(4.5)
         [trainer] = pods(api, "team-a", f"{LABEL_ROLE}=trainer")
         await api.delete("", "pods", "team-a", trainer["metadata"]["name"])
         await eventually(lambda: len(pods(api, "team-a", f"{LABEL_ROLE}=trainer")) == 1, timeout=10,
