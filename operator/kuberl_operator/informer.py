@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from .cache import Key, object_key
 from .kube import ApiError, Kube, Manifest
-from .retry import classify
+from .retry import classify, reraise_if_cancelled
 from .watches import Watched
 
 log = logging.getLogger("kuberl.operator")
@@ -90,6 +90,7 @@ class Informer:
                 failures, not_served = 0, False
                 await self._watch(version)
             except ApiError as err:
+                reraise_if_cancelled(err)
                 self.listed.set()
                 if err.status == GONE:
                     continue
@@ -102,6 +103,7 @@ class Informer:
                     continue
                 failures = await self._back_off(err, failures)
             except Exception as err:  # a watch never ends: any failure is logged, then a new list
+                reraise_if_cancelled(err)
                 self.listed.set()
                 failures = await self._back_off(err, failures)
 

@@ -11,6 +11,7 @@ syncs and schedule the retries.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from random import Random
@@ -42,6 +43,15 @@ def _api_message(err: ApiError) -> str:
         body = None
     text = body.get("message") if isinstance(body, dict) else None
     return str(text or err.reason or "no message")
+
+
+def reraise_if_cancelled(err: BaseException) -> None:
+    """Raise CancelledError if the running task was asked to stop while ``err`` happened: aiohttp may
+    turn a cancellation into a connection error (its session closed under it at shutdown), and a loop
+    that logs and goes on would then never stop (kopf waits for every task at exit)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from err
 
 
 def classify(err: BaseException) -> Failure:

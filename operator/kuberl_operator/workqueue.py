@@ -16,6 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+from .retry import reraise_if_cancelled
+
 K = TypeVar("K", bound=Hashable)
 log = logging.getLogger("kuberl.operator")
 
@@ -68,7 +70,8 @@ class WorkQueue(Generic[K]):
             self._active.add(key)
             try:
                 await self._process(key)
-            except Exception:  # ``process`` handles its own failures; a bug must not stop the worker
+            except Exception as err:  # ``process`` handles its own failures; a bug must not stop the worker
+                reraise_if_cancelled(err)
                 log.exception("sync of %s raised", key)
             finally:
                 self._active.discard(key)
