@@ -127,3 +127,21 @@ async def preempt(api: KubeEmulator, pod: dict[str, Any], reason: str = "Preempt
         {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"},
         {"type": kind, "status": "True", "reason": reason,
          "message": f"{reason}: the cluster needs this pod's resources"}]}}, subresource="status")
+
+
+async def running_experiment(api: KubeEmulator, doc: dict[str, Any], pod_count: int,
+                             namespace: str = "team-a") -> dict[str, Any]:
+    """Create the RLExperiment ``doc``, play scheduler and kubelet for its ``pod_count`` pods (bound to
+    node-a, Running and Ready) and return it once its phase is Running."""
+    name = doc["metadata"]["name"]
+    await api.create(GROUP, "rlexperiments", namespace, doc)
+    await eventually(lambda: len(pods(api, namespace)) == pod_count, what=f"{pod_count} pods")
+    for pod in pods(api, namespace):
+        await bind(api, pod, "node-a")
+        await set_pod(api, pod, "Running", ready=True)
+
+    def running() -> dict[str, Any] | None:
+        exp = api.get(GROUP, "rlexperiments", namespace, name)
+        return exp if (exp.get("status") or {}).get("phase") == "Running" else None
+
+    return await eventually(running, what=f"{name} Running")

@@ -19,9 +19,9 @@ from kuberl_operator.informer import Informer, vanished
 from kuberl_operator.kube import LIST_PAGE, PAGE_BYTES, Kube, next_page_size, watch_lines
 from kuberl_operator.watches import JOBS, PODS, PYTORCHJOBS, ROOT_KINDS
 
-from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
+from .harness import GROUP, emulated_cluster, eventually, pods, running_experiment, running_operator
 from .kube_emulator import Fault
-from .test_operator import experiment, get_rlx
+from .test_operator import experiment
 
 
 @pytest.mark.parametrize(("answer_bytes", "items", "asked"), [(0, 0, LIST_PAGE), (8 << 20, 8, 8),
@@ -189,18 +189,13 @@ async def test_look_alikes_of_a_megabyte_come_a_few_per_page_and_none_is_held(tm
 @pytest.mark.integration
 async def test_objects_idle_for_several_resyncs_stay_held_and_are_still_reconciled(tmp_path, monkeypatch):
     """Resync every second; the experiment Running, nothing changes for 4.5 s (over two cache
-    lifetimes of two resyncs). Then the trainer pod is deleted: the operator still knows its TrainerJob and makes
-    it again. (With kopf's watches, which resume without a re-list, the idle TrainerJob had aged out
-    of the cache and nothing came back.)"""
+    lifetimes of two resyncs). Then the trainer pod is deleted: the operator still knows its
+    TrainerJob and makes it again. (With kopf's watches, which resume without a re-list, the idle
+    TrainerJob had aged out of the cache and nothing came back.)"""
     monkeypatch.setenv("KUBERL_RESYNC_SECONDS", "1")
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
-        await api.create(GROUP, "rlexperiments", "team-a", experiment())
-        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
-        for each in pods(api, "team-a"):
-            await bind(api, each, "node-a")
-            await set_pod(api, each, "Running", ready=True)
-        await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("phase") == "Running", what="Running")
+        await running_experiment(api, experiment(), pod_count=2)
         await asyncio.sleep(4.5)
         [trainer] = pods(api, "team-a", f"{LABEL_ROLE}=trainer")
         await api.delete("", "pods", "team-a", trainer["metadata"]["name"])

@@ -8,7 +8,17 @@ import copy
 import pytest
 
 from .conftest import load_example
-from .harness import GROUP, bind, emulated_cluster, eventually, pods, preempt, running_operator, set_pod
+from .harness import (
+    GROUP,
+    bind,
+    emulated_cluster,
+    eventually,
+    pods,
+    preempt,
+    running_experiment,
+    running_operator,
+    set_pod,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -90,13 +100,7 @@ async def test_accelerator_examples_get_the_pods_their_allocation_implies(tmp_pa
 async def test_status_goes_running_then_succeeded(tmp_path):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
-        await api.create(GROUP, "rlexperiments", "team-a", experiment())
-        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
-        for pod in pods(api, "team-a"):
-            await bind(api, pod, "node-a")
-            await set_pod(api, pod, "Running", ready=True)
-        exp = await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("phase") == "Running"
-                               and get_rlx(api, "cpu-tiny"), what="Running")
+        exp = await running_experiment(api, experiment(), pod_count=2)
         assert condition(exp, "Ready")["status"] == "True"
         assert exp["status"]["observedGeneration"] == exp["metadata"]["generation"]
         trainer = pods(api, "team-a", "kuberl.io/role=trainer")[0]
