@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,22 +54,37 @@ async def running_operator(cluster: Cluster, namespaces: list[str] | None = None
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     ready = asyncio.Event()
     task = asyncio.create_task(kopf.operator(standalone=True, ready_flag=ready, **handlers.operator_scope(namespaces)))
-    await asyncio.wait_for(ready.wait(), timeout=20)
     try:
+        await asyncio.wait_for(ready.wait(), timeout=20)
         yield
     finally:
         # kopf counts every task born after its start as its own, the emulator's open watch
         # streams included, and would give them a 5 s grace period on a stop flag; a
         # cancellation ends them at once, like SIGTERM to a pod.
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=20)
+        await _stopped(task, timeout=20)
         ours = [t for t in asyncio.all_tasks()
                 if t.get_name() == handlers.PROGRESS_TASK or t.get_name().startswith(handlers.RETRY_TASK)]
         for background in ours:
             background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await background
+
+
+async def _stopped(task: asyncio.Task[Any], timeout: float) -> None:
+    """Wait for a cancelled ``task``; if it has not ended within ``timeout`` seconds, fail naming the
+    tasks still running and where each waits (``asyncio.wait_for`` would wait for ever after its
+    timeout: it awaits the task it cancels)."""
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if done:
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()
+        return
+    stacks = io.StringIO()
+    for running in asyncio.all_tasks():
+        if running is not asyncio.current_task():
+            running.print_stack(limit=6, file=stacks)
+    raise AssertionError(f"the operator did not stop within {timeout} s; tasks still running:\n{stacks.getvalue()}")
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:

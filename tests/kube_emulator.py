@@ -145,7 +145,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.store: dict[Key, dict[tuple[str | None, str], Obj]] = collections.defaultdict(dict)
         self.log: list[tuple[int, Key, str, Obj]] = []
         self.revision = 0
-        self.changed = asyncio.Condition()
+        self._next_change = asyncio.Event()  # set, and replaced by a fresh one, at every change
         self.faults: list[Fault] = []
         self.used: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource[/subresource]) asked for
         self.requests: collections.Counter[str] = collections.Counter()  # RBAC verb → requests served
@@ -196,8 +196,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     async def _emit(self, key: Key, kind: str, obj: Obj) -> None:
         self.log.append((int(obj["metadata"]["resourceVersion"]), key, kind, json_copy(obj)))
-        async with self.changed:
-            self.changed.notify_all()
+        # An Event, not a Condition: a watch cancelled at shutdown sat for ever in Condition.wait()
+        # re-acquiring its lock (Python 3.11), and the test's event loop never closed.
+        change, self._next_change = self._next_change, asyncio.Event()
+        change.set()
 
     def _bump(self, obj: Obj) -> None:
         self.revision += 1
@@ -468,17 +470,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
         cursor = next((i for i, (rv, *_) in enumerate(self.log) if rv > since), len(self.log))
         try:
             while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
+                change = self._next_change  # before reading the log: a change while sending sets it
                 while cursor < len(self.log):
                     _, key, kind, obj = self.log[cursor]
                     cursor += 1
                     if key == (g, p) and wanted(obj):
                         await send(kind, obj)
-                async with self.changed:
-                    if cursor >= len(self.log):
-                        try:
-                            await asyncio.wait_for(self.changed.wait(), timeout=remaining)
-                        except TimeoutError:
-                            break
+                try:
+                    async with asyncio.timeout(remaining):
+                        await change.wait()
+                except TimeoutError:
+                    break
         except (ConnectionResetError, asyncio.CancelledError):
             return response
         await response.write_eof()
