@@ -212,6 +212,13 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
                                             trainer__acceleratorsPerNode=2))
     assert [i.path for i in issues] == ["spec.trainer.parallelism.expertTensor"]
     assert "must be 1" in issues[0].message
+    _, issues = validate_document(with_spec(allocation="vllm:d1+megatron:t2", trainer__accelerator="cpu",
+                                            trainer__acceleratorsPerNode=2, inference__accelerator="cpu",
+                                            trainer__packing=True, trainer__activationCheckpointing=True))
+    assert sorted(i.path for i in issues) == ["spec.trainer.activationCheckpointing", "spec.trainer.packing"]
+    assert all("backend fsdp" in i.message for i in issues)
+    accepted, issues = validate_document(with_spec(trainer__packing=True))
+    assert accepted is not None and issues == [] and accepted.spec.trainer.packing
 
 
 

@@ -361,6 +361,10 @@ class TrainerSpec(PodPlacement):
     activation_checkpointing: bool = Field(
         False, description="recompute each transformer block's activations in the backward pass instead of keeping "
                            "them: less device memory for long sequences, one more forward per block (backend fsdp)")
+    packing: bool = Field(
+        False, description="pack each micro-batch's sequences end to end (position ids restart per sequence, "
+                           "attention within each) instead of padding rows to the longest: the same loss and "
+                           "gradients from fewer tokens of compute on ragged batches (backend fsdp)")
     step_timeout_seconds: int = Field(
         1800, ge=30, le=86400,
         description="a rank whose training step has not finished after this long (a hung collective) exits "

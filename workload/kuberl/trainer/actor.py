@@ -55,8 +55,9 @@ from ..weights.layouts import ParamMeta, fsdp2_holdings
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
-from .batch import TOKEN_BUDGET, Batch, micro_batch_count, split
+from .batch import TOKEN_BUDGET, Batch, micro_batch_count, padded_tokens, split
 from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
+from .packing import pack, packed_tokens
 from .sft import sft_warmup
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
@@ -91,7 +92,13 @@ def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
 def _log_policy(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     """log π(v) for every vocabulary entry at every position, [B, L−1, V], under the
     temperature-scaled policy the engine samples from."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    return scaled_log_softmax(logits, temperature)
+
+
+def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) in float32 (temperature 0: greedy sampling, logits as they are)."""
+    logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1)
@@ -102,14 +109,28 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> 
     return _log_policy(model, batch, temperature).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
 
+def _target_logprobs_and_entropy(logp_all: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
 def token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch,
                                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(log π(target), H(π)) at every position; H = −Σ_v π(v) log π(v) over the vocabulary, detached
     (a diagnostic, not a loss term)."""
-    logp_all = _log_policy(model, batch, temperature)
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp_all.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1), entropy
+    return _target_logprobs_and_entropy(_log_policy(model, batch, temperature), batch.targets)
+
+
+def packed_token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch,
+                                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs_and_entropy`` with the batch's rows packed (:mod:`.packing`): the same values
+    in the same [B, L−1] layout, zero at padding, from bins × width tokens of compute."""
+    packing = pack(batch)
+    # No attention mask and no cache: transformers then reads sequence starts from the position ids.
+    logits = model(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).logits[:, :-1]
+    logp, entropy = _target_logprobs_and_entropy(scaled_log_softmax(logits, temperature), packing.input_ids[:, 1:])
+    return packing.unpack(logp), packing.unpack(entropy)
 
 
 Scorer = Callable[[torch.nn.Module, Batch, float], tuple[torch.Tensor, torch.Tensor]]
@@ -149,16 +170,18 @@ class Actor:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     scorer: Scorer = token_logprobs_and_entropy
     clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
+    packing: bool = False  # micro-batches sized by packed tokens; set with the packed scorer (``create``)
 
     @classmethod
     def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                mini_batches: int = 1, device: torch.device | None = None,
                compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
-               activation_checkpointing: bool = False) -> Actor:
+               activation_checkpointing: bool = False, packing: bool = False) -> Actor:
         """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer. A
         ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
         each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
-        each block's activations are recomputed in the backward pass instead of kept."""
+        each block's activations are recomputed in the backward pass instead of kept. ``packing``: each
+        micro-batch's rows are packed (:mod:`.packing`), and micro-batches are sized by packed tokens."""
         device = device or torch.device("cpu")
         on_meta = is_meta(model)
         if on_meta and weights is None:
@@ -176,7 +199,9 @@ class Actor:
                 materialize(sharded, weights, device)
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
-        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device)
+        scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
+        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
+                   scorer=scorer, packing=packing)
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next updates (the trainer sets it every step from its schedule)."""
@@ -193,8 +218,10 @@ class Actor:
 
     def _micro_batches(self, part: Batch) -> list[Batch]:
         """Rows of like length together, each micro-batch trimmed to its longest row, within the
-        token budget (``micro_batch_count``); the same number of micro-batches on every rank."""
-        count = int(all_reduce(micro_batch_count(part, self.token_budget), dist.ReduceOp.MAX))
+        token budget (``micro_batch_count``, counting packed tokens when packing); the same number of
+        micro-batches on every rank."""
+        tokens = packed_tokens if self.packing else padded_tokens
+        count = int(all_reduce(micro_batch_count(part, self.token_budget, slice_tokens=tokens), dist.ReduceOp.MAX))
         return [chunk.trimmed() for chunk in split(part.by_length(), count)]
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:

@@ -12,6 +12,7 @@ the engine's log-probs must equal the trainer's own, which :mod:`.actor` checks)
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -114,28 +115,45 @@ def slice_bounds(rows: int, count: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(rows * i // count for i in range(count + 1)))
 
 
-def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
+def padded_tokens(lengths: list[int]) -> int:
+    """Tokens a slice of rows of ``lengths`` computes on, padded to its longest row."""
+    return len(lengths) * max(lengths) if lengths else 0
+
+
+SliceTokens = Callable[[list[int]], int]
+"""Row lengths of a micro-batch → the tokens its pass computes on (padded, or :func:`.packing.packed_tokens`)."""
+
+
+def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS,
+                slice_tokens: SliceTokens = padded_tokens) -> int:
     """How many near-equal slices of rows sorted by ``lengths`` (longest first) cost the least:
-    Σ rows × the slice's longest row + ``pass_cost`` a slice, among the counts whose every slice keeps
-    rows × its width within ``token_budget`` (≥ 1 row each). Tried: the least count that fits, then
-    doubling it. Rows of very different lengths (multi-turn episodes) get several slices even when
-    one would fit: 128 rows of mean length 30 and longest 95 in one slice pay 12,160 tokens, in 8
-    slices about 5,000."""
+    Σ ``slice_tokens`` of each slice + ``pass_cost`` a slice, among the counts whose every slice
+    keeps within ``token_budget`` (or is one row). Tried: the least count that fits padded, then
+    doubling it, and the powers of two below it (a packed slice may fit where a padded one does
+    not). Rows of very different lengths (multi-turn episodes) get several slices even when one
+    would fit: 128 rows of mean length 30 and longest 95 in one slice pay 12,160 tokens padded, in
+    8 slices about 5,000."""
     lengths = sorted(lengths, reverse=True)
     rows = len(lengths)
-    count = max(1, -(-rows // max(1, token_budget // max(1, lengths[0]))))
-    best, best_cost = count, None
-    while count <= rows:
-        cost = sum((hi - lo) * lengths[lo] for lo, hi in slice_bounds(rows, count) if hi > lo) + count * pass_cost
+    fits = max(1, -(-rows // max(1, token_budget // max(1, lengths[0]))))
+    tried = {fits << k for k in range(rows.bit_length() + 1) if fits << k <= rows} | {fits}
+    tried |= {1 << k for k in range(fits.bit_length()) if 1 << k < fits}
+    best, best_cost = fits, None
+    for count in sorted(tried):
+        slices = [lengths[lo:hi] for lo, hi in slice_bounds(rows, count) if hi > lo]
+        tokens = [slice_tokens(s) for s in slices]
+        if any(t > token_budget and len(s) > 1 for t, s in zip(tokens, slices, strict=True)):
+            continue
+        cost = sum(tokens) + count * pass_cost
         if best_cost is None or cost < best_cost:
             best, best_cost = count, cost
-        count *= 2
     return best
 
 
-def micro_batch_count(batch: Batch, token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
+def micro_batch_count(batch: Batch, token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS,
+                      slice_tokens: SliceTokens = padded_tokens) -> int:
     """``slice_count`` of the batch's row lengths: how many slices of ``batch.by_length()`` to train in."""
-    return slice_count(batch.lengths.tolist(), token_budget, pass_cost)
+    return slice_count(batch.lengths.tolist(), token_budget, pass_cost, slice_tokens)
 
 
 def split(batch: Batch, parts: int) -> list[Batch]:

@@ -106,7 +106,7 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
                                      spec.algorithm.mini_batches, device, spec.seed, dtype)
     return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                         spec.algorithm.mini_batches, device, dtype, weights=weights,
-                        activation_checkpointing=spec.trainer.activation_checkpointing)
+                        activation_checkpointing=spec.trainer.activation_checkpointing, packing=spec.trainer.packing)
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
