@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.inference.contract import SamplingParams
 from kuberl.inference.engine import TorchEngine
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import collate
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import Actor
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import collate
 
 BATCH, PROMPT_TOKENS, NEW_TOKENS = 64, 64, 256
 
@@ -71,7 +71,7 @@ def main() -> int:
     world_of_one(device)
     policy = model()
     params = sum(p.numel() for p in policy.parameters())
-    actor = Actor.create(policy, AlgorithmConfig(name="grpo", group_size=8, kl_coef=0.0), lr=1e-6, temperature=1.0,
+    actor = FSDPActor.create(policy, AlgorithmConfig(name="grpo", group_size=8, kl_coef=0.0), lr=1e-6, temperature=1.0,
                          device=device, compute_dtype=torch.bfloat16)
     engine_model = model().to(device=device, dtype=torch.bfloat16)
     engine = TorchEngine(engine_model, eos_id=-1, pad_id=0, max_batch=BATCH)  # no EOS: every row writes NEW_TOKENS

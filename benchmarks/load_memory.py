@@ -79,10 +79,10 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
     import torch.distributed as dist
 
     from kuberl.api.spec import ModelSource
+    from kuberl.fsdp.actor import FSDPActor
     from kuberl.models.loading import load_model, load_skeleton
+    from kuberl.policy.algorithms import AlgorithmConfig
     from kuberl.settings import Settings
-    from kuberl.trainer.actor import Actor
-    from kuberl.trainer.algorithms import AlgorithmConfig
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -92,10 +92,10 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
     local = 0
     if mode == "before":
         model, _ = load_model(source, 0, settings)
-        actor = Actor.create(model, config, lr=1e-6, temperature=1.0)
+        actor = FSDPActor.create(model, config, lr=1e-6, temperature=1.0)
     elif mode == "after":
         model, _, weights = load_skeleton(source, 0, settings)
-        actor = Actor.create(model, config, lr=1e-6, temperature=1.0, weights=weights)
+        actor = FSDPActor.create(model, config, lr=1e-6, temperature=1.0, weights=weights)
     if mode != "baseline":
         local = sum(p.to_local().numel() for p in actor.model.parameters())
     dist.barrier()

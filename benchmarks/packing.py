@@ -52,13 +52,13 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from kuberl.fsdp.actor import FSDPActor
     from kuberl.local_processes import free_port
     from kuberl.models.tiny import tiny_qwen2
+    from kuberl.policy.algorithms import AlgorithmConfig
+    from kuberl.policy.batch import collate, padded_tokens
+    from kuberl.policy.packing import packed_tokens
     from kuberl.rollout.types import Trajectory
-    from kuberl.trainer.actor import Actor
-    from kuberl.trainer.algorithms import AlgorithmConfig
-    from kuberl.trainer.batch import collate, padded_tokens
-    from kuberl.trainer.packing import packed_tokens
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -81,7 +81,7 @@ def main() -> None:
     for layout in ("padded", "packed"):
         torch.manual_seed(args.seed)
         model = tiny_qwen2(vocab, seed=args.seed, hidden=args.hidden, layers=args.layers)
-        actor = Actor.create(model, config, lr=1e-5, temperature=1.0, packing=layout == "packed")
+        actor = FSDPActor.create(model, config, lr=1e-5, temperature=1.0, packing=layout == "packed")
         chunks = actor._micro_batches(batch)
         computed = sum((packed_tokens if layout == "packed" else padded_tokens)([int(n) for n in c.lengths])
                        for c in chunks)

@@ -41,10 +41,10 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
     import torch.distributed as dist
     from moto.server import ThreadedMotoServer
 
+    from kuberl.fsdp.actor import FSDPActor
     from kuberl.local_processes import free_port
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
-    from kuberl.trainer.actor import Actor
-    from kuberl.trainer.algorithms import AlgorithmConfig
+    from kuberl.policy.algorithms import AlgorithmConfig
     from kuberl.trainer.checkpointing import Checkpointer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
@@ -57,7 +57,7 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
     boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"]).create_bucket(Bucket="bench")
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        actor = Actor.create(tiny_qwen2(len(char_tokenizer()), 0), AlgorithmConfig(name="grpo", group_size=4),
+        actor = FSDPActor.create(tiny_qwen2(len(char_tokenizer()), 0), AlgorithmConfig(name="grpo", group_size=4),
                              lr=2e-4, temperature=1.0)  # fmt: skip
         for group in actor.optimizer.param_groups:  # AdamW moments exist only after a step
             for p in group["params"]:

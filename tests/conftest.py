@@ -128,7 +128,7 @@ def tool_warmed_weights(tmp_path_factory) -> Path:
     from kuberl.data.datasets import examples
     from kuberl.models.text import TextCodec
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
-    from kuberl.trainer.sft import sft_warmup
+    from kuberl.policy.sft import sft_warmup
 
     path = run_temp_dir(tmp_path_factory) / "tool-warmed-tiny-qwen2.pt"
     with FileLock(f"{path}.lock"):  # one worker trains it, the others wait and load it

@@ -17,14 +17,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from kuberl.api.spec import ModelSource
 from kuberl.collectives import exit_without_teardown
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.local_processes import free_port
 from kuberl.models.loading import load_skeleton
 from kuberl.models.meta import is_meta
 from kuberl.models.tiny import tiny_qwen2
+from kuberl.policy.actor import Actor, token_logprobs
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import PASS_COST_TOKENS, collate, micro_batch_count, split
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import Actor, token_logprobs
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import PASS_COST_TOKENS, collate, micro_batch_count, split
 
 from .workers import start_workers
 
@@ -88,7 +89,7 @@ def test_rows_of_very_different_lengths_train_in_length_sorted_micro_batches_as_
     same update as the whole batch in one pass."""
     rng = random.Random(0)
     batch = _batch_of_lengths([95] + [max(9, int(rng.gauss(30, 8))) for _ in range(127)])
-    actors = [Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0) for _ in range(2)]
+    actors = [FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0) for _ in range(2)]
     chunks = actors[0]._micro_batches(batch)
     assert len(chunks) > 1 and sum(c.input_ids.numel() for c in chunks) < batch.input_ids.numel() / 2
     stats = [actors[0]._update(chunks, None, batch.size, float(batch.loss_mask.sum())),
@@ -129,7 +130,7 @@ def test_one_update_skips_the_proximal_pass_exactly(world_of_one):
     batch = collate(trajs, advs, 0)
     results = []
     for explicit in (False, True):
-        actor = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+        actor = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
         chunks = actor._micro_batches(batch)
         prox = None
         if explicit:
@@ -146,8 +147,8 @@ def test_one_update_skips_the_proximal_pass_exactly(world_of_one):
 
 def test_several_mini_batches_take_several_steps(world_of_one):
     trajs, advs = trajectories(8)
-    one = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
-    two = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, mini_batches=2)
+    one = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    two = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, mini_batches=2)
     for actor in (one, two):
         actor.train_step(collate(trajs, advs, 0), len(trajs))
     assert two.optimizer.state[next(iter(two.model.parameters()))]["step"].item() == 2
@@ -160,7 +161,7 @@ def test_behaviour_gap_measures_fresh_tokens_against_the_trainers_own_logprobs(w
     trainer's own log-probs: the gap is ≈ 0 when they do, and exactly the injected offset when an
     engine reports other log-probs; older tokens (lag ≥ 1) do not count."""
     trajs, advs = trajectories(8)
-    actor = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, mini_batches=mini_batches)
+    actor = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, mini_batches=mini_batches)
     with torch.no_grad():
         own = token_logprobs(actor.model, collate(trajs, advs, 0), 1.0)
     for i, t in enumerate(trajs):  # what a faithful engine at version 5 would have reported
@@ -194,7 +195,8 @@ def test_entropy_is_the_mean_over_trained_tokens_of_the_policy_the_engine_sample
     update measures the weights it starts from; a tiny learning rate keeps them those measured here.)"""
     trajs, advs = trajectories(10, seed=1)
     temperature = 0.7
-    actor = Actor.create(tiny_qwen2(40, seed=5), CONFIG, lr=1e-9, temperature=temperature, mini_batches=mini_batches)
+    actor = FSDPActor.create(tiny_qwen2(40, seed=5), CONFIG, lr=1e-9, temperature=temperature,
+                             mini_batches=mini_batches)
     batch = collate(trajs, advs, 0)
     with torch.no_grad():
         logits = actor.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
@@ -211,7 +213,7 @@ def test_a_policy_that_cannot_tell_tokens_apart_has_the_entropy_of_the_uniform_d
     model = tiny_qwen2(40, seed=3, tied=False)
     with torch.no_grad():  # every logit 0: π is uniform over the 40 tokens whatever the input
         model.lm_head.weight.zero_()
-    stats = Actor.create(model, CONFIG, lr=1e-9, temperature=1.0).train_step(collate(trajs, advs, 0), 4)
+    stats = FSDPActor.create(model, CONFIG, lr=1e-9, temperature=1.0).train_step(collate(trajs, advs, 0), 4)
     assert stats["ppo_actor/entropy"] == pytest.approx(math.log(40), rel=1e-6)
 
 
@@ -228,13 +230,14 @@ def test_kl_term_keeps_the_policy_near_a_frozen_reference(world_of_one):
     loss reports KL > 0 once they differ, and a strong KL pull keeps the policy closer to π_ref."""
     from dataclasses import replace
 
-    from kuberl.trainer.actor import token_logprobs
+    from kuberl.fsdp.actor import FSDPActor
+    from kuberl.policy.actor import token_logprobs
 
     batches = [collate(*trajectories(8, seed=s), 0) for s in range(4)]
-    start = weights(Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0))
+    start = weights(FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0))
     drift = {}
     for kl in (0.0, 1.0):
-        actor = Actor.create(tiny_qwen2(40, seed=3), replace(CONFIG, kl_coef=kl), lr=1e-2, temperature=1.0)
+        actor = FSDPActor.create(tiny_qwen2(40, seed=3), replace(CONFIG, kl_coef=kl), lr=1e-2, temperature=1.0)
         assert (actor.reference is not None) == (kl > 0)
         actor.freeze_reference()
         kls = [actor.train_step(b, 8)["ppo_actor/kl"] for b in batches]
@@ -259,12 +262,12 @@ def test_checkpoint_restores_the_reference_policy(world_of_one, tmp_path):
     from kuberl.trainer.checkpointing import TrainerState, load_trainer, save_trainer
 
     config = replace(CONFIG, kl_coef=0.5)
-    actor = Actor.create(tiny_qwen2(40, seed=3), config, lr=1e-2, temperature=1.0)
+    actor = FSDPActor.create(tiny_qwen2(40, seed=3), config, lr=1e-2, temperature=1.0)
     actor.freeze_reference()
     for s in range(2):
         actor.train_step(collate(*trajectories(8, seed=s), 0), 8)
     save_trainer(actor, TrainerState.capture(2, 2, 16), tmp_path / "with-ref")
-    resumed = Actor.create(tiny_qwen2(40, seed=99), config, lr=1e-2, temperature=1.0)
+    resumed = FSDPActor.create(tiny_qwen2(40, seed=99), config, lr=1e-2, temperature=1.0)
     load_trainer(resumed, tmp_path / "with-ref")
     assert resumed.reference is not None and actor.reference is not None
     reference = full_weights(resumed.reference)
@@ -272,10 +275,11 @@ def test_checkpoint_restores_the_reference_policy(world_of_one, tmp_path):
         assert torch.equal(reference[name], tensor), name
     assert any(not torch.equal(w, reference[n]) for n, w in weights(resumed).items())  # π_ref ≠ the policy
 
-    plain = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    plain = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
     save_trainer(plain, TrainerState.capture(1, 1, 8), tmp_path / "without-ref")
     with pytest.raises(CheckpointError, match="klCoef"):
-        load_trainer(Actor.create(tiny_qwen2(40, seed=3), config, lr=1e-2, temperature=1.0), tmp_path / "without-ref")
+        load_trainer(FSDPActor.create(tiny_qwen2(40, seed=3), config, lr=1e-2, temperature=1.0),
+                     tmp_path / "without-ref")
 
 
 def _rank_main(rank: int, world: int, port: int, budget: int, out: str, files: str | None = None) -> None:
@@ -287,11 +291,11 @@ def _rank_main(rank: int, world: int, port: int, budget: int, out: str, files: s
     try:
         trajs, advs = trajectories(7)  # 7 rows over 2 ranks: 4 and 3, and different padded lengths
         if files is None:
-            actor = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+            actor = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
         else:
             model, _, weights = load_skeleton(ModelSource(path=f"file://{files}"), 0)
             assert is_meta(model) and weights == Path(files)
-            actor = Actor.create(model, CONFIG, lr=1e-2, temperature=1.0, weights=weights,
+            actor = FSDPActor.create(model, CONFIG, lr=1e-2, temperature=1.0, weights=weights,
                                  activation_checkpointing=True)
             loaded = actor.full_state_dict()
             if rank == 0:
@@ -344,16 +348,16 @@ def test_checkpoint_resume_is_exact(world_of_one, tmp_path, uri):
         for s in steps:
             actor.train_step(batches[s], 8)
 
-    straight = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    straight = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
     run(straight, range(6))
 
-    first = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    first = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
     run(first, range(3))
     manager = CheckpointManager(open_store(uri), keep=2)
     manager.save(save_trainer(first, TrainerState.capture(3, 3, 24), tmp_path / "stage"), 3)
     rng_after_save = torch.rand(3)
 
-    resumed = Actor.create(tiny_qwen2(40, seed=99), CONFIG, lr=1e-2, temperature=1.0)  # other init: must not matter
+    resumed = FSDPActor.create(tiny_qwen2(40, seed=99), CONFIG, lr=1e-2, temperature=1.0)  # other init: must not matter
     state = load_trainer(resumed, manager.restore(manager.latest(), tmp_path / "restored"))
     assert (state.step, state.version, state.data_position) == (3, 3, 24)
     assert torch.equal(torch.rand(3), rng_after_save)  # RNG restored to the saved point
@@ -378,7 +382,7 @@ def _two_node_main(rank: int, port: int, uri: str, root: str, resume: bool, step
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         batches = [trajectories(8, seed=s) for s in range(4)]
-        actor = Actor.create(tiny_qwen2(40, seed=3 if not resume else 42), CONFIG, lr=1e-2, temperature=1.0)
+        actor = FSDPActor.create(tiny_qwen2(40, seed=3 if not resume else 42), CONFIG, lr=1e-2, temperature=1.0)
         checkpointer = Checkpointer(uri, every=2, keep=2, staging=Path(root) / f"node{rank}-{resume}", rank=rank,
                                     local_rank=0)  # fmt: skip
         first = 0

@@ -22,9 +22,10 @@ from torch.utils._pytree import tree_flatten
 
 from kuberl.api.spec import Accelerator, ModelDtype
 from kuberl.devices import DIST_BACKENDS, accelerator_device, collective_device, compute_dtype, dtype_name
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import tiny_qwen2
-from kuberl.trainer.actor import Actor
-from kuberl.trainer.batch import collate
+from kuberl.policy.actor import Actor
+from kuberl.policy.batch import collate
 
 from .test_actor import CONFIG, trajectories
 
@@ -50,7 +51,7 @@ def meta_actor(kl_coef: float = 0.0, mini_batches: int = 1) -> Actor:
     config = replace(CONFIG, kl_coef=kl_coef)
     reference = copy.deepcopy(model).requires_grad_(False).eval() if kl_coef else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    return Actor(model.train(), optimizer, config, 1.0, mini_batches, reference=reference,
+    return FSDPActor(model.train(), optimizer, config, 1.0, mini_batches, reference=reference,
                  device=torch.device("meta"))
 
 
@@ -89,7 +90,7 @@ def test_an_nvidia_trainer_without_a_visible_gpu_stops_with_a_message():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")
 def test_a_train_step_on_a_gpu_in_bfloat16():
     device = accelerator_device("nvidia", 0)
-    actor = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, device=device,
+    actor = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, device=device,
                          compute_dtype=torch.bfloat16)
     trajs, advs = trajectories(6)
     stats = actor.train_step(collate(trajs, advs, 0, version=0), len(trajs))

@@ -10,9 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kuberl.api.spec import ExportSpec
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import chat_tokenizer, tiny_qwen2
-from kuberl.trainer.actor import Actor
-from kuberl.trainer.algorithms import AlgorithmConfig
+from kuberl.policy.actor import Actor
+from kuberl.policy.algorithms import AlgorithmConfig
 from kuberl.trainer.export import export_due, export_policy
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=4)
@@ -20,7 +21,7 @@ CONFIG = AlgorithmConfig(name="grpo", group_size=4)
 
 def trained_actor() -> tuple[Actor, object]:
     tok = chat_tokenizer()
-    actor = Actor.create(tiny_qwen2(len(tok), seed=4), CONFIG, lr=1e-2, temperature=1.0)
+    actor = FSDPActor.create(tiny_qwen2(len(tok), seed=4), CONFIG, lr=1e-2, temperature=1.0)
     with torch.no_grad():  # weights no fresh model has: the export must carry these
         for param in actor.model.parameters():
             local = param.to_local() if hasattr(param, "to_local") else param
@@ -122,7 +123,7 @@ def test_a_new_run_starts_from_anothers_export(world_of_one, tmp_path: Path):
     whole, tokenizer = load_model(source, seed=0)
     assert all(torch.equal(whole.state_dict()[name], tensor) for name, tensor in want.items())
     skeleton, _, weights = load_skeleton(source, seed=0)
-    second = Actor.create(skeleton, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
+    second = FSDPActor.create(skeleton, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
     assert all(torch.equal(second.full_state_dict()[name], tensor) for name, tensor in want.items())
     assert model_origin(source, tokenizer)["init_from"] == done["uri"]
     fresh, _ = load_model(ModelSource(path="builtin:tiny-qwen2-chat"), seed=4)
@@ -155,7 +156,7 @@ def test_a_new_run_starts_from_anothers_checkpoint(world_of_one, tmp_path: Path)
     whole, _ = load_model(source, seed=0, settings=settings)
     assert all(torch.equal(whole.state_dict()[name], tensor) for name, tensor in want.items())
     skeleton, _, weights = load_skeleton(source, seed=0, settings=settings)
-    second = Actor.create(skeleton, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
+    second = FSDPActor.create(skeleton, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
     assert all(torch.equal(second.full_state_dict()[name], tensor) for name, tensor in want.items())
     assert len(list((tmp_path / "cache" / "init-from").glob("*/model.safetensors"))) == 1  # read once
 

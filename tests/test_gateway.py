@@ -267,9 +267,9 @@ def run_episodes(agent: Any, client: openai.OpenAI, n: int) -> list[float]:
 
 
 def test_agent_episodes_become_a_rewarded_group_the_trainer_trains_on(served, world_of_one):
-    from kuberl.trainer.actor import Actor
-    from kuberl.trainer.algorithms import AlgorithmConfig, build_batch
-    from kuberl.trainer.batch import collate
+    from kuberl.fsdp.actor import FSDPActor
+    from kuberl.policy.algorithms import AlgorithmConfig, build_batch
+    from kuberl.policy.batch import collate
 
     gateway, tok, model, client = served
     rewards = run_episodes(load_agent(), client, 2)  # the two sessions of the first task: one group
@@ -290,7 +290,7 @@ def test_agent_episodes_become_a_rewarded_group_the_trainer_trains_on(served, wo
         assert set(t.versions) == {0}
     assert calls >= 1, "the warmed-up model calls its calculator"
     config = AlgorithmConfig(name="grpo", group_size=2)
-    actor = Actor.create(copy.deepcopy(model), config, lr=1e-3, temperature=1.0)
+    actor = FSDPActor.create(copy.deepcopy(model), config, lr=1e-3, temperature=1.0)
     trajs, advantages, _ = build_batch([group], config)
     actor.train_step(collate(trajs, advantages, pad_id=tok.pad_token_id, version=0), len(trajs))
     sync = BroadcastSync(gateway.controller)

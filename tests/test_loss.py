@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from kuberl.trainer.algorithms import AlgorithmConfig, advantages, keep_group, learning_rate_at
-from kuberl.trainer.loss import ppo_loss
+from kuberl.policy.algorithms import AlgorithmConfig, advantages, keep_group, learning_rate_at
+from kuberl.policy.loss import ppo_loss
 
 
 def cfg(name="grpo", **kw):
@@ -174,8 +174,8 @@ def test_dapo_dynamic_sampling_and_ppo_refusal():
 
 
 def test_batch_advantages_whiten_over_the_whole_batch_and_dapo_filters():
+    from kuberl.policy.algorithms import build_batch
     from kuberl.rollout.types import Group, Trajectory
-    from kuberl.trainer.algorithms import build_batch
 
     def group(*rewards):
         return Group([Trajectory([1], [2], [0.0], [0], r) for r in rewards])

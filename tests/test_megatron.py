@@ -23,14 +23,15 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.megatron.actor import MegatronActor
 from kuberl.megatron.convert import AttentionShape, fuse_qkv, hf_to_megatron, megatron_to_hf, split_qkv
 from kuberl.megatron.tensor_parallel import Split, shard, unshard
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.policy.actor import Actor
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import Batch, collate
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import Actor
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import Batch, collate
 
 
 def qwen2(tied: bool = True) -> torch.nn.Module:
@@ -201,7 +202,7 @@ def make_actor(make: Any, layout: str | None, config: AlgorithmConfig | None = N
     the micro-batches' size, the actor's default when None)."""
     config = config or PPO
     actor = (MegatronActor.from_hf(make(), config, lr=1e-2, temperature=0.7, **kwargs) if layout
-             else Actor.create(make(), config, lr=1e-2, temperature=0.7, **kwargs))
+             else FSDPActor.create(make(), config, lr=1e-2, temperature=0.7, **kwargs))
     actor.token_budget = token_budget or actor.token_budget
     return actor
 

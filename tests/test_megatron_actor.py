@@ -25,11 +25,11 @@ from kuberl.megatron.convert import megatron_to_hf
 from kuberl.megatron.cpu import on_device
 from kuberl.megatron.model import gathered, with_every_expert
 from kuberl.models.tiny import chat_tokenizer
-from kuberl.trainer.actor import Actor, token_logprobs_and_entropy
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import Batch, split
+from kuberl.policy.actor import Actor, token_logprobs_and_entropy
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import Batch, split
+from kuberl.policy.loss import ppo_loss
 from kuberl.trainer.export import export_policy
-from kuberl.trainer.loss import ppo_loss
 
 from .test_megatron import PPO, make_actor, qwen2, qwen3_moe, qwen3_qk_norm, random_batch
 from .workers import start_workers

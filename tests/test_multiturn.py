@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import tiny_qwen2
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import collate
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import Actor
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import collate
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=2, behavior_imp_cap=None)
 # policy writes 3 tokens, the tool answers with 2 (context), the policy writes 2 more
@@ -35,7 +35,7 @@ def test_the_loss_mask_lands_on_the_tokens_the_policy_wrote():
 
 
 def updated_weights(tool_logprob: float, mask: list[int] | None = MASK) -> dict[str, torch.Tensor]:
-    actor = Actor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    actor = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0)
     trajs = [episode(tool_logprob), Trajectory([2, 13, 14], [24, 25, 1], [-1.0, -1.2, -0.3], [5, 5, 5], 0.0)]
     if mask is None:
         trajs[0].loss_mask = None

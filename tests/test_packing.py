@@ -1,4 +1,4 @@
-"""Sequence packing (``kuberl.trainer.packing``): rows in first-fit bins give the padded path's
+"""Sequence packing (``kuberl.policy.packing``): rows in first-fit bins give the padded path's
 log-probs, entropy, loss, gradients and update, on dense and MoE models, from fewer tokens."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import tiny_qwen2, tiny_qwen3_moe
+from kuberl.policy.actor import Actor, packed_token_logprobs_and_entropy, token_logprobs_and_entropy
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import Batch, collate, micro_batch_count, split
+from kuberl.policy.packing import first_fit_bins, pack, packed_tokens
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import Actor, packed_token_logprobs_and_entropy, token_logprobs_and_entropy
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import Batch, collate, micro_batch_count, split
-from kuberl.trainer.packing import first_fit_bins, pack, packed_tokens
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=4, behavior_imp_cap=None)
 VOCAB = 40
@@ -79,8 +80,8 @@ def test_a_packed_update_equals_the_padded_one(world_of_one):
     ones — with a token budget that splits the batch differently in each."""
     rng = random.Random(1)
     batch = ragged_batch([120] + [max(4, int(rng.lognormvariate(3.0, 0.6))) for _ in range(47)], seed=1)
-    padded = Actor.create(tiny_qwen2(VOCAB, seed=3), CONFIG, lr=1e-2, temperature=1.0)
-    packed = Actor.create(tiny_qwen2(VOCAB, seed=3), CONFIG, lr=1e-2, temperature=1.0, packing=True)
+    padded = FSDPActor.create(tiny_qwen2(VOCAB, seed=3), CONFIG, lr=1e-2, temperature=1.0)
+    packed = FSDPActor.create(tiny_qwen2(VOCAB, seed=3), CONFIG, lr=1e-2, temperature=1.0, packing=True)
     for actor in (padded, packed):
         actor.token_budget = 1024
     tokens = float(batch.loss_mask.sum())

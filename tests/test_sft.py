@@ -11,8 +11,8 @@ from kuberl.api.spec import DatasetSource
 from kuberl.data.datasets import examples
 from kuberl.models.text import TextCodec
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
-from kuberl.trainer.batch import slice_count
-from kuberl.trainer.sft import demonstration_rows, padded, sft_warmup
+from kuberl.policy.batch import slice_count
+from kuberl.policy.sft import demonstration_rows, padded, sft_warmup
 
 
 def test_sft_in_length_sorted_slices_takes_the_steps_of_hfs_whole_batch_loss():

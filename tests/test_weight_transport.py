@@ -91,7 +91,7 @@ def _megatron_worker(rank: int, train_port: int, exchange_port: int, layout: str
     from megatron.core import parallel_state
 
     from kuberl.megatron.actor import MegatronActor
-    from kuberl.trainer.algorithms import AlgorithmConfig
+    from kuberl.policy.algorithms import AlgorithmConfig
     from kuberl.weights.p2p import plan_for
 
     make, parallel = MEGATRON_LAYOUTS[layout]

@@ -27,7 +27,7 @@ PRELOADED = [
     "megatron.core.dist_checkpointing", "megatron.core.transformer.moe",
     "transformers.models.qwen2.modeling_qwen2", "transformers.models.qwen3.modeling_qwen3",
     "transformers.models.qwen3_moe.modeling_qwen3_moe", "transformers.models.llama.modeling_llama", "hypothesis",
-    "kuberl.trainer.actor", "kuberl.megatron.actor", "kuberl.weights.transport", "kuberl.checkpoint",
+    "kuberl.fsdp.actor", "kuberl.megatron.actor", "kuberl.weights.transport", "kuberl.checkpoint",
     "tests.workers",
 ]  # fmt: skip  (a module that is not installed is left out by the fork server)
 

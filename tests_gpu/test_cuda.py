@@ -11,13 +11,14 @@ import time
 import pytest
 import torch
 
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.inference.contract import SamplingParams
 from kuberl.inference.engine import TorchEngine
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.policy.actor import token_logprobs_and_entropy
+from kuberl.policy.algorithms import AlgorithmConfig
+from kuberl.policy.batch import Batch, collate
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import Actor, token_logprobs_and_entropy
-from kuberl.trainer.algorithms import AlgorithmConfig
-from kuberl.trainer.batch import Batch, collate
 
 from .conftest import report
 
@@ -54,7 +55,7 @@ def batch_of(generations: list, prompts: list[list[int]]) -> Batch:
 
 def test_the_fsdp_actor_trains_in_bfloat16_on_cuda_over_nccl(nccl_world_of_one):
     device = nccl_world_of_one
-    actor = Actor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device, compute_dtype=torch.bfloat16)
+    actor = FSDPActor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device, compute_dtype=torch.bfloat16)
     before = {k: v.clone() for k, v in actor.full_state_dict().items()}
     assert all(p.device.type == "cuda" for p in actor.model.parameters())
     state = actor.full_state_dict()
@@ -78,7 +79,7 @@ def test_the_torch_engine_generates_on_cuda_within_a_bounded_gap_of_the_trainer(
     """The engine's KV-cache decode on the GPU in bfloat16, scored by the FSDP actor in bfloat16 on the
     same weights: the behaviour log-prob gap (what decoupled PPO corrects) is reported and bounded."""
     device = nccl_world_of_one
-    actor = Actor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device, compute_dtype=torch.bfloat16)
+    actor = FSDPActor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device, compute_dtype=torch.bfloat16)
     engine = engine_on(device, actor.full_state_dict(), torch.bfloat16)
     started = time.perf_counter()
     gens = asyncio.run(generate_all(engine, PROMPTS * 4, SamplingParams(max_new_tokens=32)))
@@ -101,7 +102,7 @@ def test_after_a_weight_update_the_engine_answers_greedily_as_the_trainer(nccl_w
     generate on the same device."""
     device = nccl_world_of_one
     torch.backends.cuda.matmul.allow_tf32 = False
-    actor = Actor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device)
+    actor = FSDPActor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device)
     engine = engine_on(device, actor.full_state_dict(), torch.float32)
     trained: dict[str, torch.Tensor] = {}
 
@@ -149,7 +150,7 @@ def test_megatron_on_cuda_without_the_shim_reads_and_trains_as_the_fsdp_actor(nc
         parallel_state.initialize_model_parallel()
     hf = policy()
     hf.model.embed_tokens.padding_idx = None  # HF never trains the pad id's row, Megatron does (0: a token it samples)
-    fsdp = Actor.create(copy.deepcopy(hf), CONFIG, lr=1e-2, temperature=1.0, device=device,
+    fsdp = FSDPActor.create(copy.deepcopy(hf), CONFIG, lr=1e-2, temperature=1.0, device=device,
                         compute_dtype=torch.bfloat16)
     megatron = MegatronActor.from_hf(copy.deepcopy(hf), CONFIG, lr=1e-2, temperature=1.0, device=device,
                                      compute_dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ Compared, for the same weights and prompts:
 
 - greedy continuations of vLLM and of the torch engine are the same tokens;
 - the log-prob vLLM reports for each sampled token (temperature 1 and 0.7) equals the trainer's
-  recomputation (:func:`kuberl.trainer.actor.token_logprobs` over a collated batch) within
+  recomputation (:func:`kuberl.policy.actor.token_logprobs` over a collated batch) within
   ``TOLERANCE``; so do the torch engine's for its own samples.
 
 Each update perturbs every parameter (a tied output layer with its embedding) and reaches the
@@ -32,9 +32,9 @@ from kuberl.inference.contract import Generation, SamplingParams
 from kuberl.inference.engine import TorchEngine
 from kuberl.inference.vllm_engine import VLLMEngine, build_vllm_engine, hf_parameter_layout, tied_aliases
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.policy.actor import token_logprobs
+from kuberl.policy.batch import collate
 from kuberl.rollout.types import Trajectory
-from kuberl.trainer.actor import token_logprobs
-from kuberl.trainer.batch import collate
 from kuberl.weights.sync import DiskSync, to_safetensors
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this venv (scripts/setup --vllm)")

@@ -1,5 +1,5 @@
 """The Megatron-core backend's actor: the FSDP actor's decoupled-PPO step
-(:class:`kuberl.trainer.actor.Actor`: one loss, one update rule) on a Megatron GPTModel with tensor,
+(:class:`kuberl.policy.actor.Actor`: one loss, one update rule) on a Megatron GPTModel with tensor,
 pipeline, expert and data parallelism. What differs is how the model is read and how the gradient norm is taken:
 
 - log-probs and entropy from vocabulary-parallel logits (:mod:`.logprobs`), the forward under
@@ -43,10 +43,10 @@ import torch.distributed as dist
 from ..collectives import all_gather, broadcast_from_rank0
 from ..data.datasets import Example
 from ..models.text import TextCodec
-from ..trainer.actor import TOKEN_SUMS, Actor
-from ..trainer.algorithms import AlgorithmConfig
-from ..trainer.batch import Batch
-from ..trainer.sft import sft_warmup
+from ..policy.actor import TOKEN_SUMS, Actor
+from ..policy.algorithms import AlgorithmConfig
+from ..policy.batch import Batch
+from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
 from . import checkpoint
@@ -80,7 +80,7 @@ def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
 
 
 def shaped_alike(batch: Batch, sequence_parallel: bool) -> Batch:
-    """``batch`` padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to the shape its layout can take
+    """``batch`` padded (:meth:`~kuberl.policy.batch.Batch.padded`) to the shape its layout can take
     (:func:`.schedule.layout_shape`)."""
     rows, width = layout_shape(*batch.input_ids.shape, sequence_parallel)
     return batch.padded(rows, width) if (rows, width) != tuple(batch.input_ids.shape) else batch

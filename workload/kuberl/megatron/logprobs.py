@@ -8,7 +8,7 @@ temperature-scaled policy π = softmax(l / T):
     H(π)     = log S − Σ_v e_v (l_v/T − m) / S      with m = max_v l_v/T, e_v = exp(l_v/T − m), S = Σ_v e_v
 
 the sums running over the whole vocabulary (all-reduced over the tensor-parallel group). The
-entropy is a detached diagnostic, as in the FSDP actor (:func:`kuberl.trainer.actor.token_logprobs_and_entropy`).
+entropy is a detached diagnostic, as in the FSDP actor (:func:`kuberl.policy.actor.token_logprobs_and_entropy`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
-from ..trainer.batch import Batch
+from ..policy.batch import Batch
 
 
 def causal_mask(length: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ With pipeline parallelism a stage holds some of the layers: the first embeds the
 its output to the next, the last computes the logits — and the loss. Megatron's non-interleaved
 schedule runs ``p − s − 1`` forwards ahead on stage s of p, then alternates one forward and one
 backward, so at most p micro-batches' activations are alive on a stage. Its p2p buffers have one
-shape for every micro-batch: the chunks are padded (:meth:`~kuberl.trainer.batch.Batch.padded`) to
+shape for every micro-batch: the chunks are padded (:meth:`~kuberl.policy.batch.Batch.padded`) to
 one rows × width, the same over the expert-parallel group and split evenly by the tensor-parallel
 ranks under sequence parallelism (:func:`layout_shape`); the last stage reads each chunk's own
 positions back out of the padded logits.
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import collective_device
-from ..trainer.batch import Batch
+from ..policy.batch import Batch
 from .logprobs import vocab_parallel_logits
 
 LogitsReader = Callable[[int, Batch, torch.Tensor], tuple[torch.Tensor, Any]]

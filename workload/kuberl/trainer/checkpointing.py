@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from ..checkpoint import CheckpointError, CheckpointManager, open_store
 from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, STATE_FILE
 from ..collectives import all_gather, barrier, broadcast_from_rank0
-from .actor import Actor
+from ..policy.actor import Actor
 
 
 @dataclass

@@ -24,7 +24,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from ..api.spec import ExportSpec
 from ..checkpoint import CheckpointManager, open_store
 from ..models.hf_dir import describe_model, write_hf_dir
-from .actor import Actor
+from ..policy.actor import Actor
 
 log = logging.getLogger("kuberl.trainer")
 EXPORT_DIR = "hf/"

@@ -24,17 +24,18 @@ from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
+from ..fsdp.actor import FSDPActor
 from ..models.loading import load_model, load_skeleton
+from ..policy.actor import Actor
+from ..policy.algorithms import AlgorithmConfig, learning_rate_at
+from ..policy.batch import collate
+from ..policy.loss import BehaviourGapMonitor
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
 from ..weights.sync import WeightSync, make_weight_sync
-from .actor import Actor
-from .algorithms import AlgorithmConfig, learning_rate_at
-from .batch import collate
 from .checkpointing import Checkpointer, TrainerState
 from .export import describe_model, export_due, export_policy, hf_config
-from .loss import BehaviourGapMonitor
 from .services import NoServices, RankZeroServices, Tally
 from .watchdog import StepWatchdog
 from .workflows import PromptCheck
@@ -104,7 +105,7 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
                                                  expert_tensor_parallel_size=plan.expert_tensor)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed, dtype)
-    return Actor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
+    return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                         spec.algorithm.mini_batches, device, dtype, weights=weights,
                         activation_checkpointing=spec.trainer.activation_checkpointing, packing=spec.trainer.packing)
 

@@ -24,6 +24,8 @@ from ..data.datasets import examples
 from ..devices import compute_dtype, dtype_name
 from ..gateway.server import Gateway, GatewayConfig
 from ..models.loading import model_origin
+from ..policy.algorithms import AlgorithmConfig, build_batch
+from ..policy.loss import BehaviourGapMonitor
 from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient
 from ..rollout.controller import RolloutController
@@ -33,11 +35,9 @@ from ..rollout.staleness import StalenessManager
 from ..rollout.types import Group, Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
-from .algorithms import AlgorithmConfig, build_batch
 from .checkpointing import TrainerState
 from .curves import Curves
 from .evaluations import Evaluations
-from .loss import BehaviourGapMonitor
 from .progress import ProgressServer
 from .workflows import PromptCheck, make_reward, make_workflow
 

@@ -1,4 +1,4 @@
-"""The policy under training: FSDP2 (``fully_shard``) on gloo / NCCL / HCCL, one decoupled-PPO step.
+"""The policy step every backend takes: one decoupled-PPO update from a batch, written once.
 
 A step, for a batch of trajectories already split across data-parallel ranks:
 
@@ -7,7 +7,7 @@ A step, for a batch of trajectories already split across data-parallel ranks:
    micro-batches by token budget accumulate gradients of the decoupled PPO loss normalised by the
    part's *global* token count ÷ data-parallel ranks (gradients are averaged over those ranks, so
    the sum is the global mean);
-3. gradient clipping, AdamW step.
+3. gradient clipping, the optimizer's step.
 
 Every step also measures ``ppo_actor/entropy``, the policy's mean token entropy over the trained
 tokens of all ranks (nats; its fall to 0 is the usual sign of a collapsing policy), and
@@ -18,65 +18,39 @@ ranks: ≈ 0 when the inference engine serves the trainer's policy (see :func:`.
 With one update per batch (``mini_batches = 1``, the default) the weights cannot change between
 step 1 and the loss, so π_prox = sg(π_θ) exactly and the extra forward pass of step 1 is skipped.
 
-With ``kl_coef > 0`` the actor also holds a frozen reference policy π_ref, sharded like the policy
-and never updated after ``freeze_reference()`` (the trainer calls it once, when RL starts); each
-micro-batch then costs one more forward pass, for log π_ref.
+With ``kl_coef > 0`` the actor also holds a frozen reference policy π_ref, never updated after
+``freeze_reference()`` (the trainer calls it once, when RL starts); each micro-batch then costs one
+more forward pass, for log π_ref.
 
-``full_state_dict()`` gathers the unsharded weights on rank 0 (CPU) for the weight exchange.
+Backends are siblings below this module (verl's ``dp_actor`` / ``megatron_actor``): the FSDP2 actor
+(:mod:`kuberl.fsdp.actor`) and the Megatron-core actor (:mod:`kuberl.megatron.actor`) implement how a
+model is read (``scorer``), clipped, split over data-parallel ranks, checkpointed and gathered.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..data.datasets import Example
-from ..models.meta import is_meta, materialize
 from ..models.text import TextCodec
-from ..weights.layouts import ParamMeta, fsdp2_holdings
+from ..weights.layouts import ParamMeta
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import TOKEN_BUDGET, Batch, micro_batch_count, padded_tokens, split
 from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
 from .packing import pack, packed_tokens
-from .sft import sft_warmup
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
 """Per-rank sums that :meth:`Actor.train_step` adds up over updates and ranks before dividing."""
-
-
-def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """FSDP2: each transformer block is a unit, then the root (embeddings, head).
-
-    FSDP2 keeps the root unsharded after forward, for the backward that follows; a ``frozen`` model
-    (no backward, e.g. the KL reference) reshards its root after forward too. A ``compute_dtype``
-    other than float32 is FSDP2 mixed precision: parameters are all-gathered and used in that dtype,
-    gradients reduced in float32, master weights and optimizer state stay float32.
-    """
-    mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    for layer in getattr(getattr(model, "model", model), "layers", []):
-        fully_shard(layer, mp_policy=mixed)
-    fully_shard(model, reshard_after_forward=True if frozen else None, mp_policy=mixed)
-    return model
 
 
 def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -156,8 +130,9 @@ def batch_stats(chunk_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
 
 @dataclass
 class Actor:
-    """The decoupled-PPO step of every backend; ``scorer`` and ``clip_gradients`` are where a backend
-    differs (FSDP2: the HF forward and torch's clipping over DTensors; Megatron: :mod:`kuberl.megatron.actor`)."""
+    """The decoupled-PPO step of every backend. A backend sets ``scorer`` and ``clip_gradients``
+    and implements the methods below that raise NotImplementedError (FSDP2: :class:`kuberl.fsdp.actor.FSDPActor`;
+    Megatron: :class:`kuberl.megatron.actor.MegatronActor`)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -170,38 +145,7 @@ class Actor:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     scorer: Scorer = token_logprobs_and_entropy
     clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
-    packing: bool = False  # micro-batches sized by packed tokens; set with the packed scorer (``create``)
-
-    @classmethod
-    def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
-               mini_batches: int = 1, device: torch.device | None = None,
-               compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
-               activation_checkpointing: bool = False, packing: bool = False) -> Actor:
-        """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer. A
-        ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
-        each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
-        each block's activations are recomputed in the backward pass instead of kept. ``packing``: each
-        micro-batch's rows are packed (:mod:`.packing`), and micro-batches are sized by packed tokens."""
-        device = device or torch.device("cpu")
-        on_meta = is_meta(model)
-        if on_meta and weights is None:
-            raise ValueError("a model on the meta device needs the directory of its weights")
-        if not on_meta:
-            model = model.to(device=device, dtype=torch.float32)
-        if activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        reference = None
-        if config.kl_coef > 0:
-            reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
-        model = shard(model, compute_dtype=compute_dtype)
-        if on_meta and weights is not None:
-            for sharded in (model, *([reference] if reference is not None else [])):
-                materialize(sharded, weights, device)
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
-        scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
-        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer, packing=packing)
+    packing: bool = False  # micro-batches sized by packed tokens; set with the packed scorer
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next updates (the trainer sets it every step from its schedule)."""
@@ -304,53 +248,39 @@ class Actor:
         return out.loss, {**out.stats, **sums}
 
     def data_parallel(self) -> tuple[int, int]:
-        """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""
-        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-    def _sharded_state(self) -> dict[str, Any]:
-        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
-        if self.reference is not None:
-            state["reference"] = get_model_state_dict(self.reference)
-        return state
+        """(this rank's index, how many) among the ranks that split a batch's rows."""
+        raise NotImplementedError
 
     def save_shards(self, directory: Path) -> None:
-        """Every rank writes its shards into ``directory`` (torch.distributed.checkpoint)."""
-        dcp.save(self._sharded_state(), checkpoint_id=str(directory))
+        """Every rank writes its part of the model, optimizer and reference into ``directory``."""
+        raise NotImplementedError
 
     def load_shards(self, directory: Path) -> None:
-        """Every rank reads its shards from what :meth:`save_shards` wrote, over any number of ranks."""
-        state = self._sharded_state()
-        dcp.load(state, checkpoint_id=str(directory))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        if self.reference is not None:
-            set_model_state_dict(self.reference, state["reference"])
+        """Every rank reads its part back from what :meth:`save_shards` wrote."""
+        raise NotImplementedError
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:
-        """What a resume must share with the run that saved: the backend (DCP re-shards FSDP2's
-        shards over any number of ranks)."""
-        return {"backend": "fsdp"}
+        """What a resume must share with the run that saved."""
+        raise NotImplementedError
 
     def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
-        """``spec.model.sftWarmup`` on the sharded model, each rank on its share of every batch."""
-        rank, world = self.data_parallel()
-        return sft_warmup(self.model, codec, data, steps, batch_size, lr, rank, world)
+        """``spec.model.sftWarmup``: the losses of ``steps`` supervised steps."""
+        raise NotImplementedError
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """Unsharded HF-named weights on rank 0 (an empty dict on other ranks); every rank must call it."""
+        raise NotImplementedError
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
-        """Every parameter by name (FSDP2 DTensors: full shape, this rank's shard inside)."""
-        return dict(self.model.named_parameters())
+        """Every parameter by name, as this backend holds it."""
+        raise NotImplementedError
 
     def local_parameters(self) -> dict[str, torch.Tensor]:
-        """This rank's FSDP2 shard of every parameter (rows ``torch.chunk`` gives it on dim 0)."""
-        return {name: local_tensor(p) for name, p in self.model.named_parameters()}
+        """This rank's piece of every parameter."""
+        raise NotImplementedError
 
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
-        """FSDP2's dim-0 shards over every rank (:func:`~kuberl.weights.layouts.fsdp2_holdings`)."""
-        return fsdp2_holdings(metas, list(range(world_size())))
+        """Which rank holds which piece of each weight (the weight exchange's plan reads it)."""
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""The FSDP2 training backend (:mod:`.actor`)."""

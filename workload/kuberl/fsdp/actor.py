@@ -1,0 +1,140 @@
+"""The FSDP2 backend: the policy sharded with ``fully_shard`` on gloo / NCCL / HCCL, mixed precision,
+DCP checkpoints, and the step of :mod:`kuberl.policy.actor`.
+
+``full_state_dict()`` gathers the unsharded weights on rank 0 (CPU) for the weight exchange.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from ..collectives import world_size
+from ..data.datasets import Example
+from ..models.meta import is_meta, materialize
+from ..models.text import TextCodec
+from ..policy.actor import Actor, packed_token_logprobs_and_entropy, token_logprobs_and_entropy
+from ..policy.algorithms import AlgorithmConfig
+from ..policy.sft import sft_warmup
+from ..weights.layouts import ParamMeta, fsdp2_holdings
+from ..weights.plan import Holding
+from ..weights.transport import local_tensor
+
+
+def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """FSDP2: each transformer block is a unit, then the root (embeddings, head).
+
+    FSDP2 keeps the root unsharded after forward, for the backward that follows; a ``frozen`` model
+    (no backward, e.g. the KL reference) reshards its root after forward too. A ``compute_dtype``
+    other than float32 is FSDP2 mixed precision: parameters are all-gathered and used in that dtype,
+    gradients reduced in float32, master weights and optimizer state stay float32.
+    """
+    mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in getattr(getattr(model, "model", model), "layers", []):
+        fully_shard(layer, mp_policy=mixed)
+    fully_shard(model, reshard_after_forward=True if frozen else None, mp_policy=mixed)
+    return model
+
+
+@dataclass
+class FSDPActor(Actor):
+    """:class:`~kuberl.policy.actor.Actor` over an HF model sharded with FSDP2 (every rank a
+    data-parallel rank; the HF forward reads it, torch clips over its DTensors)."""
+
+    @classmethod
+    def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
+               mini_batches: int = 1, device: torch.device | None = None,
+               compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
+               activation_checkpointing: bool = False, packing: bool = False) -> FSDPActor:
+        """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer. A
+        ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
+        each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
+        each block's activations are recomputed in the backward pass instead of kept. ``packing``: each
+        micro-batch's rows are packed (:mod:`kuberl.policy.packing`), and micro-batches are sized by packed tokens."""
+        device = device or torch.device("cpu")
+        on_meta = is_meta(model)
+        if on_meta and weights is None:
+            raise ValueError("a model on the meta device needs the directory of its weights")
+        if not on_meta:
+            model = model.to(device=device, dtype=torch.float32)
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        reference = None
+        if config.kl_coef > 0:
+            reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
+        model = shard(model, compute_dtype=compute_dtype)
+        if on_meta and weights is not None:
+            for sharded in (model, *([reference] if reference is not None else [])):
+                materialize(sharded, weights, device)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+        scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
+        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
+                   scorer=scorer, packing=packing)
+
+    def data_parallel(self) -> tuple[int, int]:
+        """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""
+        return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+    def _sharded_state(self) -> dict[str, Any]:
+        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+        if self.reference is not None:
+            state["reference"] = get_model_state_dict(self.reference)
+        return state
+
+    def save_shards(self, directory: Path) -> None:
+        """Every rank writes its shards into ``directory`` (torch.distributed.checkpoint)."""
+        dcp.save(self._sharded_state(), checkpoint_id=str(directory))
+
+    def load_shards(self, directory: Path) -> None:
+        """Every rank reads its shards from what :meth:`save_shards` wrote, over any number of ranks."""
+        state = self._sharded_state()
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if self.reference is not None:
+            set_model_state_dict(self.reference, state["reference"])
+
+    @property
+    def checkpoint_layout(self) -> dict[str, str | int]:
+        """What a resume must share with the run that saved: the backend (DCP re-shards FSDP2's
+        shards over any number of ranks)."""
+        return {"backend": "fsdp"}
+
+    def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
+                           batch_size: int, lr: float) -> list[float]:
+        """``spec.model.sftWarmup`` on the sharded model, each rank on its share of every batch."""
+        rank, world = self.data_parallel()
+        return sft_warmup(self.model, codec, data, steps, batch_size, lr, rank, world)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter by name (FSDP2 DTensors: full shape, this rank's shard inside)."""
+        return dict(self.model.named_parameters())
+
+    def local_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's FSDP2 shard of every parameter (rows ``torch.chunk`` gives it on dim 0)."""
+        return {name: local_tensor(p) for name, p in self.model.named_parameters()}
+
+    def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
+        """FSDP2's dim-0 shards over every rank (:func:`~kuberl.weights.layouts.fsdp2_holdings`)."""
+        return fsdp2_holdings(metas, list(range(world_size())))
