@@ -91,6 +91,7 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
         assert scenario.problems(outcome, STEPS) == [], f"{report}\n--- container logs ---\n{logs}"
         assert "Succeeded" in outcome.tables[-1] and "STEP" in outcome.tables[0].upper()
         assert "rewardLast10" in outcome.yaml and "observedGeneration" in outcome.yaml
+        assert all(key in outcome.yaml for key in ("rolloutWaitFraction", "rolloutReadyGroups", "stalenessBudgetUsed"))
         assert processes_under(node_dir) == [], "pod processes outlived kubectl delete"
         print(f"e2e: {outcome.seconds:.1f} s from apply to Succeeded; progress {outcome.progress}")
 

@@ -77,6 +77,22 @@ def test_admission_formula_by_hand():
     assert m.capacity == 6  # min(12 − 6, 6)
 
 
+def test_the_staleness_budget_in_use_by_hand():
+    """(accepted + running − v·B) ÷ ((η + 1)·B): what an autoscaler reads (1: admission waits)."""
+    m = StalenessManager(batch_size=4, max_staleness=1, max_concurrent=8)
+    assert m.budget_used == 0.0
+    assert all(m.try_start() for _ in range(3))
+    assert m.budget_used == 3 / 8
+    for _ in range(3):
+        m.finish(accepted=True)
+    assert all(m.try_start() for _ in range(5)) and not m.try_start()
+    assert m.budget_used == 1.0  # 3 accepted + 5 running fill (1 + 1)·4: admission waits
+    m.set_version(1)
+    assert m.budget_used == (8 - 4) / 8  # the trainer took a batch: half the window is free again
+    m.restore(3)
+    assert m.budget_used == 0.0
+
+
 def test_restore_restarts_accepted_at_version_times_batch():
     m = StalenessManager(batch_size=8, max_staleness=2, max_concurrent=100, version=5)
     assert m.accepted == 40 and m.capacity == 24

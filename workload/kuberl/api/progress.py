@@ -49,6 +49,12 @@ class Progress(ApiModel):
         None, description="mean |log π_behaviour − log π_trainer| of tokens sampled by the weights being trained: "
                           "≈ 0 when the inference pool serves the trainer's policy; above 0.2 the trainer warns")
     entropy: Number | None = Field(None, description="the policy's mean token entropy in the last step")
+    rollout_wait_fraction: Number | None = Field(
+        None, description="share of the last step the trainer waited for rollouts (high: inference is the bottleneck)")
+    rollout_ready_groups: Count | None = Field(None, description="groups generated and waiting to be trained")
+    staleness_budget_used: Number | None = Field(
+        None, description="(accepted + running − version·B) ÷ ((maxStaleness + 1)·B) rollouts: 1 = generation is as "
+                          "far ahead as rollout.maxStaleness allows (inference to spare), ≈ 0 = the trainer waits")
     phase: TrainerPhase | None = Field(None, description="the trainer's own phase")
     last_checkpoint: str | None = Field(None, max_length=MAX_CHECKPOINT_URI)
     prompts_trained: Count | None = Field(None, description="dataset prompts trained so far, each exactly once")

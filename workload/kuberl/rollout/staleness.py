@@ -38,6 +38,14 @@ class StalenessManager:
         by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - self.accepted - self.running
         return max(0, min(by_staleness, self.max_concurrent - self.running))
 
+    @property
+    def budget_used(self) -> float:
+        """The share of the staleness window in use: (accepted + running − v·B) ÷ ((η + 1)·B). 1: generation
+        is as far ahead of the trainer as η allows and admission waits (rollout capacity to spare);
+        near 0: nothing is ready ahead of the trainer (it waits for rollouts)."""
+        window = (self.max_staleness + 1) * self.batch_size
+        return max(0.0, (self.accepted + self.running - self.version * self.batch_size) / window)
+
     def try_start(self) -> bool:
         """Reserve a slot for one rollout; False when admission must wait."""
         if self.capacity <= 0:

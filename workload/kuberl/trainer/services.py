@@ -221,7 +221,8 @@ class RankZeroServices(NoServices):
                            entropy=tally.entropies[-1] if tally.entropies else None,
                            prompts_trained=prompts.get("trained"), prompts_reissued=prompts.get("reissued"),
                            prompts_skipped=prompts.get("skipped"), reward_timeouts=self.reward.timeouts,
-                           reward_errors=self.reward.errors, prompts_too_long=len(self.prompt_check.dropped))
+                           reward_errors=self.reward.errors, prompts_too_long=len(self.prompt_check.dropped),
+                           **self.rollout_pressure(wait_s, tally.timeperf["step"][-1]))
         gateway = {f"gateway/{k}": v for k, v in self.gateway.summary().items()} if self.gateway else {}
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
@@ -234,6 +235,15 @@ class RankZeroServices(NoServices):
                      stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
                      "" if tools is None else f" tool calls/episode {tools:.2f}")
 
+
+    def rollout_pressure(self, wait_s: float, step_s: float) -> dict[str, float | int]:
+        """What an autoscaler reads (``/progress``, ``/metrics``): the share of the step spent waiting for
+        rollouts, the groups ready ahead of the trainer, the staleness window in use
+        (:attr:`~kuberl.rollout.staleness.StalenessManager.budget_used`; read from the rollout loop's
+        thread: a snapshot, not a transaction)."""
+        return {"rollout_wait_fraction": round(min(1.0, wait_s / step_s), 4) if step_s > 0 else 0.0,
+                "rollout_ready_groups": len(self.controller.buffer),
+                "staleness_budget_used": round(self.controller.manager.budget_used, 4)}
     def checkpointed(self, uri: str | None) -> None:
         """A checkpoint was saved (``uri``; None: none was due): say so and publish the curves next to it."""
         if uri is not None:
