@@ -63,26 +63,32 @@ class Packing:
 
 
 def pack(batch: Batch) -> Packing:
-    """``batch``'s rows in first-fit bins of its longest row's width (module docstring)."""
+    """``batch``'s rows in first-fit bins of its longest row's width (module docstring). The layout is
+    planned on the host from the row lengths; the tokens are gathered where the batch lives, in one
+    indexing (no per-row copy off an accelerator)."""
     lengths = [int(n) for n in batch.lengths.tolist()]
     rows, padded_width = batch.input_ids.shape
     width = max(lengths)
     bins = first_fit_bins(lengths, width)
-    ids = torch.zeros((len(bins), width), dtype=batch.input_ids.dtype)
     positions = torch.zeros((len(bins), width), dtype=torch.long)
+    # flat indices: tokens taken from [B, L] and placed in [R, W]; outputs from [R, W−1] back to [B, L−1]
+    taken: list[torch.Tensor] = []
+    placed: list[torch.Tensor] = []
     source: list[torch.Tensor] = []
     destination: list[torch.Tensor] = []
     for b, members in enumerate(bins):
         offset = 0
         for row in members:
             n = lengths[row]
-            ids[b, offset:offset + n] = batch.input_ids[row, :n]
             positions[b, offset:offset + n] = torch.arange(n)
+            taken.append(row * padded_width + torch.arange(n))
+            placed.append(b * width + offset + torch.arange(n))
             source.append(b * (width - 1) + offset + torch.arange(n - 1))
             destination.append(row * (padded_width - 1) + torch.arange(n - 1))
             offset += n
         positions[b, offset:] = torch.arange(width - offset)  # the tail: a sequence of its own
     device = batch.input_ids.device
-    return Packing(ids.to(device), positions.to(device), torch.cat(source).to(device),
+    ids = batch.input_ids.new_zeros(len(bins) * width)
+    ids[torch.cat(placed).to(device)] = batch.input_ids.reshape(-1)[torch.cat(taken).to(device)]
+    return Packing(ids.view(len(bins), width), positions.to(device), torch.cat(source).to(device),
                    torch.cat(destination).to(device), (rows, padded_width - 1))
-
