@@ -116,6 +116,9 @@ CASES = {
     "truncation with a lower bound": experiment(algorithm={"importanceSampling": {"mode": "truncate", "low": 0.5}}),
     "truncation at a sequence's geometric mean": experiment(algorithm={
         "importanceSampling": {"mode": "truncate", "level": "geometric"}, "behaviorImpCap": 2.0, "ratio": "sequence"}),
+    "a critic without ppo": experiment(algorithm={"critic": {"gamma": 0.99}}),
+    "ppo with a critic": experiment(algorithm={"name": "ppo", "critic": {"gamma": 0.99, "gaeLambda": 0.95}}),
+    "ppo with GSPO's sequence ratio": experiment(algorithm={"name": "ppo", "ratio": "sequence"}),
     "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),

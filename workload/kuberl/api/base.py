@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+Positive = Annotated[int, Field(ge=1)]
 
 API_GROUP = "kuberl.io"
 API_VERSION = "v1alpha1"

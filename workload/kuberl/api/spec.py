@@ -13,7 +13,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from .base import DNS1123_SUBDOMAIN, ApiModel, SecretKeyRef, cel, shown
+from .algorithm import AlgorithmSpec
+from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel, shown
 from .contract import TrainerRuntime
 from .sources import ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
 from .tracking import LoggingSpec
@@ -33,37 +34,6 @@ class Engine(StrEnum):
 class Backend(StrEnum):
     FSDP = "fsdp"
     MEGATRON = "megatron"
-
-
-class AlgorithmName(StrEnum):
-    GRPO = "grpo"
-    DRGRPO = "drgrpo"
-    DAPO = "dapo"
-    RLOO = "rloo"
-    REINFORCE_PP = "reinforce_pp"
-    PPO = "ppo"
-
-
-class CorrectionMode(StrEnum):
-    MASK = "mask"  # w applied; tokens or sequences whose w leaves [low, high] masked out (MIS, IcePop)
-    TRUNCATE = "truncate"  # w → min(w, high), nothing masked (TIS)
-
-
-class CorrectionLevel(StrEnum):
-    TOKEN = "token"  # each token's own w
-    SEQUENCE = "sequence"  # the sequence's product Π_t w_t
-    GEOMETRIC = "geometric"  # the sequence's geometric mean exp(mean_t log w_t)
-
-
-class RatioLevel(StrEnum):
-    TOKEN = "token"  # PPO: r_t = π_θ / π_prox per token
-    SEQUENCE = "sequence"  # GSPO: s = exp(mean_t log(π_θ / π_prox)) per sequence, clipped as a whole
-
-
-class LearningRateSchedule(StrEnum):
-    CONSTANT = "constant"
-    LINEAR = "linear"
-    COSINE = "cosine"
 
 
 class WeightSyncMode(StrEnum):
@@ -100,7 +70,6 @@ def _quantity(value: object) -> str:
 Quantity = Annotated[
     str, BeforeValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
 ]
-Positive = Annotated[int, Field(ge=1)]
 # Free text that reaches pod specs: bounded like the Kubernetes fields it fills.
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]  # prefix (253) + "/" + name (63)
 LabelValue = Annotated[str, Field(max_length=63)]
@@ -171,93 +140,6 @@ class ModelSource(ApiModel):
         if uri is not None and uri.startswith("builtin:"):
             raise ValueError(f"{uri!r}: a builtin model has no weights to start from; name a Hugging Face directory")
         return uri
-
-
-class ClipSpec(ApiModel):
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": cel(("self.high >= self.low", "clip.high must be >= clip.low"))
-    }
-    low: float = Field(0.2, ge=0, le=1, description="ε: ratio clipped below at 1 − low")
-    high: float = Field(0.28, ge=0, description="ε_high: ratio clipped above at 1 + high")
-    dual: float | None = Field(None, gt=1, description="dual-clip constant c (> 1); off if unset")
-
-    @model_validator(mode="after")
-    def _high_not_below_low(self) -> ClipSpec:
-        if self.high < self.low:
-            raise ValueError(f"clip.high ({self.high}) must be >= clip.low ({self.low})")
-        return self
-
-
-class ImportanceSamplingSpec(ApiModel):
-    """How the behaviour importance weight w = π_prox / π_behav (the trainer's policy at the step's
-    start over the engine's that sampled the token: staleness and numerics) enters the loss."""
-
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": cel(
-            ("self.mode != 'truncate' || !has(self.low)", "importanceSampling.low: truncate has no lower bound"))
-    }
-    mode: CorrectionMode = Field(
-        CorrectionMode.MASK, description="mask (MIS; IcePop is a two-sided token mask): w kept, what leaves "
-                                         "[low, behaviorImpCap] masked; truncate (TIS): min(w, behaviorImpCap)")
-    level: CorrectionLevel = Field(CorrectionLevel.TOKEN, description="w per token, per sequence (the product) or "
-                                                                       "the sequence's geometric mean")
-    low: float | None = Field(None, gt=0, description="mask: below this w is masked out (the upper bound is "
-                                                      "algorithm.behaviorImpCap)")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> ImportanceSamplingSpec:
-        if self.mode == CorrectionMode.TRUNCATE and self.low is not None:
-            raise ValueError("importanceSampling.low: truncate has no lower bound (mode mask has)")
-        return self
-
-
-class AlgorithmSpec(ApiModel):
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": cel(
-            ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize"),
-            ("!has(self.importanceSampling) || !has(self.importanceSampling.low) || !has(self.behaviorImpCap) "
-             "|| self.importanceSampling.low < self.behaviorImpCap", "importanceSampling.low must be < behaviorImpCap"),
-        )
-    }
-    name: AlgorithmName = AlgorithmName.GRPO
-    group_size: Positive = Field(8, description="samples per prompt")
-    batch_size: Positive = Field(256, description="trajectories per training step")
-    learning_rate: float = Field(1.0e-6, gt=0)
-    learning_rate_schedule: LearningRateSchedule = Field(
-        LearningRateSchedule.CONSTANT,
-        description="the learning rate at step s of S = maxSteps: learningRate · (m + (1 − m) · d(s / S)), "
-                    "d(x) = 1 (constant), 1 − x (linear) or (1 + cos πx) / 2 (cosine), m = minLearningRateRatio")
-    min_learning_rate_ratio: float = Field(
-        0.1, ge=0, le=1, description="m: where linear and cosine schedules end, as a share of learningRate")
-    clip: ClipSpec = Field(default_factory=ClipSpec)
-    kl_coef: float = Field(
-        0.0, ge=0, description="weight of KL(π_θ ‖ π_ref) in the loss; π_ref is the policy RL starts from"
-    )
-    max_steps: Positive = 1000
-    mini_batches: Positive = Field(
-        1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"
-    )
-    behavior_imp_cap: float | None = Field(
-        5.0, gt=0, description="the upper bound on w = π_prox/π_behav: above it tokens (or sequences) are masked, "
-                               "or w is truncated to it (importanceSampling.mode); null: none"
-    )
-    importance_sampling: ImportanceSamplingSpec = Field(default_factory=ImportanceSamplingSpec)
-    ratio: RatioLevel = Field(RatioLevel.TOKEN, description="token (PPO) or sequence (GSPO: one length-normalised "
-                                                             "ratio per sequence, clipped by clip.low/high)")
-
-    @model_validator(mode="after")
-    def _batch_holds_whole_groups(self) -> AlgorithmSpec:
-        if self.batch_size % self.group_size:
-            raise ValueError(
-                f"batchSize ({self.batch_size}) must be a multiple of groupSize ({self.group_size})"
-            )
-        if self.ratio == RatioLevel.SEQUENCE and self.name == AlgorithmName.DRGRPO:
-            raise ValueError("ratio: sequence (GSPO) averages over sequences; drgrpo's loss is a sum over a "
-                             "constant token count: use grpo, dapo, rloo or reinforce_pp with it")
-        low = self.importance_sampling.low
-        if low is not None and self.behavior_imp_cap is not None and low >= self.behavior_imp_cap:
-            raise ValueError(f"importanceSampling.low ({low}) must be < behaviorImpCap ({self.behavior_imp_cap})")
-        return self
 
 
 class EvaluationSpec(ApiModel):

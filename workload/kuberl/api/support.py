@@ -7,10 +7,10 @@ lands.
 
 from __future__ import annotations
 
+from .algorithm import AlgorithmName
 from .resolve import FieldIssue, TrainerPlan
 from .rewards import reward_issue
 from .spec import (
-    AlgorithmName,
     Backend,
     RLExperimentSpec,
     TrainerRuntime,
@@ -21,14 +21,11 @@ MEGATRON_SCOPE = ("backend megatron trains with tensor, pipeline, expert and dat
                   "(kuberl.megatron), each expert whole on a rank")
 
 
-TRAINED_ALGORITHMS = [a.value for a in AlgorithmName if a != AlgorithmName.PPO]
-
-
 def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> list[FieldIssue]:
     """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues). Every
     ``spec.model.dtype`` trains on Megatron as on FSDP2 (float32 parameters, forward and backward in
     the compute dtype)."""
-    issues = _algorithm_issues(spec) + _reward_issues(spec) + _runtime_issues(spec)
+    issues = _reward_issues(spec) + _runtime_issues(spec)
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return issues
     if spec.trainer.activation_checkpointing:
@@ -38,15 +35,12 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     if spec.trainer.packing:
         issues.append(FieldIssue("spec.trainer.packing", "is true: backend megatron does not pack sequences in this "
                                                          "build; set it false or use backend fsdp"))
+    if spec.algorithm.name == AlgorithmName.PPO:
+        issues.append(FieldIssue("spec.algorithm.name", "is ppo: backend megatron trains no critic in this build; "
+                                                        "use backend fsdp, or a critic-free algorithm (grpo, dapo, "
+                                                        "drgrpo, rloo, reinforce_pp)"))
     return issues + [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
                      for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
-
-
-def _algorithm_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
-    if spec.algorithm.name == AlgorithmName.PPO:
-        return [FieldIssue("spec.algorithm.name", "ppo needs a learned critic (GAE), which this build does not "
-                                                  f"train yet; allowed: {', '.join(TRAINED_ALGORITHMS)}")]
-    return []
 
 
 def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:

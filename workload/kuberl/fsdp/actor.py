@@ -30,6 +30,7 @@ from ..models.meta import is_meta, materialize
 from ..models.text import TextCodec
 from ..policy.actor import Actor, packed_token_logprobs_and_entropy, token_logprobs_and_entropy
 from ..policy.algorithms import AlgorithmConfig
+from ..policy.critic import VALUE_HEAD, Critic, CriticConfig, packed_values, padded_values, value_model
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, fsdp2_holdings
 from ..weights.plan import Holding
@@ -60,12 +61,15 @@ class FSDPActor(Actor):
     def create(cls, model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                mini_batches: int = 1, device: torch.device | None = None,
                compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
-               activation_checkpointing: bool = False, packing: bool = False) -> FSDPActor:
+               activation_checkpointing: bool = False, packing: bool = False,
+               critic: CriticConfig | None = None) -> FSDPActor:
         """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer. A
         ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
         each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
         each block's activations are recomputed in the backward pass instead of kept. ``packing``: each
-        micro-batch's rows are packed (:mod:`kuberl.policy.packing`), and micro-batches are sized by packed tokens."""
+        micro-batch's rows are packed (:mod:`kuberl.policy.packing`), and micro-batches are sized by packed tokens.
+        ``critic`` (ppo): a value model from the same weights (:func:`~kuberl.policy.critic.value_model`),
+        sharded, placed and checkpointed alike, with its own AdamW."""
         device = device or torch.device("cpu")
         on_meta = is_meta(model)
         if on_meta and weights is None:
@@ -77,26 +81,42 @@ class FSDPActor(Actor):
         reference = None
         if config.kl_coef > 0:
             reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
+        values = None
+        if critic is not None:
+            values = value_model(model)
+            if activation_checkpointing:
+                values.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            values = shard(values if on_meta else values.to(device), compute_dtype=compute_dtype).train()
         model = shard(model, compute_dtype=compute_dtype)
         if on_meta and weights is not None:
             for sharded in (model, *([reference] if reference is not None else [])):
                 materialize(sharded, weights, device)
+            if values is not None:
+                materialize(values, weights, device, zeros=(VALUE_HEAD,))
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
+        value_critic = None
+        if critic is not None and values is not None:  # its optimizer over the parameters as filled
+            critic_optimizer = torch.optim.AdamW(values.parameters(), lr=critic.learning_rate, weight_decay=0.0,
+                                                 foreach=True)
+            value_critic = Critic(values, critic_optimizer, critic, packed_values if packing else padded_values)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer, packing=packing)
+                   scorer=scorer, packing=packing, critic=value_critic)
 
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""
         return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
     def _sharded_state(self) -> dict[str, Any]:
-        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement)."""
+        """Model, optimizer and, with a KL term, the frozen reference; with a critic, the value model and
+        its optimizer (FSDP2 shards carry their placement)."""
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         if self.reference is not None:
             state["reference"] = get_model_state_dict(self.reference)
+        if self.critic is not None:
+            state["critic"], state["critic_optim"] = get_state_dict(self.critic.model, self.critic.optimizer)
         return state
 
     def save_shards(self, directory: Path) -> None:
@@ -110,6 +130,9 @@ class FSDPActor(Actor):
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if self.reference is not None:
             set_model_state_dict(self.reference, state["reference"])
+        if self.critic is not None:
+            set_state_dict(self.critic.model, self.critic.optimizer, model_state_dict=state["critic"],
+                           optim_state_dict=state["critic_optim"])
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:
@@ -126,6 +149,13 @@ class FSDPActor(Actor):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def critic_state_dict(self) -> dict[str, torch.Tensor]:
+        """The value model's unsharded weights on rank 0 (empty elsewhere; none without a critic)."""
+        if self.critic is None:
+            return {}
+        return get_model_state_dict(self.critic.model,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name (FSDP2 DTensors: full shape, this rank's shard inside)."""

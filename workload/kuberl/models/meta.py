@@ -34,17 +34,22 @@ def file_keys(directory: Path) -> set[str]:
     return keys
 
 
-def materialize(model: torch.nn.Module, directory: Path, device: torch.device) -> None:
+def materialize(model: torch.nn.Module, directory: Path, device: torch.device, zeros: tuple[str, ...] = ()) -> None:
     """Give ``model`` (built on ``meta``, sharded or not) storage on ``device`` and fill it from the
-    safetensors in ``directory``, each rank reading only its shards; raises MetaLoadError if a
-    parameter is neither in the files nor tied to one that is."""
+    safetensors in ``directory``, each rank reading only its shards; tensors whose names start with
+    one of ``zeros`` are zeros instead (a value head the policy's files lack). Raises MetaLoadError if
+    any other parameter is neither in the files nor tied to one that is."""
     groups = _tied_groups(model)
     model.to_empty(device=device)
     _retie(model, groups)
     state, present = model.state_dict(), file_keys(directory)
+    with torch.no_grad():
+        for name in (n for n in state if n.startswith(zeros) and zeros):
+            model.get_parameter(name).zero_()
     names = {name: set(group) for group in groups for name in group}
     wanted = {name: tensor for name, tensor in state.items() if name in present}
-    missing = [name for name in state if name not in present and not names.get(name, set()) & present]
+    missing = [name for name in state if name not in present and not names.get(name, set()) & present
+               and not (zeros and name.startswith(zeros))]
     if missing:
         raise MetaLoadError(f"{directory}: the safetensors files lack {missing[:5]} ({len(missing)} weights)")
     dcp.load(wanted, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))

@@ -18,6 +18,10 @@ ranks: ≈ 0 when the inference engine serves the trainer's policy (see :func:`.
 With one update per batch (``mini_batches = 1``, the default) the weights cannot change between
 step 1 and the loss, so π_prox = sg(π_θ) exactly and the extra forward pass of step 1 is skipped.
 
+With a ``critic`` (``ppo``) the rows' advantages are replaced, before step 1, by GAE's per-token
+advantages from the critic's values (:mod:`.critic`), and each optimizer update of the policy is
+followed by one of the critic, on the same micro-batches, towards the returns.
+
 With ``kl_coef > 0`` the actor also holds a frozen reference policy π_ref, never updated after
 ``freeze_reference()`` (the trainer calls it once, when RL starts); each micro-batch then costs one
 more forward pass, for log π_ref.
@@ -46,6 +50,7 @@ from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import TOKEN_BUDGET, Batch, micro_batch_count, padded_tokens, split
+from .critic import Critic, ValueTargets
 from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
 from .packing import pack, packed_tokens
 
@@ -146,11 +151,21 @@ class Actor:
     scorer: Scorer = token_logprobs_and_entropy
     clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
     packing: bool = False  # micro-batches sized by packed tokens; set with the packed scorer
+    critic: Critic | None = None  # ppo's value model: GAE advantages per token, trained in the same step
 
-    def set_learning_rate(self, lr: float) -> None:
-        """The learning rate of the next updates (the trainer sets it every step from its schedule)."""
+    def __post_init__(self) -> None:
+        if self.config.name == "ppo" and self.critic is None:
+            raise ValueError("algorithm.name ppo needs a critic: this backend built none")
+        if self.critic is not None and self.config.loss_agg != "token_mean":
+            raise ValueError(f"a critic's loss is a token mean; the policy's is {self.config.loss_agg}")
+
+    def set_learning_rate(self, lr: float, share: float = 1.0) -> None:
+        """The learning rate of the next updates (the trainer sets it every step from its schedule);
+        a critic's is its own base rate × ``share``, the schedule's share of the policy's base rate."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.critic is not None:
+            self.critic.set_learning_rate(share)
 
     def freeze_reference(self) -> None:
         """π_ref := the current policy (both are sharded alike, so each rank copies its own shards)."""
@@ -179,10 +194,13 @@ class Actor:
         prox: list[list[torch.Tensor] | None] = [None] * len(parts)
         if self.mini_batches > 1:
             prox = [self.logprobs(self.model, part) for part in chunks]
+        targets: list[list[ValueTargets] | None] = [None] * len(parts)
+        if self.critic is not None:
+            chunks, targets = self.critic.advantages(chunks)  # type: ignore[assignment]
         stats: dict[str, float] = {}
         sums = dict.fromkeys(TOKEN_SUMS, 0.0)
-        for part_chunks, part_prox, tokens in zip(chunks, prox, part_tokens, strict=True):
-            part_stats = self._update(part_chunks, part_prox, global_rows / len(parts), tokens)
+        for part_chunks, part_prox, part_targets, tokens in zip(chunks, prox, targets, part_tokens, strict=True):
+            part_stats = self._update(part_chunks, part_prox, global_rows / len(parts), tokens, part_targets)
             for k, v in part_stats.items():
                 if k in sums:
                     sums[k] += v
@@ -201,10 +219,11 @@ class Actor:
             return [self.scorer(model, chunk, self.temperature)[0] for chunk in chunks]
 
     def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
-                local_tokens: float) -> dict[str, float]:
+                local_tokens: float, targets: list[ValueTargets] | None = None) -> dict[str, float]:
         """Accumulate the loss gradient over ``chunks`` (on ``device``; π_prox = sg(π_θ) when ``prox``
-        is None), then step. ``local_tokens``: this rank's loss tokens in ``chunks``. The stats (each
-        chunk's weighted by its rows) include this rank's sums in :data:`TOKEN_SUMS`."""
+        is None), then step; with a critic, then its step towards ``targets``. ``local_tokens``: this
+        rank's loss tokens in ``chunks``. The stats (each chunk's weighted by its rows) include this
+        rank's sums in :data:`TOKEN_SUMS`."""
         _, data_ranks = self.data_parallel()
         if self.config.loss_agg == "seq_sum_const":
             normalizer = global_rows * self.config.max_new_tokens / data_ranks
@@ -218,6 +237,8 @@ class Actor:
         grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        if self.critic is not None and targets is not None:
+            stats |= self.critic.update(chunks, targets, normalizer)
         return host_floats(stats)
 
     def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
@@ -272,6 +293,13 @@ class Actor:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded HF-named weights on rank 0 (an empty dict on other ranks); every rank must call it."""
         raise NotImplementedError
+
+    def critic_state_dict(self) -> dict[str, torch.Tensor]:
+        """The critic's unsharded HF-named weights on rank 0 (an empty dict elsewhere, and without a
+        critic); every rank must call it."""
+        if self.critic is not None:
+            raise NotImplementedError
+        return {}
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name, as this backend holds it."""

@@ -7,12 +7,12 @@ Every algorithm below uses the same decoupled-PPO loss (``loss.py``); they diffe
   - ``drgrpo``:        Aᵢ = rᵢ − mean(r)                      (no std scaling)
   - ``rloo``:          Aᵢ = rᵢ − mean_{j≠i} rⱼ = G/(G−1) · (rᵢ − mean(r))
   - ``reinforce_pp``:  Aᵢ = rᵢ − mean(r), then whitened over the whole batch
+  - ``ppo``:           none here — a learned critic's GAE gives every token its own advantage when
+                       the trainer trains (:mod:`.critic`); rows carry 0 until then
 * the loss aggregation: ``token_mean`` (Σ over tokens / valid tokens in the batch) or, for
   Dr.GRPO, ``seq_sum_const`` (Σ over tokens / (batch size · max new tokens));
 * DAPO's dynamic sampling: groups whose rewards are all equal (zero advantage) are dropped.
 
-``ppo`` (with a learned critic and GAE) is not implemented yet; asking for it fails with a clear
-message rather than silently running something else.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..api.spec import CorrectionLevel, CorrectionMode, RatioLevel
+from ..api.algorithm import CorrectionLevel, CorrectionMode, RatioLevel
 from ..rollout.types import Group, Trajectory
 
 ADVANTAGE = {"grpo": "group_norm", "dapo": "group_norm", "drgrpo": "group_center", "rloo": "rloo",
-             "reinforce_pp": "batch_whiten"}
+             "reinforce_pp": "batch_whiten", "ppo": "critic"}
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,6 @@ class AlgorithmConfig:
     ratio_level: str = RatioLevel.TOKEN  # token (PPO) or sequence (GSPO)
 
     def __post_init__(self) -> None:
-        if self.name == "ppo":
-            raise NotImplementedError(
-                "algorithm.name ppo needs a learned critic (GAE), which KubeRL does not implement yet; "
-                "use grpo, drgrpo, dapo, rloo or reinforce_pp"
-            )
         if self.name not in ADVANTAGE:
             raise ValueError(f"algorithm.name {self.name!r}; allowed: {', '.join(ADVANTAGE)}")
         for field, value, allowed in (("correction", self.correction, CorrectionMode),
@@ -77,6 +72,8 @@ def advantages(rewards: torch.Tensor, config: AlgorithmConfig, eps: float = 1e-6
         raise ValueError(f"rewards must be [groups, {config.group_size}], got {tuple(rewards.shape)}")
     mean = rewards.mean(dim=1, keepdim=True)
     kind = ADVANTAGE[config.name]
+    if kind == "critic":
+        return torch.zeros_like(rewards)
     if kind == "group_norm":
         return (rewards - mean) / (rewards.std(dim=1, unbiased=False, keepdim=True) + eps)
     if kind == "group_center":

@@ -27,8 +27,9 @@ class Batch:
     targets: torch.Tensor       # [B, L-1]
     loss_mask: torch.Tensor     # [B, L-1]
     behav_logp: torch.Tensor    # [B, L-1]
-    advantages: torch.Tensor    # [B]
+    advantages: torch.Tensor    # [B], or [B, L-1] per token (PPO's critic: :mod:`.critic`)
     fresh_mask: torch.Tensor    # [B, L-1]
+    rewards: torch.Tensor       # [B]: each trajectory's reward
 
     @property
     def size(self) -> int:
@@ -50,8 +51,8 @@ class Batch:
             raise ValueError(f"cannot pad a {self.size}×{self.input_ids.shape[1]} batch to {rows}×{width}")
         filler = self.select([0] * grow_rows).masked()
         grown = Batch(*(torch.cat([getattr(self, f.name), getattr(filler, f.name)]) for f in fields(self)))
-        return Batch(*(torch.nn.functional.pad(getattr(grown, f.name), (0, grow_cols)) if f.name != "advantages"
-                       else grown.advantages for f in fields(grown)))  # fmt: skip
+        return Batch(*(torch.nn.functional.pad(t, (0, grow_cols)) if t.dim() == 2 else t
+                       for t in (getattr(grown, f.name) for f in fields(grown))))
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -68,14 +69,16 @@ class Batch:
         width = int(self.lengths.max())
         if width >= self.input_ids.shape[1]:
             return self
-        return Batch(self.input_ids[:, :width], self.attention_mask[:, :width], self.targets[:, :width - 1],
-                     self.loss_mask[:, :width - 1], self.behav_logp[:, :width - 1], self.advantages,
-                     self.fresh_mask[:, :width - 1])
+        full = self.input_ids.shape[1]
+        return Batch(*(t if t.dim() == 1 else t[:, :width if t.shape[1] == full else width - 1]
+                       for t in (getattr(self, f.name) for f in fields(self))))
 
     def masked(self) -> Batch:
-        """A copy with nothing to learn (zero loss mask and advantages): filler that keeps collectives in step."""
+        """A copy with nothing to learn (zero loss mask, advantages and rewards): filler that keeps
+        collectives in step."""
         return Batch(self.input_ids, self.attention_mask, self.targets, torch.zeros_like(self.loss_mask),
-                     self.behav_logp, torch.zeros_like(self.advantages), torch.zeros_like(self.fresh_mask))
+                     self.behav_logp, torch.zeros_like(self.advantages), torch.zeros_like(self.fresh_mask),
+                     torch.zeros_like(self.rewards))
 
 
 def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, version: int | None = None) -> Batch:
@@ -97,7 +100,8 @@ def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, versi
         mask[i, start:end] = trained
         behav[i, start:end] = torch.tensor(t.behav_logprobs)
         fresh[i, start:end] = torch.tensor([float(v == version) for v in t.versions]) * trained
-    return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32), fresh)
+    return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32), fresh,
+                 torch.tensor([t.reward for t in trajs], dtype=torch.float32))
 
 
 PASS_COST_TOKENS = 256

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..api.spec import CorrectionLevel, CorrectionMode, RatioLevel
+from ..api.algorithm import CorrectionLevel, CorrectionMode, RatioLevel
 from .algorithms import AlgorithmConfig
 
 log = logging.getLogger("kuberl.trainer")

@@ -70,6 +70,12 @@ def layout_mismatch(saved: dict[str, str | int], current: dict[str, str | int]) 
             "resume with the backend and parallelism it was written with, or start a new run")
 
 
+def _holds(staging: Path, prefix: str) -> bool:
+    """Whether the checkpoint's shards hold state under ``prefix`` (read from their metadata alone)."""
+    saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
+    return any(key.startswith(prefix) for key in saved)
+
+
 def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     """Load shards and counters written by ``save_trainer`` into an actor built the same way (a
     different layout is refused, naming the field, before anything is read)."""
@@ -78,11 +84,12 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     mismatch = saved_layout is not None and layout_mismatch(saved_layout, actor.checkpoint_layout)
     if mismatch:
         raise CheckpointError(mismatch)
-    if actor.reference is not None:
-        saved = dcp.FileSystemReader(str(staging / SHARDS_DIR)).read_metadata().state_dict_metadata
-        if not any(key.startswith("reference.") for key in saved):
-            raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was "
-                                  "written with klCoef 0); resume with klCoef 0 or start a new run")
+    if actor.reference is not None and not _holds(staging, "reference."):
+        raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was "
+                              "written with klCoef 0); resume with klCoef 0 or start a new run")
+    if actor.critic is not None and not _holds(staging, "critic."):
+        raise CheckpointError("spec.algorithm.name is ppo but the checkpoint has no critic (it was written by a "
+                              "critic-free algorithm); resume with that algorithm or start a new run")
     actor.load_shards(staging / SHARDS_DIR)
     state = TrainerState(**saved_state)
     state.restore_rng()

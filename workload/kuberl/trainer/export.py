@@ -5,8 +5,9 @@ Written beside the checkpoints, ``<checkpoint location>hf/step-NNNNNNNN/``: ``co
 ``generation_config.json``, the weights as sharded safetensors with their index
 (``huggingface_hub.save_torch_state_dict``; tied weights once), the tokenizer files with the chat
 template (:mod:`kuberl.models.hf_dir`) — then ``MANIFEST.json`` last, through the same protocol as checkpoints
-(``kuberl.checkpoint.CheckpointManager``), so a reader never sees half an export. Every backend's
-``full_state_dict`` already gives whole tensors under HF names on rank 0 (Megatron's tensor-,
+(``kuberl.checkpoint.CheckpointManager``), so a reader never sees half an export. A ``ppo`` run's
+value model goes beside the policy, in ``value/`` (``AutoModelForTokenClassification``-ready, one
+label). Every backend's ``full_state_dict`` already gives whole tensors under HF names on rank 0 (Megatron's tensor-,
 pipeline- and expert-parallel pieces gathered and renamed), so one writer serves both.
 """
 
@@ -28,6 +29,7 @@ from ..policy.actor import Actor
 
 log = logging.getLogger("kuberl.trainer")
 EXPORT_DIR = "hf/"
+VALUE_DIR = "value"
 KEEP_ALL = 10**9  # exports are never pruned: each is a model someone may serve
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 __all__ = ["describe_model", "export_due", "export_policy", "write_hf_dir"]
@@ -44,12 +46,14 @@ def export_policy(actor: Actor, tokenizer: PreTrainedTokenizerBase, step: int, l
     """Every rank calls it (the weights are gathered); rank 0 writes and uploads the export of ``step``
     and returns {"uri", "step", "bytes", "seconds"}; None on the other ranks or without a location."""
     started = time.perf_counter()
-    state = actor.full_state_dict()
+    state, values = actor.full_state_dict(), actor.critic_state_dict()
     if rank != 0 or location is None:
         return None
     where = staging / f"hf-{step}"
     shutil.rmtree(where, ignore_errors=True)
     write_hf_dir(state, hf_config(actor), tokenizer, where, DTYPES[str(spec.dtype)])
+    if values and actor.critic is not None:
+        write_hf_dir(values, actor.critic.model.config, tokenizer, where / VALUE_DIR, DTYPES[str(spec.dtype)])
     size = sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
     manager = CheckpointManager(open_store(location.rstrip("/") + "/" + EXPORT_DIR, endpoint=s3_endpoint),
                                 KEEP_ALL, run_id)

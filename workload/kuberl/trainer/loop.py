@@ -29,6 +29,7 @@ from ..models.loading import load_model, load_skeleton
 from ..policy.actor import Actor
 from ..policy.algorithms import AlgorithmConfig, learning_rate_at
 from ..policy.batch import collate
+from ..policy.critic import CriticConfig
 from ..policy.loss import BehaviourGapMonitor
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
@@ -78,6 +79,14 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
     )
 
 
+def critic_config(run: RunConfig) -> CriticConfig | None:
+    """``ppo``'s critic as the actor builds it (``spec.algorithm.critic`` or its defaults); None otherwise."""
+    critic = run.spec.algorithm.value_model
+    if critic is None:
+        return None
+    return CriticConfig(critic.learning_rate, critic.gamma, critic.gae_lambda, critic.value_clip)
+
+
 def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, weights: Path | None = None) -> Actor:
     """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor,
     expert and data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains,
@@ -107,7 +116,8 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
                                      spec.algorithm.mini_batches, device, spec.seed, dtype)
     return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                         spec.algorithm.mini_batches, device, dtype, weights=weights,
-                        activation_checkpointing=spec.trainer.activation_checkpointing, packing=spec.trainer.packing)
+                        activation_checkpointing=spec.trainer.activation_checkpointing, packing=spec.trainer.packing,
+                        critic=critic_config(run))
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
@@ -173,7 +183,7 @@ def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]
     algo = s.run.spec.algorithm
     lr = learning_rate_at(step, s.max_steps, algo.learning_rate, str(algo.learning_rate_schedule),
                           algo.min_learning_rate_ratio)
-    s.actor.set_learning_rate(lr)
+    s.actor.set_learning_rate(lr, share=lr / algo.learning_rate)
     data_rank, data_ranks = s.actor.data_parallel()
     local = list(range(data_rank, len(trajs), data_ranks)) or [0]
     batch = collate([trajs[i] for i in local], [advs[i] for i in local], s.tokenizer.pad_token_id, version=step)

@@ -1,0 +1,157 @@
+"""``spec.algorithm``: the objective a run trains with — the advantage estimator, the PPO clip, the
+off-policy corrections, the learning rate and, for ``ppo``, the learned critic."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from .base import ApiModel, Positive, cel
+
+
+class AlgorithmName(StrEnum):
+    GRPO = "grpo"
+    DRGRPO = "drgrpo"
+    DAPO = "dapo"
+    RLOO = "rloo"
+    REINFORCE_PP = "reinforce_pp"
+    PPO = "ppo"
+
+
+class CorrectionMode(StrEnum):
+    MASK = "mask"  # w applied; tokens or sequences whose w leaves [low, high] masked out (MIS, IcePop)
+    TRUNCATE = "truncate"  # w → min(w, high), nothing masked (TIS)
+
+
+class CorrectionLevel(StrEnum):
+    TOKEN = "token"  # each token's own w
+    SEQUENCE = "sequence"  # the sequence's product Π_t w_t
+    GEOMETRIC = "geometric"  # the sequence's geometric mean exp(mean_t log w_t)
+
+
+class RatioLevel(StrEnum):
+    TOKEN = "token"  # PPO: r_t = π_θ / π_prox per token
+    SEQUENCE = "sequence"  # GSPO: s = exp(mean_t log(π_θ / π_prox)) per sequence, clipped as a whole
+
+
+class LearningRateSchedule(StrEnum):
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
+class ClipSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(("self.high >= self.low", "clip.high must be >= clip.low"))
+    }
+    low: float = Field(0.2, ge=0, le=1, description="ε: ratio clipped below at 1 − low")
+    high: float = Field(0.28, ge=0, description="ε_high: ratio clipped above at 1 + high")
+    dual: float | None = Field(None, gt=1, description="dual-clip constant c (> 1); off if unset")
+
+    @model_validator(mode="after")
+    def _high_not_below_low(self) -> ClipSpec:
+        if self.high < self.low:
+            raise ValueError(f"clip.high ({self.high}) must be >= clip.low ({self.low})")
+        return self
+
+
+class ImportanceSamplingSpec(ApiModel):
+    """How the behaviour importance weight w = π_prox / π_behav (the trainer's policy at the step's
+    start over the engine's that sampled the token: staleness and numerics) enters the loss."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("self.mode != 'truncate' || !has(self.low)", "importanceSampling.low: truncate has no lower bound"))
+    }
+    mode: CorrectionMode = Field(
+        CorrectionMode.MASK, description="mask (MIS; IcePop is a two-sided token mask): w kept, what leaves "
+                                         "[low, behaviorImpCap] masked; truncate (TIS): min(w, behaviorImpCap)")
+    level: CorrectionLevel = Field(CorrectionLevel.TOKEN, description="w per token, per sequence (the product) or "
+                                                                       "the sequence's geometric mean")
+    low: float | None = Field(None, gt=0, description="mask: below this w is masked out (the upper bound is "
+                                                      "algorithm.behaviorImpCap)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ImportanceSamplingSpec:
+        if self.mode == CorrectionMode.TRUNCATE and self.low is not None:
+            raise ValueError("importanceSampling.low: truncate has no lower bound (mode mask has)")
+        return self
+
+
+class CriticSpec(ApiModel):
+    """``ppo``'s value model: the policy's transformer (a copy, from the same weights) with a scalar head
+    that starts at zero, trained beside the policy with its own AdamW (:mod:`kuberl.policy.critic`)."""
+
+    learning_rate: float = Field(1.0e-5, gt=0, description="the value model's AdamW learning rate; it follows "
+                                                           "algorithm.learningRateSchedule as the policy's does")
+    gamma: float = Field(1.0, ge=0, le=1, description="γ: the discount from one generated token to the next")
+    gae_lambda: float = Field(1.0, ge=0, le=1, description="λ of GAE: 1 is the Monte-Carlo return minus the value, "
+                                                           "0 the one-token TD error")
+    value_clip: float | None = Field(0.2, gt=0, description="ε_v: the value loss also takes the new value clipped to "
+                                                            "within ε_v of the step's old one, whichever is worse "
+                                                            "(PPO's clipped value loss); null: unclipped")
+
+
+class AlgorithmSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize"),
+            ("!has(self.importanceSampling) || !has(self.importanceSampling.low) || !has(self.behaviorImpCap) "
+             "|| self.importanceSampling.low < self.behaviorImpCap", "importanceSampling.low must be < behaviorImpCap"),
+            ("!has(self.critic) || self.name == 'ppo'", "critic: only algorithm.name ppo trains a critic"),
+            ("self.name != 'ppo' || !has(self.ratio) || self.ratio == 'token'",
+             "ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token"),
+        )
+    }
+    name: AlgorithmName = AlgorithmName.GRPO
+    group_size: Positive = Field(8, description="samples per prompt")
+    batch_size: Positive = Field(256, description="trajectories per training step")
+    learning_rate: float = Field(1.0e-6, gt=0)
+    learning_rate_schedule: LearningRateSchedule = Field(
+        LearningRateSchedule.CONSTANT,
+        description="the learning rate at step s of S = maxSteps: learningRate · (m + (1 − m) · d(s / S)), "
+                    "d(x) = 1 (constant), 1 − x (linear) or (1 + cos πx) / 2 (cosine), m = minLearningRateRatio")
+    min_learning_rate_ratio: float = Field(
+        0.1, ge=0, le=1, description="m: where linear and cosine schedules end, as a share of learningRate")
+    clip: ClipSpec = Field(default_factory=ClipSpec)
+    kl_coef: float = Field(
+        0.0, ge=0, description="weight of KL(π_θ ‖ π_ref) in the loss; π_ref is the policy RL starts from"
+    )
+    max_steps: Positive = 1000
+    mini_batches: Positive = Field(
+        1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"
+    )
+    behavior_imp_cap: float | None = Field(
+        5.0, gt=0, description="the upper bound on w = π_prox/π_behav: above it tokens (or sequences) are masked, "
+                               "or w is truncated to it (importanceSampling.mode); null: none"
+    )
+    importance_sampling: ImportanceSamplingSpec = Field(default_factory=ImportanceSamplingSpec)
+    ratio: RatioLevel = Field(RatioLevel.TOKEN, description="token (PPO) or sequence (GSPO: one length-normalised "
+                                                             "ratio per sequence, clipped by clip.low/high)")
+    critic: CriticSpec | None = Field(None, description="ppo only: the value model behind its GAE advantages "
+                                                        "(defaults apply when ppo leaves it out)")
+
+    @property
+    def value_model(self) -> CriticSpec | None:
+        """The critic ``ppo`` trains (the spec's, or the defaults); None for the critic-free algorithms."""
+        return (self.critic or CriticSpec()) if self.name == AlgorithmName.PPO else None
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> AlgorithmSpec:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batchSize ({self.batch_size}) must be a multiple of groupSize ({self.group_size})"
+            )
+        if self.ratio == RatioLevel.SEQUENCE and self.name == AlgorithmName.DRGRPO:
+            raise ValueError("ratio: sequence (GSPO) averages over sequences; drgrpo's loss is a sum over a "
+                             "constant token count: use grpo, dapo, rloo or reinforce_pp with it")
+        if self.critic is not None and self.name != AlgorithmName.PPO:
+            raise ValueError(f"critic: only algorithm.name ppo trains a critic; name is {self.name}")
+        if self.name == AlgorithmName.PPO and self.ratio == RatioLevel.SEQUENCE:
+            raise ValueError("ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token")
+        low = self.importance_sampling.low
+        if low is not None and self.behavior_imp_cap is not None and low >= self.behavior_imp_cap:
+            raise ValueError(f"importanceSampling.low ({low}) must be < behaviorImpCap ({self.behavior_imp_cap})")
+        return self
+
