@@ -129,6 +129,10 @@ class AlgorithmSpec(ApiModel):
     importance_sampling: ImportanceSamplingSpec = Field(default_factory=ImportanceSamplingSpec)
     ratio: RatioLevel = Field(RatioLevel.TOKEN, description="token (PPO) or sequence (GSPO: one length-normalised "
                                                              "ratio per sequence, clipped by clip.low/high)")
+    routing_replay: bool = Field(False, description="R3, for a mixture of experts: the engine returns the experts it "
+                                                    "chose at every position, and the trainer routes each token "
+                                                    "through them (the gate weights its own), so the routers' "
+                                                    "disagreements leave the off-policy correction alone")
     critic: CriticSpec | None = Field(None, description="ppo only: the value model behind its GAE advantages "
                                                         "(defaults apply when ppo leaves it out)")
 

@@ -8,10 +8,11 @@ lands.
 from __future__ import annotations
 
 from .algorithm import AlgorithmName
-from .resolve import FieldIssue, TrainerPlan
+from .resolve import FieldIssue, TrainerPlan, resolve
 from .rewards import reward_issue
 from .spec import (
     Backend,
+    Engine,
     RLExperimentSpec,
     TrainerRuntime,
     trainjob_problems,
@@ -25,7 +26,7 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues). Every
     ``spec.model.dtype`` trains on Megatron as on FSDP2 (float32 parameters, forward and backward in
     the compute dtype)."""
-    issues = _reward_issues(spec) + _runtime_issues(spec)
+    issues = _reward_issues(spec) + _runtime_issues(spec) + _routing_issues(spec)
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return issues
     if spec.trainer.activation_checkpointing:
@@ -35,12 +36,27 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     if spec.trainer.packing:
         issues.append(FieldIssue("spec.trainer.packing", "is true: backend megatron does not pack sequences in this "
                                                          "build; set it false or use backend fsdp"))
+    if spec.algorithm.routing_replay:
+        issues.append(FieldIssue("spec.algorithm.routingReplay", "is true: backend megatron does not replay the "
+                                                                 "engine's routes in this build; use backend fsdp"))
     if spec.algorithm.name == AlgorithmName.PPO:
         issues.append(FieldIssue("spec.algorithm.name", "is ppo: backend megatron trains no critic in this build; "
                                                         "use backend fsdp, or a critic-free algorithm (grpo, dapo, "
                                                         "drgrpo, rloo, reinforce_pp)"))
     return issues + [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
                      for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
+
+
+def _routing_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
+    """Routes come from the torch engine only (whether the model has experts is known where it loads:
+    the trainer refuses a dense one at start-up)."""
+    if not spec.algorithm.routing_replay:
+        return []
+    inference, _, _ = resolve(spec)
+    if inference is None or inference.engine == Engine.TORCH:
+        return []
+    return [FieldIssue("spec.algorithm.routingReplay", f"is true: engine {inference.engine} does not return the "
+                                                       "experts it chose in this build; use engine torch")]
 
 
 def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ..models import moe_routing
+
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
 MAX_PROMPT_TOKENS = 131072  # token ids a request's prompt may have (the server refuses more; the gateway too)
 
@@ -23,6 +25,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
+    return_routes: bool = False  # a mixture of experts' routes with the output (:mod:`kuberl.models.moe_routing`)
 
 
 FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_ABORT)
@@ -42,10 +45,12 @@ class Generation:
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     resumed: int = 0  # client side: how often it was resumed after a pause (weight update)
+    routes: torch.Tensor | None = None  # asked for: [prompt + output − 1 positions, MoE layers, k] experts
 
     def to_json(self) -> dict[str, Any]:
+        routes = {} if self.routes is None else {"routes": moe_routing.encode(self.routes)}
         return {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
-                "finish_reason": self.finish_reason}
+                "finish_reason": self.finish_reason, **routes}
 
     @staticmethod
     def from_json(data: Any) -> Generation:
@@ -60,12 +65,14 @@ class Generation:
                 and all(isinstance(x, int | float) for x in logprobs)):
             raise ValueError("a generation needs output_ids, logprobs and versions of one length and a finish_reason "
                              f"in {FINISH_REASONS}")
-        return Generation(list(ids), [float(x) for x in logprobs], list(versions), reason)
+        routes = moe_routing.decode(data["routes"]) if data.get("routes") is not None else None
+        return Generation(list(ids), [float(x) for x in logprobs], list(versions), reason, routes=routes)
 
     def then(self, more: Generation) -> Generation:
-        """This partial (aborted) generation continued by ``more``: each token keeps its version."""
+        """This partial (aborted) generation continued by ``more``: each token keeps its version; the
+        routes are ``more``'s (its prefill routed the whole sequence again)."""
         return Generation(self.output_ids + more.output_ids, self.logprobs + more.logprobs,
-                          self.versions + more.versions, more.finish_reason, self.resumed + 1)
+                          self.versions + more.versions, more.finish_reason, self.resumed + 1, more.routes)
 
 
 @dataclass

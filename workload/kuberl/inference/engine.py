@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from ..devices import WIRE_DTYPE
+from ..models import moe_routing
 from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineDown, Generation, SamplingParams
 from .kv_batch import KVBatch, LayerKV, concat, selected
 
@@ -68,6 +69,7 @@ class _Request:
     params: SamplingParams
     future: asyncio.Future[Generation]
     out: Generation = field(default_factory=Generation)
+    routes: list[torch.Tensor] = field(default_factory=list)  # [positions, layers, k] pieces, in order
 
 
 def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
@@ -101,6 +103,7 @@ class TorchEngine:
         self.model = model.eval()
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_model_len = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2**31 - 1))
+        self.moe_layers = len(moe_routing.routers(model))
         self.eos_id, self.pad_id, self.max_batch = eos_id, pad_id, max_batch
         self.stall_seconds, self._clock = stall_seconds, clock
         self._progress_at = clock()  # the last engine step, or the moment waiting work was found
@@ -285,22 +288,40 @@ class TorchEngine:
             mask[i, width - len(s):] = 1
         device = self.model.device
         mask = mask.to(device)
-        out = self.model(input_ids=ids.to(device), attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                         use_cache=True)
+        with self._routes_of(rows) as recorded:
+            out = self.model(input_ids=ids.to(device), attention_mask=mask,
+                             position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+        if recorded:  # the whole sequence was routed again: its routes start over
+            routes = moe_routing.stacked(recorded, self.moe_layers, len(rows))
+            for i, (req, seq) in enumerate(zip(rows, seqs, strict=True)):
+                req.routes = [routes[i, width - len(seq):]]
         return KVBatch(rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float()
 
     def _decode(self, kv: KVBatch[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
         """Each cached row's last token through the cache: the grown cache and the next logits."""
         last = torch.tensor([[r.out.output_ids[-1]] for r in kv.rows], device=kv.mask.device)
         mask = torch.nn.functional.pad(kv.mask, (0, 1), value=1)
-        out = self.model(input_ids=last, attention_mask=mask, position_ids=kv.positions(),
-                         past_key_values=DynamicCache(ddp_cache_data=kv.layers), use_cache=True)
+        with self._routes_of(kv.rows) as recorded:
+            out = self.model(input_ids=last, attention_mask=mask, position_ids=kv.positions(),
+                             past_key_values=DynamicCache(ddp_cache_data=kv.layers), use_cache=True)
+        if recorded:
+            routes = moe_routing.stacked(recorded, self.moe_layers, len(kv.rows))
+            for i, req in enumerate(kv.rows):
+                req.routes.append(routes[i])
         return KVBatch(kv.rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float()
+
+    def _routes_of(self, rows: list[_Request]) -> contextlib.AbstractContextManager[list[torch.Tensor]]:
+        """Record the forward's routes when the model has experts and a row asked for them."""
+        if self.moe_layers and any(r.params.return_routes for r in rows):
+            return moe_routing.recording(self.model)
+        return contextlib.nullcontext([])
 
     @staticmethod
     def _finish(req: _Request, reason: str) -> None:
         if not req.future.done():
             req.out.finish_reason = reason
+            if req.params.return_routes and req.routes:
+                req.out.routes = torch.cat(req.routes)
             req.future.set_result(req.out)
 
 

@@ -1,8 +1,9 @@
 """The inference HTTP contract (every engine serves exactly this):
 
     POST /generate        {"input_ids": [...]} or {"prompt": "text"}, "max_new_tokens", "temperature",
-                          "top_p", "n"  →  {"version", "outputs": [{"output_ids", "logprobs",
-                          "versions", "finish_reason"}]}   (finish_reason: stop | length | abort)
+                          "top_p", "n", "return_routes"  →  {"version", "outputs": [{"output_ids",
+                          "logprobs", "versions", "finish_reason"[, "routes"]}]}
+                          (finish_reason: stop | length | abort; routes: kuberl.models.moe_routing)
     POST /pause           abort in-flight requests (they return partial tokens, finish "abort")
     POST /resume
     POST /update_weights  body: safetensors bytes of the full state dict; ?version=N
@@ -103,8 +104,16 @@ def parse_generate(body: Any, vocab_size: int, tokenizer: Any | None,
         max_new_tokens=_int(body, "max_new_tokens", 64, 1, MAX_NEW_TOKENS),
         temperature=_float(body, "temperature", 1.0, 0.0, 100.0),
         top_p=_float(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        return_routes=_bool(body, "return_routes"),
     )
     return ids, params, _int(body, "n", 1, 1, MAX_SAMPLES)
+
+
+def _bool(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false")
+    return value
 
 
 def weights_file(path: str, directory: Path | None) -> Path:

@@ -46,6 +46,7 @@ from ..models.text import TextCodec
 from ..policy.actor import TOKEN_SUMS, Actor
 from ..policy.algorithms import AlgorithmConfig
 from ..policy.batch import Batch
+from ..policy.critic import ValueTargets
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
@@ -258,10 +259,10 @@ class MegatronActor(Actor):
         return stats
 
     def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
-                local_tokens: float) -> dict[str, float]:
+                local_tokens: float, targets: list[ValueTargets] | None = None) -> dict[str, float]:
         """The actor's update; with pipeline parallelism every stage reports the last stage's stats
         (the loss is there), but the token sums only the last stage counts."""
-        stats = super()._update(chunks, prox, global_rows, local_tokens)
+        stats = super()._update(chunks, prox, global_rows, local_tokens, targets)
         if self.stages == 1:
             return stats
         from megatron.core import parallel_state

@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..data.datasets import Example
+from ..models.moe_routing import replaying
 from ..models.text import TextCodec
 from ..weights.layouts import ParamMeta
 from ..weights.plan import Holding
@@ -70,8 +71,10 @@ def host_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def _log_policy(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
     """log π(v) for every vocabulary entry at every position, [B, L−1, V], under the
-    temperature-scaled policy the engine samples from."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    temperature-scaled policy the engine samples from (a mixture of experts routed as the engine
+    routed, where the batch carries its routes)."""
+    with replaying(model, batch.routes):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
     return scaled_log_softmax(logits, temperature)
 
 
@@ -107,7 +110,8 @@ def packed_token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch,
     in the same [B, L−1] layout, zero at padding, from bins × width tokens of compute."""
     packing = pack(batch)
     # No attention mask and no cache: transformers then reads sequence starts from the position ids.
-    logits = model(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).logits[:, :-1]
+    with replaying(model, packing.routes):
+        logits = model(input_ids=packing.input_ids, position_ids=packing.position_ids, use_cache=False).logits[:, :-1]
     logp, entropy = _target_logprobs_and_entropy(scaled_log_softmax(logits, temperature), packing.input_ids[:, 1:])
     return packing.unpack(logp), packing.unpack(entropy)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ..models.moe_routing import UNKNOWN as UNROUTED
 from ..rollout.types import Trajectory
 
 
@@ -30,6 +31,7 @@ class Batch:
     advantages: torch.Tensor    # [B], or [B, L-1] per token (PPO's critic: :mod:`.critic`)
     fresh_mask: torch.Tensor    # [B, L-1]
     rewards: torch.Tensor       # [B]: each trajectory's reward
+    routes: torch.Tensor        # [B, L, MoE layers, k] the engine's experts, −1 unknown; [B, L, 0, 0]: none
 
     @property
     def size(self) -> int:
@@ -51,8 +53,9 @@ class Batch:
             raise ValueError(f"cannot pad a {self.size}×{self.input_ids.shape[1]} batch to {rows}×{width}")
         filler = self.select([0] * grow_rows).masked()
         grown = Batch(*(torch.cat([getattr(self, f.name), getattr(filler, f.name)]) for f in fields(self)))
-        return Batch(*(torch.nn.functional.pad(t, (0, grow_cols)) if t.dim() == 2 else t
-                       for t in (getattr(grown, f.name) for f in fields(grown))))
+        return Batch(*(t if t.dim() == 1 else torch.nn.functional.pad(
+            t, (0, 0) * (t.dim() - 2) + (0, grow_cols), value=UNROUTED if f.name == "routes" else 0)
+            for f, t in ((f, getattr(grown, f.name)) for f in fields(grown))))
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -78,7 +81,7 @@ class Batch:
         collectives in step."""
         return Batch(self.input_ids, self.attention_mask, self.targets, torch.zeros_like(self.loss_mask),
                      self.behav_logp, torch.zeros_like(self.advantages), torch.zeros_like(self.fresh_mask),
-                     torch.zeros_like(self.rewards))
+                     torch.zeros_like(self.rewards), self.routes)
 
 
 def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, version: int | None = None) -> Batch:
@@ -101,7 +104,19 @@ def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, versi
         behav[i, start:end] = torch.tensor(t.behav_logprobs)
         fresh[i, start:end] = torch.tensor([float(v == version) for v in t.versions]) * trained
     return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32), fresh,
-                 torch.tensor([t.reward for t in trajs], dtype=torch.float32))
+                 torch.tensor([t.reward for t in trajs], dtype=torch.float32), collate_routes(trajs, width))
+
+
+def collate_routes(trajs: list[Trajectory], width: int) -> torch.Tensor:
+    """[B, width, layers, k]: each trajectory's routes from position 0, −1 where it has none (its last
+    token, padding, a trajectory without routes); [B, width, 0, 0] when none has any."""
+    given = [t.routes for t in trajs if t.routes is not None]
+    layers, k = tuple(given[0].shape[1:]) if given else (0, 0)
+    routes = torch.full((len(trajs), width, layers, k), UNROUTED, dtype=torch.int16)
+    for i, t in enumerate(trajs):
+        if t.routes is not None:
+            routes[i, :t.routes.shape[0]] = t.routes
+    return routes
 
 
 PASS_COST_TOKENS = 256

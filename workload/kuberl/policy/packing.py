@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batch import Batch
+from .batch import UNROUTED, Batch
 
 
 def first_fit_bins(lengths: list[int], width: int) -> list[list[int]]:
@@ -45,14 +45,16 @@ def packed_tokens(lengths: list[int]) -> int:
 
 @dataclass(frozen=True)
 class Packing:
-    """A batch packed: ``input_ids`` and ``position_ids`` [R, W]; ``source`` / ``destination``: flat
-    indices into [R, W−1] and [B, L−1] of the positions that predict a real next token."""
+    """A batch packed: ``input_ids`` and ``position_ids`` [R, W] (``routes`` [R, W, layers, k] alike);
+    ``source`` / ``destination``: flat indices into [R, W−1] and [B, L−1] of the positions that
+    predict a real next token."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     source: torch.Tensor
     destination: torch.Tensor
     padded_shape: tuple[int, int]  # (B, L−1)
+    routes: torch.Tensor
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """[R, W−1] per-position values → [B, L−1], zero where the padded layout has padding
@@ -88,7 +90,12 @@ def pack(batch: Batch) -> Packing:
             offset += n
         positions[b, offset:] = torch.arange(width - offset)  # the tail: a sequence of its own
     device = batch.input_ids.device
+    into, out_of = torch.cat(placed).to(device), torch.cat(taken).to(device)
     ids = batch.input_ids.new_zeros(len(bins) * width)
-    ids[torch.cat(placed).to(device)] = batch.input_ids.reshape(-1)[torch.cat(taken).to(device)]
+    ids[into] = batch.input_ids.reshape(-1)[out_of]
+    per_token = batch.routes.shape[2:]
+    routes = batch.routes.new_full((len(bins) * width, *per_token), UNROUTED)
+    routes[into] = batch.routes.reshape(rows * padded_width, *per_token)[out_of]
     return Packing(ids.view(len(bins), width), positions.to(device), torch.cat(source).to(device),
-                   torch.cat(destination).to(device), (rows, padded_width - 1))
+                   torch.cat(destination).to(device), (rows, padded_width - 1),
+                   routes.view(len(bins), width, *per_token))

@@ -79,6 +79,7 @@ class InferenceClient:
     timeout: float = 600.0
     health_interval: float = 2.0
     health_timeout: float = 10.0
+    return_routes: bool = False  # ask every generation for its MoE routes (spec.algorithm.routingReplay)
     replicas: list[Replica] = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
@@ -324,7 +325,7 @@ class InferenceClient:
                         top_p: float) -> list[Generation]:
         """One ``/generate`` on the least busy healthy replica, retried on another while replicas fail."""
         body = {"input_ids": input_ids, "n": n, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "top_p": top_p}
+                "top_p": top_p, **({"return_routes": True} if self.return_routes else {})}
         while True:
             self._start_rejoin()
             replica = self._pick()

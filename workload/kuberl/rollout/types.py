@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class Trajectory:
     """One episode: prompt + output tokens, behaviour log-probs, per-token versions and a per-token
     ``loss_mask`` (1: the policy wrote it and it is trained on; 0: context, e.g. a tool's output or a
     user turn inside a multi-turn episode; None: every output token is the policy's). Context tokens
-    carry log-prob 0 and the version of the policy token before them."""
+    carry log-prob 0 and the version of the policy token before them. ``routes``: a mixture of experts'
+    routes as the engine chose them (:mod:`kuberl.models.moe_routing`), [prompt + output − 1 positions,
+    MoE layers, k], when it was asked for them."""
 
     prompt_ids: list[int]
     output_ids: list[int]
@@ -21,6 +25,7 @@ class Trajectory:
     finish_reason: str = "stop"
     info: dict[str, str] = field(default_factory=dict)
     loss_mask: list[int] | None = None
+    routes: torch.Tensor | None = None
 
     @property
     def trained(self) -> list[int]:
@@ -48,6 +53,9 @@ class Trajectory:
             lengths.add(len(self.loss_mask))
         if len(lengths) != 1:
             raise ValueError("output_ids, behav_logprobs, versions and loss_mask must have the same length")
+        positions = len(self.prompt_ids) + len(self.output_ids) - 1
+        if self.routes is not None and (self.routes.dim() != 3 or self.routes.shape[0] != positions):
+            raise ValueError(f"routes must be [{positions} positions, layers, k]; got {tuple(self.routes.shape)}")
 
 
 @dataclass

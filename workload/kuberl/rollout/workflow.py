@@ -62,4 +62,5 @@ class RLVRWorkflow:
             score(text, out.output_ids if out.finish_reason == FINISH_STOP else None, example, self.decode,
                   self.eos_id, self.reward) for out in outs))
         return Group([Trajectory(ids, out.output_ids, out.logprobs, out.versions, reward, group_id,
-                                 out.finish_reason or FINISH_STOP) for out, reward in zip(outs, rewards, strict=True)])
+                                 out.finish_reason or FINISH_STOP, routes=out.routes)
+                      for out, reward in zip(outs, rewards, strict=True)])

@@ -25,6 +25,7 @@ from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..fsdp.actor import FSDPActor
+from ..models import moe_routing
 from ..models.loading import load_model, load_skeleton
 from ..policy.actor import Actor
 from ..policy.algorithms import AlgorithmConfig, learning_rate_at
@@ -96,6 +97,9 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
     spec = run.spec
     _, plan, issues = resolve(spec)
     issues += unsupported_issues(spec, plan)
+    if spec.algorithm.routing_replay and not moe_routing.routers(model):
+        issues.append(FieldIssue("spec.algorithm.routingReplay", f"is true but {spec.model.path} has no "
+                                                                 "mixture-of-experts router to replay"))
     if plan is not None and plan.backend == Backend.MEGATRON and not issues:
         from ..megatron.model import layout_issues
 

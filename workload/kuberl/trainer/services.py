@@ -156,7 +156,8 @@ class RankZeroServices(NoServices):
         workflow = None if spec.agent else make_workflow(
             spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
             max_new_tokens=spec.rollout.max_new_tokens, reward=reward)
-        controller = RolloutController(InferenceClient(urls, settings.api_token), workflow, prompts, manager)
+        client = InferenceClient(urls, settings.api_token, return_routes=spec.algorithm.routing_replay)
+        controller = RolloutController(client, workflow, prompts, manager)
         controller.episodes = position
         controller.start()
         server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step,

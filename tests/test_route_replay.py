@@ -1,0 +1,127 @@
+"""Routing replay (R3, ``kuberl.models.moe_routing``): the torch engine returns the experts it chose for
+every position, they travel with the trajectory, and the trainer's forward routes as the engine did —
+padded and packed alike — so a router that disagrees with the engine's no longer changes the log-probs."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from kuberl.inference.contract import Generation, SamplingParams
+from kuberl.inference.engine import TorchEngine
+from kuberl.models import moe_routing
+from kuberl.models.tiny import tiny_qwen3_moe
+from kuberl.policy.actor import packed_token_logprobs_and_entropy, token_logprobs_and_entropy
+from kuberl.policy.batch import collate
+from kuberl.rollout.types import Trajectory
+
+VOCAB = 40
+LAYERS, TOP_K = 2, 2
+
+
+def own_routes(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """[positions, layers, k]: the experts ``model`` chooses at every position of one sequence."""
+    with torch.no_grad(), moe_routing.recording(model) as recorded:
+        model(input_ids=torch.tensor([ids]))
+    return moe_routing.stacked(recorded, LAYERS, 1)[0]
+
+
+def generate(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int) -> list[Generation]:
+    async def run() -> list[Generation]:
+        engine = TorchEngine(model, eos_id=1, pad_id=0, seed=0)
+        engine.start()
+        try:
+            params = SamplingParams(max_new_tokens=new_tokens, return_routes=True)
+            return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
+        finally:
+            await engine.stop()
+    return asyncio.run(run())
+
+
+def nudged(model: torch.nn.Module, scale: float = 0.05, seed: int = 5) -> torch.nn.Module:
+    """A copy whose routers disagree with ``model``'s on some tokens (as an engine's other numerics do)."""
+    other = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for router in moe_routing.routers(other):
+            router.weight.add_(scale * torch.randn(router.weight.shape, generator=generator))
+    return other
+
+
+def test_the_engine_returns_the_routes_of_every_position_it_computed():
+    model = tiny_qwen3_moe(VOCAB, seed=1).eval()
+    prompts = [[2, 5, 6, 7], [2, 9, 10, 11, 12, 13, 14], [2, 3]]  # batched together, left-padded
+    for prompt, out in zip(prompts, generate(model, prompts, new_tokens=5), strict=True):
+        sequence = prompt + out.output_ids
+        assert out.routes is not None and out.routes.shape == (len(sequence) - 1, LAYERS, TOP_K)
+        # prefill and cached decode steps route as one uncached forward over the sequence does
+        assert torch.equal(out.routes, own_routes(model, sequence)[:-1])
+
+
+def test_routes_cross_the_wire_and_survive_a_resume():
+    routes = torch.randint(0, 4, (6, LAYERS, TOP_K), dtype=torch.int16)
+    gen = Generation([7, 8], [-0.5, -0.25], [3, 3], "stop", routes=routes)
+    back = Generation.from_json(gen.to_json())
+    assert torch.equal(back.routes, routes) and back.output_ids == [7, 8]
+    assert Generation.from_json(Generation([7], [-1.0], [3], "stop").to_json()).routes is None
+    wire = gen.to_json() | {"routes": {"shape": [6, LAYERS, TOP_K], "data": "AAAA"}}
+    with pytest.raises(ValueError, match=r"routes\.data holds 3 bytes"):
+        Generation.from_json(wire)
+    partial = Generation([7], [-0.5], [3], "abort", routes=routes[:4])
+    assert torch.equal(partial.then(gen).routes, routes)  # the resumed call routed the whole sequence again
+
+
+def trajectories(model: torch.nn.Module, engine_model: torch.nn.Module) -> list[Trajectory]:
+    prompts = [[2, 5, 6, 7], [2, 9, 10, 11, 12, 13, 14], [2, 3], [2, 20, 21]]
+    return [Trajectory(p, g.output_ids, g.logprobs, g.versions, routes=g.routes)
+            for p, g in zip(prompts, generate(engine_model, prompts, new_tokens=6), strict=True)]
+
+
+@pytest.mark.parametrize("scorer", [token_logprobs_and_entropy, packed_token_logprobs_and_entropy])
+def test_the_trainer_routes_as_the_engine_did(scorer):
+    """An engine whose routers disagree with the trainer's: without the routes the trainer's log-probs
+    differ from the engine's; with them the trainer takes the engine's experts at every known position
+    (recorded while replaying) and its log-probs move towards the engine's."""
+    trainer = tiny_qwen3_moe(VOCAB, seed=1).eval()
+    engine = nudged(trainer)
+    trajs = trajectories(trainer, engine)
+    replayed = collate(trajs, [0.0] * len(trajs), 0)
+    plain = collate([Trajectory(t.prompt_ids, t.output_ids, t.behav_logprobs, t.versions) for t in trajs],
+                    [0.0] * len(trajs), 0)
+    assert plain.routes.shape[2] == 0 and replayed.routes.shape[2:] == (LAYERS, TOP_K)
+    with torch.no_grad(), moe_routing.recording(trainer) as chosen:
+        with_routes, _ = scorer(trainer, replayed, 1.0)
+    with torch.no_grad():
+        without, _ = scorer(trainer, plain, 1.0)
+    if scorer is token_logprobs_and_entropy:  # the padded forward: its tokens are the batch's [B, L]
+        taken = moe_routing.stacked(chosen, LAYERS, replayed.size)
+        known = replayed.routes >= 0
+        assert known.any() and torch.equal(taken[known], replayed.routes[known].to(taken.dtype))
+    mask = replayed.loss_mask > 0
+    gap_with = (with_routes - replayed.behav_logp)[mask].abs().mean()
+    gap_without = (without - replayed.behav_logp)[mask].abs().mean()
+    assert gap_without > 0.01 and gap_with < 0.5 * gap_without
+
+
+def test_replaying_a_models_own_routes_changes_nothing_and_packing_agrees():
+    model = tiny_qwen3_moe(VOCAB, seed=2).eval()
+    trajs = trajectories(model, model)
+    batch = collate(trajs, [0.0] * len(trajs), 0)
+    plain = collate([Trajectory(t.prompt_ids, t.output_ids, t.behav_logprobs, t.versions) for t in trajs],
+                    [0.0] * len(trajs), 0)
+    with torch.no_grad():
+        padded, _ = token_logprobs_and_entropy(model, batch, 1.0)
+        packed, _ = packed_token_logprobs_and_entropy(model, batch, 1.0)
+        own, _ = token_logprobs_and_entropy(model, plain, 1.0)
+    mask = batch.loss_mask > 0
+    torch.testing.assert_close(padded[mask], own[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed[mask], padded[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded[mask], batch.behav_logp[mask], rtol=1e-4, atol=1e-4)  # the engine's own
+
+
+def test_a_trajectory_refuses_routes_of_the_wrong_length():
+    with pytest.raises(ValueError, match=r"routes must be \[4 positions"):
+        Trajectory([2, 3, 4], [5, 6], [-1.0, -1.0], [0, 0], routes=torch.zeros((5, LAYERS, TOP_K), dtype=torch.int16))
