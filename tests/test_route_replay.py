@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from kuberl.inference.contract import Generation, SamplingParams
 from kuberl.inference.engine import TorchEngine
+from kuberl.local_processes import free_port
 from kuberl.models import moe_routing
 from kuberl.models.tiny import tiny_qwen3_moe
 from kuberl.policy.actor import packed_token_logprobs_and_entropy, token_logprobs_and_entropy
-from kuberl.policy.batch import collate
+from kuberl.policy.batch import Batch, collate
 from kuberl.rollout.types import Trajectory
 
 VOCAB = 40
@@ -125,3 +127,64 @@ def test_replaying_a_models_own_routes_changes_nothing_and_packing_agrees():
 def test_a_trajectory_refuses_routes_of_the_wrong_length():
     with pytest.raises(ValueError, match=r"routes must be \[4 positions"):
         Trajectory([2, 3, 4], [5, 6], [-1.0, -1.0], [0, 0], routes=torch.zeros((5, LAYERS, TOP_K), dtype=torch.int16))
+
+
+
+def routed_batch() -> Batch:
+    """Six random rows for ``test_megatron``'s Qwen3-MoE, carrying the routes a nudged copy of it (its
+    routers disagree on some tokens) chooses for them."""
+    from .test_megatron import qwen3_moe, random_batch
+
+    model = qwen3_moe()
+    batch = random_batch(model.config.vocab_size, seed=6, rows=6)
+    engine = nudged(model, scale=0.3)
+    with torch.no_grad(), moe_routing.recording(engine) as recorded:
+        engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    routes = moe_routing.stacked(recorded, model.config.num_hidden_layers, batch.size)
+    routes[batch.attention_mask == 0] = moe_routing.UNKNOWN
+    return dataclasses.replace(batch, routes=routes)
+
+
+def _megatron_logprobs(rank: int, world: int, port: int, layout: str, out: str) -> None:
+    """The Megatron actor laid out as ``LAYOUTS[layout]`` reads the log-probs of :func:`routed_batch`
+    with its routes and without; one rank of the last pipeline stage saves them."""
+    from megatron.core import parallel_state
+
+    from kuberl.collectives import exit_without_teardown
+    from kuberl.megatron.cpu import on_device
+
+    from .test_megatron import qwen3_moe
+    from .test_megatron_actor import LAYOUTS, gloo_world, make_actor
+
+    with gloo_world(rank, world, port):
+        parallel_state.initialize_model_parallel(**LAYOUTS[layout])
+        batch = routed_batch()
+        actor = make_actor(qwen3_moe, layout)
+        with torch.no_grad(), on_device(actor.device):  # as MegatronActor.train_step reads them
+            replayed = actor.logprobs(actor.model, [batch])
+            own = actor.logprobs(actor.model, [dataclasses.replace(batch, routes=batch.routes[:, :, :0])])
+        first = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0
+        if replayed and first:  # only the last pipeline stage reads them
+            torch.save({"replayed": replayed[0], "own": own[0]}, out)
+    exit_without_teardown(0)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "ep2-dp2"])
+def test_megatron_replays_the_routes_as_the_fsdp_path_does(tmp_path, layout):
+    """Sequence-parallel token slices (tp2), layers on two stages (pp2) and experts on two ranks (ep2):
+    the routes land on the right token and layer when Megatron reads what the HF path reads."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
+    from .test_megatron import qwen3_moe
+    from .workers import start_workers
+
+    out = tmp_path / "logprobs.pt"
+    start_workers(_megatron_logprobs, 2, (2, free_port(), layout, str(out)))
+    got = torch.load(out)
+    batch, hf = routed_batch(), qwen3_moe()
+    with torch.no_grad():
+        replayed, _ = token_logprobs_and_entropy(hf, batch, 0.7)
+        own, _ = token_logprobs_and_entropy(hf, dataclasses.replace(batch, routes=batch.routes[:, :, :0]), 0.7)
+    mask = batch.loss_mask > 0
+    assert (replayed - own)[mask].abs().max() > 1e-2  # the routes change what the model says
+    torch.testing.assert_close(got["replayed"][mask], replayed[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got["own"][mask], own[mask], atol=1e-5, rtol=1e-5)

@@ -223,11 +223,6 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
     assert sorted(i.path for i in issues) == ["spec.algorithm.name", "spec.trainer.activationCheckpointing",
                                               "spec.trainer.packing"]
     assert all("backend fsdp" in i.message for i in issues)
-    _, issues = validate_document(with_spec(allocation="vllm:d1+megatron:t2", trainer__accelerator="cpu",
-                                            trainer__acceleratorsPerNode=2, inference__accelerator="cpu",
-                                            algorithm__routingReplay=True))
-    assert {i.message for i in issues if i.path == "spec.algorithm.routingReplay"} >= {
-        "is true: backend megatron does not replay the engine's routes in this build; use backend fsdp"}
     accepted, issues = validate_document(with_spec(trainer__packing=True, algorithm__name="ppo"))
     assert accepted is not None and issues == [] and accepted.spec.trainer.packing
     assert accepted.spec.algorithm.value_model is not None and accepted.spec.algorithm.value_model.gamma == 1.0

@@ -36,9 +36,6 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     if spec.trainer.packing:
         issues.append(FieldIssue("spec.trainer.packing", "is true: backend megatron does not pack sequences in this "
                                                          "build; set it false or use backend fsdp"))
-    if spec.algorithm.routing_replay:
-        issues.append(FieldIssue("spec.algorithm.routingReplay", "is true: backend megatron does not replay the "
-                                                                 "engine's routes in this build; use backend fsdp"))
     if spec.algorithm.name == AlgorithmName.PPO:
         issues.append(FieldIssue("spec.algorithm.name", "is ppo: backend megatron trains no critic in this build; "
                                                         "use backend fsdp, or a critic-free algorithm (grpo, dapo, "

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from ..policy.batch import Batch
+from .routing import replaying
 
 
 def causal_mask(length: int) -> torch.Tensor:
@@ -32,14 +33,16 @@ def vocab_parallel_logits(model: Any, batch: Batch, compute_dtype: torch.dtype =
     """The model's logits for ``batch``, [B, L, V/t] on this tensor-parallel rank. A ``compute_dtype``
     other than the parameters' runs the forward on copies cast to it (``functional_call``): the
     backward flows through the casts, so the gradients land on the float32 parameters in float32 —
-    FSDP2's mixed precision (``param_dtype``, float32 reduction and master weights) without FSDP."""
+    FSDP2's mixed precision (``param_dtype``, float32 reduction and master weights) without FSDP.
+    A mixture of experts routes as the batch's routes say, where it carries them (:mod:`.routing`)."""
     rows, length = batch.input_ids.shape
     positions = torch.arange(length, device=batch.input_ids.device).expand(rows, -1)
     mask = causal_mask(length).to(batch.input_ids.device).expand(rows, 1, length, length)
-    if compute_dtype == torch.float32:
-        return model(batch.input_ids, positions, mask)
-    cast = {name: p.to(compute_dtype) for name, p in model.named_parameters()}
-    return functional_call(model, cast, (batch.input_ids, positions, mask))
+    with replaying(model, batch.routes):
+        if compute_dtype == torch.float32:
+            return model(batch.input_ids, positions, mask)
+        cast = {name: p.to(compute_dtype) for name, p in model.named_parameters()}
+        return functional_call(model, cast, (batch.input_ids, positions, mask))
 
 
 def vocab_parallel_entropy(scaled: torch.Tensor, group: Any) -> torch.Tensor:
