@@ -4,6 +4,7 @@ value model learns the returns, and it is checkpointed and exported with the pol
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -18,8 +19,9 @@ from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import chat_tokenizer, tiny_qwen2
 from kuberl.policy.algorithms import AlgorithmConfig
 from kuberl.policy.batch import Batch, collate
-from kuberl.policy.critic import CriticConfig, gae, value_loss, whiten
+from kuberl.policy.critic import CriticConfig, gae, value_loss, value_model, whiten
 from kuberl.rollout.types import Trajectory
+from kuberl.trainer.checkpointing import CheckpointError, TrainerState, load_trainer, save_trainer
 from kuberl.trainer.export import export_policy
 
 PPO = AlgorithmConfig(name="ppo", group_size=4, behavior_imp_cap=None)
@@ -142,9 +144,9 @@ def test_the_critic_learns_the_returns_and_survives_a_checkpoint(world_of_one, t
     trained = batch.loss_mask > 0
     target = (batch.rewards.unsqueeze(1) * torch.ones_like(batch.loss_mask))[trained]  # γ = λ = 1: R = r
     assert float((values[trained] - target).abs().mean()) < 0.25
-    actor.save_shards(tmp_path / "shards")
+    save_trainer(actor, TrainerState.capture(25, 25, 0), tmp_path)
     resumed = ppo_actor(lr=1e-6)
-    resumed.load_shards(tmp_path / "shards")
+    assert load_trainer(resumed, tmp_path).step == 25
     with torch.no_grad():
         torch.testing.assert_close(resumed.critic.read_values(resumed.critic.model, batch), values)
     after = [a.train_step(batch, batch.size)["critic/value_loss"] for a in (actor, resumed)]
@@ -166,3 +168,78 @@ def test_the_value_model_is_exported_beside_the_policy(world_of_one, tmp_path: P
         got = value(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, 0]
     real = batch.attention_mask[:, 1:].bool()
     torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_a_critic_free_checkpoint_does_not_resume_ppo(world_of_one, tmp_path: Path):
+    grpo = FSDPActor.create(tiny_qwen2(VOCAB, seed=3), AlgorithmConfig(name="grpo", group_size=4), 1e-2, 1.0)
+    save_trainer(grpo, TrainerState.capture(3, 3, 0), tmp_path)
+    with pytest.raises(CheckpointError, match=r"spec\.algorithm\.name is ppo but the checkpoint has no critic"):
+        load_trainer(ppo_actor(), tmp_path)
+
+
+PPO_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_model_parallel_size": 2}}
+
+
+def _one_ppo_step(rank: int, world: int, port: int, layout: str | None, out: str) -> None:
+    """Two ppo steps on six rewarded rows: the FSDP actor (``layout`` None, one rank) or the Megatron
+    actor laid out as ``PPO_LAYOUTS[layout]`` with its critic; rank 0 saves the stats and both models."""
+    from kuberl.collectives import exit_without_teardown
+    from kuberl.fsdp.actor import build_critic
+    from kuberl.megatron.actor import MegatronActor
+    from kuberl.policy.batch import split
+
+    from .test_megatron import qwen2, random_batch
+    from .test_megatron_actor import as_collated_alone, gloo_world
+
+    with gloo_world(rank, world, port):
+        batch = random_batch(qwen2().config.vocab_size, seed=6, rows=6)
+        batch = dataclasses.replace(batch, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
+        critic = CriticConfig(learning_rate=1e-3)
+        if layout is None:
+            actor = FSDPActor.create(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7, critic=critic)
+        else:
+            from megatron.core import parallel_state
+
+            parallel_state.initialize_model_parallel(**PPO_LAYOUTS[layout])
+            actor = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7,
+                                          critic=build_critic(qwen2(tied=False), critic, torch.device("cpu")))
+        data_rank, data_ranks = actor.data_parallel()
+        mine = as_collated_alone(split(batch, data_ranks)[data_rank])
+        stats = actor.train_step(mine, batch.size)
+        stats |= {f"second/{k}": v for k, v in actor.train_step(mine, batch.size).items()}
+        result = {"stats": stats, "policy": actor.full_state_dict(), "critic": actor.critic_state_dict()}
+        if rank == 0:
+            torch.save(result, out)
+    exit_without_teardown(0)
+
+
+@pytest.mark.parametrize("layout", list(PPO_LAYOUTS))
+def test_megatron_trains_ppo_with_its_critic_as_fsdp_does(tmp_path: Path, layout: str):
+    """The same two ppo steps on both backends: the policy's loss, the critic's value loss and both
+    models' weights after them (Megatron: tensor-parallel pieces, or two pipeline stages, and an FSDP2 critic over
+    its two ranks)."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
+    from kuberl.local_processes import free_port
+
+    from .workers import start_workers
+
+    runs = []
+    for name, world in (("fsdp", 1), (layout, 2)):
+        start_workers(_one_ppo_step, world, (world, free_port(), None if name == "fsdp" else layout,
+                                             str(tmp_path / f"{name}.pt")))
+        runs.append(torch.load(tmp_path / f"{name}.pt"))
+    fsdp, megatron = runs
+    for key in ("ppo_actor/loss", "critic/value_loss", "critic/grad_norm", "second/critic/value_loss",
+                "second/critic/grad_norm", "second/ppo_actor/grad_norm"):
+        assert megatron["stats"][key] == pytest.approx(fsdp["stats"][key], rel=1e-4), key
+    assert fsdp["stats"]["critic/value_loss"] > 0
+    from .test_megatron import qwen2
+
+    starts = {"policy": qwen2(tied=False).state_dict(), "critic": value_model(qwen2(tied=False)).state_dict()}
+    for model, start in starts.items():
+        assert megatron[model].keys() == fsdp[model].keys() == start.keys()
+        for name, weights in fsdp[model].items():
+            change, other = weights - start[name], megatron[model][name] - start[name]
+            # Adam turns float noise in a near-zero gradient into a step of up to lr: the updates as a whole
+            assert change.norm() > 0, f"{model} {name} did not train"
+            assert (other - change).norm() <= 1e-2 * change.norm(), f"{model} {name}"

@@ -7,7 +7,6 @@ lands.
 
 from __future__ import annotations
 
-from .algorithm import AlgorithmName
 from .resolve import FieldIssue, TrainerPlan, resolve
 from .rewards import reward_issue
 from .spec import (
@@ -36,10 +35,6 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     if spec.trainer.packing:
         issues.append(FieldIssue("spec.trainer.packing", "is true: backend megatron does not pack sequences in this "
                                                          "build; set it false or use backend fsdp"))
-    if spec.algorithm.name == AlgorithmName.PPO:
-        issues.append(FieldIssue("spec.algorithm.name", "is ppo: backend megatron trains no critic in this build; "
-                                                        "use backend fsdp, or a critic-free algorithm (grpo, dapo, "
-                                                        "drgrpo, rloo, reinforce_pp)"))
     return issues + [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
                      for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
 

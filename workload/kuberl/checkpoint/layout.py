@@ -9,6 +9,7 @@ from pathlib import Path
 STATE_FILE = "trainer_state.json"  # step, version, RNG, the prompt ledger, and the backend's layout
 SHARDS_DIR = "dcp"  # model + optimizer state: torch.distributed.checkpoint (FSDP2) or dist_checkpointing (Megatron)
 MODEL_DIR = "model"  # the model's config and tokenizer (kuberl.models.hf_dir.describe_model)
+CRITIC_DIR = "critic"  # ppo's value model + its optimizer: torch.distributed.checkpoint, whatever the backend
 
 
 def is_trainer_checkpoint(directory: Path) -> bool:

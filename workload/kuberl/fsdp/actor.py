@@ -52,6 +52,26 @@ def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dty
     return model
 
 
+def build_critic(policy: torch.nn.Module, config: CriticConfig, device: torch.device,
+                 compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
+                 activation_checkpointing: bool = False, packing: bool = False) -> Critic:
+    """``ppo``'s critic for either backend: the value model of the (unsharded) ``policy``
+    (:func:`~kuberl.policy.critic.value_model`), sharded with FSDP2 over every rank and placed as the
+    policy (a ``meta`` policy's is filled from ``weights``, its head zero), with its own AdamW."""
+    values = value_model(policy)
+    on_meta = is_meta(values)
+    if activation_checkpointing:
+        values.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    values = shard(values if on_meta else values.to(device), compute_dtype=compute_dtype)
+    if on_meta:
+        if weights is None:
+            raise ValueError("a critic on the meta device needs the directory of the policy's weights")
+        materialize(values, weights, device, zeros=(VALUE_HEAD,))
+    optimizer = torch.optim.AdamW(values.train().parameters(), lr=config.learning_rate, weight_decay=0.0,
+                                  foreach=True)  # over the parameters as filled
+    return Critic(values, optimizer, config, packed_values if packing else padded_values)
+
+
 @dataclass
 class FSDPActor(Actor):
     """:class:`~kuberl.policy.actor.Actor` over an HF model sharded with FSDP2 (every rank a
@@ -81,26 +101,17 @@ class FSDPActor(Actor):
         reference = None
         if config.kl_coef > 0:
             reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
-        values = None
-        if critic is not None:
-            values = value_model(model)
-            if activation_checkpointing:
-                values.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            values = shard(values if on_meta else values.to(device), compute_dtype=compute_dtype).train()
+        value_critic = None
+        if critic is not None:  # from the unsharded policy
+            value_critic = build_critic(model, critic, device, compute_dtype, weights, activation_checkpointing,
+                                        packing)
         model = shard(model, compute_dtype=compute_dtype)
         if on_meta and weights is not None:
             for sharded in (model, *([reference] if reference is not None else [])):
                 materialize(sharded, weights, device)
-            if values is not None:
-                materialize(values, weights, device, zeros=(VALUE_HEAD,))
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
-        value_critic = None
-        if critic is not None and values is not None:  # its optimizer over the parameters as filled
-            critic_optimizer = torch.optim.AdamW(values.parameters(), lr=critic.learning_rate, weight_decay=0.0,
-                                                 foreach=True)
-            value_critic = Critic(values, critic_optimizer, critic, packed_values if packing else padded_values)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
                    scorer=scorer, packing=packing, critic=value_critic)
 
@@ -109,14 +120,11 @@ class FSDPActor(Actor):
         return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
     def _sharded_state(self) -> dict[str, Any]:
-        """Model, optimizer and, with a KL term, the frozen reference; with a critic, the value model and
-        its optimizer (FSDP2 shards carry their placement)."""
+        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement)."""
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         if self.reference is not None:
             state["reference"] = get_model_state_dict(self.reference)
-        if self.critic is not None:
-            state["critic"], state["critic_optim"] = get_state_dict(self.critic.model, self.critic.optimizer)
         return state
 
     def save_shards(self, directory: Path) -> None:
@@ -130,9 +138,6 @@ class FSDPActor(Actor):
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if self.reference is not None:
             set_model_state_dict(self.reference, state["reference"])
-        if self.critic is not None:
-            set_state_dict(self.critic.model, self.critic.optimizer, model_state_dict=state["critic"],
-                           optim_state_dict=state["critic_optim"])
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:
@@ -149,13 +154,6 @@ class FSDPActor(Actor):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def critic_state_dict(self) -> dict[str, torch.Tensor]:
-        """The value model's unsharded weights on rank 0 (empty elsewhere; none without a critic)."""
-        if self.critic is None:
-            return {}
-        return get_model_state_dict(self.critic.model,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name (FSDP2 DTensors: full shape, this rank's shard inside)."""

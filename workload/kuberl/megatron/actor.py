@@ -46,7 +46,7 @@ from ..models.text import TextCodec
 from ..policy.actor import TOKEN_SUMS, Actor
 from ..policy.algorithms import AlgorithmConfig
 from ..policy.batch import Batch
-from ..policy.critic import ValueTargets
+from ..policy.critic import Critic, ValueTargets
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
@@ -191,12 +191,13 @@ class MegatronActor(Actor):
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                 mini_batches: int = 1, device: torch.device | None = None, seed: int = 0,
-                compute_dtype: torch.dtype = torch.float32) -> MegatronActor:
+                compute_dtype: torch.dtype = torch.float32, critic: Critic | None = None) -> MegatronActor:
         """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece and experts),
         AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. The
         parameters, their gradients and the optimizer state are float32; forward and backward run in
         ``compute_dtype`` (:func:`.logprobs.vocab_parallel_logits`). Needs an initialised
-        ``megatron.core.parallel_state``."""
+        ``megatron.core.parallel_state``. ``critic`` (ppo): its value model, built apart
+        (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank)."""
         device = device or torch.device("cpu")
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)
@@ -211,7 +212,7 @@ class MegatronActor(Actor):
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
                    scorer=scorer_on(device, compute_dtype), clip_gradients=reduce_and_clip_gradients,
-                   hf_model=hf_model, compute_dtype=compute_dtype)
+                   critic=critic, hf_model=hf_model, compute_dtype=compute_dtype)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """The actor's step where megatron-core can run on this device: the backward of its token

@@ -301,9 +301,7 @@ class Actor:
     def critic_state_dict(self) -> dict[str, torch.Tensor]:
         """The critic's unsharded HF-named weights on rank 0 (an empty dict elsewhere, and without a
         critic); every rank must call it."""
-        if self.critic is not None:
-            raise NotImplementedError
-        return {}
+        return {} if self.critic is None else self.critic.full_state_dict()
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name, as this backend holds it."""

@@ -32,8 +32,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from ..collectives import all_reduce_many
 from .batch import Batch
@@ -164,8 +172,11 @@ class ValueTargets:
 
 @dataclass
 class Critic:
-    """The value model and its optimizer, as a backend built them (FSDP2:
-    :meth:`kuberl.fsdp.actor.FSDPActor.create`)."""
+    """The value model and its optimizer. Both backends train an FSDP2-sharded HF value model over
+    every rank (:func:`kuberl.fsdp.actor.build_critic`): the critic does not need the policy's
+    layout, and a Megatron policy's tensor- or pipeline-parallel ranks, which hold the same rows,
+    each read the same values and average the same gradients (the token-mean normaliser is the same).
+    Checkpointed with ``torch.distributed.checkpoint``, which re-shards over any number of ranks."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -173,6 +184,22 @@ class Critic:
     read_values: Callable[[torch.nn.Module, Batch], torch.Tensor] = padded_values
     clip_gradients: Callable[[list[torch.nn.Parameter], float], torch.Tensor] = torch.nn.utils.clip_grad_norm_
     max_grad_norm: float = 1.0
+
+    def save(self, directory: Path) -> None:
+        """Every rank writes its shards of the value model and its optimizer into ``directory``."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory))
+
+    def load(self, directory: Path) -> None:
+        """Every rank reads its shards back from what :meth:`save` wrote, over any number of ranks."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The value model's unsharded HF-named weights on rank 0 (empty elsewhere); every rank calls it."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def set_learning_rate(self, scale: float) -> None:
         """``scale`` × the critic's learning rate (the policy's schedule, as a share of its base rate)."""

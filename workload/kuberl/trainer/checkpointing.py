@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ..checkpoint import CheckpointError, CheckpointManager, open_store
-from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, STATE_FILE
+from ..checkpoint.layout import CRITIC_DIR, MODEL_DIR, SHARDS_DIR, STATE_FILE
 from ..collectives import all_gather, barrier, broadcast_from_rank0
 from ..policy.actor import Actor
 
@@ -49,10 +49,13 @@ class TrainerState:
 
 def save_trainer(actor: Actor, state: TrainerState, staging: Path,
                  describe: Callable[[Path], None] | None = None) -> Path:
-    """Every rank writes its shards under ``staging/dcp``; rank 0 also writes the trainer state, the
-    layout the shards were cut by (:attr:`~.actor.Actor.checkpoint_layout`) and, with ``describe``,
-    the model's config and tokenizer under ``staging/model``."""
+    """Every rank writes its shards under ``staging/dcp`` (a critic's under ``staging/critic``); rank 0
+    also writes the trainer state, the layout the shards were cut by
+    (:attr:`~.actor.Actor.checkpoint_layout`) and, with ``describe``, the model's config and
+    tokenizer under ``staging/model``."""
     actor.save_shards(staging / SHARDS_DIR)
+    if actor.critic is not None:
+        actor.critic.save(staging / CRITIC_DIR)
     if not dist.is_initialized() or dist.get_rank() == 0:
         (staging / STATE_FILE).write_text(json.dumps(asdict(state) | {"layout": actor.checkpoint_layout}))
         if describe is not None:
@@ -87,10 +90,12 @@ def load_trainer(actor: Actor, staging: Path) -> TrainerState:
     if actor.reference is not None and not _holds(staging, "reference."):
         raise CheckpointError("spec.algorithm.klCoef > 0 but the checkpoint has no reference policy (it was "
                               "written with klCoef 0); resume with klCoef 0 or start a new run")
-    if actor.critic is not None and not _holds(staging, "critic."):
+    if actor.critic is not None and not (staging / CRITIC_DIR).is_dir():
         raise CheckpointError("spec.algorithm.name is ppo but the checkpoint has no critic (it was written by a "
                               "critic-free algorithm); resume with that algorithm or start a new run")
     actor.load_shards(staging / SHARDS_DIR)
+    if actor.critic is not None:
+        actor.critic.load(staging / CRITIC_DIR)
     state = TrainerState(**saved_state)
     state.restore_rng()
     return state

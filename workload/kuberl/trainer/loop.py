@@ -24,7 +24,7 @@ from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
-from ..fsdp.actor import FSDPActor
+from ..fsdp.actor import FSDPActor, build_critic
 from ..models import moe_routing
 from ..models.loading import load_model, load_skeleton
 from ..policy.actor import Actor
@@ -116,8 +116,10 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
                                                  pipeline_model_parallel_size=plan.pipeline,
                                                  expert_model_parallel_size=plan.expert,
                                                  expert_tensor_parallel_size=plan.expert_tensor)
+        critic = critic_config(run)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                                     spec.algorithm.mini_batches, device, spec.seed, dtype)
+                                     spec.algorithm.mini_batches, device, spec.seed, dtype,
+                                     critic=build_critic(model, critic, device, dtype) if critic else None)
     return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                         spec.algorithm.mini_batches, device, dtype, weights=weights,
                         activation_checkpointing=spec.trainer.activation_checkpointing, packing=spec.trainer.packing,
