@@ -188,3 +188,23 @@ def test_megatron_replays_the_routes_as_the_fsdp_path_does(tmp_path, layout):
     assert (replayed - own)[mask].abs().max() > 1e-2  # the routes change what the model says
     torch.testing.assert_close(got["replayed"][mask], replayed[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got["own"][mask], own[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_a_tool_episode_carries_its_last_generations_routes():
+    """Each turn's generation routed the whole episode so far: the trajectory takes the last one's,
+    cut to the tokens kept, and −1 where context came after it (the engine never routed it)."""
+    from kuberl.agent.workflow import Episode
+
+    prompt = [2, 5, 6]
+    episode = Episode()
+    first = torch.randint(0, 4, (len(prompt) + 3 - 1, LAYERS, TOP_K), dtype=torch.int16)
+    episode.policy([7, 8, 9], [-1.0] * 3, [0] * 3, first)
+    episode.context([30, 31])
+    last = torch.randint(0, 4, (len(prompt) + 5 + 4 - 1, LAYERS, TOP_K), dtype=torch.int16)
+    episode.policy([10, 11], [-1.0] * 2, [1] * 2, last)  # the turn was cut after 2 of its 4 tokens
+    assert torch.equal(episode.routes_of(prompt), last[:len(prompt) + 7 - 1])
+    episode.context([32, 33, 34])  # a tool's answer, then the episode ran out of turns
+    routes = episode.routes_of(prompt)
+    trajectory = Trajectory(prompt, episode.output_ids, episode.logprobs, episode.versions, routes=routes)
+    assert torch.equal(trajectory.routes[:len(prompt) + 7], last[:len(prompt) + 7])
+    assert (trajectory.routes[len(prompt) + 7:] == moe_routing.UNKNOWN).all()

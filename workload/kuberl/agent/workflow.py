@@ -19,9 +19,12 @@ import asyncio
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+import torch
+
 from ..data.datasets import Example
 from ..data.example import Prompt
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
+from ..models import moe_routing
 from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient
 from ..rollout.types import Group, Trajectory
@@ -70,12 +73,24 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     tool_calls: int = 0
+    routes: torch.Tensor | None = None  # the last generation's MoE routes, from the episode's first position
+    routed: int = 0  # output tokens up to which those routes hold (a cut turn's later ones are not ours)
 
-    def policy(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+    def policy(self, ids: list[int], logprobs: list[float], versions: list[int],
+               routes: torch.Tensor | None = None) -> None:
+        """The policy's turn; ``routes``: its generation's (the call's input was the episode so far)."""
         self.output_ids += ids
         self.logprobs += logprobs
         self.versions += versions
         self.mask += [1] * len(ids)
+        if routes is not None:
+            self.routes, self.routed = routes, len(self.output_ids)
+
+    def routes_of(self, prompt_ids: list[int]) -> torch.Tensor | None:
+        """The trajectory's routes: the last generation's up to its last kept token, then −1 for what
+        came after (:func:`kuberl.models.moe_routing.fitted` to the trajectory's positions)."""
+        kept = None if self.routes is None else self.routes[:len(prompt_ids) + self.routed]
+        return moe_routing.fitted(kept, len(prompt_ids) + len(self.output_ids) - 1)
 
     def context(self, ids: list[int]) -> None:
         last = self.versions[-1] if self.versions else 0
@@ -116,7 +131,7 @@ class ToolWorkflow:
                 return episode, unfinished
             (gen,) = await client.generate(prompt + episode.output_ids, 1, budget, self.temperature, self.top_p)
             ids, _ = cut_turn(gen.output_ids, self.decode)
-            episode.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)])
+            episode.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], gen.routes)
             calls = parse_tool_calls(self.decode(ids))[:1]
             if not calls:
                 return episode, gen  # a final answer (or the budget ran out)
@@ -139,7 +154,7 @@ class ToolWorkflow:
                              self.reward)
         return Trajectory(prompt, ep.output_ids, ep.logprobs, ep.versions, reward, group_id,
                           final.finish_reason or FINISH_LENGTH, info={"tool_calls": str(ep.tool_calls)},
-                          loss_mask=ep.mask)
+                          loss_mask=ep.mask, routes=ep.routes_of(prompt))
 
     @staticmethod
     def _final_turn(ep: Episode) -> list[int]:

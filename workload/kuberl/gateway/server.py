@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
@@ -264,22 +265,23 @@ class Gateway:
         stops, asked = stop_strings(body), requested_tokens(body)  # checked before the session changes
         left = session.tokens_left(prompt, self.config.max_new_tokens)
         budget = left if asked is None else min(asked, left)
-        ids, logprobs, versions, finish = await self._generate(prompt, budget, stops, cut_at_call)
+        ids, logprobs, versions, finish, routes = await self._generate(prompt, budget, stops, cut_at_call)
         breaks = session.prefix_breaks
         context = session.context(prompt)  # == prompt: a continuation's prefix is the segment itself
         self.stats.prefix_breaks += session.prefix_breaks - breaks
-        session.policy(ids, logprobs, versions, finish)
+        session.policy(ids, logprobs, versions, finish, routes)
         if budget > 0:
             self.stats.completions += 1
             session.touched = time.monotonic()
         return ids, finish, (len(context), len(ids))
 
     async def _generate(self, prompt: list[int], budget: int, stops: list[str],
-                        cut_at_call: bool) -> tuple[list[int], list[float], list[int], str]:
-        """The policy's turn after ``prompt``: (tokens, their log-probs, their versions, finish reason);
-        nothing (finish "length") when the segment's budget is spent."""
+                        cut_at_call: bool) -> tuple[list[int], list[float], list[int], str, torch.Tensor | None]:
+        """The policy's turn after ``prompt``: (tokens, their log-probs, their versions, finish reason,
+        the generation's MoE routes when asked for); nothing (finish "length") when the segment's
+        budget is spent."""
         if budget <= 0:
-            return [], [], [], FINISH_LENGTH
+            return [], [], [], FINISH_LENGTH, None
         cfg = self.config
         try:
             (gen,) = await self.controller.client.generate(prompt, 1, budget, cfg.temperature, cfg.top_p)
@@ -288,7 +290,7 @@ class Gateway:
             raise RequestError(f"{field}: {err.reason}", field) from err
         ids, stopped = cut_turn(gen.output_ids, self._text, stops, cut_at_call)
         finish = FINISH_STOP if stopped else gen.finish_reason or FINISH_LENGTH
-        return ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish
+        return ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], finish, gen.routes
 
     @staticmethod
     async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:

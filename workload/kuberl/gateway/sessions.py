@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from ..agent.workflow import Episode
 from ..inference.contract import FINISH_STOP
 from ..rollout.types import Group, Trajectory
@@ -75,10 +77,12 @@ class Session:
             self.segment = Segment(list(prompt_ids))
         return self.segment.ids
 
-    def policy(self, ids: list[int], logprobs: list[float], versions: list[int], finish_reason: str) -> None:
-        """The policy's completion of the current segment."""
+    def policy(self, ids: list[int], logprobs: list[float], versions: list[int], finish_reason: str,
+               routes: torch.Tensor | None = None) -> None:
+        """The policy's completion of the current segment (``routes``: its generation's, from the
+        segment's first position)."""
         assert self.segment is not None, "context() first"
-        self.segment.episode.policy(ids, logprobs, versions)
+        self.segment.episode.policy(ids, logprobs, versions, routes)
         self.segment.finish_reason = finish_reason
         self.generated_tokens += len(ids)
 
@@ -97,7 +101,7 @@ class Session:
             return None
         return Trajectory(s.prompt_ids, s.episode.output_ids, s.episode.logprobs, s.episode.versions, self.reward,
                           group_id, s.finish_reason, info={"tool_calls": str(s.episode.tool_calls)},
-                          loss_mask=s.episode.mask)
+                          loss_mask=s.episode.mask, routes=s.episode.routes_of(s.prompt_ids))
 
 
 @dataclass

@@ -92,6 +92,18 @@ def replaying(model: torch.nn.Module, routes: torch.Tensor | None) -> Iterator[N
             handle.remove()
 
 
+def fitted(routes: torch.Tensor | None, positions: int) -> torch.Tensor | None:
+    """``routes`` cut or grown (−1: unknown) to ``positions`` — a generation's routes for the episode it
+    ends, whose last tokens may have been cut or followed by context the engine never routed."""
+    if routes is None or routes.shape[0] == positions:
+        return routes
+    if routes.shape[0] > positions:
+        return routes[:positions]
+    grown = routes.new_full((positions, *routes.shape[1:]), UNKNOWN)
+    grown[:routes.shape[0]] = routes
+    return grown
+
+
 def encode(routes: torch.Tensor) -> dict[str, Any]:
     """[positions, layers, k] → {"shape", "data": base64 of little-endian int16}."""
     array = routes.to(torch.int16).numpy().astype(WIRE_DTYPE)
