@@ -19,7 +19,7 @@ from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import chat_tokenizer, tiny_qwen2
 from kuberl.policy.algorithms import AlgorithmConfig
 from kuberl.policy.batch import Batch, collate
-from kuberl.policy.critic import CriticConfig, gae, value_loss, value_model, whiten
+from kuberl.policy.critic import CriticConfig, gae, packed_values, padded_values, value_loss, value_model, whiten
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.checkpointing import CheckpointError, TrainerState, load_trainer, save_trainer
 from kuberl.trainer.export import export_policy
@@ -203,6 +203,7 @@ def _one_ppo_step(rank: int, world: int, port: int, layout: str | None, out: str
             parallel_state.initialize_model_parallel(**PPO_LAYOUTS[layout])
             actor = MegatronActor.from_hf(qwen2(tied=False), PPO, lr=1e-2, temperature=0.7,
                                           critic=build_critic(qwen2(tied=False), critic, torch.device("cpu")))
+        actor.start_critic()  # as the trainer does after an SFT warm-up (the weights are those already)
         data_rank, data_ranks = actor.data_parallel()
         mine = as_collated_alone(split(batch, data_ranks)[data_rank])
         stats = actor.train_step(mine, batch.size)
@@ -243,3 +244,32 @@ def test_megatron_trains_ppo_with_its_critic_as_fsdp_does(tmp_path: Path, layout
             # Adam turns float noise in a near-zero gradient into a step of up to lr: the updates as a whole
             assert change.norm() > 0, f"{model} {name} did not train"
             assert (other - change).norm() <= 1e-2 * change.norm(), f"{model} {name}"
+
+
+def test_the_critic_starts_from_the_policy_rl_starts_from(world_of_one):
+    """After the SFT warm-up (here: a few updates) the critic's transformer is the policy's again; its
+    head stays zero, so every value is still 0."""
+    actor, batch = ppo_actor(), rewarded_batch(8, seed=3)
+    grpo_like = AlgorithmConfig(name="grpo", group_size=4, behavior_imp_cap=None)
+    policy_only = FSDPActor.create(tiny_qwen2(VOCAB, seed=3), grpo_like, 1e-2, 1.0)
+    for _ in range(2):
+        policy_only.train_step(dataclasses.replace(batch, advantages=batch.rewards - 0.5), batch.size)
+    actor.model.load_state_dict(policy_only.model.state_dict())  # the warmed-up policy
+    actor.start_critic()
+    policy, critic = actor.full_state_dict(), actor.critic.full_state_dict()
+    assert critic.keys() == {k for k in policy if k != "lm_head.weight"} | {"score.weight", "score.bias"}
+    assert all(torch.equal(critic[k], policy[k]) for k in critic if not k.startswith("score."))
+    assert not critic["score.weight"].any()
+    fresh = tiny_qwen2(VOCAB, seed=3).state_dict()
+    assert not policy["model.embed_tokens.weight"].equal(fresh["model.embed_tokens.weight"])  # it did move
+
+
+def test_packed_values_equal_padded_ones():
+    model = value_model(tiny_qwen2(VOCAB, seed=3)).eval()
+    with torch.no_grad():
+        for param in model.score.parameters():
+            param.normal_()
+        batch = rewarded_batch(10, seed=4)
+        padded, packed = padded_values(model, batch), packed_values(model, batch)
+    real = batch.attention_mask[:, 1:].bool()
+    torch.testing.assert_close(packed[real], padded[real], rtol=1e-5, atol=1e-5)

@@ -179,6 +179,12 @@ class Actor:
             for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
                 local_tensor(ref).copy_(local_tensor(param))
 
+    def start_critic(self) -> None:
+        """The critic's transformer := the policy's as it is now (after the SFT warm-up; the trainer
+        calls it once, when RL starts); its head keeps starting at zero. Every rank calls it."""
+        if self.critic is not None:
+            self.critic.start_from(self.full_state_dict())
+
     def _micro_batches(self, part: Batch) -> list[Batch]:
         """Rows of like length together, each micro-batch trimmed to its longest row, within the
         token budget (``micro_batch_count``, counting packed tokens when packing); the same number of

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
@@ -196,6 +197,13 @@ class Critic:
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(directory))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def start_from(self, policy_state: dict[str, torch.Tensor]) -> None:
+        """The value model's transformer := the policy's in ``policy_state`` (whole HF-named tensors on
+        rank 0, an empty dict elsewhere; every rank calls it), the head as it is."""
+        backbone = {k: v for k, v in policy_state.items() if not k.startswith(("lm_head.", VALUE_HEAD))}
+        set_model_state_dict(self.model, backbone, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=False))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The value model's unsharded HF-named weights on rank 0 (empty elsewhere); every rank calls it."""

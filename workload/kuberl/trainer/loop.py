@@ -152,6 +152,8 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
         sft_losses = actor.supervised_warm_up(check.codec, demonstrations, warm.steps, warm.batch_size,
                                               warm.learning_rate)
         actor.freeze_reference()  # π_ref is the policy RL starts from (a resume restores it instead)
+        if warm.steps:
+            actor.start_critic()  # and so is the critic's transformer
         log.info("SFT warm-up losses %s", [round(x, 3) for x in sft_losses[::max(1, len(sft_losses) // 5)]])
     else:
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
