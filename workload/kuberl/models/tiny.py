@@ -51,7 +51,7 @@ def tiny_qwen2(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2, t
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied,
-        bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0, architectures=["Qwen2ForCausalLM"],
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -65,6 +65,7 @@ def tiny_qwen3_moe(vocab_size: int, seed: int, hidden: int = 128, layers: int = 
         num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=256,
         tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        architectures=["Qwen3MoeForCausalLM"],  # as a hub config names it: vLLM picks its model class by it
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

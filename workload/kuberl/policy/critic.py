@@ -76,6 +76,7 @@ def value_model(policy: torch.nn.Module) -> torch.nn.Module:
     on_meta = any(p.is_meta for p in policy.parameters())
     with torch.device("meta" if on_meta else "cpu"):
         critic = AutoModelForTokenClassification.from_config(config, dtype=torch.float32)
+    critic.config.architectures = [type(critic).__name__]  # its export loads as what it is
     if not on_meta:
         critic.base_model.load_state_dict(policy.base_model.state_dict())
         with torch.no_grad():
