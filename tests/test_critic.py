@@ -19,7 +19,16 @@ from kuberl.fsdp.actor import FSDPActor
 from kuberl.models.tiny import chat_tokenizer, tiny_qwen2
 from kuberl.policy.algorithms import AlgorithmConfig
 from kuberl.policy.batch import Batch, collate
-from kuberl.policy.critic import CriticConfig, gae, packed_values, padded_values, value_loss, value_model, whiten
+from kuberl.policy.critic import (
+    CriticConfig,
+    discounted_suffix_sums,
+    gae,
+    packed_values,
+    padded_values,
+    value_loss,
+    value_model,
+    whiten,
+)
 from kuberl.rollout.types import Trajectory
 from kuberl.trainer.checkpointing import CheckpointError, TrainerState, load_trainer, save_trainer
 from kuberl.trainer.export import export_policy
@@ -66,6 +75,16 @@ def test_gae_equals_the_textbook_sum(rows, rewards, gamma, lam):
         want_adv, want_ret = textbook_gae(values[i].tolist(), mask[i].int().tolist(), rewards[i], gamma, lam)
         torch.testing.assert_close(adv[i], torch.tensor(want_adv), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ret[i], torch.tensor(want_ret), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("c", [0.0, 0.5, 0.95, 1.0])
+def test_discounted_suffix_sums_across_blocks(c):
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    want = torch.zeros_like(x)
+    for t in reversed(range(300)):  # y_t = x_t + c · y_{t+1}
+        want[:, t] = x[:, t] + (c * want[:, t + 1] if t + 1 < 300 else 0.0)
+    for block in (7, 128, 512):  # 300 positions: many blocks, a short last one, one block
+        torch.testing.assert_close(discounted_suffix_sums(x, c, block), want)
 
 
 def test_clipped_value_loss_by_hand():

@@ -100,20 +100,41 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def gae(values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, gamma: float,
         lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), [B, T] each, 0 where ``mask`` is 0 — GAE over each row's trained tokens
-    (module docstring), from ``values`` [B, T], the rows' ``rewards`` [B] and ``mask`` [B, T]."""
+    (module docstring), from ``values`` [B, T], the rows' ``rewards`` [B] and ``mask`` [B, T]: each
+    row's trained tokens moved to its front in order, δ there, then A = the γλ-discounted sum of δ from
+    the end (:func:`discounted_suffix_sums`), put back in place."""
     values, mask = values.detach().float(), mask.float()
-    placed = token_rewards(rewards, mask)
-    advantages = torch.zeros_like(values)
-    next_value = torch.zeros(values.shape[0], device=values.device)
-    next_advantage = torch.zeros_like(next_value)
-    for t in reversed(range(values.shape[1])):
-        here = mask[:, t] > 0
-        delta = placed[:, t] + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
-        advantages[:, t] = torch.where(here, advantage, 0.0)
-        next_value = torch.where(here, values[:, t], next_value)
-        next_advantage = torch.where(here, advantage, next_advantage)
+    order = torch.argsort((mask <= 0).to(torch.int8), dim=1, stable=True)  # trained tokens first, in order
+    kept = mask.gather(1, order)
+    steps = values.gather(1, order) * kept
+    following = torch.nn.functional.pad(steps[:, 1:], (0, 1))  # Vₖ₊₁, 0 after a row's last step
+    deltas = (token_rewards(rewards, kept) + gamma * following - steps) * kept
+    advantages = torch.zeros_like(values).scatter(1, order, discounted_suffix_sums(deltas, gamma * lam) * kept)
     return advantages, (advantages + values) * mask
+
+
+GAE_BLOCK = 128
+"""Positions :func:`discounted_suffix_sums` takes at once (one [B, n] × [n, n] product each)."""
+
+
+def discounted_suffix_sums(x: torch.Tensor, c: float, block: int = GAE_BLOCK) -> torch.Tensor:
+    """yₜ = Σ_{j≥t} c^{j−t} xⱼ along the last dimension: per block of positions from the end, a product
+    with the block's [i, j] ↦ c^{j−i} (j ≥ i) matrix, plus c^{n−i} times the next block's first sum —
+    T ÷ ``block`` steps instead of T (a per-position loop launched ~8 kernels per token)."""
+    positions = torch.arange(block, device=x.device)
+    gaps = positions[None, :] - positions[:, None]
+    base = torch.tensor(float(c), device=x.device, dtype=x.dtype)
+    within = torch.where(gaps >= 0, torch.pow(base, gaps.clamp(min=0).to(x.dtype)), 0.0)
+    out = torch.empty_like(x)
+    carry = torch.zeros(x.shape[0], device=x.device, dtype=x.dtype)
+    for start in reversed(range(0, x.shape[1], block)):
+        part = x[:, start:start + block]
+        n = part.shape[1]
+        tail = torch.pow(base, (n - positions[:n]).to(x.dtype))
+        sums = part @ within[:n, :n].T + carry[:, None] * tail
+        out[:, start:start + n] = sums
+        carry = sums[:, 0]
+    return out
 
 
 def whiten(advantages: list[torch.Tensor], masks: list[torch.Tensor]) -> list[torch.Tensor]:
