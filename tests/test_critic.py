@@ -292,3 +292,22 @@ def test_packed_values_equal_padded_ones():
         padded, packed = padded_values(model, batch), packed_values(model, batch)
     real = batch.attention_mask[:, 1:].bool()
     torch.testing.assert_close(packed[real], padded[real], rtol=1e-5, atol=1e-5)
+
+
+def test_a_critic_of_a_model_loaded_from_its_files_starts_as_the_policy(world_of_one, tmp_path: Path):
+    """A hub-sized policy is built on ``meta`` and filled from its files after sharding: so is its
+    critic, whose head the files lack (zeros) — the load must neither fail on it nor leave it empty."""
+    from transformers import AutoModelForCausalLM
+
+    from kuberl.models.meta import is_meta
+
+    saved = tiny_qwen2(VOCAB, seed=3)
+    saved.save_pretrained(tmp_path / "model")
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(saved.config, dtype=torch.float32)
+    assert is_meta(skeleton)
+    actor = FSDPActor.create(skeleton, PPO, lr=1e-2, temperature=1.0, weights=tmp_path / "model",
+                             critic=CriticConfig())
+    critic, files = actor.critic.full_state_dict(), saved.state_dict()
+    assert not critic["score.weight"].any() and not critic["score.bias"].any()
+    assert all(torch.equal(critic[k], files[k]) for k in critic if not k.startswith("score."))

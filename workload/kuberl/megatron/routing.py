@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..models.moe_routing import replayed_experts
+
 
 class ReplayedTopK:
     """What a router's ``router_replay`` is asked for: (scores at the chosen experts, their indices)."""
@@ -33,8 +35,7 @@ class ReplayedTopK:
         if default_compute_topk is None:
             raise ValueError("megatron-core gave no top-k to fall back on")
         _, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
-        target = self.target.to(own.device, own.dtype)
-        experts = torch.where((target >= 0).all(dim=-1, keepdim=True), target, own)
+        experts = replayed_experts(self.target, own)
         return scores.gather(1, experts), experts
 
 
@@ -58,8 +59,8 @@ def tokens_of_this_rank(routes: torch.Tensor, sequence_parallel: bool) -> torch.
 def replaying(model: Any, routes: torch.Tensor | None) -> Iterator[None]:
     """Within the block, ``model``'s routers take ``routes`` (None, no layers, or a dense model:
     nothing changes). No activation is recomputed in the backward, so the forward is all it needs."""
-    routers = _routers(model)
-    if routes is None or routes.shape[2] == 0 or not routers:
+    routers = [] if routes is None or routes.shape[2] == 0 else _routers(model)  # no module walk without routes
+    if not routers or routes is None:
         yield
         return
     local = tokens_of_this_rank(routes, model.config.sequence_parallel)

@@ -44,12 +44,12 @@ def materialize(model: torch.nn.Module, directory: Path, device: torch.device, z
     _retie(model, groups)
     state, present = model.state_dict(), file_keys(directory)
     with torch.no_grad():
-        for name in (n for n in state if n.startswith(zeros) and zeros):
+        for name in (n for n in state if n.startswith(zeros)):  # startswith(()) is False
             model.get_parameter(name).zero_()
     names = {name: set(group) for group in groups for name in group}
     wanted = {name: tensor for name, tensor in state.items() if name in present}
     missing = [name for name in state if name not in present and not names.get(name, set()) & present
-               and not (zeros and name.startswith(zeros))]
+               and not name.startswith(zeros)]
     if missing:
         raise MetaLoadError(f"{directory}: the safetensors files lack {missing[:5]} ({len(missing)} weights)")
     dcp.load(wanted, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))

@@ -58,13 +58,18 @@ def stacked(recorded: list[torch.Tensor], layers: int, rows: int) -> torch.Tenso
     return torch.stack(recorded, dim=1).reshape(rows, -1, layers, recorded[0].shape[-1])
 
 
+def replayed_experts(wanted: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """[tokens, k]: the recorded experts ``wanted`` where a token's route is known (no −1), the router's
+    ``own`` choice elsewhere — the one rule both backends replay by."""
+    wanted = wanted.to(own.device, own.dtype)
+    return torch.where((wanted >= 0).all(dim=-1, keepdim=True), wanted, own)
+
+
 def _replayed(router: torch.nn.Module, layer: int, routes: torch.Tensor):
     """A forward hook that swaps the router's choice for ``routes[:, layer]`` where it is known."""
     def hook(_module: torch.nn.Module, _args: Any, output: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         logits, weights, own = output
-        wanted = routes[:, layer].to(own.device, own.dtype)
-        known = (wanted >= 0).all(dim=-1, keepdim=True)
-        experts = torch.where(known, wanted, own)
+        experts = replayed_experts(routes[:, layer], own)
         chosen = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, experts)
         if getattr(router, "norm_topk_prob", False):
             chosen = chosen / chosen.sum(dim=-1, keepdim=True)
@@ -76,8 +81,8 @@ def _replayed(router: torch.nn.Module, layer: int, routes: torch.Tensor):
 def replaying(model: torch.nn.Module, routes: torch.Tensor | None) -> Iterator[None]:
     """Within the block, the model's forwards route as ``routes`` says: [batch, positions, layers, k]
     for the forward's [batch, positions] input (None, no layers, or a dense model: nothing changes)."""
-    found = routers(model)
-    if routes is None or routes.shape[2] == 0 or not found:
+    found = [] if routes is None or routes.shape[2] == 0 else routers(model)  # no module walk without routes
+    if not found or routes is None:
         yield
         return
     if routes.shape[2] != len(found):

@@ -12,7 +12,6 @@ Every algorithm below uses the same decoupled-PPO loss (``loss.py``); they diffe
 * the loss aggregation: ``token_mean`` (Σ over tokens / valid tokens in the batch) or, for
   Dr.GRPO, ``seq_sum_const`` (Σ over tokens / (batch size · max new tokens));
 * DAPO's dynamic sampling: groups whose rewards are all equal (zero advantage) are dropped.
-
 """
 
 from __future__ import annotations

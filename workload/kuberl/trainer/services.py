@@ -236,7 +236,6 @@ class RankZeroServices(NoServices):
                      stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
                      "" if tools is None else f" tool calls/episode {tools:.2f}")
 
-
     def rollout_pressure(self, wait_s: float, step_s: float) -> dict[str, float | int]:
         """What an autoscaler reads (``/progress``, ``/metrics``): the share of the step spent waiting for
         rollouts, the groups ready ahead of the trainer, the staleness window in use
