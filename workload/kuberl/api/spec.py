@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, mo
 from .algorithm import AlgorithmSpec
 from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel, shown
 from .contract import TrainerRuntime
+from .lora import LoraSpec
 from .sources import ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
 from .tracking import LoggingSpec
 
@@ -105,8 +106,9 @@ class ModelSource(ApiModel):
                                   "(its checkpoints hold this model); create a new RLExperiment"))
     }
     path: str = Field(min_length=1, max_length=1024, json_schema_extra={"pattern": MODEL_PATH_PATTERN},
-                      description="builtin:tiny-qwen2 (also tiny-qwen2-chat, tiny-qwen3-moe), file:///dir "
-                                  "(from_pretrained), s3://prefix/ or hf://ORG/NAME[@REVISION] (the Hugging Face hub)")
+                      description="builtin:tiny-qwen2 (also tiny-qwen2-chat, tiny-qwen3-moe, tiny-qwen2-arithmetic), "
+                                  "file:///dir (from_pretrained), s3://prefix/ or hf://ORG/NAME[@REVISION] (the "
+                                  "Hugging Face hub)")
     tokenizer: str | None = Field(None, max_length=1024, json_schema_extra={"pattern": MODEL_PATH_PATTERN},
                                   description="tokenizer location (as path); defaults to the model path")
     dtype: ModelDtype = Field(
@@ -251,6 +253,9 @@ class TrainerSpec(PodPlacement):
         1800, ge=30, le=86400,
         description="a rank whose training step has not finished after this long (a hung collective) exits "
                     "non-zero so the gang restarts; the collective backends' timeouts are set to match")
+    lora: LoraSpec | None = Field(None, description="train a low-rank adapter (LoRA) on the frozen policy instead of "
+                                                    "the whole model; only the adapter is checkpointed and sent to "
+                                                    "the replicas (backend fsdp, engine torch)")
 
 
 class WeightSyncSpec(ApiModel):

@@ -25,9 +25,12 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
     """``trainer``: the trainer plan ``resolve`` settled on (None when it found other issues). Every
     ``spec.model.dtype`` trains on Megatron as on FSDP2 (float32 parameters, forward and backward in
     the compute dtype)."""
-    issues = _reward_issues(spec) + _runtime_issues(spec) + _routing_issues(spec)
+    issues = _reward_issues(spec) + _runtime_issues(spec) + _routing_issues(spec) + _lora_issues(spec)
     if trainer is None or trainer.backend != Backend.MEGATRON:
         return issues
+    if spec.trainer.lora is not None:
+        issues.append(FieldIssue("spec.trainer.lora", "is set: backend megatron trains the whole model in this "
+                                                      "build; remove it or use backend fsdp"))
     if spec.trainer.activation_checkpointing:
         issues.append(FieldIssue("spec.trainer.activationCheckpointing",
                                  "is true: backend megatron does not recompute activations in this build; set it "
@@ -49,6 +52,18 @@ def _routing_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
         return []
     return [FieldIssue("spec.algorithm.routingReplay", f"is true: engine {inference.engine} does not return the "
                                                        "experts it chose in this build; use engine torch")]
+
+
+def _lora_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
+    """An adapter is applied by the torch engine only (whether its target modules exist is known where
+    the model loads: the trainer refuses a spec whose targets match no layer at start-up)."""
+    if spec.trainer.lora is None:
+        return []
+    inference, _, _ = resolve(spec)
+    if inference is None or inference.engine == Engine.TORCH:
+        return []
+    return [FieldIssue("spec.trainer.lora", f"is set: engine {inference.engine} does not take adapter updates in "
+                                            "this build; use engine torch or remove it")]
 
 
 def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:

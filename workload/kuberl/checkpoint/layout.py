@@ -16,7 +16,11 @@ def is_trainer_checkpoint(directory: Path) -> bool:
     return (directory / STATE_FILE).is_file() and (directory / SHARDS_DIR).is_dir()
 
 
+def checkpoint_layout(directory: Path) -> dict[str, str | int]:
+    """The layout the checkpoint in ``directory`` was cut by ({} for those from before layouts)."""
+    return json.loads((directory / STATE_FILE).read_text()).get("layout") or {}
+
+
 def checkpoint_backend(directory: Path) -> str:
     """The backend that wrote the checkpoint in ``directory`` (``fsdp`` for those from before layouts)."""
-    layout = json.loads((directory / STATE_FILE).read_text()).get("layout") or {}
-    return str(layout.get("backend", "fsdp"))
+    return str(checkpoint_layout(directory).get("backend", "fsdp"))

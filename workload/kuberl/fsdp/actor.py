@@ -1,7 +1,10 @@
 """The FSDP2 backend: the policy sharded with ``fully_shard`` on gloo / NCCL / HCCL, mixed precision,
 DCP checkpoints, and the step of :mod:`kuberl.policy.actor`.
 
-``full_state_dict()`` gathers the unsharded weights on rank 0 (CPU) for the weight exchange.
+``full_state_dict()`` gathers the unsharded weights on rank 0 (CPU) for the weight exchange. With
+``spec.trainer.lora`` (:mod:`kuberl.models.lora`) only the adapter is trained and checkpointed, and
+only it goes to the replicas (:class:`AdapterWeights`); ``full_state_dict()`` is then the policy
+with the adapter merged (exports, the critic's start).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from ..api.lora import LoraSpec
 from ..collectives import world_size
 from ..data.datasets import Example
+from ..models import lora
 from ..models.meta import is_meta, materialize
 from ..models.text import TextCodec
 from ..policy.actor import Actor, packed_token_logprobs_and_entropy, token_logprobs_and_entropy
@@ -33,6 +38,7 @@ from ..policy.algorithms import AlgorithmConfig
 from ..policy.critic import VALUE_HEAD, Critic, CriticConfig, packed_values, padded_values, value_model
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, fsdp2_holdings
+from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 
@@ -82,14 +88,16 @@ class FSDPActor(Actor):
                mini_batches: int = 1, device: torch.device | None = None,
                compute_dtype: torch.dtype = torch.float32, weights: Path | None = None,
                activation_checkpointing: bool = False, packing: bool = False,
-               critic: CriticConfig | None = None) -> FSDPActor:
+               critic: CriticConfig | None = None, adapter: LoraSpec | None = None, seed: int = 0) -> FSDPActor:
         """Place ``model`` (float32 master weights) on ``device``, shard it, build the optimizer. A
         ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
         each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
         each block's activations are recomputed in the backward pass instead of kept. ``packing``: each
         micro-batch's rows are packed (:mod:`kuberl.policy.packing`), and micro-batches are sized by packed tokens.
         ``critic`` (ppo): a value model from the same weights (:func:`~kuberl.policy.critic.value_model`),
-        sharded, placed and checkpointed alike, with its own AdamW."""
+        sharded, placed and checkpointed alike, with its own AdamW (the whole value model, with or without
+        an adapter on the policy). ``adapter``: a LoRA adapter on the policy (:func:`~kuberl.models.lora.add_adapter`;
+        on ``meta`` drawn from ``seed``), the only parameters the optimizer sees."""
         device = device or torch.device("cpu")
         on_meta = is_meta(model)
         if on_meta and weights is None:
@@ -98,33 +106,40 @@ class FSDPActor(Actor):
             model = model.to(device=device, dtype=torch.float32)
         if activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        value_critic = None
+        if critic is not None:  # from the unsharded policy, before any adapter
+            value_critic = build_critic(model, critic, device, compute_dtype, weights, activation_checkpointing,
+                                        packing)
+        if adapter is not None:
+            lora.add_adapter(model, adapter)
         reference = None
         if config.kl_coef > 0:
             reference = shard(copy.deepcopy(model).requires_grad_(False), True, compute_dtype).eval()
-        value_critic = None
-        if critic is not None:  # from the unsharded policy
-            value_critic = build_critic(model, critic, device, compute_dtype, weights, activation_checkpointing,
-                                        packing)
         model = shard(model, compute_dtype=compute_dtype)
         if on_meta and weights is not None:
             for sharded in (model, *([reference] if reference is not None else [])):
-                materialize(sharded, weights, device)
+                materialize(sharded, weights, device, renamed=lora.file_name)
+                lora.init_adapter(sharded, seed)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0, foreach=True)
         scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer, packing=packing, critic=value_critic)
+                   scorer=scorer, packing=packing, critic=value_critic, adapter=adapter)
 
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""
         return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
     def _sharded_state(self) -> dict[str, Any]:
-        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        """Model, optimizer and, with a KL term, the frozen reference (FSDP2 shards carry their placement);
+        with an adapter, the adapter's part of each model (the base comes from ``spec.model``)."""
+        options = StateDictOptions(ignore_frozen_params=self.adapter is not None)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
         state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         if self.reference is not None:
-            state["reference"] = get_model_state_dict(self.reference)
+            reference = get_model_state_dict(self.reference)
+            state["reference"] = lora.adapter_only(reference) if self.adapter is not None else reference
         return state
 
     def save_shards(self, directory: Path) -> None:
@@ -135,15 +150,19 @@ class FSDPActor(Actor):
         """Every rank reads its shards from what :meth:`save_shards` wrote, over any number of ranks."""
         state = self._sharded_state()
         dcp.load(state, checkpoint_id=str(directory))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        options = StateDictOptions(strict=self.adapter is None)  # an adapter's checkpoint holds only it
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=options)
         if self.reference is not None:
-            set_model_state_dict(self.reference, state["reference"])
+            set_model_state_dict(self.reference, state["reference"], options=options)
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:
         """What a resume must share with the run that saved: the backend (DCP re-shards FSDP2's
-        shards over any number of ranks)."""
-        return {"backend": "fsdp"}
+        shards over any number of ranks) and the adapter, if any (its checkpoint holds only it)."""
+        if self.adapter is None:
+            return {"backend": "fsdp"}
+        return {"backend": "fsdp", "adapter": adapter_layout(self.adapter)}
 
     def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
@@ -152,8 +171,14 @@ class FSDPActor(Actor):
         return sft_warmup(self.model, codec, data, steps, batch_size, lr, rank, world)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights on rank 0 (an empty dict on other ranks); every rank must call it."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """Unsharded HF-named weights on rank 0 (an empty dict on other ranks; an adapter merged into
+        them); every rank must call it."""
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.adapter is None else lora.merged(state, self.adapter.scaling)
+
+    def weight_source(self) -> WeightSource:
+        """The whole policy, or with an adapter only the adapter (the replicas hold the base)."""
+        return self if self.adapter is None else AdapterWeights(self)
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name (FSDP2 DTensors: full shape, this rank's shard inside)."""
@@ -165,4 +190,36 @@ class FSDPActor(Actor):
 
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
         """FSDP2's dim-0 shards over every rank (:func:`~kuberl.weights.layouts.fsdp2_holdings`)."""
+        return fsdp2_holdings(metas, list(range(world_size())))
+
+
+def adapter_layout(adapter: LoraSpec) -> str:
+    """An adapter's shape as a checkpoint records it: a resume needs the same."""
+    return f"lora rank {adapter.rank}, targets {','.join(adapter.target_modules)}"
+
+
+@dataclass
+class AdapterWeights:
+    """The weight exchange's view of an actor with a LoRA adapter: the adapter's tensors only, under
+    the names the torch engine's adapted model gives them (:mod:`kuberl.models.lora`)."""
+
+    actor: FSDPActor
+
+    def _adapter(self) -> dict[str, torch.Tensor]:
+        return {name: p for name, p in self.actor.model.named_parameters() if lora.is_adapter_weight(name)}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole adapter on rank 0 (an empty dict elsewhere); every rank must call it (each
+        tensor is all-gathered: the adapter is small)."""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        full = {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in self._adapter().items()}
+        return {name: t.detach().cpu() for name, t in full.items()} if rank == 0 else {}
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        return self._adapter()
+
+    def local_parameters(self) -> dict[str, torch.Tensor]:
+        return {name: local_tensor(p) for name, p in self._adapter().items()}
+
+    def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
         return fsdp2_holdings(metas, list(range(world_size())))

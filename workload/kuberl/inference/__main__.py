@@ -26,6 +26,13 @@ def torch_engine_for(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
 
     spec = run.spec
     model, tokenizer = load_model(spec.model, spec.seed, settings)
+    if spec.trainer.lora is not None:  # the trainer's adapter arrives with the first weights
+        from ..models.lora import AdapterError, add_adapter
+
+        try:
+            add_adapter(model, spec.trainer.lora)
+        except AdapterError as err:
+            raise SystemExit(f"invalid spec: {err}") from err
     device = accelerator_device(spec.inference.accelerator, 0)
     model = model.to(device=device, dtype=compute_dtype(spec.model.dtype, spec.inference.accelerator))
     engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,

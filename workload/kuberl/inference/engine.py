@@ -10,7 +10,8 @@ sampled from) and the weight version that produced it.
 tokens generated so far, so the client can resume them (prompt + partial output) under the next
 weights. New requests wait while paused. ``load_weights()`` checks the whole update against the
 model first, then swaps the parameters and bumps the version atomically between steps, without
-interrupting anything. Keys and values are cached (``kv_batch``): a step feeds each running
+interrupting anything (a model with a LoRA adapter, :mod:`kuberl.models.lora`, is updated by its
+adapter alone, kept unmerged). Keys and values are cached (``kv_batch``): a step feeds each running
 sequence its last token, and prefills only the sequences that joined since the last step. New
 weights drop the cache: the next step recomputes every sequence under them, so a token is always
 sampled from exactly the weights whose version it records. A sequence never grows past the model's
@@ -36,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from ..devices import WIRE_DTYPE
-from ..models import moe_routing
+from ..models import lora, moe_routing
 from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineDown, Generation, SamplingParams
 from .kv_batch import KVBatch, LayerKV, concat, selected
 
@@ -104,6 +105,7 @@ class TorchEngine:
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_model_len = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2**31 - 1))
         self.moe_layers = len(moe_routing.routers(model))
+        self.adapter = lora.has_adapter(model)  # updates carry the adapter only (the base never changes)
         self.eos_id, self.pad_id, self.max_batch = eos_id, pad_id, max_batch
         self.stall_seconds, self._clock = stall_seconds, clock
         self._progress_at = clock()  # the last engine step, or the moment waiting work was found
@@ -192,22 +194,26 @@ class TorchEngine:
         records the new version. The cached keys and values of the old weights are dropped, so that
         next token sees every earlier one through the new weights, as an uncached forward would.
         """
-        expected = {name: t.shape for name, t in self.model.state_dict().items()}
+        expected = {name: t.shape for name, t in self._updated(self.model.state_dict()).items()}
         problem = update_mismatch(expected, {name: t.shape for name, t in state.items()})
         if problem:
             raise ValueError(problem)
         async with self._step_lock:
-            self.model.load_state_dict(state)
+            self.model.load_state_dict(state, strict=not self.adapter)
             self.version, self._kv = version, None
 
+    def _updated(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The entries an update replaces: all, or with a LoRA adapter only the adapter's."""
+        return lora.adapter_only(tensors) if self.adapter else tensors
+
     def parameter_layout(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
-        """What the p2p exchange sends: every parameter in the wire dtype (cast on receipt)."""
-        return {name: (p.shape, WIRE_DTYPE) for name, p in self.model.named_parameters()}
+        """What the p2p exchange sends: every parameter (or the adapter's) in the wire dtype (cast on receipt)."""
+        return {name: (p.shape, WIRE_DTYPE) for name, p in self._updated(dict(self.model.named_parameters())).items()}
 
     async def receive_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """Copy ``tensors`` into the parameters of the same names and set the version, between two
         engine steps (the p2p path: names are parameter names, tied weights appear once)."""
-        params = dict(self.model.named_parameters())
+        params = self._updated(dict(self.model.named_parameters()))
         problem = update_mismatch({n: p.shape for n, p in params.items()}, {n: t.shape for n, t in tensors.items()},
                                   complete=False)
         if problem:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
-from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, checkpoint_backend
+from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, checkpoint_backend, checkpoint_layout
 from ..remote import exclusive
 
 log = logging.getLogger("kuberl.models")
@@ -66,6 +66,9 @@ def checkpoint_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tenso
     if backend != "fsdp":
         raise CheckpointReadError(f"the checkpoint was written by backend {backend}; its weights are read from "
                                   "FSDP2 checkpoints only (a Megatron run exports itself: spec.export)")
+    if "adapter" in checkpoint_layout(checkpoint):
+        raise CheckpointReadError("the checkpoint holds a LoRA adapter (spec.trainer.lora), not the model's weights; "
+                                  "use the run's export (spec.export: the merged model, and the adapter in adapter/)")
     dcp_to_torch_save(str(checkpoint / SHARDS_DIR), str(scratch))
     try:
         return torch.load(scratch, weights_only=True)["model"]

@@ -1,5 +1,5 @@
 """Load the policy named by ``spec.model``: a builtin (``builtin:tiny-qwen2``, ``builtin:tiny-qwen2-chat``,
-``builtin:tiny-qwen3-moe``) or a `from_pretrained` directory.
+``builtin:tiny-qwen3-moe``, ``builtin:tiny-qwen2-arithmetic``: :mod:`.pretrained`) or a `from_pretrained` directory.
 
 ``file:///path`` and plain paths load with ``from_pretrained`` (weights and tokenizer from disk);
 an ``s3://bucket/prefix/`` is first copied into the node-local cache (:mod:`kuberl.remote`) and an
@@ -23,10 +23,12 @@ from ..remote import RemoteError, local_copy
 from ..settings import DEFAULTS, Settings
 from .hf_dir import CheckpointReadError, checkpoint_as_hf_dir
 from .hub import HubError, parse_hub_path, resolved_revision, snapshot
+from .pretrained import tiny_qwen2_arithmetic
 from .tiny import char_tokenizer, chat_tokenizer, tiny_qwen2, tiny_qwen3_moe
 
 BUILTIN = {"builtin:tiny-qwen2": tiny_qwen2, "builtin:tiny-qwen2-chat": tiny_qwen2,
-           "builtin:tiny-qwen3-moe": tiny_qwen3_moe}  # name → (vocab, seed) → model
+           "builtin:tiny-qwen3-moe": tiny_qwen3_moe,
+           "builtin:tiny-qwen2-arithmetic": tiny_qwen2_arithmetic}  # name → (vocab, seed) → model
 BUILTIN_TOKENIZERS = {"builtin:tiny-qwen2-chat": chat_tokenizer}  # the others: char_tokenizer
 
 

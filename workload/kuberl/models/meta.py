@@ -9,6 +9,7 @@ buffers a checkpoint does not hold (rotary frequencies) are computed again from 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,11 +35,14 @@ def file_keys(directory: Path) -> set[str]:
     return keys
 
 
-def materialize(model: torch.nn.Module, directory: Path, device: torch.device, zeros: tuple[str, ...] = ()) -> None:
+def materialize(model: torch.nn.Module, directory: Path, device: torch.device, zeros: tuple[str, ...] = (),
+                renamed: Callable[[str], str | None] = lambda name: name) -> None:
     """Give ``model`` (built on ``meta``, sharded or not) storage on ``device`` and fill it from the
     safetensors in ``directory``, each rank reading only its shards; tensors whose names start with
-    one of ``zeros`` are zeros instead (a value head the policy's files lack). Raises MetaLoadError if
-    any other parameter is neither in the files nor tied to one that is."""
+    one of ``zeros`` are zeros instead (a value head the policy's files lack). ``renamed`` gives a
+    tensor's name in the files, or None for one the caller fills afterwards (a LoRA adapter:
+    :func:`kuberl.models.lora.file_name`). Raises MetaLoadError if any other parameter is neither in
+    the files nor tied to one that is."""
     groups = _tied_groups(model)
     model.to_empty(device=device)
     _retie(model, groups)
@@ -46,10 +50,11 @@ def materialize(model: torch.nn.Module, directory: Path, device: torch.device, z
     with torch.no_grad():
         for name in (n for n in state if n.startswith(zeros)):  # startswith(()) is False
             model.get_parameter(name).zero_()
-    names = {name: set(group) for group in groups for name in group}
-    wanted = {name: tensor for name, tensor in state.items() if name in present}
-    missing = [name for name in state if name not in present and not names.get(name, set()) & present
-               and not name.startswith(zeros)]
+    in_files = {name: stored for name in state if (stored := renamed(name)) is not None}
+    names = {in_files.get(name, name): {in_files.get(n, n) for n in group} for group in groups for name in group}
+    wanted = {in_files[name]: tensor for name, tensor in state.items() if in_files.get(name) in present}
+    missing = [name for name, stored in in_files.items() if stored not in present
+               and not names.get(stored, set()) & present and not name.startswith(zeros)]
     if missing:
         raise MetaLoadError(f"{directory}: the safetensors files lack {missing[:5]} ({len(missing)} weights)")
     dcp.load(wanted, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))

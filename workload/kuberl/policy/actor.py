@@ -42,11 +42,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..api.lora import LoraSpec
 from ..collectives import all_reduce, all_reduce_many, world_size
 from ..data.datasets import Example
 from ..models.moe_routing import replaying
 from ..models.text import TextCodec
 from ..weights.layouts import ParamMeta
+from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
@@ -156,6 +158,7 @@ class Actor:
     clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
     packing: bool = False  # micro-batches sized by packed tokens; set with the packed scorer
     critic: Critic | None = None  # ppo's value model: GAE advantages per token, trained in the same step
+    adapter: LoraSpec | None = None  # spec.trainer.lora: the model carries a LoRA adapter, the only weights trained
 
     def __post_init__(self) -> None:
         if self.config.name == "ppo" and self.critic is None:
@@ -303,6 +306,11 @@ class Actor:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded HF-named weights on rank 0 (an empty dict on other ranks); every rank must call it."""
         raise NotImplementedError
+
+    def weight_source(self) -> WeightSource:
+        """What the weight exchange sends after each step: the whole policy (the actor itself), or
+        only what the replicas lack (an adapter)."""
+        return self
 
     def critic_state_dict(self) -> dict[str, torch.Tensor]:
         """The critic's unsharded HF-named weights on rank 0 (an empty dict elsewhere, and without a

@@ -7,8 +7,11 @@ Written beside the checkpoints, ``<checkpoint location>hf/step-NNNNNNNN/``: ``co
 template (:mod:`kuberl.models.hf_dir`) — then ``MANIFEST.json`` last, through the same protocol as checkpoints
 (``kuberl.checkpoint.CheckpointManager``), so a reader never sees half an export. A ``ppo`` run's
 value model goes beside the policy, in ``value/`` (``AutoModelForTokenClassification``-ready, one
-label). Every backend's ``full_state_dict`` already gives whole tensors under HF names on rank 0 (Megatron's tensor-,
-pipeline- and expert-parallel pieces gathered and renamed), so one writer serves both.
+label). A LoRA run (``spec.trainer.lora``) writes its adapter in PEFT's format in ``adapter/``
+(``PeftModel.from_pretrained``-ready on the base model) and, unless ``lora.exportMerged`` is false, the
+policy with the adapter merged at the top as above. Every backend's ``full_state_dict`` already
+gives whole tensors under HF names on rank 0 (Megatron's tensor-, pipeline- and expert-parallel
+pieces gathered and renamed), so one writer serves both.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from ..api.spec import ExportSpec
 from ..checkpoint import CheckpointManager, open_store
 from ..models.hf_dir import describe_model, write_hf_dir
+from ..models.lora import peft_files
 from ..policy.actor import Actor
 
 log = logging.getLogger("kuberl.trainer")
 EXPORT_DIR = "hf/"
 VALUE_DIR = "value"
+ADAPTER_DIR = "adapter"
 KEEP_ALL = 10**9  # exports are never pruned: each is a model someone may serve
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 __all__ = ["describe_model", "export_due", "export_policy", "write_hf_dir"]
@@ -42,22 +47,29 @@ def hf_config(actor: Actor) -> PretrainedConfig:
 
 def export_policy(actor: Actor, tokenizer: PreTrainedTokenizerBase, step: int, location: str | None,
                   spec: ExportSpec, staging: Path, run_id: str | None, rank: int,
-                  s3_endpoint: str | None = None) -> dict[str, Any] | None:
+                  s3_endpoint: str | None = None, base_model: str = "") -> dict[str, Any] | None:
     """Every rank calls it (the weights are gathered); rank 0 writes and uploads the export of ``step``
-    and returns {"uri", "step", "bytes", "seconds"}; None on the other ranks or without a location."""
+    and returns {"uri", "step", "bytes", "seconds"}; None on the other ranks or without a location.
+    ``base_model``: what an adapter's ``adapter_config.json`` names as its base (``spec.model.path``)."""
     started = time.perf_counter()
-    state, values = actor.full_state_dict(), actor.critic_state_dict()
+    merged = actor.adapter is None or actor.adapter.export_merged
+    state, values = actor.full_state_dict() if merged else {}, actor.critic_state_dict()
+    adapter = actor.weight_source().full_state_dict() if actor.adapter is not None else {}
     if rank != 0 or location is None:
         return None
     where = staging / f"hf-{step}"
     shutil.rmtree(where, ignore_errors=True)
-    write_hf_dir(state, hf_config(actor), tokenizer, where, DTYPES[str(spec.dtype)])
+    if merged:
+        write_hf_dir(state, hf_config(actor), tokenizer, where, DTYPES[str(spec.dtype)])
+    if actor.adapter is not None:
+        peft_files(adapter, actor.adapter, base_model, where / ADAPTER_DIR)
     if values and actor.critic is not None:
         write_hf_dir(values, actor.critic.model.config, tokenizer, where / VALUE_DIR, DTYPES[str(spec.dtype)])
     size = sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
     manager = CheckpointManager(open_store(location.rstrip("/") + "/" + EXPORT_DIR, endpoint=s3_endpoint),
                                 KEEP_ALL, run_id)
-    uri = manager.save(where, step, {"kind": "huggingface", "dtype": str(spec.dtype)})
+    kind = "huggingface" if merged else "peft-adapter"
+    uri = manager.save(where, step, {"kind": kind, "dtype": str(spec.dtype)})
     shutil.rmtree(where, ignore_errors=True)
     seconds = round(time.perf_counter() - started, 3)
     log.info("exported the policy of step %d as a Hugging Face model: %s (%.1f MiB, %.2f s)", step, uri,

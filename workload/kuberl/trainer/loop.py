@@ -27,6 +27,7 @@ from ..devices import compute_dtype
 from ..fsdp.actor import FSDPActor, build_critic
 from ..models import moe_routing
 from ..models.loading import load_model, load_skeleton
+from ..models.lora import AdapterError
 from ..policy.actor import Actor
 from ..policy.algorithms import AlgorithmConfig, learning_rate_at
 from ..policy.batch import collate
@@ -35,7 +36,7 @@ from ..policy.loss import BehaviourGapMonitor
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
-from ..weights.sync import WeightSync, make_weight_sync
+from ..weights.sync import WeightSync, make_weight_sync, update_bytes
 from .checkpointing import Checkpointer, TrainerState
 from .export import describe_model, export_due, export_policy, hf_config
 from .services import NoServices, RankZeroServices, Tally
@@ -120,10 +121,14 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed, dtype,
                                      critic=build_critic(model, critic, device, dtype) if critic else None)
-    return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                        spec.algorithm.mini_batches, device, dtype, weights=weights,
-                        activation_checkpointing=spec.trainer.activation_checkpointing, packing=spec.trainer.packing,
-                        critic=critic_config(run))
+    try:
+        return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
+                                spec.algorithm.mini_batches, device, dtype, weights=weights,
+                                activation_checkpointing=spec.trainer.activation_checkpointing,
+                                packing=spec.trainer.packing, critic=critic_config(run), adapter=spec.trainer.lora,
+                                seed=spec.seed)
+    except AdapterError as err:
+        raise SystemExit(f"invalid spec: {err}") from err
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
@@ -163,7 +168,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
                 if rank == 0 else NoServices())
     sync = make_weight_sync(str(spec.weight_sync.mode), services.control, settings, rank, world,
                             spec.weight_sync.directory)
-    sync.push(actor, first_step)  # the pool gets the (resumed) weights before rollout starts
+    sync.push(actor.weight_source(), first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
     log.info("initial weights (version %d) pushed", first_step)
     return Session(run, settings, rank, world, tokenizer, config, actor, checkpointer, sync, first_step, max_steps,
@@ -179,7 +184,7 @@ def take_batch(s: Session, step: int) -> tuple[list[Trajectory], list[float], fl
         if payload is not None:
             return payload  # type: ignore[return-value]
         log.warning("step %d: every replica needs weights; re-sending version %d", step, step)
-        s.sync.recover(s.actor, step)
+        s.sync.recover(s.actor.weight_source(), step)
 
 
 def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]) -> dict[str, float] | None:
@@ -207,7 +212,7 @@ def push_weights(s: Session, step: int, tally: Tally) -> float:
     previous = s.sync.wait()
     if step > s.first_step:  # the first push of this process was waited for in set_up
         tally.timeperf["weight_sync"].append(previous)
-    s.sync.push(s.actor, step + 1)
+    s.sync.push(s.actor.weight_source(), step + 1)
     tally.timeperf["weight_push"].append(time.perf_counter() - push_start)
     return previous
 
@@ -231,14 +236,15 @@ def maybe_export(s: Session, steps_done: int) -> None:
     if export_due(spec.export, steps_done, spec.checkpoint.every_steps, last=steps_done == s.max_steps):
         s.services.exported(export_policy(
             s.actor, s.tokenizer, steps_done, s.settings.checkpoint_location(spec.checkpoint.uri), spec.export,
-            s.settings.staging_dir, s.run.run_id, s.rank, s.settings.s3_endpoint))
+            s.settings.staging_dir, s.run.run_id, s.rank, s.settings.s3_endpoint, base_model=spec.model.path))
 
 
 def train(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
           urls: list[str]) -> dict[str, object] | None:
     """The whole run; returns rank 0's summary (None on the other ranks)."""
     s = set_up(run, settings, rank, world, device, urls)
-    tally = Tally(BehaviourGapMonitor(warn=rank == 0), steps_done=s.first_step)
+    tally = Tally(BehaviourGapMonitor(warn=rank == 0), steps_done=s.first_step,
+                  update_bytes=update_bytes(s.actor.weight_source()), policy_bytes=update_bytes(s.actor))
     watchdog = StepWatchdog(run.spec.trainer.step_timeout_seconds).start()
     if s.first_step == 0:
         s.services.evaluate(0)  # the starting point (after the SFT warm-up) the curve rises from

@@ -63,6 +63,8 @@ class Tally:
     token_staleness: int = 0
     dropped_groups: int = 0
     tool_calls: list[float] = field(default_factory=list)  # mean tool calls per episode, per step
+    update_bytes: int = 0  # what each weight update carries to a replica (weights.sync.update_bytes)
+    policy_bytes: int = 0  # the whole policy in the wire dtype (the same measure)
     timeperf: dict[str, list[float]] = field(default_factory=lambda: {
         "wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [], "step": []})
 
@@ -305,6 +307,8 @@ class RankZeroServices(NoServices):
             "trained_tokens_per_second": round(tally.trained_tokens / wall, 1),
             "generated_tokens_per_second": round(controller.generated_tokens / wall, 1),
             "weight_sync_seconds_mean": round(mean(tally.timeperf["weight_sync"]) or 0.0, 4),
+            "weight_update_bytes": tally.update_bytes,
+            "weight_update_fraction": round(tally.update_bytes / tally.policy_bytes, 5) if tally.policy_bytes else None,
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
             "stale_groups_dropped": controller.buffer.dropped,
             "prompts": prompt_summary(controller.prompt_state()),

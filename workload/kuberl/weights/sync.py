@@ -14,6 +14,14 @@ from ..settings import Settings
 from .p2p import P2PSync, WeightSource
 
 
+def update_bytes(source: WeightSource) -> int:
+    """What one update carries to each replica: Σ numel × the wire dtype's size over ``source``'s
+    parameters (an adapter's, or the whole policy's; tied weights once)."""
+    from ..devices import WIRE_DTYPE
+
+    return sum(p.numel() for p in source.named_parameters().values()) * WIRE_DTYPE.itemsize
+
+
 def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
     """The wire format of a whole-state update (tied tensors are written once per name)."""
     return save_safetensors({k: v.detach().contiguous().clone() for k, v in state.items()})
