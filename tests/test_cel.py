@@ -119,6 +119,9 @@ CASES = {
     "a critic without ppo": experiment(algorithm={"critic": {"gamma": 0.99}}),
     "ppo with a critic": experiment(algorithm={"name": "ppo", "critic": {"gamma": 0.99, "gaeLambda": 0.95}}),
     "ppo with GSPO's sequence ratio": experiment(algorithm={"name": "ppo", "ratio": "sequence"}),
+    "an adapter on every linear layer": experiment(trainer={"lora": {"rank": 8, "targetModules": ["all-linear"]}}),
+    "an adapter on every linear layer and one more": experiment(trainer={"lora": {
+        "rank": 8, "targetModules": ["all-linear", "q_proj"]}}),
     "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
@@ -141,7 +144,8 @@ def test_cel_and_kuberl_validate_agree(case):
     doc = CASES[case]
     _, issues = validate_document(doc)
     failures = cel_failures(doc)
-    schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm", "spec.agent"))]
+    schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm", "spec.agent",
+                                                            "spec.trainer.lora.targetModules"))]
     assert bool(failures) == bool(schema_level), (case, failures, issues)
 
 

@@ -229,6 +229,29 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
 
 
 
+@pytest.mark.parametrize(
+    ("changes", "field", "fragment"),
+    [
+        ({"trainer": {"backend": "megatron", "acceleratorsPerNode": 2, "parallelism": {"tensor": 2}}},
+         "spec.trainer.lora", "backend megatron trains the whole model"),
+        ({"inference": {"engine": "vllm"}}, "spec.trainer.lora", "engine vllm does not take adapter updates"),
+        ({"trainer": {"lora": {"rank": 8, "targetModules": ["q_proj", "q_proj"]}}}, "spec.trainer.lora.targetModules",
+         "names a module twice"),
+        ({"trainer": {"lora": {"rank": 8, "targetModules": ["q_proj", "all-linear"]}}},
+         "spec.trainer.lora.targetModules", "give it alone"),
+        ({"trainer": {"lora": {"rank": 0}}}, "spec.trainer.lora.rank", "greater than or equal to 1"),
+    ],
+)
+def test_an_adapter_is_refused_where_this_build_cannot_train_or_serve_it(changes, field, fragment):
+    doc = yaml.safe_load((EXAMPLES / "cpu-tiny-lora.yaml").read_text())
+    assert validate_document(doc)[1] == []
+    for section, values in changes.items():
+        doc["spec"][section] |= values
+    _, issues = validate_document(doc)
+    assert [i.path for i in issues] == [field], issues
+    assert fragment in issues[0].message
+
+
 def test_a_local_dataset_without_its_answer_column_is_refused_naming_the_field(tmp_path, capsys):
     data = tmp_path / "math.jsonl"
     data.write_text('{"question": "1+1=", "solution": "2"}\n')

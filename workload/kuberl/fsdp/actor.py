@@ -138,8 +138,9 @@ class FSDPActor(Actor):
         model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
         state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         if self.reference is not None:
-            reference = get_model_state_dict(self.reference)
-            state["reference"] = lora.adapter_only(reference) if self.adapter is not None else reference
+            state["reference"] = get_model_state_dict(self.reference)
+        if self.adapter is not None:  # a tied output layer still shows up as trainable: by name, then
+            state |= {key: lora.adapter_only(state[key]) for key in ("model", "reference") if key in state}
         return state
 
     def save_shards(self, directory: Path) -> None:
