@@ -269,6 +269,27 @@ def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
     assert "loaded weights version 8" in (work / "inference-0.log").read_text()
 
 
+def test_a_lora_run_sends_only_its_adapter_serves_the_trainers_policy_and_resumes(tmp_path):
+    """examples/cpu-tiny-lora.yaml, shortened, on two FSDP2 ranks (each holds half of the adapter):
+    each update carries < 5 % of the model's bytes over p2p, and the engine's log-probs of tokens
+    sampled by the weights being trained equal the trainer's (the base it loaded plus the adapter it
+    received are the trainer's policy); the run resumes from its adapter-only checkpoint, this time
+    by broadcast, and its export holds the merged policy and the adapter."""
+    work = tmp_path / "run"
+    settings = ["trainer.acceleratorsPerNode=2", "checkpoint.everySteps=3", NO_EVAL]
+    first = run_local(ROOT / "examples/cpu-tiny-lora.yaml", settings, 6, None, workdir=work, quiet=True)
+    assert first["world_size"] == 2 and first["final_version"] == 6
+    assert 0 < first["weight_update_fraction"] < 0.05, first["weight_update_fraction"]
+    assert first["behav_logp_gap_max"] is not None and first["behav_logp_gap_max"] < 1e-4, first
+    assert "received weights version 6 over p2p" in (work / "inference-0.log").read_text()
+    second = run_local(ROOT / "examples/cpu-tiny-lora.yaml", [*settings, "weightSync.mode=broadcast"], 8, None,
+                       workdir=work, quiet=True)
+    assert second["resumed_from_step"] == 6 and second["final_version"] == 8
+    assert second["behav_logp_gap_max"] < 1e-4, second
+    export = work / "checkpoints" / "hf" / "step-00000008"
+    assert (export / "adapter" / "adapter_model.safetensors").is_file() and (export / "config.json").is_file()
+
+
 def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):
     """examples/cpu-agent.yaml, shortened: multi-turn episodes with a calculator tool; the share of
     right final answers rises, and the episodes keep calling the tool."""
