@@ -234,7 +234,8 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
     [
         ({"trainer": {"backend": "megatron", "acceleratorsPerNode": 2, "parallelism": {"tensor": 2}}},
          "spec.trainer.lora", "backend megatron trains the whole model"),
-        ({"inference": {"engine": "vllm"}}, "spec.trainer.lora", "engine vllm does not take adapter updates"),
+        ({"inference": {"engine": "vllm"}, "trainer": {"lora": {"rank": 600}}}, "spec.trainer.lora.rank",
+         "engine vllm serves adapters of rank ≤ 512"),
         ({"trainer": {"lora": {"rank": 8, "targetModules": ["q_proj", "q_proj"]}}}, "spec.trainer.lora.targetModules",
          "names a module twice"),
         ({"trainer": {"lora": {"rank": 8, "targetModules": ["q_proj", "all-linear"]}}},

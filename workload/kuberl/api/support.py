@@ -54,16 +54,19 @@ def _routing_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
                                                        "experts it chose in this build; use engine torch")]
 
 
+VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank
+
+
 def _lora_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
-    """An adapter is applied by the torch engine only (whether its target modules exist is known where
-    the model loads: the trainer refuses a spec whose targets match no layer at start-up)."""
-    if spec.trainer.lora is None:
+    """vLLM serves adapters up to its largest LoRA rank (whether the target modules exist is known
+    where the model loads: trainer and engines refuse a spec whose targets match no layer at start-up)."""
+    if spec.trainer.lora is None or spec.trainer.lora.rank <= VLLM_MAX_LORA_RANK:
         return []
     inference, _, _ = resolve(spec)
-    if inference is None or inference.engine == Engine.TORCH:
+    if inference is None or inference.engine != Engine.VLLM:
         return []
-    return [FieldIssue("spec.trainer.lora", f"is set: engine {inference.engine} does not take adapter updates in "
-                                            "this build; use engine torch or remove it")]
+    return [FieldIssue("spec.trainer.lora.rank", f"is {spec.trainer.lora.rank}: engine vllm serves adapters of "
+                                                 f"rank ≤ {VLLM_MAX_LORA_RANK}")]
 
 
 def _runtime_issues(spec: RLExperimentSpec) -> list[FieldIssue]:

