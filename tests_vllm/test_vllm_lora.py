@@ -17,7 +17,6 @@ from kuberl.inference.vllm_engine import AdapterServing, VLLMEngine, build_vllm_
 from kuberl.models import lora
 from kuberl.models.hf_dir import write_hf_dir
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
-
 from test_vllm_engine import reference_logprobs  # tests_vllm is not a package: pytest puts it on the path
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed in this venv (scripts/setup --vllm)")
