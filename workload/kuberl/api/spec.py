@@ -253,6 +253,10 @@ class TrainerSpec(PodPlacement):
         1800, ge=30, le=86400,
         description="a rank whose training step has not finished after this long (a hung collective) exits "
                     "non-zero so the gang restarts; the collective backends' timeouts are set to match")
+    distributed_optimizer: bool = Field(
+        False, description="shard AdamW's state over the data-parallel ranks (ZeRO-1: each rank keeps the moments of "
+                           "its share of the parameters; backend megatron, whose ranks otherwise each keep them whole; "
+                           "FSDP2 already shards them with the weights)")
     lora: LoraSpec | None = Field(None, description="train a low-rank adapter (LoRA) on the frozen policy instead of "
                                                     "the whole model; only the adapter is checkpointed and sent to "
                                                     "the replicas (backend fsdp, engine torch)")

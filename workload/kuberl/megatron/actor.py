@@ -26,8 +26,8 @@ pipeline, expert and data parallelism. What differs is how the model is read and
 
 The ranks of a tensor-parallel group hold the same rows; the actor's world-wide sums (the gap and
 entropy sums) then count each token once per tensor-parallel rank in numerator and denominator
-alike, so every mean is the global one. The optimizer is torch's AdamW on each rank's pieces
-(Megatron's distributed optimizer, which shards its state over the data-parallel ranks, is not used).
+alike, so every mean is the global one. The optimizer is torch's AdamW on each rank's pieces, its
+state optionally sharded over the data-parallel ranks (ZeRO-1: :mod:`.optimizer`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from ..policy.critic import Critic, ValueTargets
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
-from . import checkpoint
+from . import checkpoint, optimizer
 from .cpu import on_device
 from .logprobs import scores_of_logits, token_logprobs_and_entropy
 from .model import (
@@ -162,14 +162,18 @@ class MegatronActor(Actor):
         return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
 
     def save_shards(self, directory: Path) -> None:
-        """Every rank writes its pieces under whole-model keys (:mod:`.checkpoint`): any layout can resume."""
+        """Every rank writes its pieces under whole-model keys (:mod:`.checkpoint`): any layout can
+        resume (a sharded optimizer's state gathered first: :func:`.optimizer.whole_adamw`)."""
         with on_device(self.device):
-            checkpoint.save(self.model, self.optimizer, self.reference, directory)
+            whole = optimizer.whole_adamw(self.optimizer, list(self.model.parameters()))
+            checkpoint.save(self.model, whole, self.reference, directory)
 
     def load_shards(self, directory: Path) -> None:
         """Every rank reads the slices its own pieces cover, whatever layout wrote them."""
         with on_device(self.device):
-            checkpoint.load(self.model, self.optimizer, self.reference, directory)
+            whole = optimizer.whole_adamw(self.optimizer, list(self.model.parameters()), gather=False)
+            checkpoint.load(self.model, whole, self.reference, directory)
+            optimizer.keep_own_part(self.optimizer, whole)
 
     @property
     def checkpoint_layout(self) -> dict[str, str | int]:
@@ -191,13 +195,15 @@ class MegatronActor(Actor):
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                 mini_batches: int = 1, device: torch.device | None = None, seed: int = 0,
-                compute_dtype: torch.dtype = torch.float32, critic: Critic | None = None) -> MegatronActor:
+                compute_dtype: torch.dtype = torch.float32, critic: Critic | None = None,
+                distributed_optimizer: bool = False) -> MegatronActor:
         """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece and experts),
         AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. The
         parameters, their gradients and the optimizer state are float32; forward and backward run in
         ``compute_dtype`` (:func:`.logprobs.vocab_parallel_logits`). Needs an initialised
         ``megatron.core.parallel_state``. ``critic`` (ppo): its value model, built apart
-        (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank)."""
+        (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank).
+        ``distributed_optimizer``: AdamW's state sharded over the data-parallel ranks (:mod:`.optimizer`)."""
         device = device or torch.device("cpu")
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)
@@ -209,8 +215,8 @@ class MegatronActor(Actor):
                 reference = reference.to(device).requires_grad_(False).eval()
         model = model.to(device)
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=True)
-        return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
+        adamw = optimizer.make_optimizer(model.parameters(), lr, distributed_optimizer)
+        return cls(model, adamw, config, temperature, mini_batches, reference=reference, device=device,
                    scorer=scorer_on(device, compute_dtype), clip_gradients=reduce_and_clip_gradients,
                    critic=critic, hf_model=hf_model, compute_dtype=compute_dtype)
 

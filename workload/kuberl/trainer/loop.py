@@ -120,7 +120,8 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
         critic = critic_config(run)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed, dtype,
-                                     critic=build_critic(model, critic, device, dtype) if critic else None)
+                                     critic=build_critic(model, critic, device, dtype) if critic else None,
+                                     distributed_optimizer=spec.trainer.distributed_optimizer)
     try:
         return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                 spec.algorithm.mini_batches, device, dtype, weights=weights,
