@@ -224,10 +224,6 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
     assert all("backend fsdp" in i.message for i in issues)
     _, issues = validate_document(with_spec(trainer__distributedOptimizer=True))  # backend fsdp
     assert [i.path for i in issues] == ["spec.trainer.distributedOptimizer"] and "already shards" in issues[0].message
-    _, issues = validate_document(with_spec(allocation="vllm:d1+megatron:(attn:d2|ffn:d1e2)",
-                                            trainer__accelerator="cpu", trainer__acceleratorsPerNode=2,
-                                            inference__accelerator="cpu", trainer__distributedOptimizer=True))
-    assert [i.path for i in issues] == ["spec.trainer.distributedOptimizer"] and "expert" in issues[0].message
     accepted, issues = validate_document(with_spec(allocation="vllm:d1+megatron:d2t2", trainer__accelerator="cpu",
                                                    trainer__acceleratorsPerNode=4, inference__accelerator="cpu",
                                                    trainer__distributedOptimizer=True))

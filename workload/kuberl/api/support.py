@@ -32,10 +32,6 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
                                                                           "optimizer's state with the weights (FSDP2); "
                                                                           "set it false"))
         return issues
-    if spec.trainer.distributed_optimizer and trainer.expert > 1:
-        issues.append(FieldIssue("spec.trainer.distributedOptimizer",
-                                 f"is true with expert parallelism {trainer.expert}: this build shards the optimizer "
-                                 "of layouts without expert parallelism only; set it false"))
     if spec.trainer.lora is not None:
         issues.append(FieldIssue("spec.trainer.lora", "is set: backend megatron trains the whole model in this "
                                                       "build; remove it or use backend fsdp"))
