@@ -1,15 +1,17 @@
-"""Is the main example stable? ``kuberl run examples/cpu-tiny.yaml`` under several seeds.
+"""Is the main example stable? ``kuberl run examples/cpu-tiny.yaml`` (or ``--example``) under several seeds.
 
 Per seed, and over all seeds: first-10 and last-10 training reward (mean over steps), peak and
 final held-out evaluation reward, the policy's token entropy at the start and the end, RL wall
 seconds. A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
 
-    python benchmarks/example_seeds.py [--seeds 0 1 2 3 4] [--set KEY=VALUE]... [--max-steps N] [--keep DIR]
+    python benchmarks/example_seeds.py [--example examples/cpu-tiny.yaml] [--seeds 0 1 2 3 4] [--set KEY=VALUE]...
+                                       [--max-steps N] [--keep DIR]
 
 Runs one seed at a time (each run uses both cores: one replica, one trainer rank). Progress goes
 to stderr; the last stdout line is the JSON result:
 ``{"seeds": [{"seed", "reward_first10_mean", "reward_last10_mean", "eval_peak", "eval_final",
-"rl_seconds", ...}, ...], "all": {...}, "settings": [...]}``.
+"rl_seconds", "weight_update_fraction", ...}, ...], "all": {...}, "example", "settings": [...]}``
+(``weight_update_fraction``: one weight update's bytes ÷ the whole policy's: 1.0 unless LoRA).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_seed(seed: int, settings: list[str], max_steps: int | None, workdir: Path) -> dict[str, Any]:
+def run_seed(seed: int, settings: list[str], max_steps: int | None, workdir: Path, example: Path = EXAMPLE
+             ) -> dict[str, Any]:
     """One ``kuberl run`` of the example; its summary reduced to the numbers this benchmark reports."""
     summary_path = workdir / "summary.json"
-    command = [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "-q", "--workdir", str(workdir),
+    command = [sys.executable, "-m", "kuberl_cli", "run", str(example), "-q", "--workdir", str(workdir),
                "--summary", str(summary_path), "--set", f"seed={seed}"]
     for setting in settings:
         command += ["--set", setting]
@@ -63,6 +66,7 @@ def seed_numbers(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
         "entropy_last10_mean": _round(summary.get("entropy_last10_mean")),
         "entropy_min": _round(min(entropies, default=None)),
         "rl_seconds": _round(summary["wall_seconds"], 1),
+        "weight_update_fraction": summary.get("weight_update_fraction"),
     }
 
 
@@ -95,6 +99,7 @@ def overall(seeds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--example", type=Path, default=EXAMPLE, help="the RLExperiment file (default: %(default)s)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to kuberl run --set (e.g. algorithm.learningRate=1e-4)")
@@ -106,10 +111,10 @@ def main() -> None:
         if args.keep:
             workdir = Path(args.keep) / f"seed-{seed}"
             workdir.mkdir(parents=True, exist_ok=True)
-            result = run_seed(seed, args.settings, args.max_steps, workdir)
+            result = run_seed(seed, args.settings, args.max_steps, workdir, args.example)
         else:
             with tempfile.TemporaryDirectory(prefix=f"kuberl-seed{seed}-") as tmp:
-                result = run_seed(seed, args.settings, args.max_steps, Path(tmp))
+                result = run_seed(seed, args.settings, args.max_steps, Path(tmp), args.example)
         log(f"seed {seed}: reward first10 {result['reward_first10_mean']} last10 {result['reward_last10_mean']} "
             f"(peak10 {result['reward_peak10_mean']}), eval peak {result['eval_peak']} final {result['eval_final']}, "
             f"entropy {result['entropy_first10_mean']} → {result['entropy_last10_mean']}, RL {result['rl_seconds']} s")
@@ -118,7 +123,9 @@ def main() -> None:
     log(f"all: reward last10 mean {summary['reward_last10_mean']} (min {summary['reward_last10_min']}), "
         f"eval peak {summary['eval_peak_mean']} final {summary['eval_final_mean']}, worst drop "
         f"{summary['worst_eval_drop']}, ends where it peaks: {summary['ends_where_it_peaks']}")
-    print(json.dumps({"seeds": results, "all": summary, "settings": args.settings}))
+    example = args.example.resolve()
+    shown = str(example.relative_to(ROOT)) if example.is_relative_to(ROOT) else str(example)
+    print(json.dumps({"seeds": results, "all": summary, "example": shown, "settings": args.settings}))
 
 
 if __name__ == "__main__":
