@@ -1,6 +1,7 @@
 """The CUDA path on one GPU: the FSDP2 actor over NCCL in bfloat16, the torch engine's KV cache on
-the device and its gap to the trainer, a weight update that the engine then serves exactly, and
-Megatron-core on CUDA without the CPU shim against the FSDP actor. Skipped without CUDA (conftest)."""
+the device and its gap to the trainer, a weight update that the engine then serves exactly,
+Megatron-core on CUDA without the CPU shim against the FSDP actor, and a LoRA adapter trained and
+served. Skipped without CUDA (conftest)."""
 
 from __future__ import annotations
 
@@ -170,3 +171,51 @@ def test_megatron_on_cuda_without_the_shim_reads_and_trains_as_the_fsdp_actor(nc
     report(megatron_fsdp_logp_gap_max=round(float(gap.max()), 5), megatron_fsdp_grad_norms=norms)
     assert float(gap.max()) < 0.1
     assert norms[1] == pytest.approx(norms[0], rel=5e-2)
+
+
+def test_a_lora_adapter_trains_on_cuda_and_the_engine_serves_it_within_the_gap(nccl_world_of_one):
+    """spec.trainer.lora on the GPU: the FSDP actor trains only the adapter in bfloat16 over NCCL; the
+    engine (base plus an untrained adapter, bfloat16) takes the adapter alone as its update and then
+    samples within the same bounded gap of the trainer's log-probs; the update's share of the model's
+    bytes is reported."""
+    from kuberl.api.lora import LoraSpec
+    from kuberl.models import lora
+    from kuberl.weights.sync import update_bytes
+
+    device, spec = nccl_world_of_one, LoraSpec(rank=8)
+    actor = FSDPActor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device,
+                             compute_dtype=torch.bfloat16, adapter=spec)
+    tok = char_tokenizer()
+    engine = TorchEngine(lora.add_adapter(policy(), spec).to(device=device, dtype=torch.bfloat16), tok.eos_token_id,
+                         tok.pad_token_id, seed=0)
+
+    async def train_update_then_sample() -> list:  # one event loop: the engine's own
+        engine.start()
+        try:
+            gens = list(await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=16))
+                                                for p in PROMPTS * 2)))
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            stats = actor.train_step(batch_of(gens, PROMPTS * 2), 2 * len(PROMPTS))
+            torch.cuda.synchronize()
+            report(lora_step_seconds=round(time.perf_counter() - started, 4),
+                   lora_grad_norm=stats["ppo_actor/grad_norm"])
+            update = actor.weight_source().full_state_dict()
+            assert update and all(lora.is_adapter_weight(n) for n in update)
+            await engine.load_weights(update, version=1)
+            return list(await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=24))
+                                                for p in PROMPTS * 4)))
+        finally:
+            await engine.stop()
+
+    gens = asyncio.run(train_update_then_sample())
+    batch = batch_of(gens, PROMPTS * 4).to(device)
+    with torch.no_grad():
+        logp, _ = token_logprobs_and_entropy(actor.model, batch, 1.0)
+    trained = batch.loss_mask.bool()
+    gap = (logp[trained].float() - batch.behav_logp[trained].float()).abs()
+    report(lora_update_fraction=round(update_bytes(actor.weight_source()) / update_bytes(actor), 5),
+           lora_engine_trainer_gap_mean=round(float(gap.mean()), 5),
+           lora_engine_trainer_gap_max=round(float(gap.max()), 5))
+    assert all(set(g.versions) == {1} for g in gens)
+    assert float(gap.mean()) < GAP_MEAN_BOUND and float(gap.max()) < GAP_MAX_BOUND
