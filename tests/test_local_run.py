@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,51 @@ def test_a_lora_run_sends_only_its_adapter_serves_the_trainers_policy_and_resume
     assert second["behav_logp_gap_max"] < 1e-4, second
     export = work / "checkpoints" / "hf" / "step-00000008"
     assert (export / "adapter" / "adapter_model.safetensors").is_file() and (export / "config.json").is_file()
+
+
+def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_losing_a_prompt(tmp_path):
+    """kuberl scale on a running kuberl run: 1 → 3 replicas once training runs, then → 2 once both
+    joiners serve. Each joiner's first weights come over the p2p exchange re-formed with it (no
+    version by broadcast), then it serves requests; the drained one leaves the next group; every step
+    trains its batch exactly once from the ledger's prompts (none skipped), within the staleness bound."""
+    from kuberl.local import request_replicas
+
+    work, steps, failures = tmp_path / "run", 300, []  # ≈ 25 s of training: joiners start in ≈ 7 s
+
+    def scale_while_running() -> None:
+        try:
+            _wait_until(lambda: (work / "trainer-0.log").exists() and _last_step(work / "trainer-0.log") >= 8)
+            request_replicas(work, 3)
+            _wait_until(lambda: all(_log_has(work / f"inference-{r}.log", "received weights version") for r in (1, 2)))
+            request_replicas(work, 2)
+        except Exception as err:  # reported by the test, not lost in the thread
+            failures.append(err)
+
+    import threading
+
+    scaler = threading.Thread(target=scale_while_running, daemon=True)
+    scaler.start()
+    summary = run_local(EXAMPLE, ["model.sftWarmup.steps=5", NO_EVAL], steps, None, workdir=work, quiet=True)
+    scaler.join(timeout=5)
+    assert not failures, failures
+    assert summary["final_version"] == steps and summary["replicas"] == 2
+    prompts = summary["prompts"]
+    assert prompts["skipped"] == 0 and prompts["trained"] == steps * 16  # 16 prompts a step, each trained once
+    assert summary["max_token_staleness_trained"] <= summary["max_staleness"]
+    trainer = (work / "trainer-0.log").read_text()
+    assert "goes by broadcast" not in trainer and "1 trainer ranks → 3 replicas" in trainer
+    assert re.search(r"\(group \d+\): 1 trainer ranks → 2 replicas", trainer)  # the drained replica left
+    for r in (1, 2):
+        joiner = (work / f"inference-{r}.log").read_text()
+        assert re.search(r"received weights version \d+ over p2p", joiner) and "POST /generate" in joiner, r
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the run did not get there in time")
+        time.sleep(0.2)
 
 
 def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):

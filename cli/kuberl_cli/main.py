@@ -214,6 +214,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from kuberl.local import request_replicas
+
+    try:
+        request_replicas(Path(args.workdir), args.replicas)
+    except (ValueError, OSError) as err:
+        print(f"kuberl scale: {err}", file=sys.stderr)
+        return 1
+    print(f"asked {args.workdir} for {args.replicas} inference replica(s); its output says when they serve",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_argocd(args: argparse.Namespace) -> int:
     from kuberl_operator.argocd import argocd_cm_snippet
 
@@ -243,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-checkpoints", action="store_true",
                    help="checkpoint to spec.checkpoint.uri (e.g. s3:// on MinIO) instead of the work dir")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("scale", help="resize the inference pool of a running kuberl run (on a cluster: kubectl "
+                       "scale rlpool)")
+    p.add_argument("workdir", metavar="WORKDIR", help="the run's work dir (kuberl run prints it)")
+    p.add_argument("--replicas", type=int, required=True)
+    p.set_defaults(func=cmd_scale)
     p = sub.add_parser("export", help="a finished checkpoint as a Hugging Face model directory (offline, CPU)")
     p.add_argument("checkpoint", metavar="CHECKPOINT_URI", help="s3://… or file://…/step-NNNNNNNN/")
     p.add_argument("out", metavar="OUT_URI", help="where the directory goes: s3://bucket/prefix/ or file:///dir/")

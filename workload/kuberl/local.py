@@ -78,6 +78,30 @@ SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
 PROMPTS_LOG = "prompts.jsonl"  # the prompts of every trained step (Settings.prompts_log), in the work dir
 
 
+POOL_FILE = "replicas.json"  # the replicas' URLs the trainer follows (settings.replicas_file)
+SCALE_FILE = "scale"  # kuberl scale's wish: the number of replicas
+DRAIN_SECONDS = 5.0  # a replica leaving the pool is stopped this long after the trainer stopped using it
+
+
+def request_replicas(work: Path, count: int) -> None:
+    """``kuberl scale WORKDIR --replicas N``: ask the run in ``work`` for ``count`` replicas."""
+    if count < 1:
+        raise ValueError(f"--replicas {count}: a run needs at least 1 inference replica")
+    if not (work / POOL_FILE).is_file():
+        raise ValueError(f"{work} is not the work dir of a running kuberl run (no {POOL_FILE})")
+    partial = work / (SCALE_FILE + ".partial")
+    partial.write_text(str(count))
+    partial.rename(work / SCALE_FILE)
+
+
+def requested_replicas(work: Path) -> int | None:
+    """The replica count ``kuberl scale`` asked for, if it did (and wrote a number)."""
+    try:
+        return max(1, int((work / SCALE_FILE).read_text()))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def kept_once(path: Path, make: Callable[[], str]) -> str:
     """The text in ``path``, written by ``make()`` the first time (the file owner-only): a work dir's
     value that every later run in it must see again."""
@@ -265,10 +289,15 @@ class LocalRun:
         """The p2p exchange store (trainer rank 0 on this host, a port chosen once for the run)."""
         return self.env[ENV_EXCHANGE_ADDR], int(self.env[ENV_EXCHANGE_PORT])
 
+    def core_of_replica(self, r: int) -> int | None:
+        """Replica ``r``'s own core, when pinned (replicas added by ``kuberl scale`` share the rest)."""
+        return self.cores[r] if self.pinned and r < self.inference.replicas else None
+
     def replica_env(self, r: int) -> dict[str, str]:
         """Replica ``r``'s environment: the pod's (``kuberl.api.roles``), on this host's ports."""
         # vLLM binds its worker's OpenMP threads itself: to the replica's core, or not at all.
-        omp_bind = str(self.cores[r]) if self.pinned else "nobind"
+        core = self.core_of_replica(r)
+        omp_bind = str(core) if core is not None else "nobind"
         shared = {k: v for k, v in self.env.items() if k != ENV_AGENT_TOKEN}  # the gateway's: trainers only
         return {**shared, **inference_env(r, self.ports[r], self.exchange), "VLLM_CPU_OMP_THREADS_BIND": omp_bind,
                 ENV_PODINFO_LABELS: pod_labels(self.work, "inference", r)}
@@ -283,9 +312,38 @@ class LocalRun:
                 ENV_CHECKPOINT_KEY: local_checkpoint_key(self.work)}
 
     def replica(self, r: int) -> Process:
+        while len(self.ports) <= r:  # a replica added by kuberl scale
+            self.ports.append(free_port())
+        core = self.core_of_replica(r)
         return self.children.spawn(
             [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r])],
-            self.replica_env(r), [self.cores[r]] if self.pinned else None, self.work / f"inference-{r}.log")
+            self.replica_env(r), None if core is None else [core], self.work / f"inference-{r}.log")
+
+    def publish_pool(self, count: int) -> None:
+        """The first ``count`` replicas' URLs into the pool file the trainer follows (written whole, then
+        renamed: it never reads half a list)."""
+        partial = self.work / (POOL_FILE + ".partial")
+        partial.write_text(json.dumps([f"http://127.0.0.1:{port}" for port in self.ports[:count]]))
+        partial.rename(self.work / POOL_FILE)
+
+    def follow_scale(self, replicas: list[Process], draining: list[tuple[Process, float]],
+                     say: Callable[[str], None]) -> list[Process]:
+        """``kuberl scale``'s wish (the work dir's ``scale`` file), if it changed the pool's size: new
+        replicas are started (the trainer admits each once it answers, with the newest weights); the
+        last ones leave the trainer's pool at once and are stopped :data:`DRAIN_SECONDS` later, once
+        the requests they had are retried on the others. Returns the replicas now in the pool."""
+        wanted = requested_replicas(self.work)
+        if wanted is None or wanted == len(replicas):
+            return replicas
+        before = len(replicas)
+        if wanted > before:
+            replicas = replicas + [self.replica(r) for r in range(before, wanted)]
+        else:
+            draining += [(p, time.monotonic() + DRAIN_SECONDS) for p in replicas[wanted:]]
+            replicas = replicas[:wanted]
+        self.publish_pool(len(replicas))
+        say(f"inference pool: {before} → {len(replicas)} replica(s) (kuberl scale)")
+        return replicas
 
     def gang(self) -> list[Process]:
         """Every trainer rank, with torchrun's environment and a fresh rendezvous port."""
@@ -325,6 +383,8 @@ class LocalRun:
         """Start every process and keep them running until every trainer rank has succeeded."""
         say = display.message  # restarts are reported even with --quiet (which only hides the progress)
         replicas = [self.replica(r) for r in range(self.inference.replicas)]
+        self.publish_pool(len(replicas))
+        draining: list[tuple[Process, float]] = []
         ranks = self.gang()
         agents = [self.agent(i) for i in range(self.spec.agent.replicas if self.spec.agent else 0)]
         say(f"{self.obj.metadata.name}: {len(replicas)} inference replica(s), {len(ranks)} trainer rank(s)"
@@ -332,6 +392,11 @@ class LocalRun:
             f"{' pinned to separate cores' if self.pinned else ''}; logs in {self.work}; checkpoints to "
             f"{self.checkpoints}")
         while not all(p.poll() == 0 for p in ranks):
+            replicas = self.follow_scale(replicas, draining, say)
+            for process, at in [d for d in draining if d[1] <= time.monotonic()]:
+                draining.remove((process, at))
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
             restart_exited(replicas, self.replica, "inference", str(self.work / "inference-{}.log"), self.restarts,
                            REPLICA_RESTARTS * len(replicas), say)
             restart_exited(agents, self.agent, "agent", str(self.work / "agent-{}.log"), self.restarts,
@@ -359,7 +424,7 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
                 "staging_dir": work / "staging", "weights_dir": work / "weights", "summary_path": work / SUMMARY,
                 "prompts_log": work / PROMPTS_LOG,
                 "progress_port": progress_port, "gateway_port": gateway_port,
-                "inference_urls": [f"http://127.0.0.1:{p}" for p in ports]}
+                "inference_urls": [f"http://127.0.0.1:{p}" for p in ports], "replicas_file": work / POOL_FILE}
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)
     return LocalRun(obj, inference, trainer, work, config, path.resolve().parent, checkpoints, local_env(obj.spec),
                     ports, progress_port, gateway_port)

@@ -81,6 +81,7 @@ class Settings:
     progress_port: int = PROGRESS_PORT
     gateway_port: int = GATEWAY_PORT
     inference_urls: tuple[str, ...] = ()  # the replicas' URLs; (): the pool's DNS names
+    replicas_file: Path | None = None  # kuberl run: a JSON list of the replicas' URLs, rewritten by kuberl scale
 
     def checkpoint_location(self, spec_uri: str | None) -> str | None:
         """Where checkpoints (and the published curves) go: the run config's (a local run's work dir),
@@ -96,7 +97,7 @@ class Settings:
 DEFAULTS = Settings()  # a bare process: nothing set (tests, tools)
 
 RUN_CONFIG_FIELDS = ("checkpoint_uri", "max_steps", "tensorboard_dir", "staging_dir", "weights_dir", "summary_path",
-                     "prompts_log", "progress_port", "gateway_port", "inference_urls")
+                     "prompts_log", "progress_port", "gateway_port", "inference_urls", "replicas_file")
 
 _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THREADS, "local_rank": "LOCAL_RANK",
              "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "exchange_addr": ENV_EXCHANGE_ADDR,

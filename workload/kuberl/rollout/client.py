@@ -85,7 +85,7 @@ class InferenceClient:
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
     _latest: tuple[WeightPayload, int] | None = field(default=None, init=False)
     _rejoiner: asyncio.Task[None] | None = field(default=None, init=False)
-    _watcher: asyncio.Task[Any] | None = field(default=None, init=False)
+    _watchers: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)  # one per replica
     _members: list[Replica] = field(default_factory=list, init=False)  # the p2p exchange group's replicas
 
     def __post_init__(self) -> None:
@@ -99,11 +99,12 @@ class InferenceClient:
         self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                               headers=headers)
         self._control = aiohttp.ClientSession(timeout=timeout, headers=headers)
-        self._watcher = asyncio.create_task(self._watch(), name="replica-health")
+        for replica in self.replicas:
+            self._watch(replica)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for task in (self._watcher, self._rejoiner):
+        for task in [*self._watchers.values(), self._rejoiner]:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -143,9 +144,36 @@ class InferenceClient:
         result: dict[str, Any] = await self._leaving_aborts(replica, self._post(replica, path, **kwargs))
         return result
 
-    async def _watch(self) -> None:
-        """Probe each replica every ``health_interval``, each on its own (one that hangs delays no other)."""
-        await asyncio.gather(*(self._watch_one(r) for r in self.replicas))
+    def _watch(self, replica: Replica) -> None:
+        """Probe ``replica`` every ``health_interval``, on its own (one that hangs delays no other)."""
+        self._watchers[replica.url] = asyncio.create_task(self._watch_one(replica), name=f"health {replica.url}")
+
+    def resize(self, urls: list[str]) -> tuple[list[str], list[str]]:
+        """The pool is now ``urls`` (on the client's loop). A new replica joins as one that came back:
+        out of rotation until its health check answers, then given the newest weights (by the p2p
+        group re-formed with it at the next push, or the whole state it is sent) before any request.
+        A replica no longer listed is drained: no new request goes to it, the ones in flight there
+        are abandoned and retried on the others (as when a replica fails), and it leaves the p2p group
+        at the next push. Returns (joined, left)."""
+        wanted = [u.rstrip("/") for u in urls]
+        if not wanted:
+            raise ValueError("a pool needs at least one replica")
+        known = {r.url: r for r in self.replicas}
+        joined = [u for u in wanted if u not in known]
+        left = [r for r in self.replicas if r.url not in wanted]
+        for replica in left:
+            replica.needs_weights, replica.back = True, False
+            replica.left.set()  # requests waiting on it raise ReplicaFault and go elsewhere
+            task = self._watchers.pop(replica.url, None)
+            if task is not None:
+                task.cancel()
+        self.replicas = [known.get(u) or Replica(u, needs_weights=True) for u in wanted]
+        for url in joined:
+            self._watch(next(r for r in self.replicas if r.url == url))
+        if joined or left:
+            log.info("inference pool resized to %d replicas: joined %s, left %s", len(self.replicas), joined,
+                     [r.url for r in left])
+        return joined, [r.url for r in left]
 
     async def _watch_one(self, replica: Replica) -> None:
         while True:
