@@ -32,6 +32,8 @@ async def test_kubectl_scale_resizes_an_experiments_inference_and_its_scale_read
         api, cfg = cluster.api, cluster.kubeconfig
         await api.create(GROUP, "rlexperiments", "team-a", experiment())
         await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        await all_ready(api)
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(api, "team-a")}
         out = await kubectl(cfg, "scale", "rlx", "cpu-tiny", "-n", "team-a", "--replicas=3")
         assert "scaled" in out
         await eventually(lambda: len(pods(api, "team-a", INFERENCE)) == 3, what="3 replicas")
@@ -39,6 +41,11 @@ async def test_kubectl_scale_resizes_an_experiments_inference_and_its_scale_read
         assert api.get(GROUP, "inferencepools", "team-a", "cpu-tiny-inference")["spec"]["replicas"] == 3
         await all_ready(api)
         await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("readyReplicas") == 3, what="3 ready")
+        # the running trainer and replica stay (the trainer follows its pool in the mounted run config)
+        now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(api, "team-a")}
+        assert len(before) == 2 and all(now.get(name) == uid for name, uid in before.items()), (before, now)
+        config = api.get("", "configmaps", "team-a", "cpu-tiny-config")
+        assert yaml.safe_load(next(iter(config["data"].values())))["spec"]["inference"]["replicas"] == 3
 
         path = f"/apis/{GROUP}/v1alpha1/namespaces/team-a/rlexperiments/cpu-tiny/scale"
         raw = await kubectl(cfg, "get", "--raw", path)

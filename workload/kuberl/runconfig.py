@@ -24,6 +24,7 @@ class RunConfig:
     spec: RLExperimentSpec
     run_id: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # kuberl.settings.RUN_CONFIG_FIELDS
+    source: Path | None = None  # the file it was read from (the trainer follows the pool's size in it)
 
     @property
     def inference(self) -> InferencePlan:
@@ -39,7 +40,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     doc = yaml.safe_load(Path(path).read_text())
     run_id = doc.get("runId")
     return RunConfig(experiment=doc.get("experiment", "local"), spec=RLExperimentSpec.model_validate(doc["spec"]),
-                     run_id=str(run_id) if run_id else None, settings=doc.get("settings") or {})
+                     run_id=str(run_id) if run_id else None, settings=doc.get("settings") or {}, source=Path(path))
 
 
 def write_run_config(path: Path, experiment: str, spec: RLExperimentSpec, run_id: str | None = None,

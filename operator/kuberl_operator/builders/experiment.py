@@ -145,18 +145,24 @@ def _storage(exp: RLExperiment) -> StorageSpec:
     return exp.spec.storage.model_copy(update={"credentials_secret": credentials_secret(exp.spec)})
 
 
-def _run_config(exp: RLExperiment, parent: Manifest) -> str:
-    """The run config the pods read (YAML), from the experiment's spec and identity."""
+def _run_config(exp: RLExperiment, parent: Manifest) -> tuple[str, str]:
+    """(the run config the pods read, as YAML, from the experiment's spec and identity; the same
+    without ``spec.inference.replicas``, as JSON: what a pod's revision hashes — a resize replaces no
+    pod, the trainer follows its pool in the mounted file: ``kuberl.trainer.services.follow_pool``)."""
     name = exp.metadata.name
+    spec = exp.spec.to_wire()
     run_config = {
         "experiment": name,
         "namespace": exp.metadata.namespace,
         **({"runId": parent["metadata"]["uid"]} if parent["metadata"].get("uid") else {}),
-        "spec": exp.spec.to_wire(),
+        "spec": spec,
         "inferencePool": inference_pool_name(name),
         "trainerJob": trainer_job_name(name),
     }
-    return _run_config_text(json.dumps(run_config, sort_keys=False))
+    text = _run_config_text(json.dumps(run_config, sort_keys=False))
+    unsized = {**run_config, "spec": {**spec, "inference": {k: v for k, v in spec.get("inference", {}).items()
+                                                            if k != "replicas"}}}
+    return text, json.dumps(unsized, sort_keys=True)
 
 
 def build_experiment_children(exp: RLExperiment, parent: Manifest, settings: BuildSettings = DEFAULT_BUILD,
@@ -167,12 +173,13 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, settings: Bui
     ``settings``: the operator's (images, Ascend details, ``peers``: who else may reach the pods).
     The API token Secrets are not among them: they hold random values (``children.ensure_api_token``);
     ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
-    started with another token is replaced: configRevision = SHA-256(run config + token_version)[:16]."""
+    started with another token is replaced: configRevision = SHA-256(run config without
+    ``spec.inference.replicas`` + token_version)[:16] — a resize replaces no pod (:func:`_run_config`)."""
     inference, trainer = _resolved(exp)
     name, spec = exp.metadata.name, exp.spec
     labels = {LABEL_EXPERIMENT: name}
-    config_text = _run_config(exp, parent)
-    revision = hashlib.sha256((config_text + token_version).encode()).hexdigest()[:16]
+    config_text, unsized = _run_config(exp, parent)
+    revision = hashlib.sha256((unsized + token_version).encode()).hexdigest()[:16]
     config_map: Manifest = {"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": child_metadata(parent, config_map_name(name), labels),
                             "data": {CONFIG_FILE: config_text}}

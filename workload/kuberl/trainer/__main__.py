@@ -12,14 +12,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..api.contract import inference_pool_name, inference_replica_host
 from ..api.spec import Accelerator
 from ..auth import MissingToken, checked_token
 from ..collectives import exit_without_teardown
 from ..devices import DIST_BACKENDS, accelerator_device, set_compute_threads
-from ..runconfig import RunConfig, load_run_config
+from ..runconfig import load_run_config
 from ..settings import Settings, from_environment
 from .loop import train
+from .pool import inference_urls
 from .watchdog import collective_timeout_env
 
 log = logging.getLogger("kuberl.trainer")
@@ -37,19 +37,6 @@ def init_distributed(accelerator: str, timeout_seconds: int, settings: Settings)
     device = accelerator_device(accelerator, settings.local_rank)
     dist.init_process_group(DIST_BACKENDS[Accelerator(accelerator)], timeout=timedelta(seconds=timeout_seconds))
     return dist.get_rank(), dist.get_world_size(), device
-
-
-def inference_urls(run: RunConfig, settings: Settings) -> list[str]:
-    """Replica URLs: the run config's (local mode), else the pool's headless-Service DNS names."""
-    if settings.inference_urls:
-        return list(settings.inference_urls)
-    try:
-        plan = run.inference
-    except ValueError as err:
-        raise SystemExit(f"invalid spec: {err}") from err
-    pool = settings.inference_service or inference_pool_name(run.experiment)
-    port = run.spec.inference.port
-    return [f"http://{inference_replica_host(pool, r)}:{port}" for r in range(plan.replicas)]
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..api import Progress, resolve
@@ -39,34 +38,13 @@ from ..settings import Settings
 from .checkpointing import TrainerState
 from .curves import Curves
 from .evaluations import Evaluations
+from .pool import follow_pool, pool_source
 from .progress import ProgressServer
 from .workflows import PromptCheck, make_reward, make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
 Batch = tuple[list[Trajectory], list[float], float, int]  # trajectories, advantages, seconds waited, groups filtered
-
-
-POOL_POLL_SECONDS = 1.0
-
-
-async def follow_pool(client: InferenceClient, path: Path) -> None:
-    """Resize the client's pool whenever ``path`` (a JSON list of replica URLs) changes (``kuberl
-    scale`` on a local run); an unreadable file is reported once per change and otherwise ignored."""
-    seen: float | None = None
-    while True:
-        await asyncio.sleep(POOL_POLL_SECONDS)
-        try:
-            changed = path.stat().st_mtime_ns
-        except FileNotFoundError:
-            continue
-        if changed == seen:
-            continue
-        seen = changed
-        try:
-            client.resize([str(u) for u in json.loads(path.read_text())])
-        except (ValueError, TypeError) as err:
-            log.warning("%s: not a list of replica URLs (%s); the pool stays as it is", path, err)
 
 
 def mean(xs: list[float]) -> float | None:
@@ -185,8 +163,9 @@ class RankZeroServices(NoServices):
         controller = RolloutController(client, workflow, prompts, manager)
         controller.episodes = position
         controller.start()
-        if settings.replicas_file is not None:
-            asyncio.run_coroutine_threadsafe(follow_pool(client, settings.replicas_file), controller.loop)
+        source = pool_source(run, settings)
+        if source is not None:
+            asyncio.run_coroutine_threadsafe(follow_pool(client, *source), controller.loop)
         server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step,
                                          max_steps=max_steps, phase="running"))
         server.start_in(controller.loop, settings.progress_port, settings.bind_host)
