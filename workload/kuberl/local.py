@@ -382,6 +382,7 @@ class LocalRun:
     def supervise(self, display: ProgressDisplay, quiet: bool) -> None:
         """Start every process and keep them running until every trainer rank has succeeded."""
         say = display.message  # restarts are reported even with --quiet (which only hides the progress)
+        (self.work / SCALE_FILE).unlink(missing_ok=True)  # a new kuberl run starts at the spec's count
         replicas = [self.replica(r) for r in range(self.inference.replicas)]
         self.publish_pool(len(replicas))
         draining: list[tuple[Process, float]] = []

@@ -130,7 +130,7 @@ class InferenceClient:
 
     def _lost(self, replica: Replica, err: BaseException) -> None:
         """Take ``replica`` out of rotation for its back-off; requests waiting on it go elsewhere (``_on``)."""
-        if not replica.needs_weights:
+        if not replica.needs_weights and any(r is replica for r in self.replicas):  # a drained one has left
             replica.failures += 1
             log.warning("replica %s failed (%s); out of rotation for %.0f s, then until it is back", replica.url,
                         err or type(err).__name__, replica.backoff())  # fmt: skip
