@@ -122,6 +122,9 @@ CASES = {
     "an adapter on every linear layer": experiment(trainer={"lora": {"rank": 8, "targetModules": ["all-linear"]}}),
     "an adapter on every linear layer and one more": experiment(trainer={"lora": {
         "rank": 8, "targetModules": ["all-linear", "q_proj"]}}),
+    "autoscale within bounds": experiment(inference={"replicas": 1, "autoscale": {"maxReplicas": 3}}),
+    "autoscale bounds inverted": experiment(inference={"replicas": 1, "autoscale": {"minReplicas": 4,
+                                                                                     "maxReplicas": 3}}),
     "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
@@ -145,7 +148,8 @@ def test_cel_and_kuberl_validate_agree(case):
     _, issues = validate_document(doc)
     failures = cel_failures(doc)
     schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm", "spec.agent",
-                                                            "spec.trainer.lora.targetModules"))]
+                                                            "spec.trainer.lora.targetModules",
+                                                            "spec.inference.autoscale"))]
     assert bool(failures) == bool(schema_level), (case, failures, issues)
 
 

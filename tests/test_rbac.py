@@ -17,6 +17,7 @@ GRANTED_NOT_CALLED = {
     ("rlexperiments/finalizers", "update"): "children's blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
     ("inferencepools/finalizers", "update"): "the same, for pool children",
     ("trainerjobs/finalizers", "update"): "the same, for job children",
+    ("rlexperiments/scale", "patch"): "the autoscaler's write (tests/test_autoscale.py: granted and used there)",
     ("customresourcedefinitions", "list"): "kopf's discovery of the watched kinds",
     ("customresourcedefinitions", "watch"): "kopf's discovery of the watched kinds",
     **{(kind, "get"): "read from the API server only when a create answered 409 (whose object has the name?); "

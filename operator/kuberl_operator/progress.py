@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -37,6 +38,8 @@ from kuberl.api.contract import (
     trainer_rank0_selector,
 )
 
+from .autoscale import Decision, decide, seconds_between
+from .builders.events import warning_event
 from .kube import ApiError, Kube
 
 log = logging.getLogger("kuberl.operator.progress")
@@ -151,13 +154,20 @@ class Target:
     name: str
     runtime: TrainerRuntime
     progress: Manifest | None  # status.progress as last seen
+    autoscale: Manifest | None = None  # spec.inference.autoscale
+    replicas: int | None = None  # spec.inference.replicas, else the pool's (status.replicas)
+    last_scale: str | None = None  # status.autoscale.lastScaleTime
 
 
 def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) -> Target | None:
     """What to poll for an RLExperiment: a Target while it is Running, else None."""
-    if (status or {}).get("phase") != "Running":
+    status = status or {}
+    if status.get("phase") != "Running":
         return None
-    return Target(namespace, name, trainer_runtime(spec), (status or {}).get("progress"))
+    inference = (spec or {}).get("inference") or {}
+    return Target(namespace, name, trainer_runtime(spec), status.get("progress"), inference.get("autoscale"),
+                  inference.get("replicas") or status.get("replicas"), (status.get("autoscale") or {}).get(
+                      "lastScaleTime"))
 
 
 PodIp = Callable[[str, str], str | None]  # (namespace, pod name) → its IP, None while it has none
@@ -178,7 +188,42 @@ async def poll_once(kube: Kube, targets: Iterable[Target], pod_ip: PodIp, templa
         progress = progress_status(payload) if payload is not None else {}
         if progress and progress != target.progress:
             changed.append((target, progress))
-    return await write_progress(kube, changed)
+    patched = await write_progress(kube, changed)
+    at = datetime.now(UTC)
+    for target, progress in changed:
+        if target.autoscale and target.replicas:
+            decision = decide(target.replicas, progress.get("rolloutWaitFraction"), target.autoscale,
+                              seconds_between(target.last_scale, at))
+            if decision is not None:
+                await write_scale(kube, target, decision, at.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return patched
+
+
+async def write_scale(kube: Kube, target: Target, decision: Decision, at: str) -> None:
+    """The autoscaler's decision: ``spec.inference.replicas`` (through the scale subresource, as
+    ``kubectl scale`` and an HPA write it; the
+    experiment's sync resizes its pool and the trainer follows), ``status.autoscale`` and a Normal
+    Event. A write that fails is logged; the next step's progress decides again."""
+    version = f"{API_GROUP}/{API_VERSION}"
+    try:
+        await kube.patch(version, RLExperiment.KIND, target.namespace, target.name,
+                         {"spec": {"replicas": decision.replicas}}, "scale")  # least privilege: as an HPA
+        await kube.patch(version, RLExperiment.KIND, target.namespace, target.name,
+                         {"status": {"autoscale": {"replicas": decision.replicas, "lastScaleTime": at,
+                                                   "reason": decision.reason[:256]}}}, "status")
+    except ApiError as err:
+        log.warning("autoscale of %s/%s to %d replicas not written (%s)", target.namespace, target.name,
+                    decision.replicas, err.status)
+        return
+    log.info("autoscale %s/%s: %s → %d replicas (%s)", target.namespace, target.name, target.replicas,
+             decision.replicas, decision.reason)
+    involved = {"apiVersion": version, "kind": RLExperiment.KIND,
+                "metadata": {"name": target.name, "namespace": target.namespace}}
+    try:
+        await kube.create(warning_event(involved, "Autoscaled", f"{target.replicas} → {decision.replicas} inference "
+                                                               f"replicas: {decision.reason}", at, "Normal"))
+    except Exception as err:  # an Event is a report, not state
+        log.warning("autoscale Event for %s/%s not written (%s)", target.namespace, target.name, err)
 
 
 async def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> int:

@@ -45,7 +45,7 @@ app.kubernetes.io/component: operator
 # Exactly what the operator asks for (tests/test_operator.py, a tour of everything it does, compares
 # its requests with these rules both ways). It reads what its watches deliver (list, watch) and
 # gets an object only when its create answered 409 (the name is taken: whose is it?). It reads
-# experiments and writes only their status.
+# experiments and writes only their status (and, for spec.inference.autoscale, their scale).
 - apiGroups: [kuberl.io]
   resources: [rlexperiments]
   verbs: [list, watch]
@@ -54,6 +54,10 @@ app.kubernetes.io/component: operator
   verbs: [get, list, watch, create, patch]
 - apiGroups: [kuberl.io]
   resources: [rlexperiments/status, inferencepools/status, trainerjobs/status]
+  verbs: [patch]
+# spec.inference.autoscale: the operator resizes an experiment's pool as an HPA would, through /scale.
+- apiGroups: [kuberl.io]
+  resources: [rlexperiments/scale]
   verbs: [patch]
 # Children carry blockOwnerDeletion: under OwnerReferencesPermissionEnforcement (OpenShift's default)
 # setting it needs update on the owner's finalizers.

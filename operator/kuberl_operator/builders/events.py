@@ -1,4 +1,4 @@
-"""A Warning Event about one object (``kubectl describe`` shows it under Events), as kopf posts them."""
+"""An Event about one object (``kubectl describe`` shows it under Events), as kopf posts them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ REPORTER = "kuberl-operator"
 MAX_MESSAGE = 1024  # characters; the API server refuses longer event messages
 
 
-def warning_event(involved: Manifest, reason: str, message: str, at: str) -> Manifest:
-    """A core/v1 Event (``generateName``: one per call) in ``involved``'s namespace, naming it by uid;
-    a message over ``MAX_MESSAGE`` characters keeps its start and end around ``...``."""
+def warning_event(involved: Manifest, reason: str, message: str, at: str, event_type: str = "Warning") -> Manifest:
+    """A core/v1 Event (``generateName``: one per call; ``event_type`` Warning or Normal) in
+    ``involved``'s namespace, naming it by uid; a message over ``MAX_MESSAGE`` characters keeps its
+    start and end around ``...``."""
     meta = involved["metadata"]
     if len(message) > MAX_MESSAGE:
         half = (MAX_MESSAGE - 3) // 2
@@ -19,7 +20,7 @@ def warning_event(involved: Manifest, reason: str, message: str, at: str) -> Man
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"namespace": meta.get("namespace") or "default", "generateName": f"{meta['name']}."},
-        "type": "Warning", "reason": reason, "message": message,
+        "type": event_type, "reason": reason, "message": message,
         "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
                            "namespace": meta.get("namespace"), "uid": meta.get("uid")},
         "source": {"component": REPORTER}, "reportingComponent": REPORTER,

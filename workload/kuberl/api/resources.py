@@ -62,8 +62,18 @@ SELECTOR_TEXT = Field(None, max_length=512, description="the inference pods' lab
                                                       "subresource's (an HPA measures these pods)")
 
 
+class AutoscaleStatus(ApiModel):
+    """The autoscaler's last change (``spec.inference.autoscale``)."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+    replicas: int | None = Field(None, description="the replica count it set")
+    last_scale_time: str | None = Field(None, description="when (RFC 3339)")
+    reason: str | None = Field(None, max_length=256, description="the trainer's wait fraction against the target")
+
+
 class RLExperimentStatus(BaseStatus):
     progress: Progress | None = None
+    autoscale: AutoscaleStatus | None = None
     inference_pool: str | None = None
     trainer_job: str | None = None
     replicas: int | None = Field(None, description="inference replicas that have pods (its pool's; the scale "

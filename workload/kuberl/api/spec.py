@@ -198,6 +198,31 @@ class PodPlacement(ApiModel):
     tolerations: list[Toleration] | None = Field(None, max_length=32)
 
 
+class AutoscaleSpec(ApiModel):
+    """The operator sizes the pool to keep the trainer's wait for rollouts (``status.progress.
+    rolloutWaitFraction``: the share of a training step spent waiting) near a target: above it one
+    more replica, below half of it one fewer, at most one change per window, within [min, max]."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(("self.maxReplicas >= self.minReplicas",
+                                  "autoscale.maxReplicas must be >= autoscale.minReplicas"))
+    }
+    min_replicas: int = Field(1, ge=1, le=MAX_PODS)
+    max_replicas: int = Field(ge=1, le=MAX_PODS)
+    target_wait_fraction: float = Field(
+        0.1, gt=0, lt=1, description="the share of each training step the trainer may wait for rollouts: above it "
+                                     "the pool grows by one replica, below half of it shrinks by one")
+    window_seconds: int = Field(300, ge=10, le=86400, description="at most one change per window: a new replica's "
+                                                                  "effect shows before the next decision")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSpec:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"autoscale.maxReplicas ({self.max_replicas}) must be >= autoscale.minReplicas "
+                             f"({self.min_replicas})")
+        return self
+
+
 class InferenceSpec(PodPlacement):
     engine: Engine | None = Field(None, description="vllm on accelerators, torch on cpu by default")
     replicas: int | None = Field(None, ge=1, le=MAX_PODS, description=(
@@ -209,6 +234,10 @@ class InferenceSpec(PodPlacement):
         8, description="devices per host; a replica larger than this spans several hosts"
     )
     port: int = Field(8000, ge=1024, le=65535)
+    autoscale: AutoscaleSpec | None = Field(
+        None, description="let the operator set replicas from the trainer's wait for rollouts (it writes "
+                          "spec.inference.replicas, as kubectl scale does); every change is an Event and "
+                          "status.autoscale")
 
 
 class Parallelism(ApiModel):

@@ -1,0 +1,92 @@
+"""spec.inference.autoscale: the pure rule (kuberl_operator.autoscale) by hand and as properties, and
+the operator applying it from a real trainer progress endpoint on the emulated cluster — through the
+scale subresource its RBAC grants, with an Event and status.autoscale."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kuberl_operator.autoscale import decide
+
+from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
+from .test_operator import experiment, get_rlx
+
+SPEC = {"minReplicas": 1, "maxReplicas": 4, "targetWaitFraction": 0.2, "windowSeconds": 60}
+
+
+@pytest.mark.parametrize(("replicas", "wait", "since", "expected"), [
+    (1, 0.5, None, 2),  # the trainer waits half its step: one more replica
+    (2, 0.5, 61.0, 3),  # a window has passed since the last change
+    (2, 0.5, 30.0, None),  # within the window: hold
+    (4, 0.9, None, None),  # at the maximum
+    (3, 0.05, 61.0, 2),  # hardly waits: one fewer
+    (3, 0.15, 61.0, None),  # in the band [target/2, target]: hold
+    (1, 0.0, 61.0, None),  # at the minimum
+    (6, 0.0, 5.0, 4),  # outside the bounds (a spec edit): the bound at once, window or not
+    (2, None, None, None),  # no measurement yet
+])  # fmt: skip
+def test_the_rule_by_hand(replicas, wait, since, expected):
+    decision = decide(replicas, wait, SPEC, since)
+    assert (decision.replicas if decision else None) == expected
+
+
+@given(st.integers(1, 8), st.floats(0, 1), st.none() | st.floats(0, 1000), st.integers(1, 4), st.integers(0, 4))
+def test_the_rule_stays_in_bounds_and_moves_one_step_at_most(replicas, wait, since, low, extra):
+    spec = {**SPEC, "minReplicas": low, "maxReplicas": low + extra}
+    decision = decide(replicas, wait, spec, since)
+    if decision is None:
+        return
+    assert low <= decision.replicas <= low + extra
+    if low <= replicas <= low + extra:
+        assert abs(decision.replicas - replicas) == 1 and (since is None or since >= SPEC["windowSeconds"])
+
+
+async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_the_window(tmp_path, monkeypatch):
+    from kuberl.api import Progress
+    from kuberl.trainer.progress import ProgressServer
+
+    from .test_chart import VARIANTS, _rules, render
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ProgressServer(Progress(max_steps=100, phase="running"))
+    runner = await server.start(port)
+    monkeypatch.setenv("KUBERL_PROGRESS_URL", f"http://127.0.0.1:{port}/progress?experiment={{name}}")
+    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "0.2")
+    doc = experiment()
+    doc["spec"]["inference"]["autoscale"] = {"minReplicas": 1, "maxReplicas": 3, "targetWaitFraction": 0.2,
+                                             "windowSeconds": 3600}
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        api = cluster.api
+        await api.create(GROUP, "rlexperiments", "team-a", doc)
+        await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
+        for pod in pods(api, "team-a"):
+            await bind(api, pod, "node-a")
+            await set_pod(api, pod, "Running", ready=True)
+        server.update(step=3, version=3, rollout_wait_fraction=0.6)  # rollouts are the bottleneck
+        exp = await eventually(lambda: (e := get_rlx(api, "cpu-tiny"))["spec"]["inference"]["replicas"] == 2 and e,
+                               what="2 replicas")
+        assert exp["status"]["autoscale"]["replicas"] == 2 and "60%" in exp["status"]["autoscale"]["reason"]
+        await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=inference")) == 2, what="a second replica")
+        for pod in pods(api, "team-a"):  # the kubelet's part: the new replica runs (the experiment stays Running)
+            if (pod.get("status") or {}).get("phase") != "Running":
+                await bind(api, pod, "node-a")
+                await set_pod(api, pod, "Running", ready=True)
+        events = [e for e in api.list("", "events", "team-a") if e["reason"] == "Autoscaled"]
+        assert len(events) == 1 and events[0]["type"] == "Normal" and "1 → 2" in events[0]["message"]
+        for step in (4, 5):  # still waiting, but within the window: no second change
+            server.update(step=step, version=step, rollout_wait_fraction=0.6)
+            await eventually(lambda s=step: get_rlx(api, "cpu-tiny")["status"]["progress"]["step"] == s, what="step")
+        await asyncio.sleep(0.5)
+        assert get_rlx(api, "cpu-tiny")["spec"]["inference"]["replicas"] == 2
+        used = {(group, resource, verb) for verb, group, resource in api.used}
+    await runner.cleanup()
+    granted = {(group, res, verb) for rule in _rules(render(VARIANTS["namespaced-everything-on"]))
+               for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
+    assert (GROUP, "rlexperiments/scale", "patch") in used & granted
