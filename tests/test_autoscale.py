@@ -5,7 +5,6 @@ scale subresource its RBAC grants, with an Event and status.autoscale."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from hypothesis import given
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from kuberl_operator.autoscale import decide
 
 from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
-from .test_operator import experiment, get_rlx
+from .test_operator import experiment, get_rlx, trainer_progress
 
 SPEC = {"minReplicas": 1, "maxReplicas": 4, "targetWaitFraction": 0.2, "windowSeconds": 60}
 
@@ -47,22 +46,13 @@ def test_the_rule_stays_in_bounds_and_moves_one_step_at_most(replicas, wait, sin
 
 
 async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_the_window(tmp_path, monkeypatch):
-    from kuberl.api import Progress
-    from kuberl.trainer.progress import ProgressServer
-
     from .test_chart import VARIANTS, _rules, render
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ProgressServer(Progress(max_steps=100, phase="running"))
-    runner = await server.start(port)
-    monkeypatch.setenv("KUBERL_PROGRESS_URL", f"http://127.0.0.1:{port}/progress?experiment={{name}}")
-    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "0.2")
     doc = experiment()
     doc["spec"]["inference"]["autoscale"] = {"minReplicas": 1, "maxReplicas": 3, "targetWaitFraction": 0.2,
                                              "windowSeconds": 3600}
-    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+    async with trainer_progress(monkeypatch) as server, emulated_cluster(tmp_path) as cluster, \
+            running_operator(cluster):
         api = cluster.api
         await api.create(GROUP, "rlexperiments", "team-a", doc)
         await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
@@ -86,7 +76,6 @@ async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_
         await asyncio.sleep(0.5)
         assert get_rlx(api, "cpu-tiny")["spec"]["inference"]["replicas"] == 2
         used = {(group, resource, verb) for verb, group, resource in api.used}
-    await runner.cleanup()
     granted = {(group, res, verb) for rule in _rules(render(VARIANTS["namespaced-everything-on"]))
                for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
     assert (GROUP, "rlexperiments/scale", "patch") in used & granted

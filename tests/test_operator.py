@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -382,9 +385,10 @@ def test_example_fixture_is_not_mutated():
     assert "suspend" not in b["spec"]
 
 
-async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypatch):
-    """The operator polls rank 0's real progress endpoint and writes status.progress (kubectl's columns)."""
-    import asyncio
+@contextlib.asynccontextmanager
+async def trainer_progress(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """A real rank-0 progress endpoint (``kuberl.trainer.progress.ProgressServer``) on the loopback,
+    which the operator is told to poll every 0.2 s."""
     import socket
 
     from kuberl.api import Progress
@@ -397,7 +401,18 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
     runner = await server.start(port)
     monkeypatch.setenv("KUBERL_PROGRESS_URL", f"http://127.0.0.1:{port}/progress?experiment={{name}}")
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "0.2")
-    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypatch):
+    """The operator polls rank 0's real progress endpoint and writes status.progress (kubectl's columns)."""
+    import asyncio
+
+    async with trainer_progress(monkeypatch) as server, emulated_cluster(tmp_path) as cluster, \
+            running_operator(cluster):
         api = cluster.api
         await api.create(GROUP, "rlexperiments", "team-a", experiment())
         await eventually(lambda: len(pods(api, "team-a")) == 2, what="pods")
@@ -413,7 +428,6 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
         assert get_rlx(api, "cpu-tiny")["status"]["progress"] == {
             "step": 7, "version": 7, "reward": 0.5, "observedStaleness": 2, "maxSteps": 100, "phase": "running"}
         assert get_rlx(api, "cpu-tiny")["status"]["phase"] == "Running"  # the experiment's sync keeps it
-    await runner.cleanup()
 
 
 async def test_objects_it_did_not_create_are_never_adopted_changed_or_pruned(tmp_path):
