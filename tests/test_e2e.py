@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -85,10 +86,23 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
         with kubelet_stand_in(cluster, tmp_path) as node_dir:
             path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)
             lines: list[str] = []
-            outcome = await asyncio.to_thread(scenario.run, kubectl_for(cluster), path, name, 480, lines.append)
+            kubectl = kubectl_for(cluster)
+            scaled: list[str] = []
+
+            def scale_once_running(status: dict[str, object]) -> None:  # a second replica while it trains
+                if not scaled and status.get("phase") == "Running":
+                    scaled.append(kubectl("scale", "rlx", name, "--replicas=2"))
+
+            outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 480, lines.append,
+                                              scale_once_running)
         report = "\n".join(lines)
         logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(node_dir.glob("pods/*/container.log")))
         assert scenario.problems(outcome, STEPS) == [], f"{report}\n--- container logs ---\n{logs}"
+        # the trainer followed the pool without a restart; the joiner's first weights came over p2p
+        [trainer] = [p.read_text(errors="replace") for p in node_dir.glob("pods/*trainer*/container.log")]
+        [joiner] = [p.read_text(errors="replace") for p in node_dir.glob("pods/*inference-r1*/container.log")]
+        assert "inference pool resized to 2 replicas" in trainer and "resumed from" not in trainer, trainer[-3000:]
+        assert re.search(r"received weights version \d+ over p2p", joiner), joiner[-3000:]
         assert "Succeeded" in outcome.tables[-1] and "STEP" in outcome.tables[0].upper()
         assert "rewardLast10" in outcome.yaml and "observedGeneration" in outcome.yaml
         assert all(key in outcome.yaml for key in ("rolloutWaitFraction", "rolloutReadyGroups", "stalenessBudgetUsed"))
