@@ -222,7 +222,7 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
     by broadcast and training goes on once the replacement is up. Once replica 1 answers again, the
     group is re-formed with both and each serves the newest weights over p2p; the gang never restarts."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
-    steps = 30
+    steps = 50  # after SIGCONT the run must last the rejoin (a probe, its back-off, the next push): 30 did not
     proc = subprocess.Popen(
         [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
          "--workdir", str(work), "--summary", str(summary), "--set", "weightSync.mode=p2p",
