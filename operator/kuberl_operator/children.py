@@ -200,10 +200,10 @@ async def ensure_in_stages(kube: Kube, children: list[Manifest]) -> dict[str, Ma
     return stored
 
 
-async def post_warning(kube: Kube, involved: Manifest, reason: str, message: str) -> None:
-    """A Warning Event about ``involved`` (``builders.events``). An Event is a report, not state: one
-    that cannot be written is logged, never raised."""
+async def post_warning(kube: Kube, involved: Manifest, reason: str, message: str, event_type: str = "Warning") -> None:
+    """A Warning (or ``event_type``) Event about ``involved`` (``builders.events``). An Event is a
+    report, not state: one that cannot be written is logged, never raised."""
     try:
-        await kube.create(warning_event(involved, reason, message, now()))
+        await kube.create(warning_event(involved, reason, message, now(), event_type))
     except Exception as err:
         log.warning("%s %s: Event %s not written (%s)", involved.get("kind"), involved["metadata"]["name"], reason, err)

@@ -39,7 +39,7 @@ from kuberl.api.contract import (
 )
 
 from .autoscale import Decision, decide, seconds_between
-from .builders.events import warning_event
+from .children import post_warning
 from .kube import ApiError, Kube
 
 log = logging.getLogger("kuberl.operator.progress")
@@ -219,11 +219,8 @@ async def write_scale(kube: Kube, target: Target, decision: Decision, at: str) -
              decision.replicas, decision.reason)
     involved = {"apiVersion": version, "kind": RLExperiment.KIND,
                 "metadata": {"name": target.name, "namespace": target.namespace}}
-    try:
-        await kube.create(warning_event(involved, "Autoscaled", f"{target.replicas} → {decision.replicas} inference "
-                                                               f"replicas: {decision.reason}", at, "Normal"))
-    except Exception as err:  # an Event is a report, not state
-        log.warning("autoscale Event for %s/%s not written (%s)", target.namespace, target.name, err)
+    await post_warning(kube, involved, "Autoscaled", f"{target.replicas} → {decision.replicas} inference replicas: "
+                                                     f"{decision.reason}", "Normal")
 
 
 async def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> int:

@@ -83,15 +83,25 @@ SCALE_FILE = "scale"  # kuberl scale's wish: the number of replicas
 DRAIN_SECONDS = 5.0  # a replica leaving the pool is stopped this long after the trainer stopped using it
 
 
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a partial file renamed over it: a reader sees the old or the new, whole."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.rename(path)
+
+
+def replica_url(port: int) -> str:
+    """A local replica's URL."""
+    return f"http://127.0.0.1:{port}"
+
+
 def request_replicas(work: Path, count: int) -> None:
     """``kuberl scale WORKDIR --replicas N``: ask the run in ``work`` for ``count`` replicas."""
     if count < 1:
         raise ValueError(f"--replicas {count}: a run needs at least 1 inference replica")
     if not (work / POOL_FILE).is_file():
         raise ValueError(f"{work} is not the work dir of a running kuberl run (no {POOL_FILE})")
-    partial = work / (SCALE_FILE + ".partial")
-    partial.write_text(str(count))
-    partial.rename(work / SCALE_FILE)
+    write_whole(work / SCALE_FILE, str(count))
 
 
 def requested_replicas(work: Path) -> int | None:
@@ -322,9 +332,7 @@ class LocalRun:
     def publish_pool(self, count: int) -> None:
         """The first ``count`` replicas' URLs into the pool file the trainer follows (written whole, then
         renamed: it never reads half a list)."""
-        partial = self.work / (POOL_FILE + ".partial")
-        partial.write_text(json.dumps([f"http://127.0.0.1:{port}" for port in self.ports[:count]]))
-        partial.rename(self.work / POOL_FILE)
+        write_whole(self.work / POOL_FILE, json.dumps([replica_url(port) for port in self.ports[:count]]))
 
     def follow_scale(self, replicas: list[Process], draining: list[tuple[Process, float]],
                      say: Callable[[str], None]) -> list[Process]:
@@ -425,7 +433,7 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
                 "staging_dir": work / "staging", "weights_dir": work / "weights", "summary_path": work / SUMMARY,
                 "prompts_log": work / PROMPTS_LOG,
                 "progress_port": progress_port, "gateway_port": gateway_port,
-                "inference_urls": [f"http://127.0.0.1:{p}" for p in ports], "replicas_file": work / POOL_FILE}
+                "inference_urls": [replica_url(p) for p in ports], "replicas_file": work / POOL_FILE}
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)
     return LocalRun(obj, inference, trainer, work, config, path.resolve().parent, checkpoints, local_env(obj.spec),
                     ports, progress_port, gateway_port)

@@ -148,7 +148,7 @@ def _storage(exp: RLExperiment) -> StorageSpec:
 def _run_config(exp: RLExperiment, parent: Manifest) -> tuple[str, str]:
     """(the run config the pods read, as YAML, from the experiment's spec and identity; the same
     without ``spec.inference.replicas``, as JSON: what a pod's revision hashes — a resize replaces no
-    pod, the trainer follows its pool in the mounted file: ``kuberl.trainer.services.follow_pool``)."""
+    pod, the trainer follows its pool in the mounted file: ``kuberl.trainer.pool.follow_pool``)."""
     name = exp.metadata.name
     spec = exp.spec.to_wire()
     run_config = {

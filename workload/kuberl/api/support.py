@@ -58,7 +58,8 @@ def _routing_issues(spec: RLExperimentSpec) -> list[FieldIssue]:
                                                        "experts it chose in this build; use engine torch")]
 
 
-VLLM_MAX_LORA_RANK = 512  # vLLM's largest max_lora_rank
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
 
 
 def _lora_issues(spec: RLExperimentSpec) -> list[FieldIssue]:

@@ -223,4 +223,4 @@ class AdapterWeights:
         return {name: local_tensor(p) for name, p in self._adapter().items()}
 
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
-        return fsdp2_holdings(metas, list(range(world_size())))
+        return self.actor.holdings(metas)

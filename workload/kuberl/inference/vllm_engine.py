@@ -42,6 +42,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..api.lora import LoraSpec
+from ..api.support import VLLM_LORA_RANKS
 from ..settings import Settings
 from .contract import EngineDown, Generation, SamplingParams
 
@@ -116,9 +117,6 @@ def checkpoint_state(state: dict[str, torch.Tensor], layout: Layout,
                              f"expected {tuple(shape)}")
         out[name] = tensor.detach().to(dtype).contiguous()
     return out
-
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
 
 def vllm_max_lora_rank(rank: int) -> int:

@@ -36,16 +36,22 @@ class AdapterError(ValueError):
     """The adapter cannot be put on this model; the message names the field."""
 
 
+def peft_config(spec: LoraSpec, targets: str | list[str], **extra: Any) -> Any:
+    """peft's ``LoraConfig`` of ``spec`` on ``targets`` (``extra``: further LoraConfig fields)."""
+    import peft
+
+    return peft.LoraConfig(r=spec.rank, lora_alpha=spec.effective_alpha, lora_dropout=spec.dropout,
+                           target_modules=targets, bias="none", **extra)
+
+
 def add_adapter(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
     """Put a LoRA adapter on ``model`` in place (A random as peft draws it, B zero: the policy is
     unchanged) and freeze everything else. Raises AdapterError when no module matches."""
     import peft
 
     targets: str | list[str] = ALL_LINEAR if spec.target_modules == [ALL_LINEAR] else list(spec.target_modules)
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.effective_alpha,
-                             lora_dropout=spec.dropout, target_modules=targets, bias="none")
     try:
-        peft.inject_adapter_in_model(config, model)
+        peft.inject_adapter_in_model(peft_config(spec, targets), model)
     except ValueError as err:  # peft: "Target modules … not found in the base model"
         raise AdapterError(f"spec.trainer.lora.targetModules {spec.target_modules}: {err}") from err
     for name, param in model.named_parameters():
@@ -115,7 +121,6 @@ def peft_files(state: dict[str, torch.Tensor], spec: LoraSpec, base_model: str, 
     """Write the adapter of ``state`` (any state dict of the adapted model) in PEFT's format into
     ``directory``: ``adapter_model.safetensors`` (names ``base_model.model.<module>.lora_A.weight``)
     and ``adapter_config.json`` (``base_model`` as ``base_model_name_or_path``)."""
-    import peft
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -123,8 +128,6 @@ def peft_files(state: dict[str, torch.Tensor], spec: LoraSpec, base_model: str, 
                for name, t in adapter_only(state).items()}
     save_file(tensors, str(directory / "adapter_model.safetensors"))
     targets = sorted({name.removesuffix(LORA_A).rsplit(".", 1)[-1] for name in state if name.endswith(LORA_A)})
-    config = peft.LoraConfig(r=spec.rank, lora_alpha=spec.effective_alpha,
-                             lora_dropout=spec.dropout, target_modules=targets, bias="none",
-                             base_model_name_or_path=base_model, task_type="CAUSAL_LM")
+    config = peft_config(spec, targets, base_model_name_or_path=base_model, task_type="CAUSAL_LM")
     body: dict[str, Any] = config.to_dict()
     (directory / "adapter_config.json").write_text(json.dumps(body, indent=2, sort_keys=True, default=list))

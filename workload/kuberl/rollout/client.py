@@ -159,7 +159,7 @@ class InferenceClient:
         if not wanted:
             raise ValueError("a pool needs at least one replica")
         known = {r.url: r for r in self.replicas}
-        joined = [u for u in wanted if u not in known]
+        joined = {u: Replica(u, needs_weights=True) for u in wanted if u not in known}
         left = [r for r in self.replicas if r.url not in wanted]
         for replica in left:
             replica.needs_weights, replica.back = True, False
@@ -167,13 +167,13 @@ class InferenceClient:
             task = self._watchers.pop(replica.url, None)
             if task is not None:
                 task.cancel()
-        self.replicas = [known.get(u) or Replica(u, needs_weights=True) for u in wanted]
-        for url in joined:
-            self._watch(next(r for r in self.replicas if r.url == url))
+        self.replicas = [known.get(u) or joined[u] for u in wanted]
+        for replica in joined.values():
+            self._watch(replica)
         if joined or left:
-            log.info("inference pool resized to %d replicas: joined %s, left %s", len(self.replicas), joined,
+            log.info("inference pool resized to %d replicas: joined %s, left %s", len(self.replicas), list(joined),
                      [r.url for r in left])
-        return joined, [r.url for r in left]
+        return list(joined), [r.url for r in left]
 
     async def _watch_one(self, replica: Replica) -> None:
         while True:
