@@ -73,10 +73,12 @@ class RolloutController:
         holds the seconds spent."""
         return asyncio.run_coroutine_threadsafe(self._update_weights(payload, version), self.loop)
 
-    def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int,
-                         step: int) -> Future[EvalResult]:
-        """Start a held-out evaluation on this loop, next to rollout; the future holds its result."""
-        return asyncio.run_coroutine_threadsafe(evaluate(self.client, examples, workflow, k, step), self.loop)
+    def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int, step: int,
+                         concurrency: int | None = None) -> Future[EvalResult]:
+        """Start a held-out evaluation on this loop, next to rollout (at most ``concurrency`` groups at
+        once); the future holds its result."""
+        return asyncio.run_coroutine_threadsafe(
+            evaluate(self.client, examples, workflow, k, step, concurrency=concurrency), self.loop)
 
     def replica_topologies(self) -> list[dict[str, str]]:
         return self.call(self.client.topologies())

@@ -51,15 +51,19 @@ def summarize(step: int, rewards: list[list[float]], lengths: list[int], version
 
 
 async def evaluate(client: InferenceClient, examples: list[Example], workflow: RolloutWorkflow, k: int,
-                   step: int, progress: Callable[[int, int], None] | None = None) -> EvalResult:
+                   step: int, progress: Callable[[int, int], None] | None = None,
+                   concurrency: int | None = None) -> EvalResult:
     """Every example as one group of k episodes of ``workflow`` (the run's own: single-turn or with
     tools), scored by its reward; lengths count the tokens the policy wrote. ``progress(done, total)``
-    is called as each example's group finishes."""
+    is called as each example's group finishes. ``concurrency``: at most that many groups at once (None:
+    all of them) — during training, so that rollout keeps its share of the pool."""
     started, done = time.monotonic(), 0
+    slots = asyncio.Semaphore(concurrency or len(examples) or 1)
 
     async def one(index: int, example: Example) -> Group | None:
         nonlocal done
-        group = await workflow.run_episode(client, example, index)
+        async with slots:
+            group = await workflow.run_episode(client, example, index)
         done += 1
         if progress is not None:
             progress(done, len(examples))
