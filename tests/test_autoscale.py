@@ -1,4 +1,4 @@
-"""spec.inference.autoscale: the pure rule (kuberl_operator.autoscale) by hand and as properties, and
+"""spec.inference.autoscale: the pure rule (kuberl.api.autoscale) by hand and as properties, and
 the operator applying it from a real trainer progress endpoint on the emulated cluster — through the
 scale subresource its RBAC grants, with an Event and status.autoscale."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kuberl_operator.autoscale import decide
+from kuberl.api.autoscale import decide
 
 from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
 from .test_operator import experiment, get_rlx, trainer_progress
@@ -34,10 +34,30 @@ def test_the_rule_by_hand(replicas, wait, since, expected):
     assert (decision.replicas if decision else None) == expected
 
 
-@given(st.integers(1, 8), st.floats(0, 1), st.none() | st.floats(0, 1000), st.integers(1, 4), st.integers(0, 4))
-def test_the_rule_stays_in_bounds_and_moves_one_step_at_most(replicas, wait, since, low, extra):
+@pytest.mark.parametrize(("replicas", "since", "too_few", "expected", "remembered"), [
+    (3, 61.0, 2, None, None),  # 2 was too few a window ago: stay at 3
+    (3, 6 * 60.0, 2, 2, None),  # six windows later the memory has faded: try 2 again
+    (4, 61.0, 2, 3, 2),  # 3 was never found too few: one fewer, 2 still remembered
+    (3, 61.0, None, 2, None),  # nothing remembered
+])  # fmt: skip
+def test_a_count_found_too_few_is_not_returned_to_while_it_is_remembered(replicas, since, too_few, expected,
+                                                                          remembered):
+    """The trainer hardly waits (3 %, under half the 20 % target) in every case."""
+    decision = decide(replicas, 0.03, SPEC, since, too_few)
+    assert (decision.replicas if decision else None) == expected
+    assert decision is None or decision.too_few == remembered
+
+
+def test_a_scale_up_remembers_the_count_it_left():
+    decision = decide(2, 0.5, SPEC, 61.0, too_few=1)
+    assert decision is not None and (decision.replicas, decision.too_few) == (3, 2)
+
+
+@given(st.integers(1, 8), st.floats(0, 1), st.none() | st.floats(0, 1000), st.integers(1, 4), st.integers(0, 4),
+       st.none() | st.integers(0, 8))
+def test_the_rule_stays_in_bounds_and_moves_one_step_at_most(replicas, wait, since, low, extra, too_few):
     spec = {**SPEC, "minReplicas": low, "maxReplicas": low + extra}
-    decision = decide(replicas, wait, spec, since)
+    decision = decide(replicas, wait, spec, since, too_few)
     if decision is None:
         return
     assert low <= decision.replicas <= low + extra
@@ -63,6 +83,7 @@ async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_
         exp = await eventually(lambda: (e := get_rlx(api, "cpu-tiny"))["spec"]["inference"]["replicas"] == 2 and e,
                                what="2 replicas")
         assert exp["status"]["autoscale"]["replicas"] == 2 and "60%" in exp["status"]["autoscale"]["reason"]
+        assert exp["status"]["autoscale"]["tooFew"] == 1  # remembered: no return to 1 replica for a while
         await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=inference")) == 2, what="a second replica")
         for pod in pods(api, "team-a"):  # the kubelet's part: the new replica runs (the experiment stays Running)
             if (pod.get("status") or {}).get("phase") != "Running":
@@ -79,3 +100,12 @@ async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_
     granted = {(group, res, verb) for rule in _rules(render(VARIANTS["namespaced-everything-on"]))
                for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}
     assert (GROUP, "rlexperiments/scale", "patch") in used & granted
+
+
+def test_the_trainers_wait_fraction_covers_its_last_ten_steps_after_the_first():
+    from kuberl.trainer.services import wait_fraction
+
+    steps, waits = [5.0] + [0.1] * 10, [4.9] + [0.02] * 10  # the first step waited for the start-up
+    assert wait_fraction(waits[:10], steps[:10]) is None
+    assert wait_fraction(waits, steps) == 0.2  # Σ 0.2 s waited ÷ Σ 1 s, the first step left out
+    assert wait_fraction([0.0] * 10 + [3.0], [1.0] * 11) == 0.3

@@ -7,6 +7,7 @@ import io
 import os
 import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from safetensors.torch import save as save_safetensors
 
 from kuberl.auth import bearer
 from kuberl.inference.engine import SamplingParams, TorchEngine, sample_tokens
+from kuberl.inference.faults import FaultPlan, fault_plan
 from kuberl.inference.server import build_app, parse_generate
 from kuberl.jsonbody import MAX_JSON_BYTES
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
@@ -397,3 +399,30 @@ async def test_the_fault_door_makes_generate_answer_500_between_the_two_signals_
         assert not loop.remove_signal_handler(signal.SIGUSR1)  # none installed
     with pytest.raises(ValueError, match=r"KUBERL_FAULT_INJECTION: 'yes'.*allowed: signals"):
         build_app(make_engine(tok), tok, TOKEN, settings=Settings(fault_injection="yes"))
+
+
+async def test_a_slow_replica_of_fixed_capacity_holds_each_generate_and_serves_that_many_at_once(tok):
+    """KUBERL_FAULT_INJECTION=generate-slots=2,generate-seconds=S: four requests at once take two waves
+    of at least S each (an accelerator of fixed capacity, whatever the host's CPUs)."""
+    body = {"input_ids": prompt(tok, "1+1="), "max_new_tokens": 2}
+    seconds = 0.3
+    app = build_app(make_engine(tok), tok, TOKEN,
+                    settings=Settings(fault_injection=f"generate-slots=2,generate-seconds={seconds}"))
+    async with TestClient(TestServer(app), headers=bearer(TOKEN)) as client:
+        started = time.monotonic()
+        replies = await asyncio.gather(*(client.post("/generate", json=body) for _ in range(4)))
+        elapsed = time.monotonic() - started
+        assert [r.status for r in replies] == [200] * 4
+        assert elapsed >= 2 * seconds
+
+
+@pytest.mark.parametrize("mode", ["generate-slots=2", "generate-seconds=1", "generate-slots=0,generate-seconds=1",
+                                  "generate-slots=two,generate-seconds=1", "signals=1", "slow"])
+def test_a_malformed_fault_injection_is_refused_naming_the_variable(mode):
+    with pytest.raises(ValueError, match=r"KUBERL_FAULT_INJECTION: .*allowed: signals, generate-slots"):
+        fault_plan(mode)
+
+
+def test_fault_injection_items_combine():
+    assert fault_plan("signals, generate-slots=3,generate-seconds=0.5") == FaultPlan(True, 3, 0.5)
+    assert fault_plan("") == FaultPlan()

@@ -328,6 +328,24 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
         assert re.search(r"received weights version \d+ over p2p", joiner) and "POST /generate" in joiner, r
 
 
+def test_the_autoscaler_grows_a_local_pool_whose_trainer_waits(tmp_path, monkeypatch):
+    """spec.inference.autoscale in kuberl run: one replica of fixed capacity (injected: 4 requests at once,
+    each held 0.1 s — a quarter of what the trainer needs) leaves the trainer waiting; after its 10
+    measured steps the supervisor applies the operator's rule, the pool grows to the maximum of 2, the
+    decision is in autoscale.jsonl with the count it left remembered as too few, and the joiner serves."""
+    from kuberl.api.contract import ENV_FAULT_INJECTION
+
+    monkeypatch.setenv(ENV_FAULT_INJECTION, "generate-slots=4,generate-seconds=0.1")
+    work = tmp_path / "run"
+    summary = run_local(EXAMPLE, ["model.sftWarmup.steps=5", NO_EVAL, "inference.autoscale.maxReplicas=2",
+                                  "inference.autoscale.windowSeconds=10"], 60, None, workdir=work, quiet=True)
+    changes = [json.loads(line) for line in (work / "autoscale.jsonl").read_text().splitlines()]
+    assert [(c["from"], c["to"], c["tooFew"]) for c in changes] == [(1, 2, 1)]
+    assert changes[0]["waitFraction"] > 0.1 and changes[0]["step"] >= 11  # measured over 10 steps after the first
+    assert summary["replicas"] == 2 and summary["final_version"] == 60
+    assert "POST /generate" in (work / "inference-1.log").read_text()
+
+
 def _wait_until(condition: Callable[[], bool], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

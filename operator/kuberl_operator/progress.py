@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from kuberl.api import API_GROUP, API_VERSION, Progress, RLExperiment
+from kuberl.api.autoscale import Decision, decide
 from kuberl.api.contract import (
     LABEL_JOBSET,
     PROGRESS_PORT,
@@ -38,7 +39,6 @@ from kuberl.api.contract import (
     trainer_rank0_selector,
 )
 
-from .autoscale import Decision, decide, seconds_between
 from .children import post_warning
 from .kube import ApiError, Kube
 
@@ -46,6 +46,17 @@ log = logging.getLogger("kuberl.operator.progress")
 Manifest = dict[str, Any]
 DEFAULT_URL = "http://{ip}:{port}/progress"
 HOST_URL = "http://{host}:{port}/progress"
+
+
+def seconds_between(earlier: str | None, now: datetime) -> float | None:
+    """Seconds from an RFC 3339 time (as ``status.autoscale.lastScaleTime`` records it) to ``now``; None
+    without one."""
+    if not earlier:
+        return None
+    try:
+        return (now - datetime.fromisoformat(earlier.replace("Z", "+00:00"))).total_seconds()
+    except ValueError:
+        return None
 
 
 def trainer_runtime(spec: Manifest) -> TrainerRuntime:
@@ -157,6 +168,7 @@ class Target:
     autoscale: Manifest | None = None  # spec.inference.autoscale
     replicas: int | None = None  # spec.inference.replicas, else the pool's (status.replicas)
     last_scale: str | None = None  # status.autoscale.lastScaleTime
+    too_few: int | None = None  # status.autoscale.tooFew
 
 
 def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) -> Target | None:
@@ -165,9 +177,10 @@ def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) 
     if status.get("phase") != "Running":
         return None
     inference = (spec or {}).get("inference") or {}
+    autoscaled = status.get("autoscale") or {}
     return Target(namespace, name, trainer_runtime(spec), status.get("progress"), inference.get("autoscale"),
-                  inference.get("replicas") or status.get("replicas"), (status.get("autoscale") or {}).get(
-                      "lastScaleTime"))
+                  inference.get("replicas") or status.get("replicas"), autoscaled.get("lastScaleTime"),
+                  autoscaled.get("tooFew"))
 
 
 PodIp = Callable[[str, str], str | None]  # (namespace, pod name) → its IP, None while it has none
@@ -193,7 +206,7 @@ async def poll_once(kube: Kube, targets: Iterable[Target], pod_ip: PodIp, templa
     for target, progress in changed:
         if target.autoscale and target.replicas:
             decision = decide(target.replicas, progress.get("rolloutWaitFraction"), target.autoscale,
-                              seconds_between(target.last_scale, at))
+                              seconds_between(target.last_scale, at), target.too_few)
             if decision is not None:
                 await write_scale(kube, target, decision, at.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return patched
@@ -210,7 +223,8 @@ async def write_scale(kube: Kube, target: Target, decision: Decision, at: str) -
                          {"spec": {"replicas": decision.replicas}}, "scale")  # least privilege: as an HPA
         await kube.patch(version, RLExperiment.KIND, target.namespace, target.name,
                          {"status": {"autoscale": {"replicas": decision.replicas, "lastScaleTime": at,
-                                                   "reason": decision.reason[:256]}}}, "status")
+                                                   "reason": decision.reason[:256],
+                                                   "tooFew": decision.too_few}}}, "status")  # None: forgotten
     except ApiError as err:
         log.warning("autoscale of %s/%s to %d replicas not written (%s)", target.namespace, target.name,
                     decision.replicas, err.status)

@@ -49,6 +49,7 @@ from .api.resolve import InferencePlan, TrainerPlan
 from .api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
 from .api.spec import restart_limit
 from .display import ProgressDisplay
+from .local_autoscale import LocalAutoscaler
 from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
 from .runconfig import write_run_config
 from .settings import inherited_environment
@@ -350,7 +351,7 @@ class LocalRun:
             draining += [(p, time.monotonic() + DRAIN_SECONDS) for p in replicas[wanted:]]
             replicas = replicas[:wanted]
         self.publish_pool(len(replicas))
-        say(f"inference pool: {before} → {len(replicas)} replica(s) (kuberl scale)")
+        say(f"inference pool: {before} → {len(replicas)} replica(s)")
         return replicas
 
     def gang(self) -> list[Process]:
@@ -394,6 +395,7 @@ class LocalRun:
         replicas = [self.replica(r) for r in range(self.inference.replicas)]
         self.publish_pool(len(replicas))
         draining: list[tuple[Process, float]] = []
+        autoscaler = LocalAutoscaler.of(self.spec, self.work)
         ranks = self.gang()
         agents = [self.agent(i) for i in range(self.spec.agent.replicas if self.spec.agent else 0)]
         say(f"{self.obj.metadata.name}: {len(replicas)} inference replica(s), {len(ranks)} trainer rank(s)"
@@ -415,6 +417,10 @@ class LocalRun:
             progress = _progress(self.progress_port)
             if progress and not quiet:
                 display.update(progress)
+            decision = autoscaler.observe(len(replicas), progress) if autoscaler else None
+            if decision is not None:  # carried out at the next turn, as kuberl scale's wish is
+                say(f"autoscaler: {len(replicas)} → {decision.replicas} replica(s): {decision.reason}")
+                write_whole(self.work / SCALE_FILE, str(decision.replicas))
             time.sleep(0.5)
 
 

@@ -69,7 +69,7 @@ class Settings:
     hub_token: str = field(default="", repr=False)  # hf:// models and datasets (spec.storage.hubTokenSecret)
     checkpoint_key: str = field(default="", repr=False)  # signs checkpoint manifests ("": unsigned, unchecked)
     hub_endpoint: str | None = None  # spec.storage.hubEndpoint; None: huggingface.co
-    fault_injection: str = ""  # "signals": a replica takes injected faults (kuberl.inference.faults); not on clusters
+    fault_injection: str = ""  # a replica takes injected faults (kuberl.inference.faults); never set on clusters
     # from the run config's settings section (kuberl run), else these defaults
     checkpoint_uri: str | None = None  # None: spec.checkpoint.uri
     max_steps: int | None = None  # None: spec.algorithm.maxSteps

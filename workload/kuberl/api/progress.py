@@ -50,7 +50,8 @@ class Progress(ApiModel):
                           "≈ 0 when the inference pool serves the trainer's policy; above 0.2 the trainer warns")
     entropy: Number | None = Field(None, description="the policy's mean token entropy in the last step")
     rollout_wait_fraction: Number | None = Field(
-        None, description="share of the last step the trainer waited for rollouts (high: inference is the bottleneck)")
+        None, description="share of the last 10 steps' seconds the trainer waited for rollouts (high: inference is "
+                          "the bottleneck)")
     rollout_ready_groups: Count | None = Field(None, description="groups generated and waiting to be trained")
     staleness_budget_used: Number | None = Field(
         None, description="(accepted + running − version·B) ÷ ((maxStaleness + 1)·B) rollouts: 1 = generation is as "

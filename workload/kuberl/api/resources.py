@@ -69,6 +69,8 @@ class AutoscaleStatus(ApiModel):
     replicas: int | None = Field(None, description="the replica count it set")
     last_scale_time: str | None = Field(None, description="when (RFC 3339)")
     reason: str | None = Field(None, max_length=256, description="the trainer's wait fraction against the target")
+    too_few: int | None = Field(None, ge=0, le=MAX_PODS, description="the most replicas found too few (the count "
+                                "its last scale-up left), not returned to for a while (kuberl.api.autoscale)")
 
 
 class RLExperimentStatus(BaseStatus):

@@ -199,9 +199,10 @@ class PodPlacement(ApiModel):
 
 
 class AutoscaleSpec(ApiModel):
-    """The operator sizes the pool to keep the trainer's wait for rollouts (``status.progress.
-    rolloutWaitFraction``: the share of a training step spent waiting) near a target: above it one
-    more replica, below half of it one fewer, at most one change per window, within [min, max]."""
+    """The operator (or ``kuberl run``) sizes the pool to keep the trainer's wait for rollouts
+    (``status.progress.rolloutWaitFraction``: the share of the last 10 steps' seconds spent waiting) near
+    a target: above it one more replica, below half of it one fewer, at most one change per window,
+    within [min, max] (``kuberl.api.autoscale``)."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(("self.maxReplicas >= self.minReplicas",

@@ -44,11 +44,22 @@ from .workflows import PromptCheck, make_reward, make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
+WAIT_STEPS = 10  # the window of the wait fraction an autoscaler reads (rollout_pressure)
 Batch = tuple[list[Trajectory], list[float], float, int]  # trajectories, advantages, seconds waited, groups filtered
 
 
 def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+
+def wait_fraction(waits: list[float], steps: list[float], last: int = WAIT_STEPS) -> float | None:
+    """Σ waits ÷ Σ steps over the ``last`` steps, at most 1; None until this process has trained
+    ``last`` steps after its first (which waits for the start-up: the engines' first weights)."""
+    if len(steps) <= last or len(waits) <= last:
+        return None
+    total = sum(steps[-last:])
+    return round(min(1.0, sum(waits[-last:]) / total), 4) if total > 0 else 0.0
 
 
 @dataclass
@@ -229,7 +240,7 @@ class RankZeroServices(NoServices):
                            prompts_trained=prompts.get("trained"), prompts_reissued=prompts.get("reissued"),
                            prompts_skipped=prompts.get("skipped"), reward_timeouts=self.reward.timeouts,
                            reward_errors=self.reward.errors, prompts_too_long=len(self.prompt_check.dropped),
-                           **self.rollout_pressure(wait_s, tally.timeperf["step"][-1]))
+                           **self.rollout_pressure(tally))
         gateway = {f"gateway/{k}": v for k, v in self.gateway.summary().items()} if self.gateway else {}
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
@@ -242,12 +253,13 @@ class RankZeroServices(NoServices):
                      stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
                      "" if tools is None else f" tool calls/episode {tools:.2f}")
 
-    def rollout_pressure(self, wait_s: float, step_s: float) -> dict[str, float | int]:
-        """What an autoscaler reads (``/progress``, ``/metrics``): the share of the step spent waiting for
-        rollouts, the groups ready ahead of the trainer, the staleness window in use
-        (:attr:`~kuberl.rollout.staleness.StalenessManager.budget_used`; read from the rollout loop's
-        thread: a snapshot, not a transaction)."""
-        return {"rollout_wait_fraction": round(min(1.0, wait_s / step_s), 4) if step_s > 0 else 0.0,
+    def rollout_pressure(self, tally: Tally) -> dict[str, float | int | None]:
+        """What an autoscaler reads (``/progress``, ``/metrics``): the share of the last
+        :data:`WAIT_STEPS` steps' seconds spent waiting for rollouts (Σ wait ÷ Σ step: one step's share
+        swings with an evaluation or a weight update), the groups ready ahead of the trainer, the
+        staleness window in use (:attr:`~kuberl.rollout.staleness.StalenessManager.budget_used`; read
+        from the rollout loop's thread: a snapshot, not a transaction)."""
+        return {"rollout_wait_fraction": wait_fraction(tally.timeperf["wait_rollout"], tally.timeperf["step"]),
                 "rollout_ready_groups": len(self.controller.buffer),
                 "staleness_budget_used": round(self.controller.manager.budget_used, 4)}
     def checkpointed(self, uri: str | None) -> None:
