@@ -14,6 +14,12 @@ shard (w ← w₀ + sync number) and zeroes every receiver, so each sync is chec
   forwarding a chunk while it receives the next: every link carries the model once.
 - ``p2p``: the planner's schedule; every trainer rank sends its own shard to every replica.
 
+The join case (``--joiners J``, default 1, on J more nodes): J new replicas get the current version
+while the M replicas already hold it — ``join-trainers`` from the trainer shards (what the product
+does: the group re-formed with the joiners at the next push), ``join-peers`` from the replicas that
+hold it (the planner given them as holders); each with the planner's prediction (its cost model at
+the link rate) beside the measured seconds.
+
     python benchmarks/weight_sync.py [--trainer-nodes 4 --replica-nodes 4 --link-mbit 500]
     python benchmarks/weight_sync.py --simulate     # planner + cost model at cluster scale
 
@@ -56,6 +62,7 @@ from kuberl.weights.plan import Bandwidths, Holding, RankTopology, full_box, pla
 TRAIN_PORT, EXCHANGE_PORT = 29510, 29511
 CHUNK_BYTES = 4 << 20  # the pipelined broadcast's unit (NCCL's default chunks are smaller; 4 MiB suits gloo)
 MODES = ("broadcast", "pipelined", "p2p")
+JOIN_MODES = ("join-trainers", "join-peers")
 
 
 def log(msg: str) -> None:
@@ -154,6 +161,24 @@ def build_model(args: argparse.Namespace, seed: int = 0):
     return Qwen2ForCausalLM(config)
 
 
+def schedule_for(mode: str, metas: list[ParamMeta], n_train: int, world: int, joiners: int,
+                 topology: dict[int, RankTopology]):
+    """The planner's schedule of ``mode``: trainer ranks first, then the replicas, the ``joiners`` last
+    (join modes only). ``broadcast``/``pipelined`` keep only its lower bound (the model once per
+    replica from rank 0), for the record."""
+    itemsize = {m.name: m.itemsize for m in metas}
+    if mode in JOIN_MODES:
+        needs = inference_needs(metas, [[r] for r in range(world - joiners, world)])
+        peers = range(n_train, world - joiners)
+        holdings = (fsdp2_holdings(metas, list(range(n_train))) if mode == "join-trainers"
+                    else [h for peer in peers for h in _full_on(peer, metas)])
+        return plan(holdings, needs, topology, itemsize)
+    needs = inference_needs(metas, [[r] for r in range(n_train, world)])
+    if mode == "p2p":
+        return plan(fsdp2_holdings(metas, list(range(n_train))), needs, topology, itemsize)
+    return plan(_full_on(0, metas), needs, topology, itemsize)
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -164,18 +189,14 @@ def worker(args: argparse.Namespace) -> None:
     from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
 
     spec = json.loads(os.environ["KRL_BENCH"])
-    rank, n_train, world = spec["rank"], spec["trainers"], spec["world"]
+    rank, n_train, world, joiners = spec["rank"], spec["trainers"], spec["world"], spec["joiners"]
     model = build_model(args)
     base = {name: p.detach().clone() for name, p in model.named_parameters()}
     metas = param_metas(base)
-    itemsize = {m.name: m.itemsize for m in metas}
-    topology = {int(r): RankTopology(node=n, zone="bench") for r, n in spec["nodes"].items()}
-    replicas = [[r] for r in range(n_train, world)]
-    needs = inference_needs(metas, replicas)
-    if args.mode == "p2p":
-        schedule = plan(fsdp2_holdings(metas, list(range(n_train))), needs, topology, itemsize)
-    else:  # pipelined uses only its lower bound (the model once), for the record
-        schedule = plan(_full_on(0, metas), needs, topology, itemsize)
+    schedule = schedule_for(args.mode, metas, n_train, world, joiners,
+                            {int(r): RankTopology(node=n, zone="bench") for r, n in spec["nodes"].items()})
+    holders = range(n_train, world - joiners) if args.mode == "join-peers" else range(0)  # replicas that send
+    receivers = range(world - joiners, world) if args.mode in JOIN_MODES else range(n_train, world)
     dests: dict[str, torch.Tensor] = {}
     if rank < n_train:
         dist.init_process_group("gloo", init_method=f"tcp://{spec['store']}:{TRAIN_PORT}", rank=rank,
@@ -193,12 +214,15 @@ def worker(args: argparse.Namespace) -> None:
         if rank < n_train:
             for name, t in shards.items():
                 t.copy_(base_shards[name] + sync)
+        elif rank in holders:  # a replica that already serves this version
+            for name, t in dests.items():
+                t.copy_(base[name] + sync)
         else:
             for t in dests.values():
                 t.zero_()
         pg.barrier().wait()
         start = time.perf_counter()
-        sources = shards if rank < n_train else {}
+        sources = shards if rank < n_train else dests if rank in holders else {}
         if args.mode in ("broadcast", "pipelined") and rank < n_train:
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             sources = full if rank == 0 else {}
@@ -210,15 +234,17 @@ def worker(args: argparse.Namespace) -> None:
         elapsed = time.perf_counter() - start
         if sync >= args.warmup:
             seconds.append(elapsed)
-        if rank >= n_train:
+        if rank in receivers:
             same = all(torch.equal(dests[name], base[name] + sync) for name in base)
             identical = identical and same
         if rank == 0:
             log(f"  {args.mode} sync {sync}{' (warm-up)' if sync < args.warmup else ''}: {elapsed:.2f} s")
     result = {"rank": rank, "role": "trainer" if rank < n_train else "replica", "seconds": seconds,
               "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
-              "identical": identical if rank >= n_train else None,
-              "lower_bound_bytes": schedule.lower_bound_seconds}  # uniform bandwidth 1: seconds = bytes  # fmt: skip
+              "identical": identical if rank in receivers else None,
+              "lower_bound_bytes": schedule.lower_bound_seconds,  # uniform bandwidth 1: seconds = bytes
+              "predicted_seconds_at_link_rate": predicted_seconds(
+                  schedule, Bandwidths.uniform(args.link_mbit * 1e6 / 8))}  # fmt: skip
     Path(spec["out"], f"{rank}.json").write_text(json.dumps(result))
     if rank < n_train:
         dist.destroy_process_group()
@@ -274,16 +300,17 @@ def chain_broadcast(pg, chain: list[int], rank: int, metas, sources: dict, dests
 def run_mode(args: argparse.Namespace, mode: str, nodes, out: Path) -> dict:
     """Start every rank (trainer ranks on trainer nodes, one replica per replica node) for one mode."""
     n_train = args.trainer_nodes * args.ranks_per_node
-    world = n_train + args.replica_nodes
+    joiners = args.joiners if mode in JOIN_MODES else 0
+    world = n_train + args.replica_nodes + joiners
     node_of = [i // args.ranks_per_node for i in range(n_train)]
-    node_of += [args.trainer_nodes + r for r in range(args.replica_nodes)]
+    node_of += [args.trainer_nodes + r for r in range(args.replica_nodes + joiners)]
     names = {r: (nodes[node_of[r]].name if nodes else f"node{node_of[r]}") for r in range(world)}
     store = nodes[0].address if nodes else "127.0.0.1"
     before = [(n.bytes_sent(), n.bytes_received()) for n in nodes] if nodes else []
     procs = []
     for rank in range(world):
         node = nodes[node_of[rank]] if nodes else None
-        spec = {"rank": rank, "world": world, "trainers": n_train, "nodes": names, "store": store,
+        spec = {"rank": rank, "world": world, "trainers": n_train, "joiners": joiners, "nodes": names, "store": store,
                 "bind": node.address if node else "127.0.0.1", "out": str(out)}  # fmt: skip
         env = {**os.environ, "KRL_BENCH": json.dumps(spec), "GLOO_SOCKET_IFNAME": "eth0" if node else "lo",
                "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # fmt: skip
@@ -309,6 +336,7 @@ def run_mode(args: argparse.Namespace, mode: str, nodes, out: Path) -> dict:
         "lower_bound_bytes": int(ranks[0]["lower_bound_bytes"]),
         "link_bytes_per_node": links,
         "busiest_link_bytes": max((max(v.values()) for v in links.values()), default=None),
+        "predicted_seconds": round(ranks[0]["predicted_seconds_at_link_rate"], 3),
     }
 
 
@@ -317,6 +345,7 @@ def main() -> None:
     parser.add_argument("--trainer-nodes", type=int, default=4)
     parser.add_argument("--ranks-per-node", type=int, default=1, help="trainer ranks per trainer node")
     parser.add_argument("--replica-nodes", type=int, default=4)
+    parser.add_argument("--joiners", type=int, default=1, help="the join case: new replicas, each on a node")
     parser.add_argument("--link-mbit", type=float, default=500.0, help="each node's link, per direction")
     parser.add_argument("--loopback", action="store_true", help="no namespaces or shaping (plain loopback)")
     parser.add_argument("--hidden", type=int, default=768)
@@ -334,7 +363,7 @@ def main() -> None:
     args = parser.parse_args()
     args.model_argv = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--intermediate",
                        str(args.intermediate), "--vocab", str(args.vocab), "--warmup", str(args.warmup),
-                       "--repeats", str(args.repeats)]  # fmt: skip
+                       "--repeats", str(args.repeats), "--link-mbit", str(args.link_mbit)]  # fmt: skip
     if args.worker:
         return worker(args)
     if args.simulate:
@@ -350,7 +379,7 @@ def main() -> None:
 
 def emulate(args: argparse.Namespace) -> dict:
     model_bytes = sum(p.numel() * p.element_size() for p in build_model(args).parameters())
-    total_nodes = args.trainer_nodes + args.replica_nodes
+    total_nodes = args.trainer_nodes + args.replica_nodes + args.joiners
     log(f"model {model_bytes / 1e6:.0f} MB; {args.trainer_nodes} trainer nodes x {args.ranks_per_node} ranks, "
         f"{args.replica_nodes} replica nodes, links {args.link_mbit:g} Mbit/s")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -362,7 +391,7 @@ def emulate(args: argparse.Namespace) -> dict:
         except NetemUnavailable as why:
             log(f"WARNING: no emulated network ({why}); plain loopback: all ranks share one host, no link shaping")
         modes = {}
-        for mode in MODES:
+        for mode in MODES + JOIN_MODES:
             log(f"{mode}:")
             workdir = Path(tmp, mode)
             workdir.mkdir()
@@ -378,7 +407,12 @@ def emulate(args: argparse.Namespace) -> dict:
         "seconds": {mode: round(modes[mode]["seconds"], 3) for mode in MODES},
         "speedup": round(broadcast["seconds"] / p2p["seconds"], 2),
         "speedup_vs_pipelined": round(pipelined["seconds"] / p2p["seconds"], 2),
-        "bit_identical": all(modes[mode]["bit_identical"] for mode in MODES),
+        "bit_identical": all(modes[mode]["bit_identical"] for mode in MODES + JOIN_MODES),
+        "join": {"joiners": args.joiners, **{mode: {"seconds": round(modes[mode]["seconds"], 3),
+                                                    "predicted_seconds": modes[mode]["predicted_seconds"]}
+                                             for mode in JOIN_MODES},
+                 "speedup_peers_vs_trainers": round(modes["join-trainers"]["seconds"] / modes["join-peers"]["seconds"],
+                                                    2)},
         "busiest_process_bytes": {mode: modes[mode]["busiest_process_bytes"] for mode in MODES},
         "lower_bound_bytes": p2p["lower_bound_bytes"],
         "p2p_busiest_over_lower_bound": round(p2p["busiest_process_bytes"] / p2p["lower_bound_bytes"], 4),

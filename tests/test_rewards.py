@@ -117,6 +117,16 @@ def test_a_reward_gets_the_row_columns_it_names_or_all_with_kwargs():
     with pytest.raises(ValueError, match="finite number"):
         call_reward(lambda p, c, a: float("nan"), "p", "c", "a", {})
 
+    class Scorer:  # a callable object that defines equality is unhashable: its signature is read each call
+        __eq__ = object.__eq__
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, prompt, completion, answer, tests):
+            return float(tests == [1, 2])
+
+    assert call_reward(Scorer(), "p", "c", "a", row) == 1.0
+    assert call_reward(named, "p", "c", "a", row) == 1.0  # the second call reads the cached signature
+
 
 @pytest.fixture
 def user_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -14,6 +14,7 @@ Rewards run off the rollout's event loop, in worker processes with a time limit 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -64,14 +65,24 @@ def load_reward(path: str, field: str = "spec.reward.function") -> RewardFn:
     return fn
 
 
-def _accepted(fn: RewardFn, row: dict[str, Any]) -> dict[str, Any]:
-    """The columns of ``row`` that ``fn`` can take: all with ``**kwargs``, else those it names."""
+@functools.lru_cache(maxsize=64)
+def _keyword_names(fn: RewardFn) -> frozenset[str] | None:
+    """The keywords ``fn`` takes; None when it takes ``**kwargs`` (once per function: a signature costs
+    more than most rewards, and the rollout loop scores every sample)."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return row
+        return None
     named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    names = {p.name for p in params if p.kind in named}
-    return {k: v for k, v in row.items() if k in names}
+    return frozenset(p.name for p in params if p.kind in named)
+
+
+def _accepted(fn: RewardFn, row: dict[str, Any]) -> dict[str, Any]:
+    """The columns of ``row`` that ``fn`` can take: all with ``**kwargs``, else those it names."""
+    try:
+        names = _keyword_names(fn)
+    except TypeError:  # an unhashable callable: read its signature each time
+        names = _keyword_names.__wrapped__(fn)
+    return row if names is None else {k: v for k, v in row.items() if k in names}
 
 
 def call_reward(fn: RewardFn, prompt: str, completion: str, answer: str, row: dict[str, Any]) -> float:
