@@ -330,7 +330,7 @@ def run_mode(args: argparse.Namespace, mode: str, nodes, out: Path) -> dict:
     return {
         "seconds": statistics.median(ranks[0]["seconds"]),
         "all_seconds": [round(s, 3) for s in ranks[0]["seconds"]],
-        "bit_identical": all(r["identical"] for r in ranks if r["role"] == "replica"),
+        "bit_identical": all(r["identical"] for r in ranks if r["identical"] is not None),  # every receiver's
         "bytes_per_process": per_process,
         "busiest_process_bytes": max(v["sent"] + v["received"] for v in per_process.values()),
         "lower_bound_bytes": int(ranks[0]["lower_bound_bytes"]),
