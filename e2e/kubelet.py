@@ -26,6 +26,10 @@ What it does not do: images (every container runs this repository's venv; the wo
 ``/opt/kuberl/examples`` is this repository's ``examples/``), resource limits, ``securityContext``
 users (processes run as the runner's user), liveness kills, exec probes.
 Needs root (mount namespaces); the test skips with that reason elsewhere.
+
+Faults come from here, as a chaos tool injects them into pods: ``--fault-injection ROLE=VALUE``
+gives every container of a pod labelled ``kuberl.io/role=ROLE`` the environment variable
+``KUBERL_FAULT_INJECTION=VALUE`` (``kuberl.inference.faults``), which the operator never sets.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from kuberl.api.contract import ENV_FAULT_INJECTION, LABEL_ROLE
 
 Manifest = dict[str, Any]
 GRACE_SECONDS = 10
@@ -198,8 +204,10 @@ class Running:
 
 
 class Kubelet:
-    def __init__(self, kube: Any, node: str, workdir: Path, venv_bin: Path):
+    def __init__(self, kube: Any, node: str, workdir: Path, venv_bin: Path, faults: dict[str, str] | None = None):
+        """``faults``: role → ``KUBERL_FAULT_INJECTION`` for that role's pods."""
         self.kube, self.node, self.workdir, self.venv_bin = kube, node, workdir, venv_bin
+        self.faults = faults or {}
         self.image_paths = [str(Path(__file__).resolve().parent.parent), sys.prefix]  # what "the image" holds
         self.pods: dict[tuple[str, str], Running] = {}
         self.hosts = workdir / "hosts"
@@ -279,6 +287,9 @@ class Kubelet:
                 value = secret_value(self.kube, pod["metadata"]["namespace"], item["valueFrom"]["secretKeyRef"])
                 if value is not None:
                     env[item["name"]] = value
+        role = (pod["metadata"].get("labels") or {}).get(LABEL_ROLE)
+        if role in self.faults:
+            env[ENV_FAULT_INJECTION] = self.faults[role]
         argv = [expand(a, env) for a in (container.get("command") or []) + (container.get("args") or [])]
         termination = run.root / "termination-log"
         termination.write_text("")
@@ -451,12 +462,15 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node", default="e2e-node")
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--fault-injection", action="append", default=[], metavar="ROLE=VALUE",
+                        help="KUBERL_FAULT_INJECTION=VALUE for the pods of ROLE (repeatable)")
     args = parser.parse_args()
+    faults = dict(item.split("=", 1) for item in args.fault_injection)
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.environ["KUBECONFIG"] = args.kubeconfig  # where kopf's login reads it
     settings = kopf.OperatorSettings()
     kube = BlockingKube(Kube(lambda: login(settings)))
-    Kubelet(kube, args.node, args.workdir, Path(sys.executable).parent).run_forever()
+    Kubelet(kube, args.node, args.workdir, Path(sys.executable).parent, faults).run_forever()
 
 
 if __name__ == "__main__":

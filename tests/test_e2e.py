@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from e2e import scenario
 from filelock import FileLock
 
@@ -45,11 +47,13 @@ def host_node() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def kubelet_stand_in(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """Run e2e/kubelet.py against ``cluster`` for the block; yields its node directory (pod logs)."""
+def kubelet_stand_in(cluster: Cluster, tmp_path: Path, faults: dict[str, str] | None = None) -> Iterator[Path]:
+    """Run e2e/kubelet.py against ``cluster`` for the block; yields its node directory (pod logs).
+    ``faults``: role → KUBERL_FAULT_INJECTION for that role's pods."""
     node_dir = tmp_path / "node"
+    injected = [arg for role, value in (faults or {}).items() for arg in ("--fault-injection", f"{role}={value}")]
     kubelet = subprocess.Popen([sys.executable, "-m", "e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
-                                "--workdir", str(node_dir)], cwd=ROOT,
+                                "--workdir", str(node_dir), *injected], cwd=ROOT,
                                stdout=open(tmp_path / "kubelet.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
     try:
         yield node_dir
@@ -111,6 +115,44 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
         assert all(key in outcome.yaml for key in ("rolloutWaitFraction", "rolloutReadyGroups", "stalenessBudgetUsed"))
         assert processes_under(node_dir) == [], "pod processes outlived kubectl delete"
         print(f"e2e: {outcome.seconds:.1f} s from apply to Succeeded; progress {outcome.progress}")
+
+
+@pytest.mark.usefixtures("host_node")
+async def test_the_operators_autoscaler_grows_the_pool_of_a_training_run_whose_trainer_waits(tmp_path, monkeypatch):
+    """spec.inference.autoscale on the emulated cluster with real pods: the replica is given a quarter of
+    the capacity the trainer needs (injected by the kubelet stand-in: 4 requests at once, each held
+    0.1 s), the operator reads the trainer's wait from its progress, scales the experiment through the
+    scale subresource to its maximum of 2, records status.autoscale (the count it left remembered as too
+    few) and an Event; the running trainer follows its mounted run config to the new replica without a
+    restart, and the run still succeeds with a better reward."""
+    monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
+    faults = {"inference": "generate-slots=4,generate-seconds=0.1"}
+    async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
+        with kubelet_stand_in(cluster, tmp_path, faults) as node_dir:
+            path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)
+            docs = list(yaml.safe_load_all(path.read_text()))
+            docs[0]["spec"]["inference"]["autoscale"] = {"maxReplicas": 2, "windowSeconds": 10}
+            path.write_text(yaml.safe_dump_all(docs))
+            kubectl, lines, events = kubectl_for(cluster), [], []
+
+            def read_events(status: dict[str, object]) -> None:
+                if status.get("autoscale") and not events:
+                    events.append(kubectl("get", "events", "-o", "json"))
+
+            outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 480, lines.append, read_events)
+        report = "\n".join(lines)
+        logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(node_dir.glob("pods/*/container.log")))
+        assert scenario.problems(outcome, STEPS) == [], f"{report}\n--- container logs ---\n{logs}"
+        final = yaml.safe_load(outcome.yaml)
+        assert final["spec"]["inference"]["replicas"] == 2, report
+        autoscaled = final["status"]["autoscale"]
+        assert (autoscaled["replicas"], autoscaled["tooFew"]) == (2, 1) and "waited" in autoscaled["reason"]
+        [event] = [e for e in json.loads(events[0])["items"] if e["reason"] == "Autoscaled"]
+        assert event["type"] == "Normal" and "1 → 2 inference replicas" in event["message"]
+        [trainer] = [p.read_text(errors="replace") for p in node_dir.glob("pods/*trainer*/container.log")]
+        assert "inference pool resized to 2 replicas" in trainer and "resumed from" not in trainer, trainer[-3000:]
+        [joiner] = [p.read_text(errors="replace") for p in node_dir.glob("pods/*inference-r1*/container.log")]
+        assert re.search(r"received weights version \d+ over p2p", joiner) and "POST /generate" in joiner
 
 
 AGENT_STEPS = 8

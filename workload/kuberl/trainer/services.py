@@ -52,7 +52,6 @@ def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-
 def wait_fraction(waits: list[float], steps: list[float], last: int = WAIT_STEPS) -> float | None:
     """Σ waits ÷ Σ steps over the ``last`` steps, at most 1; None until this process has trained
     ``last`` steps after its first (which waits for the start-up: the engines' first weights)."""
