@@ -13,6 +13,9 @@ shard (w ← w₀ + sync number) and zeroes every receiver, so each sync is chec
   flows down a chain (rank 0 → replica 1 → replica 2 → …) in chunks of ``CHUNK_BYTES``, each replica
   forwarding a chunk while it receives the next: every link carries the model once.
 - ``p2p``: the planner's schedule; every trainer rank sends its own shard to every replica.
+- ``p2p-relay``: the two-stage schedule (:mod:`kuberl.weights.relay`): each distinct piece goes from
+  the trainer shards to one replica (its seed), which forwards it to the others once it has its own
+  stage-1 pieces. ``relay_chosen`` says whether the planner would pick it over ``p2p`` (predicted).
 
 The join case (``--joiners J``, default 1, on J more nodes): J new replicas get the current version
 while the M replicas already hold it — ``join-trainers`` from the trainer shards (what the product
@@ -58,10 +61,11 @@ from kuberl.weights.layouts import (  # noqa: E402
     megatron_holdings,
 )
 from kuberl.weights.plan import Bandwidths, Holding, RankTopology, full_box, plan, predicted_seconds  # noqa: E402
+from kuberl.weights.relay import StagedPlan, relayed_plan  # noqa: E402
 
 TRAIN_PORT, EXCHANGE_PORT = 29510, 29511
 CHUNK_BYTES = 4 << 20  # the pipelined broadcast's unit (NCCL's default chunks are smaller; 4 MiB suits gloo)
-MODES = ("broadcast", "pipelined", "p2p")
+MODES = ("broadcast", "pipelined", "p2p", "p2p-relay")
 JOIN_MODES = ("join-trainers", "join-peers")
 
 
@@ -176,6 +180,8 @@ def schedule_for(mode: str, metas: list[ParamMeta], n_train: int, world: int, jo
     needs = inference_needs(metas, [[r] for r in range(n_train, world)])
     if mode == "p2p":
         return plan(fsdp2_holdings(metas, list(range(n_train))), needs, topology, itemsize)
+    if mode == "p2p-relay":
+        return relayed_plan(fsdp2_holdings(metas, list(range(n_train))), needs, topology, itemsize)
     return plan(_full_on(0, metas), needs, topology, itemsize)
 
 
@@ -186,15 +192,17 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from kuberl.collectives import exit_without_teardown
-    from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
+    from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange, run_staged
 
     spec = json.loads(os.environ["KRL_BENCH"])
     rank, n_train, world, joiners = spec["rank"], spec["trainers"], spec["world"], spec["joiners"]
     model = build_model(args)
     base = {name: p.detach().clone() for name, p in model.named_parameters()}
     metas = param_metas(base)
-    schedule = schedule_for(args.mode, metas, n_train, world, joiners,
-                            {int(r): RankTopology(node=n, zone="bench") for r, n in spec["nodes"].items()})
+    topology = {int(r): RankTopology(node=n, zone="bench") for r, n in spec["nodes"].items()}
+    schedule = schedule_for(args.mode, metas, n_train, world, joiners, topology)
+    direct = schedule_for("p2p", metas, n_train, world - joiners, 0, topology)  # the bound p2p is held to
+    link = Bandwidths.uniform(args.link_mbit * 1e6 / 8)
     holders = range(n_train, world - joiners) if args.mode == "join-peers" else range(0)  # replicas that send
     receivers = range(world - joiners, world) if args.mode in JOIN_MODES else range(n_train, world)
     dests: dict[str, torch.Tensor] = {}
@@ -228,6 +236,8 @@ def worker(args: argparse.Namespace) -> None:
             sources = full if rank == 0 else {}
         if args.mode == "pipelined":
             stats = chain_broadcast(pg, [0, *range(n_train, world)], rank, metas, sources, dests)
+        elif isinstance(schedule, StagedPlan):
+            stats = run_staged(pg, schedule.for_rank(rank), rank, sources, dests, schedule.relay_sources.get(rank, []))
         else:
             stats = run_exchange(pg, schedule.for_rank(rank), rank, sources, dests)
         pg.barrier().wait()
@@ -242,9 +252,9 @@ def worker(args: argparse.Namespace) -> None:
     result = {"rank": rank, "role": "trainer" if rank < n_train else "replica", "seconds": seconds,
               "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received,
               "identical": identical if rank in receivers else None,
-              "lower_bound_bytes": schedule.lower_bound_seconds,  # uniform bandwidth 1: seconds = bytes
-              "predicted_seconds_at_link_rate": predicted_seconds(
-                  schedule, Bandwidths.uniform(args.link_mbit * 1e6 / 8))}  # fmt: skip
+              "lower_bound_bytes": direct.lower_bound_seconds,  # uniform bandwidth 1: seconds = bytes
+              "predicted_seconds_at_link_rate": (schedule.predicted_seconds(link) if isinstance(schedule, StagedPlan)
+                                                 else predicted_seconds(schedule, link))}  # fmt: skip
     Path(spec["out"], f"{rank}.json").write_text(json.dumps(result))
     if rank < n_train:
         dist.destroy_process_group()
@@ -407,6 +417,12 @@ def emulate(args: argparse.Namespace) -> dict:
         "seconds": {mode: round(modes[mode]["seconds"], 3) for mode in MODES},
         "speedup": round(broadcast["seconds"] / p2p["seconds"], 2),
         "speedup_vs_pipelined": round(pipelined["seconds"] / p2p["seconds"], 2),
+        "relay": {"seconds": round(modes["p2p-relay"]["seconds"], 3),
+                  "predicted_seconds": modes["p2p-relay"]["predicted_seconds"],
+                  "p2p_predicted_seconds": p2p["predicted_seconds"],
+                  "chosen_by_the_planner": modes["p2p-relay"]["predicted_seconds"] < p2p["predicted_seconds"],
+                  "speedup_vs_p2p": round(p2p["seconds"] / modes["p2p-relay"]["seconds"], 2),
+                  "speedup_vs_pipelined": round(pipelined["seconds"] / modes["p2p-relay"]["seconds"], 2)},
         "bit_identical": all(modes[mode]["bit_identical"] for mode in MODES + JOIN_MODES),
         "join": {"joiners": args.joiners, **{mode: {"seconds": round(modes[mode]["seconds"], 3),
                                                     "predicted_seconds": modes[mode]["predicted_seconds"]}

@@ -21,7 +21,8 @@ from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2, tiny_qwen3_moe
 from kuberl.weights.layouts import fsdp2_holdings, inference_needs
 from kuberl.weights.plan import RankTopology, plan
-from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange
+from kuberl.weights.relay import StagedPlan, relayed_plan
+from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange, run_staged
 
 from .workers import start_workers
 
@@ -32,14 +33,15 @@ def _model(seed: int) -> torch.nn.Module:
     return tiny_qwen2(len(char_tokenizer()), seed)
 
 
-def _worker(rank: int, train_port: int, exchange_port: int, out: str) -> None:
+def _worker(rank: int, train_port: int, exchange_port: int, out: str, relayed: bool) -> None:
     torch.manual_seed(0)
     full = dict(_model(seed=7).named_parameters())
     metas = param_metas(full)
     trainers = list(range(TRAINERS))
     replicas = [[TRAINERS + r] for r in range(REPLICAS)]
     topology = {r: RankTopology(node=f"node{r % 2}") for r in range(TRAINERS + REPLICAS)}
-    schedule = plan(fsdp2_holdings(metas, trainers), inference_needs(metas, replicas), topology,
+    make = relayed_plan if relayed else plan
+    schedule = make(fsdp2_holdings(metas, trainers), inference_needs(metas, replicas), topology,
                     {m.name: m.itemsize for m in metas})  # fmt: skip
     sources: dict[str, torch.Tensor] = {}
     dests: dict[str, torch.Tensor] = {}
@@ -53,10 +55,13 @@ def _worker(rank: int, train_port: int, exchange_port: int, out: str) -> None:
     else:
         dests = {m.name: torch.zeros(m.shape) for m in metas}
     pg = open_group("127.0.0.1", exchange_port, rank, TRAINERS + REPLICAS, bind_host="127.0.0.1", timeout_s=60)
-    stats = run_exchange(pg, schedule.for_rank(rank), rank, sources, dests, bucket_bytes=4096)
+    if isinstance(schedule, StagedPlan):  # stage 2 from what each replica received in stage 1
+        stats = run_staged(pg, schedule.for_rank(rank), rank, sources, dests, schedule.relay_sources.get(rank, []))
+    else:
+        stats = run_exchange(pg, schedule.for_rank(rank), rank, sources, dests, bucket_bytes=4096)
     if rank >= TRAINERS:
         identical = all(torch.equal(dests[name], full[name].detach()) for name in full)
-        Path(out, f"{rank}.txt").write_text(f"{identical} {stats.bytes_received} {stats.messages}")
+        Path(out, f"{rank}.txt").write_text(f"{identical} {stats.bytes_received} {stats.messages} {stats.bytes_sent}")
     else:
         Path(out, f"{rank}.txt").write_text(f"sent {stats.bytes_sent}")
         dist.destroy_process_group()
@@ -65,16 +70,31 @@ def _worker(rank: int, train_port: int, exchange_port: int, out: str) -> None:
 
 def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    start_workers(_worker, TRAINERS + REPLICAS, (free_port(), free_port(), str(tmp_path)))
+    start_workers(_worker, TRAINERS + REPLICAS, (free_port(), free_port(), str(tmp_path), False))
     total = sum(p.numel() * p.element_size() for p in _model(seed=7).parameters())
     for r in range(TRAINERS, TRAINERS + REPLICAS):
-        identical, nbytes, messages = (tmp_path / f"{r}.txt").read_text().split()
+        identical, nbytes, messages, _ = (tmp_path / f"{r}.txt").read_text().split()
         assert identical == "True"
         assert int(nbytes) == total
         assert int(messages) > TRAINERS  # 4 KiB buckets: several messages per sender
     sent = [int((tmp_path / f"{r}.txt").read_text().split()[1]) for r in range(TRAINERS)]
     assert sum(sent) == REPLICAS * total
     assert max(sent) < 0.5 * REPLICAS * total  # the trainer ranks share the sending
+
+
+def test_a_schedule_relayed_through_the_replicas_reaches_every_replica_bit_identical(tmp_path):
+    """Stage 1 sends each piece from the shards to one replica; stage 2 that replica forwards it from
+    its own received tensors: the trainer sends the model once, and every replica still gets all of it."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    start_workers(_worker, TRAINERS + REPLICAS, (free_port(), free_port(), str(tmp_path), True))
+    total = sum(p.numel() * p.element_size() for p in _model(seed=7).parameters())
+    forwarded = 0
+    for r in range(TRAINERS, TRAINERS + REPLICAS):
+        identical, nbytes, _, sent = (tmp_path / f"{r}.txt").read_text().split()
+        assert identical == "True" and int(nbytes) == total
+        forwarded += int(sent)
+    sent = [int((tmp_path / f"{r}.txt").read_text().split()[1]) for r in range(TRAINERS)]
+    assert sum(sent) == total and forwarded == (REPLICAS - 1) * total
 
 
 MEGATRON_LAYOUTS = {  # the output layer splits over the vocabulary too

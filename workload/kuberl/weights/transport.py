@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -196,3 +196,23 @@ def run_exchange(
             view.copy_(staging[offset : offset + n].view(view.dtype).view(view.shape))
             offset += n
     return ExchangeStats(time.perf_counter() - start, sent, received, len(works))
+
+
+def run_staged(
+    pg: dist.ProcessGroup,
+    stages: list[list[Transfer]],
+    rank: int,
+    sources: Mapping[str, torch.Tensor],
+    dests: Mapping[str, torch.Tensor],
+    forwards: Sequence[tuple[str, str, Box]] = (),
+) -> ExchangeStats:
+    """This rank's part of a staged schedule (:mod:`kuberl.weights.relay`), stage after stage: stage 1
+    from ``sources``; later stages from what this rank received, ``forwards`` naming where (parameter,
+    its destination tensor, the region the piece filled). Returns the stages' totals."""
+    relayed = {param: _region(dests[dest], box) for param, dest, box in forwards}
+    total = ExchangeStats(0.0, 0, 0, 0)
+    for index, transfers in enumerate(stages):
+        stats = run_exchange(pg, transfers, rank, sources if index == 0 else relayed, dests)
+        total = ExchangeStats(total.seconds + stats.seconds, total.bytes_sent + stats.bytes_sent,
+                              total.bytes_received + stats.bytes_received, total.messages + stats.messages)
+    return total

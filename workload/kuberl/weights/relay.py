@@ -1,0 +1,110 @@
+"""Relaying through the replicas: a two-stage p2p schedule for pools larger than the trainer.
+
+The direct schedule (:func:`~kuberl.weights.plan.plan`) takes every piece every inference rank needs
+from the trainer ranks that hold it. When R receivers need the same pieces and the trainer has
+fewer network ports than that, each trainer port carries about R ÷ T copies of its share — more
+than a pipelined broadcast, whose chain carries the model once per link (measured:
+``benchmarks/weight_sync.py``, 2 trainer and 4 replica nodes). The relayed schedule sends each
+distinct piece into the pool once and lets the pool spread it:
+
+1. the needs are grouped by what they ask for (parameter and region); each group gets one *seed*,
+   the rank of the group with the fewest seeded bytes so far (groups largest first), so the pool's
+   ranks seed about equal shares;
+2. stage 1 is the direct planner over the seeds' needs alone; stage 2 is the direct planner over
+   the other needs, with each seed holding what it received (``Holding(seed, param, box)``: its
+   tensor for that parameter is the region of its own destination tensor the piece landed in).
+
+A rank starts stage 2 when its own stage 1 is done. Predicted time = the sum of the stages'
+(:func:`~kuberl.weights.plan.predicted_seconds`); :func:`staged_plan` keeps the direct schedule
+unless the relayed one is predicted faster — with uniform ports, relaying pays when the trainer
+has fewer ports than the receivers (direct R·M ÷ T per trainer port; relayed ≈ M ÷ T + M·(R − 1) ÷ R).
+
+``kuberl.weights.transport.run_staged`` carries a staged schedule out (stage after stage on each
+rank); ``benchmarks/weight_sync.py`` measures it (``p2p-relay``). Not yet in the live exchange
+(:mod:`kuberl.weights.p2p`): stage 2 makes each replica depend on its seeds, so one hung seed would
+hold the version back on every replica, where today a replica that hangs leaves and the others go on
+— relaying there needs a seed that does not deliver in time to be replaced by the trainer shards.
+
+Pure: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .plan import Bandwidths, Box, Holding, Need, Plan, RankTopology, Transfer, plan, predicted_seconds, volume
+
+
+@dataclass(frozen=True)
+class StagedPlan:
+    """Stages run in order on every rank (a stage with nothing for a rank is skipped by it);
+    ``relay_sources[rank]``: what a seed forwards in stage 2, as (parameter, its destination tensor,
+    the region of it the parameter's piece fills) — its stage-2 sending tensors."""
+
+    stages: tuple[Plan, ...]
+    relay_sources: dict[int, list[tuple[str, str, Box]]]
+
+    @property
+    def relayed(self) -> bool:
+        return len(self.stages) > 1
+
+    def for_rank(self, rank: int) -> list[list[Transfer]]:
+        """This rank's part of each stage."""
+        return [stage.for_rank(rank) for stage in self.stages]
+
+    def predicted_seconds(self, bw: Bandwidths) -> float:
+        return sum(predicted_seconds(stage, bw) for stage in self.stages)
+
+    def bytes_received(self) -> dict[int, int]:
+        out: dict[int, int] = defaultdict(int)
+        for stage in self.stages:
+            for rank, n in stage.bytes_received().items():
+                out[rank] += n
+        return dict(out)
+
+
+def seeded(needs: list[Need], itemsize: dict[str, int]) -> tuple[list[Need], list[Need]]:
+    """The needs split into the seeds' (one per distinct parameter region) and the others'. None of a
+    rank's needs may ask for two regions of one parameter (the seed's sending tensor is one per
+    parameter); a ValueError says which."""
+    groups: dict[tuple[str, Box], list[Need]] = defaultdict(list)
+    for need in needs:
+        groups[(need.param, need.box)].append(need)
+    asked: dict[tuple[int, str], Box] = {}
+    for need in needs:
+        if asked.setdefault((need.rank, need.param), need.box) != need.box:
+            raise ValueError(f"rank {need.rank} needs two regions of {need.param!r}: no relay")
+    seeded_bytes: dict[int, int] = defaultdict(int)
+    seeds, others = [], []
+    for (param, box), group in sorted(groups.items(), key=lambda g: (-volume(g[0][1]) * itemsize[g[0][0]], g[0])):
+        seed = min(group, key=lambda n: (seeded_bytes[n.rank], n.rank))
+        seeded_bytes[seed.rank] += volume(box) * itemsize[param]
+        seeds.append(seed)
+        others += [n for n in group if n is not seed]
+    return seeds, others
+
+
+def relayed_plan(holdings: list[Holding], needs: list[Need], ranks: dict[int, RankTopology],
+                 itemsize: dict[str, int], bandwidths: Bandwidths | None = None) -> StagedPlan:
+    """The two-stage schedule (module docstring)."""
+    seeds, others = seeded(needs, itemsize)
+    first = plan(holdings, seeds, ranks, itemsize, bandwidths)
+    relays = [Holding(n.rank, n.param, n.box) for n in seeds]
+    second = plan(relays, others, ranks, itemsize, bandwidths)
+    sources: dict[int, list[tuple[str, str, Box]]] = defaultdict(list)
+    for n in seeds:
+        sources[n.rank].append((n.param, n.dest, n.dest_box))
+    return StagedPlan((first, second), dict(sources))
+
+
+def staged_plan(holdings: list[Holding], needs: list[Need], ranks: dict[int, RankTopology],
+                itemsize: dict[str, int], bandwidths: Bandwidths | None = None) -> StagedPlan:
+    """The relayed schedule where it is predicted faster than the direct one, else the direct one."""
+    bw = bandwidths or Bandwidths.uniform()
+    direct = StagedPlan((plan(holdings, needs, ranks, itemsize, bw),), {})
+    try:
+        relayed = relayed_plan(holdings, needs, ranks, itemsize, bw)
+    except ValueError:
+        return direct
+    return relayed if relayed.predicted_seconds(bw) < direct.predicted_seconds(bw) else direct
