@@ -96,3 +96,9 @@ def test_a_relayed_schedule_carried_out_gives_every_rank_exactly_its_needs(train
     # a seed forwards only what it received in stage 1
     firsts = {(t.dst, t.param) for t in staged.stages[0].transfers}
     assert all((t.src, t.param) in firsts for t in staged.stages[1].transfers)
+
+
+def test_relaying_must_save_a_tenth_of_the_direct_time():
+    from kuberl.weights.relay import relay_pays
+
+    assert relay_pays(0.9, 1.0) and not relay_pays(0.95, 1.0) and not relay_pays(1.0, 1.0)
