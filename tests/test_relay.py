@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kuberl.weights.layouts import ParamMeta, chunk_range, dest_shapes, fsdp2_holdings, inference_needs
-from kuberl.weights.plan import Bandwidths, RankTopology, plan, predicted_seconds, volume
+from kuberl.weights.plan import Bandwidths, RankTopology, full_box, plan, predicted_seconds, volume
 from kuberl.weights.relay import StagedPlan, relayed_plan, staged_plan
 from kuberl.weights.transport import _region
 
@@ -26,11 +26,16 @@ def cluster(trainers: int, replicas: list[list[int]]) -> dict[int, RankTopology]
     return {rank: RankTopology(node=node, zone="z") for rank, node in nodes.items()}
 
 
+def full_parameters(params: list[ParamMeta]) -> dict[str, torch.Tensor]:
+    """Each parameter whole, its elements numbered 1, 2, 3, … (every element tells where it came from)."""
+    return {p.name: torch.arange(1, 1 + volume(full_box(p.shape)), dtype=torch.float32).view(p.shape)
+            for p in params}
+
+
 def carry_out(staged: StagedPlan, params: list[ParamMeta], trainers: int, needs) -> dict[int, dict[str, torch.Tensor]]:
     """Run the stages in order on real tensors (what run_exchange does, without the network): trainer
     rank t holds its FSDP2 rows of each parameter (values 1, 2, 3, …); returns each receiver's tensors."""
-    full = {p.name: torch.arange(1, 1 + volume(tuple((0, n) for n in p.shape)), dtype=torch.float32).view(p.shape)
-            for p in params}
+    full = full_parameters(params)
     shards = {t: {p.name: full[p.name][slice(*chunk_range(p.shape[0], trainers, t))] for p in params}
               for t in range(trainers)}
     receivers = sorted({n.rank for n in needs})
@@ -47,8 +52,7 @@ def carry_out(staged: StagedPlan, params: list[ParamMeta], trainers: int, needs)
 
 
 def assert_every_rank_holds_its_needs(received, needs, params) -> None:
-    full = {p.name: torch.arange(1, 1 + volume(tuple((0, n) for n in p.shape)), dtype=torch.float32).view(p.shape)
-            for p in params}
+    full = full_parameters(params)
     for n in needs:
         assert torch.equal(_region(received[n.rank][n.dest], n.dest_box), _region(full[n.param], n.box)), n
 

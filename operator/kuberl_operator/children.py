@@ -2,7 +2,7 @@
 (``ensure``; never adopting or rewriting someone else's object), bring a child's spec or data in line,
 prune and replace pods (``converge_pods``), delete what a removed field made (``delete_owned``), the
 API token Secrets (``ensure_api_token``), write a status only when it changed (``write_status``), and
-say what went wrong in an Event (``post_warning``).
+say what went wrong in an Event (``post_event``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kuberl.api import API_GROUP, InferencePool, TrainerJob
 from kuberl.api.contract import ANNOTATION_TEMPLATE_HASH
 
 from .builders.access import api_token_secret
-from .builders.events import warning_event
+from .builders.events import object_event
 from .kube import ApiError, Kube, Manifest
 from .patch import merge_patch_to, overlay_patch_to
 from .replacement import pods_to_replace
@@ -200,10 +200,10 @@ async def ensure_in_stages(kube: Kube, children: list[Manifest]) -> dict[str, Ma
     return stored
 
 
-async def post_warning(kube: Kube, involved: Manifest, reason: str, message: str, event_type: str = "Warning") -> None:
-    """A Warning (or ``event_type``) Event about ``involved`` (``builders.events``). An Event is a
+async def post_event(kube: Kube, involved: Manifest, reason: str, message: str, event_type: str = "Warning") -> None:
+    """An Event about ``involved`` (``builders.events``; ``event_type`` Warning or Normal). An Event is a
     report, not state: one that cannot be written is logged, never raised."""
     try:
-        await kube.create(warning_event(involved, reason, message, now(), event_type))
+        await kube.create(object_event(involved, reason, message, now(), event_type))
     except Exception as err:
         log.warning("%s %s: Event %s not written (%s)", involved.get("kind"), involved["metadata"]["name"], reason, err)

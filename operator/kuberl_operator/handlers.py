@@ -287,7 +287,7 @@ async def _sync_once(memo: kopf.Memo, key: SyncKey) -> None:
         if (report := reported(failure, attempt)) is not None:
             body = await reconcile.report_failure(_kube(memo), kind, namespace, name, report.reason, report.message)
             if body is not None:
-                await children.post_warning(_kube(memo), body, report.reason, report.message)
+                await children.post_event(_kube(memo), body, report.reason, report.message)
         ON_WRITE.reset(token)
         _schedule_retry(memo, key, delay)
     else:

@@ -39,7 +39,7 @@ from kuberl.api.contract import (
     trainer_rank0_selector,
 )
 
-from .children import post_warning
+from .children import post_event
 from .kube import ApiError, Kube
 
 log = logging.getLogger("kuberl.operator.progress")
@@ -233,7 +233,7 @@ async def write_scale(kube: Kube, target: Target, decision: Decision, at: str) -
              decision.replicas, decision.reason)
     involved = {"apiVersion": version, "kind": RLExperiment.KIND,
                 "metadata": {"name": target.name, "namespace": target.namespace}}
-    await post_warning(kube, involved, "Autoscaled", f"{target.replicas} → {decision.replicas} inference replicas: "
+    await post_event(kube, involved, "Autoscaled", f"{target.replicas} → {decision.replicas} inference replicas: "
                                                      f"{decision.reason}", "Normal")
 
 

@@ -420,7 +420,7 @@ class LocalRun:
             decision = autoscaler.observe(len(replicas), progress) if autoscaler else None
             if decision is not None:  # carried out at the next turn, as kuberl scale's wish is
                 say(f"autoscaler: {len(replicas)} → {decision.replicas} replica(s): {decision.reason}")
-                write_whole(self.work / SCALE_FILE, str(decision.replicas))
+                request_replicas(self.work, decision.replicas)
             time.sleep(0.5)
 
 

@@ -9,7 +9,7 @@ REPORTER = "kuberl-operator"
 MAX_MESSAGE = 1024  # characters; the API server refuses longer event messages
 
 
-def warning_event(involved: Manifest, reason: str, message: str, at: str, event_type: str = "Warning") -> Manifest:
+def object_event(involved: Manifest, reason: str, message: str, at: str, event_type: str = "Warning") -> Manifest:
     """A core/v1 Event (``generateName``: one per call; ``event_type`` Warning or Normal) in
     ``involved``'s namespace, naming it by uid; a message over ``MAX_MESSAGE`` characters keeps its
     start and end around ``...``."""
