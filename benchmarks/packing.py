@@ -1,4 +1,5 @@
-"""Tokens per second of the FSDP2 actor's training step, rows padded vs packed, on a ragged batch.
+"""Tokens per second of an actor's training step (FSDP2, or Megatron with ``--backend megatron``),
+rows padded vs packed, on a ragged batch.
 
 The batch: ``--rows`` trajectories whose lengths follow a log-normal law (median ``--median``
 tokens, σ ``--sigma``, capped at ``--longest``; one row is always the longest) — the long tail of
@@ -7,7 +8,7 @@ and take ``--steps`` full ``train_step``s (micro-batches by the default token bu
 for its own layout) after one warm-up step; reported: real tokens per second (median step), the
 tokens each layout computes on, and the loss of the first step (equal: the same update).
 
-    python benchmarks/packing.py [--rows 64 --median 150 --sigma 0.8 --longest 2048 --steps 3]
+    python benchmarks/packing.py [--backend fsdp|megatron --rows 64 --median 150 --sigma 0.8 --longest 2048 --steps 3]
 
 Progress goes to stderr; the last stdout line is the JSON result.
 """
@@ -47,6 +48,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=("fsdp", "megatron"), default="fsdp")
     args = parser.parse_args()
 
     import torch
@@ -54,6 +56,7 @@ def main() -> None:
 
     from kuberl.fsdp.actor import FSDPActor
     from kuberl.local_processes import free_port
+    from kuberl.megatron.actor import MegatronActor
     from kuberl.models.tiny import tiny_qwen2
     from kuberl.policy.algorithms import AlgorithmConfig
     from kuberl.policy.batch import collate, padded_tokens
@@ -62,6 +65,10 @@ def main() -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
+    if args.backend == "megatron":
+        from megatron.core import parallel_state
+
+        parallel_state.initialize_model_parallel(1, 1)
     vocab, rng = 512, random.Random(args.seed)
     sizes = lengths(args.rows, args.median, args.sigma, args.longest, args.seed)
     trajs = []
@@ -76,12 +83,14 @@ def main() -> None:
     result: dict[str, object] = {
         "rows": args.rows, "real_tokens": real, "padded_batch_tokens": padded_tokens(sizes),
         "lengths": {"median": statistics.median(sizes), "mean": round(statistics.mean(sizes), 1), "max": max(sizes)},
-        "model": {"hidden": args.hidden, "layers": args.layers, "vocab": vocab}, "threads": torch.get_num_threads(),
+        "backend": args.backend, "model": {"hidden": args.hidden, "layers": args.layers, "vocab": vocab},
+        "threads": torch.get_num_threads(),
     }
     for layout in ("padded", "packed"):
         torch.manual_seed(args.seed)
         model = tiny_qwen2(vocab, seed=args.seed, hidden=args.hidden, layers=args.layers)
-        actor = FSDPActor.create(model, config, lr=1e-5, temperature=1.0, packing=layout == "packed")
+        make = FSDPActor.create if args.backend == "fsdp" else MegatronActor.from_hf
+        actor = make(model, config, lr=1e-5, temperature=1.0, packing=layout == "packed")
         chunks = actor._micro_batches(batch)
         computed = sum((packed_tokens if layout == "packed" else padded_tokens)([int(n) for n in c.lengths])
                        for c in chunks)

@@ -242,21 +242,34 @@ def test_megatron_model_loads_hf_weights_and_exports_them_unchanged(megatron_par
 @pytest.mark.parametrize("make", [qwen2, qwen3_qk_norm, qwen3_moe, lambda: qwen3_moe(norm_topk_prob=False)],
                          ids=["qwen2", "qwen3-qk-norm", "qwen3-moe", "qwen3-moe-unnormalised-top-k"])
 def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
+    """The GPTModel's logits are the HF model's on the same rows; packed (rows end to end under a
+    block-diagonal mask, Megatron's rotary positions running on along each bin) its log-probs and
+    entropy are the HF model's on the padded rows."""
     from kuberl.megatron.cpu import cpu_shim
-    from kuberl.megatron.logprobs import vocab_parallel_logits
+    from kuberl.megatron.inputs import model_inputs
+    from kuberl.megatron.logprobs import token_logprobs_and_entropy, vocab_parallel_logits
     from kuberl.megatron.model import build_gpt_model, load_hf_state
+    from kuberl.policy.actor import token_logprobs_and_entropy as hf_logprobs_and_entropy
 
     hf = make().eval()
-    batch = random_batch(hf.config.vocab_size, seed=1)
+    batch = random_batch(hf.config.vocab_size, seed=1, rows=6)
+    packed_rows = model_inputs([batch], packed=True, sequence_parallel=False)[0].input_ids.shape[0]
+    assert packed_rows < batch.size  # rows share bins
     with cpu_shim():
         meg = build_gpt_model(hf.config)
         load_hf_state(meg, hf.state_dict(), hf.config)
         with torch.no_grad():
-            got = vocab_parallel_logits(meg.eval(), batch)
+            got = vocab_parallel_logits(meg.eval(), model_inputs([batch], False, False)[0])
+            packed = token_logprobs_and_entropy(meg, batch, 0.7, packed=True)
     with torch.no_grad():
         expected = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        expected_logp, expected_entropy = hf_logprobs_and_entropy(hf, batch, 0.7)
     valid = batch.attention_mask.bool()  # right padding: positions past a row's end are never trained
     assert torch.allclose(got[valid], expected[valid], atol=1e-5), (got[valid] - expected[valid]).abs().max()
+    predicts = valid[:, 1:]  # positions whose next token is real
+    for ours, theirs in zip(packed, (expected_logp, expected_entropy), strict=True):
+        assert torch.allclose(ours[predicts], theirs[predicts], atol=1e-5), (ours - theirs)[predicts].abs().max()
+        assert torch.all(ours[~predicts] == 0)
 
 
 def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_parallel_state, tmp_path):

@@ -73,7 +73,8 @@ def as_collated_alone(batch: Batch) -> Batch:
 MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen2-tied": qwen2, "qwen3-moe": qwen3_moe}
 LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2},
            "tp2": {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
-           "pp2": {"pipeline_model_parallel_size": 2},
+           "pp2": {"pipeline_model_parallel_size": 2}, "cp2-dp2": {"context_parallel_size": 2},
+           "cp2-tp2": {"context_parallel_size": 2, "tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
            "pp2-ep2-dp2": {"pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2}}
 
 
@@ -112,6 +113,8 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
                 qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
                 result["qwen3"] = read_and_differentiate(qwen3, first)
                 result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
+            if "cp2" in layout:
+                result["packed"] = read_and_differentiate(make_actor(make, layout, packing=True), first)
         else:
             result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
         budget = TOKEN_BUDGET if pipelined else None
@@ -245,6 +248,32 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
     assert_reads_and_differentiates_as_hf(qwen3_qk_norm(tied=False), megatron["qwen3"], first)
     assert_trains_as_fsdp(fsdp, megatron, qwen2(tied=False).state_dict())
     assert_computes_in_bfloat16_as_fsdp(fsdp["bf16"], megatron["bf16"], megatron["first"], first)
+
+
+def test_context_parallelism_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_path):
+    """Context parallelism 2 × data parallelism 2 (four processes over gloo): each rank of a
+    context-parallel pair holds two of the four chunks of every row (Megatron's load-balanced order,
+    which its rotary embedding follows), its attention gathering the keys and values of the whole row
+    — the FSDP actor's log-probs, entropy, loss and gradient for every HF parameter, padded and packed
+    (several rows in a bin, the bins split between the pair); the same two steps, gradient norms and
+    a bit-identical resume (the pair holds the same weights: each piece saved once)."""
+    fsdp, megatron = train_both(tmp_path, "qwen2", "cp2-dp2", world=4)
+    first = random_batch(qwen2().config.vocab_size, seed=6, rows=6)
+    assert_reads_and_differentiates_as_hf(qwen2(tied=False), megatron["first"], first)
+    assert_reads_and_differentiates_as_hf(qwen2(tied=False), megatron["packed"], first)
+    assert_trains_as_fsdp(fsdp, megatron, qwen2(tied=False).state_dict())
+
+
+def test_context_parallelism_with_tensor_and_sequence_parallelism_trains_a_mixture_of_experts(tmp_path):
+    """Context parallelism 2 × tensor parallelism 2 on Qwen3-MoE (four processes): each rank of a
+    context-parallel pair takes its two chunks of every row, and within them, under sequence
+    parallelism, its tensor-parallel half of the tokens through norms, router and experts — the FSDP
+    actor's log-probs, loss and gradients, padded and packed, and its two steps and resume."""
+    fsdp, megatron = train_both(tmp_path, "qwen3-moe", "cp2-tp2", world=4)
+    first = random_batch(qwen3_moe().config.vocab_size, seed=6, rows=6)
+    assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
+    assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["packed"], first)
+    assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
 def assert_computes_in_bfloat16_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], fp32: dict[str, Any],

@@ -110,7 +110,7 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"inference__tensorParallel": 16, "inference__acceleratorsPerNode": 8}, "spec.inference.tensorParallel",
          "multi-host replicas are not supported yet"),
         ({"trainer__parallelism": {"context": 2}}, "spec.trainer.parallelism.context",
-         "context parallelism is not supported yet"),
+         "backend fsdp does not split sequences"),
         ({"inference__resources": {"limits": {"nvidia.com/gpu": 2}}, "inference__tensorParallel": 4},
          "spec.inference.resources.limits.nvidia.com/gpu", "needs 4 devices"),
         ({"allocation": "vllm:d1+megatron:(attn:d2p2t2|ffn:d1p2e4)", "trainer__acceleratorsPerNode": 8,
@@ -219,9 +219,13 @@ def test_megatron_trains_tensor_pipeline_expert_and_data_parallel_layouts_and_re
     _, issues = validate_document(with_spec(allocation="vllm:d1+megatron:t2", trainer__accelerator="cpu",
                                             trainer__acceleratorsPerNode=2, inference__accelerator="cpu",
                                             trainer__packing=True, trainer__activationCheckpointing=True,
-                                            algorithm__name="ppo"))  # ppo itself trains on megatron
-    assert sorted(i.path for i in issues) == ["spec.trainer.activationCheckpointing", "spec.trainer.packing"]
-    assert all("backend fsdp" in i.message for i in issues)
+                                            algorithm__name="ppo"))  # ppo and packing themselves train on megatron
+    assert [i.path for i in issues] == ["spec.trainer.activationCheckpointing"]
+    assert "backend fsdp" in issues[0].message
+    accepted, issues = validate_document(with_spec(allocation="vllm:d1+megatron:c2t2", trainer__accelerator="cpu",
+                                                   trainer__acceleratorsPerNode=4, inference__accelerator="cpu",
+                                                   trainer__packing=True))  # context parallelism, packed too
+    assert accepted is not None and issues == []
     _, issues = validate_document(with_spec(trainer__distributedOptimizer=True))  # backend fsdp
     assert [i.path for i in issues] == ["spec.trainer.distributedOptimizer"] and "already shards" in issues[0].message
     accepted, issues = validate_document(with_spec(allocation="vllm:d1+megatron:d2t2", trainer__accelerator="cpu",

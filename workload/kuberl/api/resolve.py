@@ -207,16 +207,16 @@ def _resolve_trainer(spec: RLExperimentSpec, alloc: Allocation | None, issues: _
     if backend == Backend.FSDP and (dims.tensor, dims.pipeline, expert) != (1, 1, 1):
         issues.add(
             "spec.trainer.parallelism",
-            "backend fsdp shards over data (and context) only; use backend megatron for tensor, "
+            "backend fsdp shards over data only; use backend megatron for tensor, "
             "pipeline or expert parallelism",
         )
     if nodes > MAX_PODS:
         issues.add("spec.allocation", f"implies {nodes} trainer nodes; at most {MAX_PODS}")
-    if dims.context > 1:
+    if dims.context > 1 and backend == Backend.FSDP:
         issues.add(
             "spec.trainer.parallelism.context",
-            f"is {dims.context}: context parallelism is not supported yet (the trainer shards over data only); "
-            "remove it (or the c in the allocation)",
+            f"is {dims.context}: backend fsdp does not split sequences; use backend megatron for context "
+            "parallelism, or remove it (or the c in the allocation)",
         )
     moe_span = expert * expert_tensor * dims.pipeline
     if world % moe_span:

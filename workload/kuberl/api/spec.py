@@ -245,7 +245,8 @@ class Parallelism(ApiModel):
     data: int | None = Field(None, ge=1, description="derived from the device count if unset")
     tensor: int | None = Field(None, ge=1)
     pipeline: int | None = Field(None, ge=1)
-    context: int | None = Field(None, ge=1)
+    context: int | None = Field(None, ge=1, description="split each sequence's positions over this many ranks, "
+                                                        "attention gathering keys and values (backend megatron)")
     expert: int | None = Field(None, ge=1)
     expert_tensor: int | None = Field(None, ge=1)
 
@@ -278,7 +279,7 @@ class TrainerSpec(PodPlacement):
     packing: bool = Field(
         False, description="pack each micro-batch's sequences end to end (position ids restart per sequence, "
                            "attention within each) instead of padding rows to the longest: the same loss and "
-                           "gradients from fewer tokens of compute on ragged batches (backend fsdp)")
+                           "gradients from fewer tokens of compute on ragged batches")
     step_timeout_seconds: int = Field(
         1800, ge=30, le=86400,
         description="a rank whose training step has not finished after this long (a hung collective) exits "

@@ -39,9 +39,6 @@ def unsupported_issues(spec: RLExperimentSpec, trainer: TrainerPlan | None) -> l
         issues.append(FieldIssue("spec.trainer.activationCheckpointing",
                                  "is true: backend megatron does not recompute activations in this build; set it "
                                  "false or use backend fsdp"))
-    if spec.trainer.packing:
-        issues.append(FieldIssue("spec.trainer.packing", "is true: backend megatron does not pack sequences in this "
-                                                         "build; set it false or use backend fsdp"))
     return issues + [FieldIssue(f"spec.trainer.parallelism.{field}", f"is {value}: {MEGATRON_SCOPE}; {field} must be 1")
                      for field, value in (("expertTensor", trainer.expert_tensor),) if value != 1]
 

@@ -13,8 +13,11 @@ pipeline, expert and data parallelism. What differs is how the model is read and
 - expert parallelism (a mixture of experts): each rank holds some of every layer's experts
   (:mod:`.expert_parallel`); their gradients are averaged over the ranks that hold the same experts;
   with tensor parallelism a mixture of experts runs sequence-parallel (:mod:`.layer_spec`), its
-  norm and router gradients summed over the tensor-parallel ranks; batches are padded to a shape
-  the layout can take (:func:`shaped_alike`);
+  norm and router gradients summed over the tensor-parallel ranks; batches are padded (or packed:
+  ``spec.trainer.packing``) to a shape the layout can take (:mod:`.inputs`);
+- context parallelism: the ranks of a context-parallel group hold the same rows and each takes its
+  positions of them (:mod:`.context_parallel`); every rank of the group computes the same loss from
+  the gathered log-probs, each parameter's gradient is the sum of what the ranks' positions gave it;
 - the compute dtype: float32 parameters, gradients and optimizer state, the forward and backward on
   copies cast to ``model.dtype`` (:func:`.logprobs.vocab_parallel_logits`), as FSDP2's mixed precision;
 - pipeline parallelism: each stage holds consecutive layers (:mod:`.pipeline`); micro-batches go
@@ -52,7 +55,7 @@ from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
 from ..weights.plan import Holding
 from . import checkpoint, optimizer
 from .cpu import on_device
-from .logprobs import scores_of_logits, token_logprobs_and_entropy
+from .logprobs import token_logprobs_and_entropy
 from .model import (
     all_reduce_in_place,
     build_gpt_model,
@@ -63,33 +66,23 @@ from .model import (
     sum_shared_embedding_gradients,
 )
 from .pipeline import hf_stage
-from .schedule import layout_shape, through_pipeline
+from .schedule import through_pipeline
 
 
-def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32
+def scorer_on(device: torch.device, compute_dtype: torch.dtype = torch.float32, packed: bool = False
               ) -> Callable[[Any, Batch, float], tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`.logprobs.token_logprobs_and_entropy` in ``compute_dtype``, run where megatron-core can
-    run on ``device``, on the batch padded to a shape the model's parallelism can take
-    (:func:`shaped_alike`)."""
+    """:func:`.logprobs.token_logprobs_and_entropy` in ``compute_dtype``, padded or ``packed``
+    (:mod:`.inputs`), run where megatron-core can run on ``device``."""
     def score(model: Any, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, positions = batch.targets.shape
         with on_device(device):
-            shaped = shaped_alike(batch, model.config.sequence_parallel)
-            logp, entropy = token_logprobs_and_entropy(model, shaped, temperature, compute_dtype)
-        return logp[:rows, :positions], entropy[:rows, :positions]
+            return token_logprobs_and_entropy(model, batch, temperature, compute_dtype, packed)
     return score
-
-
-def shaped_alike(batch: Batch, sequence_parallel: bool) -> Batch:
-    """``batch`` padded (:meth:`~kuberl.policy.batch.Batch.padded`) to the shape its layout can take
-    (:func:`.schedule.layout_shape`)."""
-    rows, width = layout_shape(*batch.input_ids.shape, sequence_parallel)
-    return batch.padded(rows, width) if (rows, width) != tuple(batch.input_ids.shape) else batch
 
 
 def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
     """g ← all-reduce(g) / |DP| for every gradient, one flat buffer per group (no-op on one rank): a
-    dense parameter's over its data-parallel group; an expert's over its expert-data-parallel group
+    dense parameter's over its data-parallel group together with its context-parallel group (a sum
+    over the positions, an average over the rows); an expert's over its expert-data-parallel group
     (every rank holding the same experts: with sequence parallelism the tensor-parallel ranks too,
     each having routed its own tokens) — its gradient already sums what every rank of its
     expert-parallel group routed to it, so it is divided by the whole |DP| too (as Megatron's DDP)."""
@@ -97,9 +90,9 @@ def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
 
     size = parallel_state.get_data_parallel_world_size()
     grads = [p for p in params if p.grad is not None]
-    if size > 1:
+    if parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1:
         all_reduce_in_place([p.grad for p in grads if not getattr(p, "expert_parallel", False)],
-                            parallel_state.get_data_parallel_group(), divisor=size)
+                            parallel_state.get_data_parallel_group(with_context_parallel=True), divisor=size)
     if parallel_state.get_expert_data_parallel_world_size() > 1 or size > 1:
         all_reduce_in_place([p.grad for p in grads if getattr(p, "expert_parallel", False)],
                             parallel_state.get_expert_data_parallel_group(), divisor=size)
@@ -196,14 +189,15 @@ class MegatronActor(Actor):
     def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                 mini_batches: int = 1, device: torch.device | None = None, seed: int = 0,
                 compute_dtype: torch.dtype = torch.float32, critic: Critic | None = None,
-                distributed_optimizer: bool = False) -> MegatronActor:
+                distributed_optimizer: bool = False, packing: bool = False) -> MegatronActor:
         """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece and experts),
         AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. The
         parameters, their gradients and the optimizer state are float32; forward and backward run in
         ``compute_dtype`` (:func:`.logprobs.vocab_parallel_logits`). Needs an initialised
         ``megatron.core.parallel_state``. ``critic`` (ppo): its value model, built apart
         (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank).
-        ``distributed_optimizer``: AdamW's state sharded over the data-parallel ranks (:mod:`.optimizer`)."""
+        ``distributed_optimizer``: AdamW's state sharded over the data-parallel ranks (:mod:`.optimizer`).
+        ``packing``: each micro-batch's rows packed (:mod:`.inputs`), micro-batches sized by packed tokens."""
         device = device or torch.device("cpu")
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)
@@ -217,8 +211,8 @@ class MegatronActor(Actor):
         model.train()
         adamw = optimizer.make_optimizer(model.parameters(), lr, distributed_optimizer)
         return cls(model, adamw, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer_on(device, compute_dtype), clip_gradients=reduce_and_clip_gradients,
-                   critic=critic, hf_model=hf_model, compute_dtype=compute_dtype)
+                   scorer=scorer_on(device, compute_dtype, packing), clip_gradients=reduce_and_clip_gradients,
+                   packing=packing, critic=critic, hf_model=hf_model, compute_dtype=compute_dtype)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """The actor's step where megatron-core can run on this device: the backward of its token
@@ -239,11 +233,12 @@ class MegatronActor(Actor):
         if self.stages == 1:
             return super().logprobs(model, chunks)
 
-        def read(_: int, chunk: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.zeros(()), scores_of_logits(logits, chunk.targets, self.temperature)[0]
+        def read(_: int, chunk: Batch, logp: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.zeros(()), logp
 
         with torch.no_grad():
-            return through_pipeline(model, chunks, read, self.compute_dtype, forward_only=True)
+            return through_pipeline(model, chunks, read, self.temperature, self.compute_dtype, forward_only=True,
+                                    packed=self.packing)
 
     def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
                              normalizer: float) -> list[dict[str, torch.Tensor]]:
@@ -255,12 +250,13 @@ class MegatronActor(Actor):
         else:
             ref = self.logprobs(self.reference, chunks) if self.reference is not None else None
 
-            def loss(i: int, chunk: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-                logp, entropy = scores_of_logits(logits, chunk.targets, self.temperature)
+            def loss(i: int, chunk: Batch, logp: torch.Tensor,
+                     entropy: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
                 return self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
                                        None if ref is None else ref[i], normalizer)
 
-            stats = through_pipeline(self.model, chunks, loss, self.compute_dtype, forward_only=False)
+            stats = through_pipeline(self.model, chunks, loss, self.temperature, self.compute_dtype,
+                                     forward_only=False, packed=self.packing)
             stats = stats or [{} for _ in chunks]
         sum_shared_embedding_gradients(self.model)
         return stats

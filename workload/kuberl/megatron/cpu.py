@@ -10,7 +10,9 @@ local (non-Transformer-Engine) layer spec and gloo, except for a few calls that 
   gives tensor-parallel ranks their own dropout streams saves and restores the device's generator;
 - pipeline parallelism: the schedules count tokens in ``torch.zeros(..., device="cuda")``, the p2p
   exchange may call ``torch.cuda.synchronize()``, and a tied embedding's start-up all-reduce moves
-  the last stage's copy with ``Tensor.cuda()``.
+  the last stage's copy with ``Tensor.cuda()``;
+- context parallelism: the rotary embedding picks this rank's positions with indices it builds in
+  pinned memory (``get_pos_emb_on_this_cp_rank``), which needs an accelerator.
 
 ``cpu_shim()`` maps them to the CPU (device ``"cpu"``, the CPU generator, no-ops; the schedules'
 module sees a ``torch`` whose ``zeros`` takes CUDA for the CPU) while it is active and restores them
@@ -30,6 +32,15 @@ import torch
 def _get_cpu_rng_state(device: Any = "cpu", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
     state = torch.get_rng_state()
     return state.clone() if clone else state
+
+
+def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
+    """The rotary embedding's rows for this rank's positions (:func:`.context_parallel.context_positions`,
+    Megatron's order) without pinned memory."""
+    from .context_parallel import context_positions
+
+    mine = context_positions(pos_emb.shape[seq_dim], cp_group.size(), cp_group.rank())
+    return pos_emb.index_select(seq_dim, mine.to(pos_emb.device))
 
 
 def _set_cpu_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
@@ -61,6 +72,7 @@ class _TorchOnCpu:
 @contextlib.contextmanager
 def cpu_shim() -> Iterator[None]:
     """Megatron-core's CUDA-only calls answered by the CPU for the duration of the block."""
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as tp_random
 
@@ -73,6 +85,7 @@ def cpu_shim() -> Iterator[None]:
         stack.enter_context(_swapped(torch.cuda, "synchronize", lambda device=None: None))
         stack.enter_context(_swapped(torch.Tensor, "cuda", lambda self, *args, **kwargs: self))
         stack.enter_context(_swapped(schedules, "torch", _TorchOnCpu()))
+        stack.enter_context(_swapped(rotary_pos_embedding, "get_pos_emb_on_this_cp_rank", _pos_emb_on_this_cp_rank))
         yield
 
 

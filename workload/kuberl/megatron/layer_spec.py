@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .context_parallel import context_parallel_attention
+
 
 class RMSNorm(torch.nn.RMSNorm):
     """torch's RMSNorm, built as Megatron builds a norm (``config``, ``hidden_size``, ``eps``), its
@@ -27,13 +29,13 @@ class RMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
-def _with_norm(spec: Any, fallback: type) -> Any:
-    """``spec`` (a ModuleSpec or submodules dataclass, walked recursively) with ``RMSNorm`` wherever
-    it names ``fallback``."""
-    if spec is fallback:
-        return RMSNorm
+def _replaced(spec: Any, replacements: dict[type, type]) -> Any:
+    """``spec`` (a ModuleSpec or submodules dataclass, walked recursively) with each module class
+    that ``replacements`` names replaced."""
+    if isinstance(spec, type) and spec in replacements:
+        return replacements[spec]
     if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
-        return dataclasses.replace(spec, **{f.name: _with_norm(getattr(spec, f.name), fallback)
+        return dataclasses.replace(spec, **{f.name: _replaced(getattr(spec, f.name), replacements)
                                            for f in dataclasses.fields(spec) if f.init})  # fmt: skip
     return spec
 
@@ -41,12 +43,17 @@ def _with_norm(spec: Any, fallback: type) -> Any:
 def block_spec(config: Any) -> Any:
     """``TransformerBlockSubmodules`` for ``config`` on this pipeline stage: each of its layers the
     local spec (experts when ``config.num_moe_experts``, q/k norms when ``config.qk_layernorm``), the
-    final norm and every norm inside the layers :class:`RMSNorm`."""
+    final norm and every norm inside the layers :class:`RMSNorm`; under context parallelism the
+    attention :func:`.context_parallel.context_parallel_attention`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     layer = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
                                      normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    replacements: dict[type, type] = {WrappedTorchNorm: RMSNorm}
+    if config.context_parallel_size > 1:
+        replacements[DotProductAttention] = context_parallel_attention()
     layers = get_num_layers_to_build(config)  # this stage's
-    return TransformerBlockSubmodules(layer_specs=[_with_norm(layer, WrappedTorchNorm)] * layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[_replaced(layer, replacements)] * layers, layer_norm=RMSNorm)

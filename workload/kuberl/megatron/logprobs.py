@@ -20,29 +20,22 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from ..policy.batch import Batch
+from .inputs import ModelInput, model_inputs
 from .routing import replaying
 
 
-def causal_mask(length: int) -> torch.Tensor:
-    """Megatron's attention mask for one row: True where a query may NOT see a key (the future).
-    Right padding needs nothing more: padded keys come after every real query."""
-    return torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)[None, None]
-
-
-def vocab_parallel_logits(model: Any, batch: Batch, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The model's logits for ``batch``, [B, L, V/t] on this tensor-parallel rank. A ``compute_dtype``
+def vocab_parallel_logits(model: Any, given: ModelInput, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The model's logits for ``given``, [R, w, V/t] on this tensor-parallel rank. A ``compute_dtype``
     other than the parameters' runs the forward on copies cast to it (``functional_call``): the
     backward flows through the casts, so the gradients land on the float32 parameters in float32 —
     FSDP2's mixed precision (``param_dtype``, float32 reduction and master weights) without FSDP.
-    A mixture of experts routes as the batch's routes say, where it carries them (:mod:`.routing`)."""
-    rows, length = batch.input_ids.shape
-    positions = torch.arange(length, device=batch.input_ids.device).expand(rows, -1)
-    mask = causal_mask(length).to(batch.input_ids.device).expand(rows, 1, length, length)
-    with replaying(model, batch.routes):
+    A mixture of experts routes as the input's routes say, where it carries them (:mod:`.routing`)."""
+    args = (given.input_ids, given.position_ids, given.attention_mask)
+    with replaying(model, given.routes):
         if compute_dtype == torch.float32:
-            return model(batch.input_ids, positions, mask)
+            return model(*args)
         cast = {name: p.to(compute_dtype) for name, p in model.named_parameters()}
-        return functional_call(model, cast, (batch.input_ids, positions, mask))
+        return functional_call(model, cast, args)
 
 
 def vocab_parallel_entropy(scaled: torch.Tensor, group: Any) -> torch.Tensor:
@@ -57,20 +50,22 @@ def vocab_parallel_entropy(scaled: torch.Tensor, group: Any) -> torch.Tensor:
         return sums[0].log() - sums[1] / sums[0]
 
 
-def token_logprobs_and_entropy(model: Any, batch: Batch, temperature: float,
-                               compute_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(model: Any, batch: Batch, temperature: float, compute_dtype: torch.dtype = torch.float32,
+                               packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(log π(target), H(π)) at every position [B, L−1], as the FSDP actor computes them (the logits
-    in ``compute_dtype``, the softmax over them in float32)."""
-    return scores_of_logits(vocab_parallel_logits(model, batch, compute_dtype), batch.targets, temperature)
+    in ``compute_dtype``, the softmax over them in float32), through the padded or packed layout
+    (:mod:`.inputs`)."""
+    given = model_inputs([batch], packed, model.config.sequence_parallel)[0]
+    return scores(vocab_parallel_logits(model, given, compute_dtype), given, temperature)
 
 
-def scores_of_logits(logits: torch.Tensor, targets: torch.Tensor,
-                     temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log π(target), H(π)) [B, L−1] from this rank's vocabulary-parallel ``logits`` [B, L, V/t]."""
+def scores(logits: torch.Tensor, given: ModelInput, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(target), H(π)) in the batch's [B, L−1] layout from this rank's vocabulary-parallel
+    ``logits`` [R, w, V/t] of ``given`` (:meth:`.inputs.ModelInput.read`)."""
     from megatron.core import parallel_state, tensor_parallel
 
-    logits = logits[:, :-1].float()
+    logits = logits.float()
     scaled = logits / temperature if temperature > 0 else logits * 1.0  # a fresh tensor: CE works in place
     entropy = vocab_parallel_entropy(scaled.detach(), parallel_state.get_tensor_model_parallel_group())
-    logp = -tensor_parallel.vocab_parallel_cross_entropy(scaled, targets)
-    return logp, entropy
+    logp = -tensor_parallel.vocab_parallel_cross_entropy(scaled, given.targets)
+    return given.read(logp), given.read(entropy)

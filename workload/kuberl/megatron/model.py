@@ -76,6 +76,7 @@ def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = 
                                expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
                                sequence_parallel=tensor > 1 and experts(hf_config) > 0,
                                pipeline_model_parallel_size=stages, pipeline_dtype=compute_dtype,
+                               context_parallel_size=parallel_state.get_context_parallel_world_size(),
                                calculate_per_token_loss=True)  # fmt: skip
     if config.num_moe_experts:
         _router_without_transformer_engine()

@@ -113,15 +113,17 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
 
         from ..megatron.actor import MegatronActor
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ (tp·pp)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ (tp·pp·cp)
                                                  pipeline_model_parallel_size=plan.pipeline,
+                                                 context_parallel_size=plan.context,
                                                  expert_model_parallel_size=plan.expert,
                                                  expert_tensor_parallel_size=plan.expert_tensor)
         critic = critic_config(run)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed, dtype,
                                      critic=build_critic(model, critic, device, dtype) if critic else None,
-                                     distributed_optimizer=spec.trainer.distributed_optimizer)
+                                     distributed_optimizer=spec.trainer.distributed_optimizer,
+                                     packing=spec.trainer.packing)
     try:
         return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                 spec.algorithm.mini_batches, device, dtype, weights=weights,
