@@ -12,9 +12,10 @@ for a context-parallel group of size c:
 - **Attention** (:class:`ContextParallelAttention`): each rank computes q, k, v for its own positions,
   all-gathers k and v of the whole row (:func:`gather_positions`, whose backward all-reduces the
   gradient — every rank's queries read every key — and keeps this rank's positions), and runs
-  Megatron's own attention from its queries to every key under its rows of the whole mask. This is
+  Megatron's own attention from its queries to every key under its queries' mask. This is
   all-gather context parallelism (as Llama 3 was trained at long context), not ring attention: k and
-  v of the whole row in memory, one collective per layer instead of c − 1 ring steps.
+  v of the whole row in memory, one collective per layer instead of c − 1 ring steps. The attention
+  scores, [b, heads, W ÷ c, W] on each rank, are what context parallelism divides.
 - **Reading**: the per-position log-probs of a rank's positions are all-gathered back into whole rows
   (:func:`gather_positions` with ``sum_gradients=False``), so every rank of the group computes the
   same loss; each rank's backward then keeps the gradient of its own positions, and the parameters'
@@ -93,8 +94,7 @@ def context_parallel_attention() -> type:
 
     class ContextParallelAttention(DotProductAttention):  # type: ignore[misc]
         """Megatron's local attention from this rank's queries to the keys and values of the whole row
-        (module docstring). The mask it is given covers whole rows, [b, 1, W, W]; it uses the rows of
-        this rank's queries."""
+        (module docstring), under a mask of this rank's queries over the whole row, [b, 1, W ÷ c, W]."""
 
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
             # the local attention refuses context parallelism because it does not gather; this one does
@@ -103,11 +103,7 @@ def context_parallel_attention() -> type:
 
         def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> torch.Tensor:
-            rank, size, _ = context_group()
             key, value = (gather_positions(t, 0, sum_gradients=True) for t in (key, value))  # [W, b, g, d]
-            if attention_mask is not None:
-                mine = context_positions(key.shape[0], size, rank).to(attention_mask.device)
-                attention_mask = attention_mask.index_select(2, mine)
             return super().forward(query, key, value, attention_mask, *args, **kwargs)
 
     return ContextParallelAttention

@@ -5,15 +5,16 @@ A batch's rows (right-padded, [B, L]) reach the model in one of two layouts:
 
 - **padded**: the rows as they are, under a causal mask;
 - **packed** (``spec.trainer.packing``): the rows laid end to end in bins (:mod:`kuberl.policy.packing`)
-  under a block-diagonal causal mask (:func:`packed_mask`: a token sees the earlier tokens of its own
+  under a block-diagonal causal mask (:func:`attention_mask`: a token sees the earlier tokens of its own
   sequence only). Megatron's rotary embedding numbers a bin's positions 0…W−1 whatever the position
   ids say, so a sequence at offset o of its bin is rotated as if it began at o; its scores are the
   same as at 0 because a rotary attention score depends only on the distance between query and key,
   qᵀR(i)ᵀR(j)k = qᵀR(j − i)k (to float rounding).
 
 Either is padded to the shape the parallel layout takes (:func:`layout_shape`). Under context
-parallelism each rank is given only its positions of every row (:mod:`.context_parallel`) but the
-mask of whole rows; :meth:`ModelInput.read` gathers a per-position output back into whole rows.
+parallelism each rank is given only its positions of every row (:mod:`.context_parallel`) and the
+mask of its queries over the whole row's keys; :meth:`ModelInput.read` gathers a per-position
+output back into whole rows.
 """
 
 from __future__ import annotations
@@ -49,18 +50,19 @@ def layout_shape(rows: int, width: int, sequence_parallel: bool) -> tuple[int, i
     return rows, -(-width // multiple) * multiple
 
 
-def causal_mask(length: int) -> torch.Tensor:
-    """Megatron's attention mask for one row, [1, 1, L, L]: True where a query may NOT see a key (the
-    future). Right padding needs nothing more: padded keys come after every real query."""
-    return torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)[None, None]
-
-
-def packed_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """[R, 1, W, W] for packed rows whose ``position_ids`` [R, W] restart at 0 with each sequence:
-    True where a query may NOT see a key — a later position, or another sequence."""
+def attention_mask(position_ids: torch.Tensor, queries: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    """Megatron's attention mask [R, 1, q, W] for rows whose ``position_ids`` are [R, W]: True where a
+    query (the positions ``queries`` of the row, every position when None) may NOT see a key — a
+    later position, or (``packed``: position ids restart at 0 with each sequence) another sequence.
+    Right padding needs nothing more: padded keys come after every real query."""
+    rows, width = position_ids.shape
+    keys = torch.arange(width, device=position_ids.device)
+    queries = keys if queries is None else queries.to(position_ids.device)
+    blocked = keys[None, :] > queries[:, None]  # [q, W]: the future
+    if not packed:
+        return blocked[None, None].expand(rows, 1, -1, -1)
     sequence = (position_ids == 0).cumsum(dim=1)
-    other = sequence[:, :, None] != sequence[:, None, :]
-    return (other | causal_mask(position_ids.shape[1]).to(other.device)[0])[:, None]
+    return (blocked | (sequence[:, queries, None] != sequence[:, None, :]))[:, None]
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class ModelInput:
     """One forward's input for this rank — ``input_ids``, ``position_ids`` [R, w] (w = W ÷ c, this
     rank's positions; W under no context parallelism), ``attention_mask`` [R, 1, W, W] of whole rows,
     ``routes`` [R, w, layers, k] — with ``targets`` [R, w], the token after each position (0 after a
-    row's last), and how to read an output back (:meth:`read`)."""
+    row's last), and how to read an output back (:meth:`read`). ``attention_mask`` [R, 1, w, W]:
+    this rank's queries, every key of the row (:func:`attention_mask`)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -123,8 +126,7 @@ def model_inputs(chunks: list[Batch], packed: bool, sequence_parallel: bool) -> 
         ids = _grown(ids, rows, width, 0)
         positions = _grown(positions, rows, width, torch.arange(width, device=device).expand(rows, -1))
         routes = _grown(routes, rows, width, UNROUTED)
-        mask = (packed_mask(positions) if packing is not None
-                else causal_mask(width).to(device).expand(rows, 1, width, width))
+        mask = attention_mask(positions, mine, packing is not None)
         targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))
         if mine is not None:
             at = mine.to(device)
