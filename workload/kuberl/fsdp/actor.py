@@ -93,7 +93,7 @@ class FSDPActor(Actor):
         ``model`` on the ``meta`` device is filled after sharding from the safetensors in ``weights``,
         each rank reading its own shards (:mod:`kuberl.models.meta`). ``activation_checkpointing``:
         each block's activations are recomputed in the backward pass instead of kept. ``packing``: each
-        micro-batch's rows are packed (:mod:`kuberl.policy.packing`), and micro-batches are sized by packed tokens.
+        micro-batch's rows are packed (:mod:`kuberl.policy.packing`).
         ``critic`` (ppo): a value model from the same weights (:func:`~kuberl.policy.critic.value_model`),
         sharded, placed and checkpointed alike, with its own AdamW (the whole value model, with or without
         an adapter on the policy). ``adapter``: a LoRA adapter on the policy (:func:`~kuberl.models.lora.add_adapter`;

@@ -197,7 +197,7 @@ class MegatronActor(Actor):
         ``megatron.core.parallel_state``. ``critic`` (ppo): its value model, built apart
         (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank).
         ``distributed_optimizer``: AdamW's state sharded over the data-parallel ranks (:mod:`.optimizer`).
-        ``packing``: each micro-batch's rows packed (:mod:`.inputs`), micro-batches sized by packed tokens."""
+        ``packing``: each micro-batch's rows packed (:mod:`.inputs`)."""
         device = device or torch.device("cpu")
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)

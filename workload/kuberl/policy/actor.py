@@ -52,10 +52,10 @@ from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
 from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
-from .batch import TOKEN_BUDGET, Batch, micro_batch_count, padded_tokens, split
+from .batch import TOKEN_BUDGET, Batch, micro_batch_count, split
 from .critic import Critic, ValueTargets
 from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
-from .packing import pack, packed_tokens
+from .packing import pack
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
 """Per-rank sums that :meth:`Actor.train_step` adds up over updates and ranks before dividing."""
@@ -156,7 +156,7 @@ class Actor:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     scorer: Scorer = token_logprobs_and_entropy
     clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
-    packing: bool = False  # micro-batches sized by packed tokens; set with the packed scorer
+    packing: bool = False  # the scorer packs each micro-batch's rows (set with the packed scorer)
     critic: Critic | None = None  # ppo's value model: GAE advantages per token, trained in the same step
     adapter: LoraSpec | None = None  # spec.trainer.lora: the model carries a LoRA adapter, the only weights trained
 
@@ -190,10 +190,9 @@ class Actor:
 
     def _micro_batches(self, part: Batch) -> list[Batch]:
         """Rows of like length together, each micro-batch trimmed to its longest row, within the
-        token budget (``micro_batch_count``, counting packed tokens when packing); the same number of
-        micro-batches on every rank."""
-        tokens = packed_tokens if self.packing else padded_tokens
-        count = int(all_reduce(micro_batch_count(part, self.token_budget, slice_tokens=tokens), dist.ReduceOp.MAX))
+        token budget (``micro_batch_count``; packed or not: packing then fits each micro-batch's rows in
+        fewer rows, :mod:`.packing`); the same number of micro-batches on every rank."""
+        count = int(all_reduce(micro_batch_count(part, self.token_budget), dist.ReduceOp.MAX))
         return [chunk.trimmed() for chunk in split(part.by_length(), count)]
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:

@@ -12,7 +12,6 @@ the engine's log-probs must equal the trainer's own, which :mod:`.actor` checks)
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -139,28 +138,21 @@ def padded_tokens(lengths: list[int]) -> int:
     return len(lengths) * max(lengths) if lengths else 0
 
 
-SliceTokens = Callable[[list[int]], int]
-"""Row lengths of a micro-batch → the tokens its pass computes on (padded, or :func:`.packing.packed_tokens`)."""
-
-
-def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS,
-                slice_tokens: SliceTokens = padded_tokens) -> int:
+def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
     """How many near-equal slices of rows sorted by ``lengths`` (longest first) cost the least:
-    Σ ``slice_tokens`` of each slice + ``pass_cost`` a slice, among the counts whose every slice
-    keeps within ``token_budget`` (or is one row). Tried: the least count that fits padded, then
-    doubling it, and the powers of two below it (a packed slice may fit where a padded one does
-    not). Rows of very different lengths (multi-turn episodes) get several slices even when one
+    Σ :func:`padded_tokens` of each slice + ``pass_cost`` a slice, among the counts whose every slice
+    keeps within ``token_budget`` (or is one row). Tried: the least count that fits, then doubling
+    it. Rows of very different lengths (multi-turn episodes) get several slices even when one
     would fit: 128 rows of mean length 30 and longest 95 in one slice pay 12,160 tokens padded, in
     8 slices about 5,000."""
     lengths = sorted(lengths, reverse=True)
     rows = len(lengths)
     fits = max(1, -(-rows // max(1, token_budget // max(1, lengths[0]))))
     tried = {fits << k for k in range(rows.bit_length() + 1) if fits << k <= rows} | {fits}
-    tried |= {1 << k for k in range(fits.bit_length()) if 1 << k < fits}
     best, best_cost = fits, None
     for count in sorted(tried):
         slices = [lengths[lo:hi] for lo, hi in slice_bounds(rows, count) if hi > lo]
-        tokens = [slice_tokens(s) for s in slices]
+        tokens = [padded_tokens(s) for s in slices]
         if any(t > token_budget and len(s) > 1 for t, s in zip(tokens, slices, strict=True)):
             continue
         cost = sum(tokens) + count * pass_cost
@@ -169,10 +161,9 @@ def slice_count(lengths: list[int], token_budget: int = TOKEN_BUDGET, pass_cost:
     return best
 
 
-def micro_batch_count(batch: Batch, token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS,
-                      slice_tokens: SliceTokens = padded_tokens) -> int:
+def micro_batch_count(batch: Batch, token_budget: int = TOKEN_BUDGET, pass_cost: int = PASS_COST_TOKENS) -> int:
     """``slice_count`` of the batch's row lengths: how many slices of ``batch.by_length()`` to train in."""
-    return slice_count(batch.lengths.tolist(), token_budget, pass_cost, slice_tokens)
+    return slice_count(batch.lengths.tolist(), token_budget, pass_cost)
 
 
 def split(batch: Batch, parts: int) -> list[Batch]:

@@ -5,8 +5,13 @@ Layout: rows (prompt + output, real length n_i) go into bins of width W = the mi
 row, first-fit decreasing; ``position_ids`` restart at 0 with every sequence (and for a bin's tail
 of padding), and no attention mask is passed, so each token attends only to its own sequence:
 transformers builds the block-diagonal causal mask from the position ids (sdpa, eager), and
-flash-attention's variable-length path reads them the same way. Attention never costs more than
-the padded batch's (bins ≤ rows, same width); every other layer costs bins × W instead of rows × W.
+flash-attention's variable-length path reads them the same way. The micro-batches are the padded
+path's (rows of like length together, :meth:`.actor.Actor._micro_batches`), so attention — dense
+over a bin's W × W wherever the mask is built — never costs more than padded (bins ≤ rows, same
+width), and every other layer costs bins × W instead of rows × W. (Sizing micro-batches by packed
+tokens instead puts short rows into bins as wide as the longest row: fewer passes but more
+attention; on a long-tailed batch it was slower than padding on both backends,
+``benchmarks/packing.py``.)
 
 What the model says at packed position (bin b, offset o + j) is what the padded path says at (row i,
 j) for j < n_i − 1 (it predicts the row's token j + 1); :meth:`Packing.unpack` puts it back there, so
