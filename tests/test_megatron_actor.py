@@ -73,7 +73,9 @@ def as_collated_alone(batch: Batch) -> Batch:
 MODELS_TRAINED = {"qwen2": lambda: qwen2(tied=False), "qwen2-tied": qwen2, "qwen3-moe": qwen3_moe}
 LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_model_parallel_size": 2},
            "tp2": {"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
-           "pp2": {"pipeline_model_parallel_size": 2}, "cp2-dp2": {"context_parallel_size": 2},
+           "pp2": {"pipeline_model_parallel_size": 2},
+           "cp2-dp2": {"context_parallel_size": 2}, "cp2": {"context_parallel_size": 2},
+           "pp2-cp2": {"pipeline_model_parallel_size": 2, "context_parallel_size": 2},
            "cp2-tp2": {"context_parallel_size": 2, "tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
            "pp2-ep2-dp2": {"pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2}}
 
@@ -113,7 +115,7 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
                 qwen3 = MegatronActor.from_hf(qwen3_qk_norm(tied=False), PPO, lr=1e-2, temperature=0.7)
                 result["qwen3"] = read_and_differentiate(qwen3, first)
                 result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
-            if "cp2" in layout:
+            if "cp2" in layout and not pipelined:
                 result["packed"] = read_and_differentiate(make_actor(make, layout, packing=True), first)
         else:
             result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
@@ -133,6 +135,9 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
         result |= {"state": actor.full_state_dict(), "grad_norms": norms}
         dr_grpo = make_actor(make, layout, DR_GRPO, token_budget=budget)
         result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
+        if layout and "cp2" in layout and pipelined:  # packed bins through the pipeline's buffers
+            packed = make_actor(make, layout, token_budget=budget, packing=True)
+            result["packed_norm"] = packed.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
         gspo = make_actor(make, layout, GSPO_TIS, token_budget=budget)
         result["gspo_tis"] = gspo.train_step(mine[0], first.size)
         if pipelined and data_ranks == 1:  # two updates a batch split alike: the same rows in each
@@ -274,6 +279,16 @@ def test_context_parallelism_with_tensor_and_sequence_parallelism_trains_a_mixtu
     assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
     assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["packed"], first)
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
+
+
+def test_context_parallelism_through_the_pipeline_trains_as_the_fsdp_actor_does(tmp_path):
+    """Pipeline 2 × context 2 (four processes, tied embeddings): each stage's p2p buffers carry a
+    rank's half of every row; the FSDP actor's two steps, gradient norms and KL stats with π_prox and
+    π_ref read through the pipeline, a bit-identical resume, and packed rows through the pipeline give
+    its first gradient norm."""
+    fsdp, megatron = train_both(tmp_path, "qwen2-tied", "pp2-cp2", world=4)
+    assert_trains_as_fsdp(fsdp, megatron, qwen2().state_dict(), with_kl=True)
+    assert megatron["packed_norm"] == pytest.approx(fsdp["grad_norms"][0], rel=1e-4)
 
 
 def assert_computes_in_bfloat16_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], fp32: dict[str, Any],

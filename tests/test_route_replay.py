@@ -163,16 +163,18 @@ def _megatron_logprobs(rank: int, world: int, port: int, layout: str, out: str) 
         with torch.no_grad(), on_device(actor.device):  # as MegatronActor.train_step reads them
             replayed = actor.logprobs(actor.model, [batch])
             own = actor.logprobs(actor.model, [dataclasses.replace(batch, routes=batch.routes[:, :, :0])])
-        first = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0
+        first = (parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0
+                 and parallel_state.get_context_parallel_rank() == 0)
         if replayed and first:  # only the last pipeline stage reads them
             torch.save({"replayed": replayed[0], "own": own[0]}, out)
     exit_without_teardown(0)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "ep2-dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "ep2-dp2", "cp2"])
 def test_megatron_replays_the_routes_as_the_fsdp_path_does(tmp_path, layout):
-    """Sequence-parallel token slices (tp2), layers on two stages (pp2) and experts on two ranks (ep2):
-    the routes land on the right token and layer when Megatron reads what the HF path reads."""
+    """Sequence-parallel token slices (tp2), layers on two stages (pp2), experts on two ranks (ep2) and
+    each row's positions split over two ranks (cp2): the routes land on the right token and layer when
+    Megatron reads what the HF path reads."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     from .test_megatron import qwen3_moe
     from .workers import start_workers

@@ -38,7 +38,8 @@ def through_pipeline(model: Any, chunks: list[Batch], on_scores: ScoresReader, t
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     inputs = model_inputs(chunks, packed, model.config.sequence_parallel)
-    rows, width = inputs[0].input_ids.shape  # this rank's positions: the p2p buffers' sequence length
+    rows, width = inputs[0].attention_mask.shape[0], inputs[0].attention_mask.shape[-1]  # whole rows: the
+    # schedule divides the width by the context- (and, under sequence parallelism, tensor-) parallel size
 
     def forward_step(indices: Any, stage_model: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
         i = next(indices)
