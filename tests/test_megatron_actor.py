@@ -76,6 +76,7 @@ LAYOUTS = {"tp2-dp2": {"tensor_model_parallel_size": 2}, "ep2-dp2": {"expert_mod
            "pp2": {"pipeline_model_parallel_size": 2},
            "cp2-dp2": {"context_parallel_size": 2}, "cp2": {"context_parallel_size": 2},
            "pp2-cp2": {"pipeline_model_parallel_size": 2, "context_parallel_size": 2},
+           "cp2-ep2": {"context_parallel_size": 2, "expert_model_parallel_size": 2},
            "cp2-tp2": {"context_parallel_size": 2, "tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 1},
            "pp2-ep2-dp2": {"pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2}}
 
@@ -269,12 +270,14 @@ def test_context_parallelism_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp
     assert_trains_as_fsdp(fsdp, megatron, qwen2(tied=False).state_dict())
 
 
-def test_context_parallelism_with_tensor_and_sequence_parallelism_trains_a_mixture_of_experts(tmp_path):
-    """Context parallelism 2 × tensor parallelism 2 on Qwen3-MoE (four processes): each rank of a
-    context-parallel pair takes its two chunks of every row, and within them, under sequence
-    parallelism, its tensor-parallel half of the tokens through norms, router and experts — the FSDP
-    actor's log-probs, loss and gradients, padded and packed, and its two steps and resume."""
-    fsdp, megatron = train_both(tmp_path, "qwen3-moe", "cp2-tp2", world=4)
+@pytest.mark.parametrize("layout", ["cp2-tp2", "cp2-ep2"])
+def test_context_parallelism_trains_a_mixture_of_experts_as_the_fsdp_actor_does(tmp_path, layout):
+    """Context parallelism 2 on Qwen3-MoE (four processes): each rank of a context-parallel pair takes
+    its two chunks of every row, and within them — with tensor parallelism 2, under sequence
+    parallelism — its tensor-parallel half of the tokens through norms, router and experts, or — with
+    expert parallelism 2 — its tokens to the ranks holding their experts: the FSDP actor's log-probs,
+    loss and gradients, padded and packed, and its two steps and resume."""
+    fsdp, megatron = train_both(tmp_path, "qwen3-moe", layout, world=4)
     first = random_batch(qwen3_moe().config.vocab_size, seed=6, rows=6)
     assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["first"], first)
     assert_reads_and_differentiates_as_hf(qwen3_moe(), megatron["packed"], first)
