@@ -101,6 +101,7 @@ MEGATRON_LAYOUTS = {  # the output layer splits over the vocabulary too
     "tensor2": (lambda: tiny_qwen2(len(char_tokenizer()), 7, tied=False), {"tensor_model_parallel_size": 2}),
     "expert2": (lambda: tiny_qwen3_moe(len(char_tokenizer()), 7), {"expert_model_parallel_size": 2}),
     "pipeline2": (lambda: tiny_qwen2(len(char_tokenizer()), 7, tied=True), {"pipeline_model_parallel_size": 2}),
+    "context2": (lambda: tiny_qwen2(len(char_tokenizer()), 7, tied=False), {"context_parallel_size": 2}),
 }
 
 
@@ -162,7 +163,8 @@ def test_megatron_tensor_expert_and_pipeline_parallel_pieces_reach_a_replica_as_
     its fused query groups, gate/up out of its fused MLP input, its vocabulary rows, its o/down
     columns); each expert-parallel rank its experts' rows of the stacked HF expert tensors (the rest,
     held alike by both, shared out by the planner); each pipeline stage its layers (the first the tied
-    embedding, the last the final norm) under whole-model layer numbers; the replica ends with exactly the weights the
+    embedding, the last the final norm) under whole-model layer numbers; the two ranks of a
+    context-parallel pair, which hold the same weights, share the sending; the replica ends with exactly the weights the
     trainer's gathered export has, and each rank sent its share."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
