@@ -48,7 +48,7 @@ from ..data.datasets import Example
 from ..models.text import TextCodec
 from ..policy.actor import TOKEN_SUMS, Actor
 from ..policy.algorithms import AlgorithmConfig
-from ..policy.batch import Batch
+from ..policy.batch import TOKEN_BUDGET, Batch
 from ..policy.critic import Critic, ValueTargets
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
@@ -197,7 +197,8 @@ class MegatronActor(Actor):
         ``megatron.core.parallel_state``. ``critic`` (ppo): its value model, built apart
         (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank).
         ``distributed_optimizer``: AdamW's state sharded over the data-parallel ranks (:mod:`.optimizer`).
-        ``packing``: each micro-batch's rows packed (:mod:`.inputs`)."""
+        ``packing``: each micro-batch's rows packed (:mod:`.inputs`). The micro-batches' token budget
+        counts a rank's tokens: under context parallelism c it holds c × the rows' tokens."""
         device = device or torch.device("cpu")
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)
@@ -210,9 +211,13 @@ class MegatronActor(Actor):
         model = model.to(device)
         model.train()
         adamw = optimizer.make_optimizer(model.parameters(), lr, distributed_optimizer)
-        return cls(model, adamw, config, temperature, mini_batches, reference=reference, device=device,
-                   scorer=scorer_on(device, compute_dtype, packing), clip_gradients=reduce_and_clip_gradients,
-                   packing=packing, critic=critic, hf_model=hf_model, compute_dtype=compute_dtype)
+        from megatron.core import parallel_state
+
+        budget = TOKEN_BUDGET * parallel_state.get_context_parallel_world_size()  # each rank computes W ÷ c of a row
+        return cls(model, adamw, config, temperature, mini_batches, token_budget=budget, reference=reference,
+                   device=device, scorer=scorer_on(device, compute_dtype, packing),
+                   clip_gradients=reduce_and_clip_gradients, packing=packing, critic=critic, hf_model=hf_model,
+                   compute_dtype=compute_dtype)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """The actor's step where megatron-core can run on this device: the backward of its token
