@@ -125,6 +125,9 @@ CASES = {
     "autoscale within bounds": experiment(inference={"replicas": 1, "autoscale": {"maxReplicas": 3}}),
     "autoscale bounds inverted": experiment(inference={"replicas": 1, "autoscale": {"minReplicas": 4,
                                                                                      "maxReplicas": 3}}),
+    "relay over p2p": experiment(weightSync={"mode": "p2p", "relay": True}),
+    "relay over the default mode": experiment(weightSync={"relay": True}),
+    "relay over broadcast": experiment(weightSync={"mode": "broadcast", "relay": True}),
     "agent env with a value": experiment(agent={"command": ["a"], "env": [{"name": "X", "value": "1"}]}),
     "agent env with a value and a secret": experiment(agent={"command": ["a"], "env": [
         {"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
@@ -149,7 +152,7 @@ def test_cel_and_kuberl_validate_agree(case):
     failures = cel_failures(doc)
     schema_level = [i for i in issues if i.path.startswith(("metadata", "spec.algorithm", "spec.agent",
                                                             "spec.trainer.lora.targetModules",
-                                                            "spec.inference.autoscale"))]
+                                                            "spec.inference.autoscale", "spec.weightSync"))]
     assert bool(failures) == bool(schema_level), (case, failures, issues)
 
 

@@ -260,6 +260,53 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
         assert f"received weights version {steps} over p2p" in (work / f"inference-{r}.log").read_text()
 
 
+def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_again(tmp_path):
+    """weightSync.relay with one trainer rank and three replicas: the planner relays (each piece goes
+    to one replica, which forwards it to the others) and every replica serves the trainer's weights
+    exactly (the engine's log-probs are the trainer's). Replica 1 hangs (SIGSTOP). Between two
+    exchanges, its peers then wait on what it should forward until the health check finds it gone and
+    that version goes to them by broadcast; within one, after it forwarded, they finish and it leaves
+    as a straggler (which of the two depends on where the signal lands; tests/test_rollout_client.py
+    covers the first alone). Either way training goes on, the group is re-formed relayed with two
+    replicas, then with all three once it answers again, and each serves the newest weights over
+    p2p; the gang never restarts."""
+    work, summary = tmp_path / "run", tmp_path / "summary.json"
+    steps = 50
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
+         "--workdir", str(work), "--summary", str(summary), "--set", "weightSync.relay=true",
+         "--set", "inference.replicas=3", "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    trainer_log = work / "trainer-0.log"
+    try:
+        _wait_for_log(proc, trainer_log, f"step 3/{steps}")
+        hung = _replica_pid(work, 1)
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            at = len(trainer_log.read_text(errors="replace"))
+            _wait_for_log(proc, trainer_log, "1 trainer ranks → 2 replicas relayed", after=at)
+            _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 5}/{steps}", timeout=90)
+        finally:
+            os.kill(hung, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(summary.read_text())
+    assert result["final_version"] == steps and result["replicas"] == 3
+    assert result["restarts"] == {"trainer": 0, "inference": 0, "agent": 0}
+    assert result["behav_logp_gap_max"] < 1e-5  # every replica served the trainer's exact weights
+    text = trainer_log.read_text()
+    relayed = re.findall(r"p2p weight exchange \(group (\d+)\): 1 trainer ranks → 3 replicas relayed", text)
+    assert relayed[0] == "0" and int(relayed[-1]) > 0, relayed  # relayed from the start, and again after
+    caught_between = "peers waited on it" in text and "goes by broadcast" in text
+    assert caught_between or "its peers were" in text
+    for r in range(3):
+        assert f"received weights version {steps} over p2p" in (work / f"inference-{r}.log").read_text()
+
+
 def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
     work = tmp_path / "run"
     summary = run_local(EXAMPLE, ["weightSync.mode=disk", "model.sftWarmup.steps=5", NO_EVAL], 8, None, quiet=True,

@@ -16,7 +16,7 @@ from kuberl.inference.engine import TorchEngine
 from kuberl.inference.server import build_app
 from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
-from kuberl.rollout.client import InferenceClient, Rejected
+from kuberl.rollout.client import InferenceClient, Rejected, ReplicaFault
 from kuberl.weights.sync import to_safetensors
 
 TOKEN = "test-token-0123456789"
@@ -200,6 +200,53 @@ async def test_a_replica_that_straggles_on_a_weight_push_leaves_rotation_and_the
         release.set()
         await hung.close()
         await good.close()
+
+
+def relaying_replica(dies: bool, release: asyncio.Event) -> web.Application:
+    """A replica in a relayed p2p exchange: one that ``dies`` fails to take the version at once; the
+    others wait on what it should have forwarded (until ``release``)."""
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": 0})
+
+    async def topology(request: web.Request) -> web.Response:
+        return web.json_response({"node": "n0", "fabric": "", "zone": ""})
+
+    async def receive(request: web.Request) -> web.Response:
+        if dies:
+            raise web.HTTPInternalServerError(text="the exchange group broke")
+        await release.wait()
+        return web.json_response({"version": int(request.query["version"]), "seconds": 0.0})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/topology", topology)
+    app.router.add_post("/weights/p2p/receive", receive)
+    return app
+
+
+@pytest.mark.parametrize("relayed", [True, False])
+async def test_a_relayed_p2p_exchange_ends_at_the_first_failure_and_the_waiting_peers_stay_in_rotation(relayed):
+    """Relayed, the replicas wait on each other: when one fails the exchange ends for all at once —
+    none took the version (the trainer then broadcasts it), and the two that waited stay in rotation.
+    Direct, the others could still finish on their own, so the exchange waits for them."""
+    release = asyncio.Event()
+    servers = [TestServer(relaying_replica(i == 0, release)) for i in range(3)]
+    for server in servers:
+        await server.start_server()
+    try:
+        async with InferenceClient([str(s.make_url("/")) for s in servers], TOKEN) as client:
+            await client.topologies()
+            if relayed:
+                with pytest.raises(ReplicaFault, match="no replica received"):
+                    await asyncio.wait_for(client.receive_p2p(1, relayed=True), timeout=10)
+                assert [r.needs_weights for r in client.replicas] == [True, False, False]
+            else:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(client.receive_p2p(1), timeout=1)
+    finally:
+        release.set()
+        for server in servers:
+            await server.close()
 
 
 async def test_a_replica_that_keeps_failing_stays_out_longer_each_time():

@@ -294,12 +294,28 @@ class TrainerSpec(PodPlacement):
 
 
 class WeightSyncSpec(ApiModel):
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(("!(has(self.relay) && self.relay) || !has(self.mode) || self.mode == 'p2p'",
+                                  "weightSync.relay needs weightSync.mode p2p"))
+    }
+
     mode: WeightSyncMode = WeightSyncMode.P2P
     directory: str | None = Field(
         None, pattern=ABSOLUTE_PATH, max_length=256,
         description="mode disk on a cluster: a directory on a ReadWriteMany volume of spec.storage.volumes "
                     "that the trainer writes and every inference pod reads",
     )
+    relay: bool = Field(
+        False, description="mode p2p: let the planner send each piece to one replica that forwards it to the "
+                           "others, where that is predicted at least 10 % faster (more replicas than the trainer "
+                           "has links). A replica that fails during an exchange then costs that version on the "
+                           "replicas it feeds, which get it by broadcast, instead of on itself alone")
+
+    @model_validator(mode="after")
+    def _relay_needs_p2p(self) -> WeightSyncSpec:
+        if self.relay and self.mode != WeightSyncMode.P2P:
+            raise ValueError(f"weightSync.relay needs weightSync.mode p2p (mode is {self.mode})")
+        return self
 
 
 class VolumeMount(ApiModel):

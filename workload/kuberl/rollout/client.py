@@ -197,30 +197,38 @@ class InferenceClient:
                 self._lost(replica, err)
 
     async def _each_in_step(self, replicas: list[Replica], call: Callable[[Replica], Awaitable[Any]],
-                            what: str) -> list[Replica]:
+                            what: str, coupled: bool = False) -> list[Replica]:
         """``call`` every replica at once; those that fail or straggle (not done ``max(STRAGGLER_FLOOR,
-        STRAGGLER_FACTOR × t₁)`` after the start, t₁ the first one's time) leave rotation. Returns the
-        replicas that completed."""
+        STRAGGLER_FACTOR × t₁)`` after the start, t₁ the first one's time) leave rotation. ``coupled``
+        (each call waits on the others): at the first failure the calls still running are given up,
+        their replicas staying in rotation. Returns the replicas that completed."""
         start = time.monotonic()
         calls = {asyncio.ensure_future(self._leaving_aborts(r, call(r))): r for r in replicas}
-        pending, completed, deadline = set(calls), [], None
+        pending, completed, deadline, given_up = set(calls), [], None, False
         try:
             while pending:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     break
+                failed = False
                 for task in done:
                     err = task.exception()
                     if err is None:
                         completed.append(calls[task])
                     elif isinstance(err, REPLICA_ERRORS):
                         self._lost(calls[task], err)
+                        failed = True
                     else:
                         raise err
+                if coupled and failed and pending:
+                    log.warning("%s: a replica failed while its peers waited on it; %d of them go without it",
+                                what, len(pending))
+                    given_up = True
+                    break
                 if deadline is None and completed:
                     deadline = start + max(STRAGGLER_FLOOR, STRAGGLER_FACTOR * (time.monotonic() - start))
-            for task in pending:
+            for task in () if given_up else pending:
                 self._lost(calls[task], ReplicaFault(f"{what}: not done {time.monotonic() - start:.1f} s after "
                                                      "the start, its peers were"))  # fmt: skip
         finally:
@@ -305,16 +313,18 @@ class InferenceClient:
         await asyncio.gather(*(self._post(r, "/weights/p2p/join", control=True, json=b)
                                for r, b in zip(self._members, bodies, strict=True)))  # fmt: skip
 
-    async def receive_p2p(self, version: int) -> None:
+    async def receive_p2p(self, version: int, relayed: bool = False) -> None:
         """Every member receives ``version`` from the trainer ranks and swaps it in. A member that fails
         or straggles leaves rotation and the group (re-formed at the next push without it, see
-        ``p2p_membership_changed``); the others serve ``version`` and are in rotation. Raises only when
-        none took it (the trainer then re-sends it by broadcast). A whole-state payload kept from an
-        earlier broadcast is dropped (it is older now: a replica that comes back waits for the
-        trainer rather than serve it)."""
+        ``p2p_membership_changed``); the others serve ``version`` and are in rotation. ``relayed`` (the
+        members forward pieces to each other): the first member to fail ends the exchange for all —
+        the others wait on what it should forward, so they stay in rotation without the version.
+        Raises only when none took it (the trainer then re-sends it by broadcast). A whole-state
+        payload kept from an earlier broadcast is dropped (it is older now: a replica that comes back
+        waits for the trainer rather than serve it)."""
         served = await self._each_in_step(
             self._members, lambda r: self._post(r, f"/weights/p2p/receive?version={version}", control=True),
-            f"p2p weights version {version}")  # fmt: skip
+            f"p2p weights version {version}", coupled=relayed)  # fmt: skip
         if not served:
             raise ReplicaFault(f"no replica received weights version {version} over p2p")
         self._latest = None

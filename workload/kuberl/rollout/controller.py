@@ -92,9 +92,10 @@ class RolloutController:
     async def _p2p_membership_changed(self) -> bool:
         return self.client.p2p_membership_changed()
 
-    def receive_p2p(self, version: int) -> Future[float]:
-        """Start: every replica receives ``version`` over the p2p group; the future holds the seconds."""
-        return asyncio.run_coroutine_threadsafe(self._receive_p2p(version), self.loop)
+    def receive_p2p(self, version: int, relayed: bool = False) -> Future[float]:
+        """Start: every replica receives ``version`` over the p2p group (``relayed``: through each other);
+        the future holds the seconds."""
+        return asyncio.run_coroutine_threadsafe(self._receive_p2p(version, relayed), self.loop)
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -209,9 +210,9 @@ class RolloutController:
         self._serving(version)
         return time.perf_counter() - start
 
-    async def _receive_p2p(self, version: int) -> float:
+    async def _receive_p2p(self, version: int, relayed: bool) -> float:
         start = time.perf_counter()
-        await self.client.receive_p2p(version)
+        await self.client.receive_p2p(version, relayed)
         self._serving(version)
         return time.perf_counter() - start
 

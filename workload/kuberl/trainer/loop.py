@@ -170,7 +170,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls)
                 if rank == 0 else NoServices())
     sync = make_weight_sync(str(spec.weight_sync.mode), services.control, settings, rank, world,
-                            spec.weight_sync.directory)
+                            spec.weight_sync.directory, spec.weight_sync.relay)
     sync.push(actor.weight_source(), first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
     log.info("initial weights (version %d) pushed", first_step)

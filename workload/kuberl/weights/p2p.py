@@ -24,7 +24,12 @@ on the trainer's side (a replica died mid-transfer: the group cannot be reused),
 agree on it (an all-reduce), log a warning and re-send that version by ``broadcast`` (a replaced
 replica catches up through the pool's elastic path); the next push re-forms the group and goes on
 in p2p. While a replica cannot be reached for the set-up, that version goes by broadcast
-too and the set-up is tried again at the next. When every replica restarted before an exchange
+too and the set-up is tried again at the next.
+
+With ``spec.weightSync.relay`` the plan may have two stages (:mod:`.relay`: each piece to one replica,
+which forwards it to the others — chosen where predicted ≥ 10 % faster); the replicas then wait on
+each other, so the first one to fail ends the exchange for its peers: they stay in rotation without
+the version, which goes to them by broadcast. When every replica restarted before an exchange
 could fail, rollout starves; the trainer then calls ``recover`` (broadcast now, p2p again next).
 """
 
@@ -43,7 +48,8 @@ from ..settings import Settings
 from .discovery import from_json, own_topology, to_json
 from .layouts import ParamMeta, inference_needs
 from .plan import Holding, Plan, RankTopology, Transfer, plan
-from .transport import open_group, param_metas, run_exchange, transfer_to_json
+from .relay import StagedPlan, staged_plan
+from .transport import forwards_to_json, open_group, param_metas, run_staged, transfer_to_json
 
 log = logging.getLogger("kuberl.weights")
 
@@ -71,7 +77,7 @@ class ReplicaControl(Protocol):
 
     def join_p2p(self, bodies: list[dict[str, Any]]) -> None: ...
 
-    def receive_p2p(self, version: int) -> Future[float]: ...
+    def receive_p2p(self, version: int, relayed: bool = False) -> Future[float]: ...
 
     def p2p_membership_changed(self) -> bool:
         """A replica left the group's rotation or one came back since the group was formed."""
@@ -87,21 +93,37 @@ def plan_for(metas: list[ParamMeta], holdings: list[Holding], trainers: list[Ran
     return plan(holdings, needs, topology, {m.name: m.itemsize for m in metas})
 
 
+def staged_plan_for(metas: list[ParamMeta], holdings: list[Holding], trainers: list[RankTopology],
+                    replicas: list[RankTopology], relay: bool) -> StagedPlan:
+    """:func:`plan_for` as one stage, or with ``relay`` the schedule :func:`.relay.staged_plan` picks
+    (through the replicas where that is predicted at least 10 % faster)."""
+    if not relay:
+        return StagedPlan((plan_for(metas, holdings, trainers, replicas),), {})
+    n = len(trainers)
+    needs = inference_needs(metas, [[n + i] for i in range(len(replicas))])
+    return staged_plan(holdings, needs, dict(enumerate([*trainers, *replicas])), {m.name: m.itemsize for m in metas})
+
+
 class P2PSync:
-    def __init__(self, control: ReplicaControl | None, rank: int, world: int, fallback: Any, settings: Settings):
-        """``settings``: where the group's store listens (``exchange_address``), this pod's IP and place."""
+    def __init__(self, control: ReplicaControl | None, rank: int, world: int, fallback: Any, settings: Settings,
+                 relay: bool = False):
+        """``settings``: where the group's store listens (``exchange_address``), this pod's IP and place.
+        ``relay``: ``spec.weightSync.relay`` (the planner may relay through the replicas)."""
         self.control, self.rank, self.world, self.settings = control, rank, world, settings
+        self.relay = relay
         self.fallback = fallback  # a BroadcastSync over the same control: versions p2p could not carry
         self.generation = 0  # groups formed so far; a broken one is never reused
         self._pg: Any = None
-        self._mine: list[Transfer] = []
+        self._stages: list[list[Transfer]] = []  # this rank's part of each stage of the plan
+        self._relayed = False  # the plan relays through the replicas: they depend on each other
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._pending: Future[Any] | None = None  # this rank's sends (and receives) of the last push
         self._receiving: Future[float] | None = None  # rank 0: the replicas taking it (InferenceClient)
         self._broadcast: int | None = None  # the last version sent by broadcast (the pool client keeps it)
         self._last: tuple[WeightSource, int] | None = None
 
-    def _replicas_of_rank0(self, schedule_for: Callable[[list[dict[str, str]]], Plan]) -> list[dict[str, str]] | None:
+    def _replicas_of_rank0(self, schedule_for: Callable[[list[dict[str, str]]], StagedPlan]
+                           ) -> list[dict[str, str]] | None:
         """Rank 0: every replica's topology, each joined to this generation's group; None when a
         replica cannot be reached (then nobody opens the group)."""
         if self.control is None:
@@ -112,7 +134,8 @@ class P2PSync:
             world = self.world + len(replicas)
             self.control.join_p2p([
                 {"rank": self.world + i, "world": world, "generation": self.generation,
-                 "transfers": [transfer_to_json(t) for t in schedule.for_rank(self.world + i)]}
+                 "stages": [[transfer_to_json(t) for t in stage] for stage in schedule.for_rank(self.world + i)],
+                 "forwards": forwards_to_json(schedule.relay_sources.get(self.world + i, []))}
                 for i in range(len(replicas))
             ])  # fmt: skip
         except Exception as err:  # every rank must hear the outcome: broadcast below
@@ -126,8 +149,8 @@ class P2PSync:
         holdings = source.holdings(metas)
         trainers = all_gather(own_topology(self.settings.podinfo_labels, self.settings.node_name))
 
-        def schedule_for(replicas: list[dict[str, str]]) -> Plan:
-            return plan_for(metas, holdings, trainers, [from_json(t) for t in replicas])
+        def schedule_for(replicas: list[dict[str, str]]) -> StagedPlan:
+            return staged_plan_for(metas, holdings, trainers, [from_json(t) for t in replicas], self.relay)
 
         replicas = broadcast_from_rank0(self._replicas_of_rank0(schedule_for) if self.rank == 0 else None)
         if replicas is None:
@@ -136,13 +159,15 @@ class P2PSync:
         schedule = schedule_for(replicas)
         if self.rank == 0:
             places = [to_json(t) for t in trainers] + replicas
-            log.info("p2p weight exchange (group %d): %d trainer ranks → %d replicas, %d transfers, %.1f MB per "
-                     "replica; topology %s", self.generation, self.world, len(replicas), len(schedule.transfers),
+            transfers = sum(len(stage.transfers) for stage in schedule.stages)
+            log.info("p2p weight exchange (group %d): %d trainer ranks → %d replicas%s, %d transfers, %.1f MB per "
+                     "replica; topology %s", self.generation, self.world, len(replicas),
+                     " relayed through the replicas" if schedule.relayed else "", transfers,
                      max(schedule.bytes_received().values()) / 1e6, places)  # fmt: skip
         host, port = self.settings.exchange_address
         self._pg = open_group(host, port, self.rank, self.world + len(replicas), generation=self.generation,
                               bind_host=self.settings.bind_host)
-        self._mine = schedule.for_rank(self.rank)
+        self._stages, self._relayed = schedule.for_rank(self.rank), schedule.relayed
         return True
 
     def push(self, source: WeightSource, version: int) -> None:
@@ -156,8 +181,8 @@ class P2PSync:
             return
         # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
         snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
-        self._receiving = self.control.receive_p2p(version) if self.control else None
-        self._pending = self._executor.submit(run_exchange, self._pg, self._mine, self.rank, snapshot, {})
+        self._receiving = self.control.receive_p2p(version, self._relayed) if self.control else None
+        self._pending = self._executor.submit(run_staged, self._pg, self._stages, self.rank, snapshot, {})
 
     def _membership_changed(self) -> bool:
         """Every rank: rank 0's pool client says a member left rotation or a replica came back."""

@@ -22,10 +22,10 @@ M·(R − 1) ÷ R), and where receivers that need the same pieces share a node (
 local links).
 
 ``kuberl.weights.transport.run_staged`` carries a staged schedule out (stage after stage on each
-rank); ``benchmarks/weight_sync.py`` measures it (``p2p-relay``). Not yet in the live exchange
-(:mod:`kuberl.weights.p2p`): stage 2 makes each replica depend on its seeds, so one hung seed would
-hold the version back on every replica, where today a replica that hangs leaves and the others go on
-— relaying there needs a seed that does not deliver in time to be replaced by the trainer shards.
+rank); ``benchmarks/weight_sync.py`` measures it (``p2p-relay``). The live exchange
+(:mod:`kuberl.weights.p2p`) uses it when ``spec.weightSync.relay`` is on: stage 2 makes each replica
+depend on its seeds, so a seed that fails or hangs costs that version on the replicas it feeds (they
+get it by broadcast; ``InferenceClient.receive_p2p`` with ``relayed``), which is why it is opt-in.
 
 Pure: no torch, no I/O.
 """

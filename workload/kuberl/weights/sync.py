@@ -99,12 +99,12 @@ def disk_directory(directory: str | None, settings: Settings) -> Path:
 
 
 def make_weight_sync(mode: str, controller: Any | None, settings: Settings, rank: int = 0, world: int = 1,
-                     directory: str | None = None) -> WeightSync:
+                     directory: str | None = None, relay: bool = False) -> WeightSync:
     """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``:
-    ``spec.weightSync.directory`` (see ``disk_directory``)."""
+    ``spec.weightSync.directory`` (see ``disk_directory``); ``relay``: ``spec.weightSync.relay`` (p2p)."""
     broadcast = BroadcastSync(controller)
     if mode == "p2p":
-        return P2PSync(controller, rank, world, broadcast, settings)
+        return P2PSync(controller, rank, world, broadcast, settings, relay)
     if mode == "disk":
         return DiskSync(controller, disk_directory(directory, settings))
     if mode != "broadcast":

@@ -64,6 +64,16 @@ def transfer_from_json(row: list[Any]) -> Transfer:
                     int(nbytes))  # fmt: skip
 
 
+def forwards_to_json(forwards: Sequence[tuple[str, str, Box]]) -> list[list[object]]:
+    """What a seed forwards in a relayed stage (parameter, its destination tensor, the region the piece
+    fills: :attr:`.relay.StagedPlan.relay_sources`) as JSON."""
+    return [[param, dest, [list(r) for r in box]] for param, dest, box in forwards]
+
+
+def forwards_from_json(rows: list[Any]) -> list[tuple[str, str, Box]]:
+    return [(str(param), str(dest), tuple((int(lo), int(hi)) for lo, hi in box)) for param, dest, box in rows]
+
+
 _SERVED_STORES: dict[tuple[str, int], dist.TCPStore] = {}  # rank 0's store, kept across generations
 
 
