@@ -4,8 +4,8 @@ rows padded vs packed, on a ragged batch.
 The batch: ``--rows`` trajectories whose lengths follow a log-normal law (median ``--median``
 tokens, σ ``--sigma``, capped at ``--longest``; one row is always the longest) — the long tail of
 reasoning and agent episodes. Both actors start from the same tiny Qwen2 (``--hidden``, ``--layers``)
-and take ``--steps`` full ``train_step``s (micro-batches by the default token budget, each chosen
-for its own layout) after one warm-up step; reported: real tokens per second (median step), the
+and take ``--steps`` full ``train_step``s (the same micro-batches, by the default token budget;
+packed, each one's rows fill fewer rows) after one warm-up step; reported: real tokens per second (median step), the
 tokens each layout computes on, and the loss of the first step (equal: the same update).
 
     python benchmarks/packing.py [--backend fsdp|megatron --rows 64 --median 150 --sigma 0.8 --longest 2048 --steps 3]

@@ -68,10 +68,10 @@ def attention_mask(position_ids: torch.Tensor, queries: torch.Tensor | None, pac
 @dataclass(frozen=True)
 class ModelInput:
     """One forward's input for this rank — ``input_ids``, ``position_ids`` [R, w] (w = W ÷ c, this
-    rank's positions; W under no context parallelism), ``attention_mask`` [R, 1, W, W] of whole rows,
-    ``routes`` [R, w, layers, k] — with ``targets`` [R, w], the token after each position (0 after a
-    row's last), and how to read an output back (:meth:`read`). ``attention_mask`` [R, 1, w, W]:
-    this rank's queries, every key of the row (:func:`attention_mask`)."""
+    rank's positions; W under no context parallelism), ``attention_mask`` [R, 1, w, W] (this rank's
+    queries, every key of the row: :func:`attention_mask`), ``routes`` [R, w, layers, k] — with
+    ``targets`` [R, w], the token after each position (0 after a row's last), and how to read an
+    output back (:meth:`read`)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
