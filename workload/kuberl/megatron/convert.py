@@ -212,6 +212,9 @@ def transformer_config_kwargs(hf_config: Any, compute_dtype: torch.dtype = torch
         # the HF models have no dropout after attention or MLP; Megatron's default of 0.1 would
         # train a different (noisier) policy than the engines sample from
         "hidden_dropout": 0.0, "attention_dropout": float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
+        # the fused causal softmax kernel (16-bit, on GPUs) ignores the attention mask it is given:
+        # packed rows and context-parallel queries need theirs (kuberl.megatron.inputs)
+        "masked_softmax_fusion": False,
     }  # fmt: skip
 
 
