@@ -18,7 +18,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from kuberl.api.spec import ModelSource
 from kuberl.collectives import exit_without_teardown
 from kuberl.fsdp.actor import FSDPActor
-from kuberl.local_processes import free_port
 from kuberl.models.loading import load_skeleton
 from kuberl.models.meta import is_meta
 from kuberl.models.tiny import tiny_qwen2
@@ -27,7 +26,7 @@ from kuberl.policy.algorithms import AlgorithmConfig
 from kuberl.policy.batch import PASS_COST_TOKENS, collate, micro_batch_count, split
 from kuberl.rollout.types import Trajectory
 
-from .workers import start_workers
+from .workers import FREE_PORT, start_workers
 
 CONFIG = AlgorithmConfig(name="grpo", group_size=4, behavior_imp_cap=None)
 
@@ -313,7 +312,7 @@ def _rank_main(rank: int, world: int, port: int, budget: int, out: str, files: s
 
 
 def _train(world: int, budget: int, out: str, files: str | None = None) -> dict[str, torch.Tensor]:
-    start_workers(_rank_main, world, (world, free_port(), budget, out, files))
+    start_workers(_rank_main, world, (world, FREE_PORT, budget, out, files))
     return torch.load(out)
 
 
@@ -409,7 +408,7 @@ def test_checkpoints_from_nodes_without_shared_storage_resume_exactly(tmp_path, 
     from kuberl.checkpoint import CheckpointManager, open_store
 
     def run(resume: bool, steps: int, out: str) -> dict[str, torch.Tensor]:
-        start_workers(_two_node_main, 2, (free_port(), uri, str(tmp_path), resume, steps, out))
+        start_workers(_two_node_main, 2, (FREE_PORT, uri, str(tmp_path), resume, steps, out))
         return torch.load(out)
 
     straight = run(False, 4, str(tmp_path / "straight.pt"))

@@ -239,13 +239,12 @@ def test_megatron_trains_ppo_with_its_critic_as_fsdp_does(tmp_path: Path, layout
     models' weights after them (Megatron: tensor-parallel pieces, or two pipeline stages, and an FSDP2 critic over
     its two ranks)."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
-    from kuberl.local_processes import free_port
 
-    from .workers import start_workers
+    from .workers import FREE_PORT, start_workers
 
     runs = []
     for name, world in (("fsdp", 1), (layout, 2)):
-        start_workers(_one_ppo_step, world, (world, free_port(), None if name == "fsdp" else layout,
+        start_workers(_one_ppo_step, world, (world, FREE_PORT, None if name == "fsdp" else layout,
                                              str(tmp_path / f"{name}.pt")))
         runs.append(torch.load(tmp_path / f"{name}.pt"))
     fsdp, megatron = runs

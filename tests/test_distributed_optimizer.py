@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from kuberl.collectives import all_gather, exit_without_teardown
-from kuberl.local_processes import free_port
 from kuberl.megatron.optimizer import state_bytes
 from kuberl.policy.batch import split
 
 from .test_megatron import make_actor, random_batch
 from .test_megatron_actor import LAYOUTS, MODELS_TRAINED, as_collated_alone, gloo_world
-from .workers import start_workers
+from .workers import FREE_PORT, start_workers
 
 ALL_DATA_PARALLEL = "dp"  # no model parallelism: every rank data-parallel
 
@@ -56,7 +55,7 @@ def _run(rank: int, world: int, port: int, model: str, layout: str, distributed:
 def run(tmp_path: Path, name: str, model: str, layout: str, world: int, distributed: bool, staging: str,
         resume: bool = False) -> dict[str, Any]:
     out = tmp_path / f"{name}.pt"
-    start_workers(_run, world, (world, free_port(), model, layout, distributed, str(tmp_path / staging), resume,
+    start_workers(_run, world, (world, FREE_PORT, model, layout, distributed, str(tmp_path / staging), resume,
                                 str(out)))
     return torch.load(out)
 

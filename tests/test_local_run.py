@@ -7,6 +7,7 @@ staleness bound — is in test_curves.py, with its evaluation and curves: one ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,21 @@ def _last_step(trainer_log: Path) -> int:
     return int(steps[-1]) if steps else 0
 
 
+@contextlib.contextmanager
+def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """``kuberl run`` of the example (quiet, each of ``sets`` as a ``--set``) in the background. A failed
+    assertion in the block must not leave the run (and its children) behind: it is terminated then."""
+    command = [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
+               "--workdir", str(work), "--summary", str(summary), *(a for s in sets for a in ("--set", s))]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     """Kill the inference replica: it is replaced while training goes on and gets the newest weights
     before it takes requests (weightSync broadcast; in p2p mode the group is re-formed with it, see the
@@ -155,12 +171,6 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     still ends with every step trained, and every prompt handed out trained exactly once or still
     pending."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "30", "-q",
-         "--workdir", str(work), "--summary", str(summary), "--set", "checkpoint.everySteps=5",
-         "--set", "model.sftWarmup.steps=5", "--set", "weightSync.mode=broadcast", "--set", NO_EVAL],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
 
     def kill(role: str) -> None:
         pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}" in Path(f"/proc/{p}/cmdline")
@@ -168,7 +178,8 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
         assert len(pids) == 1, pids
         os.kill(pids[0], signal.SIGKILL)
 
-    try:
+    with _background_run(work, summary, 30, ["checkpoint.everySteps=5", "model.sftWarmup.steps=5",
+                                             "weightSync.mode=broadcast", NO_EVAL]) as proc:
         _wait_for_log(proc, work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
@@ -178,10 +189,6 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
         _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 20")
         kill("trainer")
         _, stderr = proc.communicate(timeout=300)
-    finally:  # a failed assertion must not leave the run (and its children) behind
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
     assert result["restarts"] == {"trainer": 1, "inference": 1, "agent": 0}
@@ -223,14 +230,9 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
     group is re-formed with both and each serves the newest weights over p2p; the gang never restarts."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     steps = 50  # after SIGCONT the run must last the rejoin (a probe, its back-off, the next push): 30 did not
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
-         "--workdir", str(work), "--summary", str(summary), "--set", "weightSync.mode=p2p",
-         "--set", "trainer.acceleratorsPerNode=2", "--set", "inference.replicas=2",
-         "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     trainer_log = work / "trainer-0.log"
-    try:
+    with _background_run(work, summary, steps, ["weightSync.mode=p2p", "trainer.acceleratorsPerNode=2",
+                                                "inference.replicas=2", "model.sftWarmup.steps=5", NO_EVAL]) as proc:
         _wait_for_log(proc, trainer_log, f"step 3/{steps}")
         hung = _replica_pid(work, 1)
         os.kill(hung, signal.SIGSTOP)
@@ -245,10 +247,6 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
         finally:
             os.kill(hung, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
     assert result["final_version"] == steps and result["world_size"] == 2 and result["replicas"] == 2
@@ -272,13 +270,9 @@ def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_agai
     p2p; the gang never restarts."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
     steps = 50
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
-         "--workdir", str(work), "--summary", str(summary), "--set", "weightSync.relay=true",
-         "--set", "inference.replicas=3", "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     trainer_log = work / "trainer-0.log"
-    try:
+    with _background_run(work, summary, steps, ["weightSync.relay=true", "inference.replicas=3",
+                                                "model.sftWarmup.steps=5", NO_EVAL]) as proc:
         _wait_for_log(proc, trainer_log, f"step 3/{steps}")
         hung = _replica_pid(work, 1)
         os.kill(hung, signal.SIGSTOP)
@@ -289,10 +283,6 @@ def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_agai
         finally:
             os.kill(hung, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
     assert result["final_version"] == steps and result["replicas"] == 3

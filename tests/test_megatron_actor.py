@@ -19,7 +19,6 @@ import torch.distributed as dist
 
 from kuberl.api.spec import ExportSpec
 from kuberl.collectives import exit_without_teardown
-from kuberl.local_processes import free_port
 from kuberl.megatron.actor import MegatronActor
 from kuberl.megatron.convert import megatron_to_hf
 from kuberl.megatron.cpu import on_device
@@ -32,7 +31,7 @@ from kuberl.policy.loss import ppo_loss
 from kuberl.trainer.export import export_policy
 
 from .test_megatron import PPO, make_actor, qwen2, qwen3_moe, qwen3_qk_norm, random_batch
-from .workers import start_workers
+from .workers import FREE_PORT, start_workers
 
 DR_GRPO = AlgorithmConfig(name="drgrpo", group_size=2, kl_coef=0.0, max_new_tokens=8)  # Σ loss ÷ (rows · 8)
 KL = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.5)  # with two updates a batch: π_prox and π_ref passes
@@ -188,7 +187,7 @@ def train_both(tmp_path: Path, model: str, layout: str, world: int) -> tuple[dic
     runs, pipelined = [], parallel_state_stages(layout) > 1
     for name, procs, megatron_layout in (("fsdp", 1, None), (layout, world, layout)):
         out = tmp_path / f"{name}.pt"
-        start_workers(_train_two_steps, procs, (procs, free_port(), model, megatron_layout,
+        start_workers(_train_two_steps, procs, (procs, FREE_PORT, model, megatron_layout,
                                                 str(tmp_path / f"staging-{name}"), str(out), pipelined))
         runs.append(torch.load(out))
     return runs[0], runs[1]
@@ -372,7 +371,7 @@ def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
     assert_exports_equal(tmp_path / "staging-fsdp-export", tmp_path / "staging-pp2-ep2-dp2-export")
     out = tmp_path / "elsewhere.pt"
-    start_workers(_resume_elsewhere, 2, (2, free_port(), "qwen3-moe", "tp2", str(tmp_path / "staging-pp2-ep2-dp2"),
+    start_workers(_resume_elsewhere, 2, (2, FREE_PORT, "qwen3-moe", "tp2", str(tmp_path / "staging-pp2-ep2-dp2"),
                                         str(out)))
     elsewhere = torch.load(out)
     assert elsewhere["loaded"].keys() == megatron["after_first"].keys()

@@ -13,7 +13,6 @@ import torch
 
 from kuberl.inference.contract import Generation, SamplingParams
 from kuberl.inference.engine import TorchEngine
-from kuberl.local_processes import free_port
 from kuberl.models import moe_routing
 from kuberl.models.tiny import tiny_qwen3_moe
 from kuberl.policy.actor import packed_token_logprobs_and_entropy, token_logprobs_and_entropy
@@ -177,10 +176,10 @@ def test_megatron_replays_the_routes_as_the_fsdp_path_does(tmp_path, layout):
     Megatron reads what the HF path reads."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     from .test_megatron import qwen3_moe
-    from .workers import start_workers
+    from .workers import FREE_PORT, start_workers
 
     out = tmp_path / "logprobs.pt"
-    start_workers(_megatron_logprobs, 2, (2, free_port(), layout, str(out)))
+    start_workers(_megatron_logprobs, 2, (2, FREE_PORT, layout, str(out)))
     got = torch.load(out)
     batch, hf = routed_batch(), qwen3_moe()
     with torch.no_grad():

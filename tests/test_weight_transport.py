@@ -17,14 +17,13 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from kuberl.collectives import exit_without_teardown
-from kuberl.local_processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2, tiny_qwen3_moe
 from kuberl.weights.layouts import fsdp2_holdings, inference_needs
 from kuberl.weights.plan import RankTopology, plan
 from kuberl.weights.relay import StagedPlan, relayed_plan
 from kuberl.weights.transport import local_tensor, open_group, param_metas, run_exchange, run_staged
 
-from .workers import start_workers
+from .workers import FREE_PORT, start_workers
 
 TRAINERS, REPLICAS = 3, 2
 
@@ -70,7 +69,7 @@ def _worker(rank: int, train_port: int, exchange_port: int, out: str, relayed: b
 
 def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    start_workers(_worker, TRAINERS + REPLICAS, (free_port(), free_port(), str(tmp_path), False))
+    start_workers(_worker, TRAINERS + REPLICAS, (FREE_PORT, FREE_PORT, str(tmp_path), False))
     total = sum(p.numel() * p.element_size() for p in _model(seed=7).parameters())
     for r in range(TRAINERS, TRAINERS + REPLICAS):
         identical, nbytes, messages, _ = (tmp_path / f"{r}.txt").read_text().split()
@@ -86,7 +85,7 @@ def test_a_schedule_relayed_through_the_replicas_reaches_every_replica_bit_ident
     """Stage 1 sends each piece from the shards to one replica; stage 2 that replica forwards it from
     its own received tensors: the trainer sends the model once, and every replica still gets all of it."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    start_workers(_worker, TRAINERS + REPLICAS, (free_port(), free_port(), str(tmp_path), True))
+    start_workers(_worker, TRAINERS + REPLICAS, (FREE_PORT, FREE_PORT, str(tmp_path), True))
     total = sum(p.numel() * p.element_size() for p in _model(seed=7).parameters())
     forwarded = 0
     for r in range(TRAINERS, TRAINERS + REPLICAS):
@@ -168,7 +167,7 @@ def test_megatron_tensor_expert_and_pipeline_parallel_pieces_reach_a_replica_as_
     trainer's gathered export has, and each rank sent its share."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    start_workers(_megatron_worker, 3, (free_port(), free_port(), layout, str(tmp_path)))
+    start_workers(_megatron_worker, 3, (FREE_PORT, FREE_PORT, layout, str(tmp_path)))
     same, received = (tmp_path / "replica.txt").read_text().split()
     assert same == "True"
     total = sum(p.numel() * p.element_size() for p in MEGATRON_LAYOUTS[layout][0]().parameters())

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from kuberl.local_processes import free_port
+
 PRELOADED = [
     "torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "transformers",
     "megatron.core", "megatron.core.models.gpt", "megatron.core.pipeline_parallel",
@@ -39,10 +41,28 @@ def _in_callers_env(rank: int, env: dict[str, str], cwd: str, fn: Callable[..., 
     fn(rank, *args)
 
 
-def start_workers(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = ()) -> None:
+class _FreePort:
+    """The type of :data:`FREE_PORT`."""
+
+
+FREE_PORT = _FreePort()
+"""An argument :func:`start_workers` replaces with a fresh :func:`~kuberl.local_processes.free_port`
+on each attempt."""
+
+
+def start_workers(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), attempts: int = 3) -> None:
     """``fn(rank, *args)`` in ``nprocs`` processes forked from the fork server, with the caller's env
     and cwd; returns when all have exited, raises as ``torch.multiprocessing.start_processes`` does
-    when one fails."""
+    when one fails. Each :data:`FREE_PORT` in ``args`` is a port nobody listened on when chosen;
+    another process may still bind it before the worker does (seen in CI: EADDRINUSE when rank 0
+    opened its store), so the workers start again on new ports then, up to ``attempts`` times."""
     multiprocessing.set_forkserver_preload(PRELOADED)  # read once, when this process's server starts
-    mp.start_processes(_in_callers_env, args=(dict(os.environ), os.getcwd(), fn, args), nprocs=nprocs,
-                       start_method="forkserver")
+    for attempt in range(1, attempts + 1):
+        chosen = tuple(free_port() if a is FREE_PORT else a for a in args)
+        try:
+            mp.start_processes(_in_callers_env, args=(dict(os.environ), os.getcwd(), fn, chosen), nprocs=nprocs,
+                               start_method="forkserver")
+            return
+        except mp.ProcessRaisedException as err:
+            if "EADDRINUSE" not in str(err) or attempt == attempts:
+                raise
