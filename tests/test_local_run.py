@@ -150,6 +150,16 @@ def _last_step(trainer_log: Path) -> int:
 
 
 @contextlib.contextmanager
+def _stopped(pid: int) -> Iterator[None]:
+    """The process hangs (SIGSTOP) for the block, and goes on (SIGCONT) after it, whatever happened."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
 def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     """``kuberl run`` of the example (quiet, each of ``sets`` as a ``--set``) in the background. A failed
     assertion in the block must not leave the run (and its children) behind: it is terminated then."""
@@ -234,9 +244,7 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
     with _background_run(work, summary, steps, ["weightSync.mode=p2p", "trainer.acceleratorsPerNode=2",
                                                 "inference.replicas=2", "model.sftWarmup.steps=5", NO_EVAL]) as proc:
         _wait_for_log(proc, trainer_log, f"step 3/{steps}")
-        hung = _replica_pid(work, 1)
-        os.kill(hung, signal.SIGSTOP)
-        try:
+        with _stopped(_replica_pid(work, 1)):
             at = len(trainer_log.read_text(errors="replace"))
             _wait_for_log(proc, trainer_log, "its peers were", after=at)
             _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 8}/{steps}", timeout=90)  # no wait
@@ -244,8 +252,6 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
             os.kill(_replica_pid(work, 0), signal.SIGKILL)  # now no replica has the weights
             _wait_for_log(proc, trainer_log, "goes by broadcast", after=at)
             _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 3}/{steps}", timeout=90)
-        finally:
-            os.kill(hung, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
@@ -274,14 +280,10 @@ def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_agai
     with _background_run(work, summary, steps, ["weightSync.relay=true", "inference.replicas=3",
                                                 "model.sftWarmup.steps=5", NO_EVAL]) as proc:
         _wait_for_log(proc, trainer_log, f"step 3/{steps}")
-        hung = _replica_pid(work, 1)
-        os.kill(hung, signal.SIGSTOP)
-        try:
+        with _stopped(_replica_pid(work, 1)):
             at = len(trainer_log.read_text(errors="replace"))
             _wait_for_log(proc, trainer_log, "1 trainer ranks → 2 replicas relayed", after=at)
             _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 5}/{steps}", timeout=90)
-        finally:
-            os.kill(hung, signal.SIGCONT)
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
