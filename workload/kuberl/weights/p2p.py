@@ -47,7 +47,7 @@ from ..collectives import all_gather, all_reduce, broadcast_from_rank0
 from ..settings import Settings
 from .discovery import from_json, own_topology, to_json
 from .layouts import ParamMeta, inference_needs
-from .plan import Holding, Plan, RankTopology, Transfer, plan
+from .plan import Holding, Need, Plan, RankTopology, Transfer, plan
 from .relay import StagedPlan, staged_plan
 from .transport import forwards_to_json, open_group, param_metas, run_staged, transfer_to_json
 
@@ -84,13 +84,19 @@ class ReplicaControl(Protocol):
         ...
 
 
+def _planning_inputs(metas: list[ParamMeta], trainers: list[RankTopology], replicas: list[RankTopology]
+                     ) -> tuple[list[Need], dict[int, RankTopology], dict[str, int]]:
+    """(every replica's needs — one rank each: the torch engine has no TP —, every rank's place, each
+    parameter's item size): what the planners take beside the holdings."""
+    n = len(trainers)
+    needs = inference_needs(metas, [[n + i] for i in range(len(replicas))])
+    return needs, dict(enumerate([*trainers, *replicas])), {m.name: m.itemsize for m in metas}
+
+
 def plan_for(metas: list[ParamMeta], holdings: list[Holding], trainers: list[RankTopology],
              replicas: list[RankTopology]) -> Plan:
-    """The trainer ranks' ``holdings`` → every replica (one rank each: the torch engine has no TP)."""
-    n = len(trainers)
-    topology = dict(enumerate([*trainers, *replicas]))
-    needs = inference_needs(metas, [[n + i] for i in range(len(replicas))])
-    return plan(holdings, needs, topology, {m.name: m.itemsize for m in metas})
+    """The trainer ranks' ``holdings`` → every replica, directly."""
+    return plan(holdings, *_planning_inputs(metas, trainers, replicas))
 
 
 def staged_plan_for(metas: list[ParamMeta], holdings: list[Holding], trainers: list[RankTopology],
@@ -99,9 +105,7 @@ def staged_plan_for(metas: list[ParamMeta], holdings: list[Holding], trainers: l
     (through the replicas where that is predicted at least 10 % faster)."""
     if not relay:
         return StagedPlan((plan_for(metas, holdings, trainers, replicas),), {})
-    n = len(trainers)
-    needs = inference_needs(metas, [[n + i] for i in range(len(replicas))])
-    return staged_plan(holdings, needs, dict(enumerate([*trainers, *replicas])), {m.name: m.itemsize for m in metas})
+    return staged_plan(holdings, *_planning_inputs(metas, trainers, replicas))
 
 
 class P2PSync:
