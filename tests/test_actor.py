@@ -101,28 +101,6 @@ def test_rows_of_very_different_lengths_train_in_length_sorted_micro_batches_as_
     assert apart < 1e-3 * update  # AdamW's step: the same up to summation order
 
 
-def test_a_padded_batch_keeps_its_rows_and_adds_nothing_to_learn():
-    """Batch.padded (Megatron's expert-parallel ranks pad to one shape): the original rows and
-    positions unchanged, nothing to learn in the new rows (copies of row 0) and columns (padding),
-    and the HF policy's log-probs at the original positions the same (right padding, causal mask)."""
-    trajs, advs = trajectories(3)
-    batch = collate(trajs, advs, 0)
-    rows, width = batch.size, batch.input_ids.shape[1]
-    padded = batch.padded(rows + 2, width + 3)
-    assert padded.input_ids.shape == (rows + 2, width + 3) and padded.targets.shape == (rows + 2, width + 2)
-    assert torch.equal(padded.input_ids[:rows, :width], batch.input_ids)
-    assert torch.equal(padded.loss_mask[:rows, :width - 1], batch.loss_mask)
-    assert padded.loss_mask.sum() == batch.loss_mask.sum() and padded.fresh_mask.sum() == batch.fresh_mask.sum()
-    assert not padded.attention_mask[:, width:].any() and torch.equal(padded.input_ids[rows:], padded.input_ids[[0, 0]])
-    assert torch.equal(padded.advantages, torch.cat([batch.advantages, torch.zeros(2)]))
-    model = tiny_qwen2(40, seed=3).eval()
-    with torch.no_grad():
-        got, want = token_logprobs(model, padded, 1.0), token_logprobs(model, batch, 1.0)
-    assert torch.allclose(got[:rows, :width - 1][batch.loss_mask.bool()], want[batch.loss_mask.bool()], atol=1e-6)
-    with pytest.raises(ValueError, match="cannot pad"):
-        batch.padded(rows - 1, width)
-
-
 def test_one_update_skips_the_proximal_pass_exactly(world_of_one):
     """mini_batches=1 uses π_prox = sg(π_θ); the explicit recomputation must give the same update."""
     trajs, advs = trajectories(12)

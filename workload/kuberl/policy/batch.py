@@ -43,19 +43,6 @@ class Batch:
         """Every tensor on ``device`` (host-to-device copies overlap compute where pinned)."""
         return Batch(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
 
-    def padded(self, rows: int, width: int) -> Batch:
-        """This batch grown to ``rows`` × ``width`` (≥ its own): rows appended as masked copies of row 0,
-        columns appended as padding (token 0, attention and every mask 0) — nothing to learn in either,
-        and, with right padding under a causal mask, nothing that changes the real positions' outputs."""
-        grow_rows, grow_cols = rows - self.size, width - self.input_ids.shape[1]
-        if grow_rows < 0 or grow_cols < 0:
-            raise ValueError(f"cannot pad a {self.size}×{self.input_ids.shape[1]} batch to {rows}×{width}")
-        filler = self.select([0] * grow_rows).masked()
-        grown = Batch(*(torch.cat([getattr(self, f.name), getattr(filler, f.name)]) for f in fields(self)))
-        return Batch(*(t if t.dim() == 1 else torch.nn.functional.pad(
-            t, (0, 0) * (t.dim() - 2) + (0, grow_cols), value=UNROUTED if f.name == "routes" else 0)
-            for f, t in ((f, getattr(grown, f.name)) for f in fields(grown))))
-
     @property
     def lengths(self) -> torch.Tensor:
         """Each row's real length (prompt + output tokens): [B]."""
