@@ -113,7 +113,8 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     assert 0 < summary["max_token_staleness_trained"] <= 2  # asynchronous, and never beyond η = 2
     assert summary["trained_tokens_per_second"] > 0
     assert processes_mentioning(str(work)) == []
-    assert len(entropies) == 120 and per_step["entropies"] == [round(h, 4) for h in entropies]
+    # TensorBoard keeps float32 and the summary rounds the float64 to 4 places: equal within that rounding
+    assert len(entropies) == 120 and per_step["entropies"] == pytest.approx(entropies, abs=5.1e-5)
     assert 0 < summary["entropy_last10_mean"] < summary["entropy_first10_mean"]  # learning sharpens the policy
     assert [e.step for e in events.Scalars("eval/reward")] == [0, 60, 120]
     assert len(events.Scalars("train/reward")) == 120
