@@ -59,6 +59,14 @@ def tail_stats(rewards: list[float]) -> tuple[float, float]:
     return statistics.fmean(tail), statistics.stdev(tail) / math.sqrt(len(tail))
 
 
+def step_over_phases(sync: dict, asynchronous: dict) -> float:
+    """The asynchronous step ÷ max(G, T) of the synchronous run beside it (same seed, run just before
+    on the same cores): G = the synchronous trainer's wait for rollouts, T = the rest of its step.
+    1.0 is perfect overlap; the host's speed drifts by several % between runs, so pairs, not means."""
+    generate = sync["timeperf/wait_rollout_mean"]
+    return asynchronous["timeperf/step_mean"] / max(generate, sync["timeperf/step_mean"] - generate)
+
+
 def combined_tail_stats(runs: list[list[float]]) -> tuple[float, float]:
     """Mean over runs of their tail means, and its standard error (independent runs)."""
     stats = [tail_stats(rewards) for rewards in runs]
@@ -108,6 +116,7 @@ def main() -> None:
     reward_async, se_async = combined_tail_stats([a["rewards"] for a in asyncs])
     generate = statistics.fmean(s["timeperf/wait_rollout_mean"] for s in syncs)
     train = statistics.fmean(s["timeperf/step_mean"] for s in syncs) - generate
+    over_phase = [step_over_phases(s, a) for s, a in pairs]
     wall_sync, wall_async = sum(s["wall_seconds"] for s in syncs), sum(a["wall_seconds"] for a in asyncs)
     result = {
         "speedup": round(wall_sync / wall_async, 3),
@@ -124,6 +133,8 @@ def main() -> None:
         "step_seconds_async": round(statistics.fmean(a["timeperf/step_mean"] for a in asyncs), 4),
         "sync_generate_seconds_per_step": round(generate, 4),
         "sync_train_seconds_per_step": round(train, 4),
+        "async_step_over_max_phase": round(statistics.fmean(over_phase), 3),
+        "async_step_over_max_phase_per_seed": [round(r, 3) for r in over_phase],
         "max_token_staleness_trained_async": max(a["max_token_staleness_trained"] for a in asyncs),
         "settings": {**SETTINGS, "overrides": args.sets, "steps": args.steps,
                      "batchSize": syncs[0].get("batch_size"), "seeds": seeds,

@@ -354,10 +354,15 @@ class InferenceClient:
 
     async def generate(self, input_ids: list[int], n: int, max_new_tokens: int, temperature: float,
                        top_p: float) -> list[Generation]:
-        """``n`` completions of ``input_ids``; aborted ones are resumed until they finish."""
+        """``n`` completions of ``input_ids``; aborted ones are resumed until they finish (concurrently;
+        no task is made for the others)."""
         outputs = await self._generate(input_ids, n, max_new_tokens, temperature, top_p)
-        return list(await asyncio.gather(*(
-            self._complete(input_ids, o, max_new_tokens, temperature, top_p) for o in outputs)))
+        aborted = [i for i, o in enumerate(outputs) if o.finish_reason == FINISH_ABORT]
+        resumed = await asyncio.gather(*(
+            self._complete(input_ids, outputs[i], max_new_tokens, temperature, top_p) for i in aborted))
+        for i, out in zip(aborted, resumed, strict=True):
+            outputs[i] = out
+        return outputs
 
     async def _generate(self, input_ids: list[int], n: int, max_new_tokens: int, temperature: float,
                         top_p: float) -> list[Generation]:

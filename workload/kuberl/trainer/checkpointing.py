@@ -147,11 +147,15 @@ class Checkpointer:
         barrier()
         return load_trainer(actor, where)
 
+    def due(self, step: int) -> bool:
+        """A checkpoint is kept after ``step`` steps (every ``every``-th, when enabled)."""
+        return self.enabled and step % self.every == 0
+
     def maybe_save(self, actor: Actor, step: int, version: int, data_position: int,
                    prompts: dict[str, Any] | None = None) -> str | None:
         """Checkpoint after ``step`` steps when it is due, with the data position and the prompt ledger
         as of now (``TrainerState``); returns the checkpoint URI on rank 0."""
-        if not self.enabled or step % self.every:
+        if not self.due(step):
             return None
         staging = self.staging / f"save-{step}"
         save_trainer(actor, TrainerState.capture(step, version, data_position, prompts), staging, self.describe)

@@ -198,9 +198,10 @@ class RankZeroServices(NoServices):
         return (prompts["cursor"] if prompts else self.controller.episodes), prompts
 
     def next_batch(self, groups: int, step: int, config: AlgorithmConfig) -> Batch | None:
-        """The step's groups from the rollout buffer as a batch; None when the pool is starved."""
+        """The step's groups from the rollout buffer as a batch; None when the pool is starved. The next
+        step's are taken ahead meanwhile (``RolloutController.take``), except after the last step."""
         wait_start = time.perf_counter()
-        taken = self.controller.take(groups, step)
+        taken = self.controller.take(groups, step, ahead=step + 1 < self.max_steps)
         if taken is None:
             return None
         trajs, advs, dropped = build_batch(taken, config)

@@ -1,0 +1,143 @@
+"""The rollout controller's hand-over to the trainer thread, against a real inference server: a batch
+taken ahead of the trainer is not trained until a ``take`` hands it over, and one no ``take`` asks
+for goes back to the buffer — across the two threads, no prompt is lost or counted twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from kuberl.api.spec import DatasetSource
+from kuberl.data.datasets import Example, examples
+from kuberl.inference.engine import TorchEngine
+from kuberl.inference.server import build_app
+from kuberl.local_processes import free_port
+from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+from kuberl.rollout.client import InferenceClient
+from kuberl.rollout.controller import RolloutController
+from kuberl.rollout.ledger import PromptLedger
+from kuberl.rollout.staleness import StalenessManager
+from kuberl.rollout.types import Group, Trajectory
+from kuberl.weights.sync import to_safetensors
+
+from .loopback import serve_in_thread
+
+TOKEN = "test-token-0123456789"
+GROUPS = 2  # per training step
+
+
+@dataclass
+class TwoSamples:
+    """The workflow extension point at its simplest: two unrewarded samples of the prompt's text."""
+
+    tok: Any
+
+    async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
+        ids = [self.tok.bos_token_id, *self.tok(str(example.prompt), add_special_tokens=False).input_ids]
+        outs = await client.generate(ids, 2, 3, 1.0, 1.0)
+        return Group([Trajectory(ids, o.output_ids, o.logprobs, o.versions, 0.0, group_id) for o in outs])
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def rollout(request: pytest.FixtureRequest) -> Iterator[tuple[RolloutController, Callable[[int], None]]]:
+    """A controller over one real replica, episodes from builtin:arithmetic, η = ``request.param``;
+    yields it and a function that serves a version (the episodes of version 0 start at once)."""
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    port = free_port()
+    stop_inference = serve_in_thread(build_app(TorchEngine(model, tok.eos_token_id, tok.pad_token_id, seed=0),
+                                               tok, TOKEN), port)
+    ledger = PromptLedger.restore(None, examples(DatasetSource(path="builtin:arithmetic"), 0))
+    manager = StalenessManager(batch_size=GROUPS, max_staleness=request.param, max_concurrent=16)
+    controller = RolloutController(InferenceClient([f"http://127.0.0.1:{port}"], TOKEN), TwoSamples(tok), ledger,
+                                   manager)
+    weights = to_safetensors(model.state_dict())
+    controller.start()
+
+    def serve(version: int) -> None:
+        controller.update_weights(weights, version).result(60)
+
+    serve(0)
+    try:
+        yield controller, serve
+    finally:
+        controller.stop()
+        stop_inference()
+
+
+def take(controller: RolloutController, groups: int, version: int, ahead: bool = False,
+         timeout: float = 60.0) -> list[Group] | None:
+    """``controller.take`` from another thread, as the trainer's: a take that never returns fails."""
+    taken: list[list[Group] | None] = []
+    other = threading.Thread(target=lambda: taken.append(controller.take(groups, version, ahead)), daemon=True)
+    other.start()
+    other.join(timeout)
+    assert taken, f"take({groups}, {version}) not answered within {timeout:.0f} s"
+    return taken[0]
+
+
+def prompts_of(batch: list[Group] | None) -> set[int]:
+    assert batch is not None and len(batch) == GROUPS
+    return {g.prompt for g in batch if g.prompt is not None}
+
+
+@pytest.mark.parametrize("rollout", [2], indirect=True)
+def test_a_batch_taken_ahead_stays_pending_until_a_take_hands_it_over(rollout):
+    controller, _ = rollout
+    wait_until(lambda: len(controller.buffer) == 3 * GROUPS, "version 0's (η + 1) batches generated")
+    first = prompts_of(take(controller, GROUPS, 0, ahead=True))
+    wait_until(lambda: len(controller.buffer) == GROUPS, "the next batch taken ahead")
+    checkpoint = controller.prompt_state()  # what a checkpoint saved now would keep
+    assert checkpoint is not None and checkpoint["trained"] == len(first)
+    second = prompts_of(take(controller, GROUPS, 1))
+    assert not first & second and second <= set(checkpoint["pending"])  # a resume there would re-issue them
+    after = controller.prompt_state()
+    assert after is not None and after["trained"] == len(first | second)
+    assert not (first | second) & set(after["pending"])
+    assert after["trained"] + len(after["pending"]) == after["cursor"]
+
+
+@pytest.mark.parametrize("rollout", [2], indirect=True)
+def test_a_batch_taken_ahead_for_another_take_goes_back_to_the_buffer_first(rollout):
+    controller, _ = rollout
+    wait_until(lambda: len(controller.buffer) == 3 * GROUPS, "version 0's (η + 1) batches generated")
+    first = prompts_of(take(controller, GROUPS, 0, ahead=True))
+    wait_until(lambda: len(controller.buffer) == GROUPS, "the next batch taken ahead")
+    again = prompts_of(take(controller, GROUPS, 0))  # not the version taken ahead: that batch goes back, first
+    third = prompts_of(take(controller, GROUPS, 0, ahead=True))  # this take ahead waits for a version never served
+    assert len(first | again | third) == 3 * GROUPS
+    assert min(again) < min(third)  # the batch taken ahead came back to the front, in its order
+    state = controller.prompt_state()
+    assert state is not None and state["trained"] == 3 * GROUPS and len(controller.buffer) == 0
+
+
+@pytest.mark.parametrize("rollout", [0], indirect=True)
+def test_a_take_ahead_called_off_before_it_had_a_batch_takes_nothing(rollout):
+    """η = 0: version 1's batch cannot exist before version 1 is served, so the take ahead is still
+    waiting when a take for something else calls it off; what version 1 then generates is all there."""
+    controller, serve = rollout
+    prompts_of(take(controller, GROUPS, 0, ahead=True))
+    taken: list[list[Group] | None] = []
+    other = threading.Thread(target=lambda: taken.append(take(controller, 1, 1)))
+    other.start()
+    time.sleep(0.2)  # the take for one group has called the take ahead off; both wait for version 1
+    serve(1)
+    other.join(60)
+    assert len(taken) == 1 and taken[0] is not None and len(taken[0]) == 1
+    wait_until(lambda: len(controller.buffer) == GROUPS - 1, "version 1's other group in the buffer")
+    state = controller.prompt_state()
+    assert state is not None and state["trained"] == GROUPS + 1
+    assert state["trained"] + len(state["pending"]) == state["cursor"]
