@@ -94,12 +94,19 @@ def prompts_of(batch: list[Group] | None) -> set[int]:
     return {g.prompt for g in batch if g.prompt is not None}
 
 
-@pytest.mark.parametrize("rollout", [2], indirect=True)
-def test_a_batch_taken_ahead_stays_pending_until_a_take_hands_it_over(rollout):
-    controller, _ = rollout
+def first_batch_then_one_ahead(controller: RolloutController) -> set[int]:
+    """η = 2: once version 0's three batches are generated, the first is taken and the second taken
+    ahead (one stays in the buffer); the first's prompts."""
     wait_until(lambda: len(controller.buffer) == 3 * GROUPS, "version 0's (η + 1) batches generated")
     first = prompts_of(take(controller, GROUPS, 0, ahead=True))
     wait_until(lambda: len(controller.buffer) == GROUPS, "the next batch taken ahead")
+    return first
+
+
+@pytest.mark.parametrize("rollout", [2], indirect=True)
+def test_a_batch_taken_ahead_stays_pending_until_a_take_hands_it_over(rollout):
+    controller, _ = rollout
+    first = first_batch_then_one_ahead(controller)
     checkpoint = controller.prompt_state()  # what a checkpoint saved now would keep
     assert checkpoint is not None and checkpoint["trained"] == len(first)
     second = prompts_of(take(controller, GROUPS, 1))
@@ -113,9 +120,7 @@ def test_a_batch_taken_ahead_stays_pending_until_a_take_hands_it_over(rollout):
 @pytest.mark.parametrize("rollout", [2], indirect=True)
 def test_a_batch_taken_ahead_for_another_take_goes_back_to_the_buffer_first(rollout):
     controller, _ = rollout
-    wait_until(lambda: len(controller.buffer) == 3 * GROUPS, "version 0's (η + 1) batches generated")
-    first = prompts_of(take(controller, GROUPS, 0, ahead=True))
-    wait_until(lambda: len(controller.buffer) == GROUPS, "the next batch taken ahead")
+    first = first_batch_then_one_ahead(controller)
     again = prompts_of(take(controller, GROUPS, 0))  # not the version taken ahead: that batch goes back, first
     third = prompts_of(take(controller, GROUPS, 0, ahead=True))  # this take ahead waits for a version never served
     assert len(first | again | third) == 3 * GROUPS
