@@ -80,10 +80,10 @@ class RolloutController:
                 self.call(self._put_back(ahead_of_time[1].result()))
             batch = self.call(self._take(groups, version))
         if batch is not None:
-            next_batch = self._take_ahead(groups, version + 1) if ahead else None
-            self.loop.call_soon_threadsafe(self._handed_over, batch, next_batch)  # one wake-up of the loop
-            if next_batch is not None:
-                self._ahead = (groups, version + 1), next_batch[0]
+            answer, start = self._take_ahead(groups, version + 1) if ahead else (None, None)
+            self.loop.call_soon_threadsafe(self._handed_over, batch, start)  # one wake-up of the loop
+            if answer is not None:
+                self._ahead = (groups, version + 1), answer
         return batch
 
     def _take_ahead(self, groups: int, version: int) -> tuple[Future[list[Group] | None], Callable[[], None]]:
@@ -109,9 +109,7 @@ class RolloutController:
                 await self._put_back(batch)
 
         def start() -> None:
-            task = self.loop.create_task(taking())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task = self._spawn(taking())
             answer.add_done_callback(lambda f: f.cancelled() and self.loop.call_soon_threadsafe(task.cancel))
 
         return answer, start
@@ -208,9 +206,14 @@ class RolloutController:
             return
         while (group_id := self.admit()) is not None:
             index, example = self.prompts.hand_out()
-            task = self.loop.create_task(self._episode(self.workflow, index, example, group_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._episode(self.workflow, index, example, group_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """``work`` as a task on this loop, kept until it ends (``_stop`` cancels those still running)."""
+        task = self.loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _episode(self, workflow: RolloutWorkflow, index: int, example: Example, group_id: int) -> None:
         try:
@@ -250,7 +253,7 @@ class RolloutController:
                 with contextlib.suppress(TimeoutError):  # wake up now and then to notice a starved pool
                     await asyncio.wait_for(self._changed.wait(), 1.0)
 
-    def _handed_over(self, batch: list[Group], next_batch: tuple[Any, Callable[[], None]] | None) -> None:
+    def _handed_over(self, batch: list[Group], start_next: Callable[[], None] | None) -> None:
         """``batch`` is handed to the trainer: its prompts are trained (a ledger that disagrees, a prompt
         trained twice, fails the run at the next ``take``); then the next batch's take starts."""
         try:
@@ -260,8 +263,8 @@ class RolloutController:
         except KeyError as err:
             log.exception("prompt ledger")
             self._error = err
-        if next_batch is not None:
-            next_batch[1]()
+        if start_next is not None:
+            start_next()
 
     async def _put_back(self, batch: list[Group] | None) -> None:
         """A batch taken ahead that no ``take`` asked for: its groups back at the front of the buffer,
