@@ -116,6 +116,8 @@ CASES = {
     "truncation with a lower bound": experiment(algorithm={"importanceSampling": {"mode": "truncate", "low": 0.5}}),
     "truncation at a sequence's geometric mean": experiment(algorithm={
         "importanceSampling": {"mode": "truncate", "level": "geometric"}, "behaviorImpCap": 2.0, "ratio": "sequence"}),
+    "warm-up as long as the run": experiment(algorithm={"warmupSteps": 1000}),
+    "warm-up shorter than the run": experiment(algorithm={"warmupSteps": 10, "maxSteps": 20}),
     "a critic without ppo": experiment(algorithm={"critic": {"gamma": 0.99}}),
     "ppo with a critic": experiment(algorithm={"name": "ppo", "critic": {"gamma": 0.99, "gaeLambda": 0.95}}),
     "ppo with GSPO's sequence ratio": experiment(algorithm={"name": "ppo", "ratio": "sequence"}),

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,8 +104,11 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
             "rollout/observed_staleness", "timeperf/step"} <= scalars, scalars
     entropies = [e.value for e in events.Scalars("ppo_actor/entropy")]
     learning_rates = [e.value for e in events.Scalars("ppo_actor/learning_rate")]  # the example's cosine schedule
-    assert learning_rates[0] == pytest.approx(3e-4) and learning_rates[-1] < 0.15 * 3e-4
-    assert learning_rates == sorted(learning_rates, reverse=True)
+    warmup = yaml.safe_load((ROOT / "examples/cpu-tiny.yaml").read_text())["spec"]["algorithm"]["warmupSteps"]
+    assert learning_rates[0] == pytest.approx(3e-4 / warmup) and learning_rates[warmup - 1] == pytest.approx(3e-4)
+    assert learning_rates[:warmup] == sorted(learning_rates[:warmup])  # the warm-up ramp, then the cosine's fall
+    assert learning_rates[warmup - 1:] == sorted(learning_rates[warmup - 1:], reverse=True)
+    assert learning_rates[-1] < 0.15 * 3e-4
     per_step = json.loads((tmp_path / "summary.json").read_text())  # stdout leaves per-step lists out
     rewards = per_step["rewards"]
     assert per_step["steps"] == len(rewards) == per_step["final_version"] == 120

@@ -197,3 +197,13 @@ def test_learning_rate_schedules_by_hand():
     assert all(a >= b for a, b in itertools.pairwise(cosine))  # never rises
     with pytest.raises(ValueError, match="learningRateSchedule"):
         learning_rate_at(0, 10, 1.0, "step", 0.1)
+
+
+def test_a_warm_up_ramps_the_rate_then_the_schedule_runs_over_the_steps_left():
+    ramp = [learning_rate_at(s, 110, 1e-3, "linear", 0.0, warmup_steps=10) for s in range(10)]
+    assert ramp == pytest.approx([1e-4 * (s + 1) for s in range(10)])  # step 0 already trains, at 1/W
+    assert learning_rate_at(10, 110, 1e-3, "linear", 0.0, warmup_steps=10) == pytest.approx(1e-3)  # the peak
+    assert learning_rate_at(60, 110, 1e-3, "linear", 0.0, warmup_steps=10) == pytest.approx(5e-4)  # half of 100 left
+    assert learning_rate_at(110, 110, 1e-3, "cosine", 0.1, warmup_steps=10) == pytest.approx(1e-4)  # ends at m
+    constant = [learning_rate_at(s, 50, 1.0, "constant", 0.1, warmup_steps=5) for s in range(50)]
+    assert constant[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and set(constant[5:]) == {1.0}

@@ -123,6 +123,7 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"algorithm": {"name": "drgrpo", "ratio": "sequence"}}, "spec.algorithm", "ratio: sequence (GSPO)"),
         ({"algorithm": {"behaviorImpCap": 2, "importanceSampling": {"low": 3}}}, "spec.algorithm",
          "importanceSampling.low (3.0) must be < behaviorImpCap"),
+        ({"algorithm": {"warmupSteps": 20, "maxSteps": 20}}, "spec.algorithm", "warmupSteps (20) must be < maxSteps"),
         ({"algorithm": {"importanceSampling": {"mode": "truncate", "low": 0.5}}}, "spec.algorithm.importanceSampling",
          "truncate has no lower bound"),
     ],

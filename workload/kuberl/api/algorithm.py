@@ -99,6 +99,8 @@ class AlgorithmSpec(ApiModel):
             ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize"),
             ("!has(self.importanceSampling) || !has(self.importanceSampling.low) || !has(self.behaviorImpCap) "
              "|| self.importanceSampling.low < self.behaviorImpCap", "importanceSampling.low must be < behaviorImpCap"),
+            ("!has(self.warmupSteps) || !has(self.maxSteps) || self.warmupSteps < self.maxSteps",
+             "warmupSteps must be < maxSteps"),
             ("!has(self.critic) || self.name == 'ppo'", "critic: only algorithm.name ppo trains a critic"),
             ("self.name != 'ppo' || !has(self.ratio) || self.ratio == 'token'",
              "ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token"),
@@ -110,10 +112,15 @@ class AlgorithmSpec(ApiModel):
     learning_rate: float = Field(1.0e-6, gt=0)
     learning_rate_schedule: LearningRateSchedule = Field(
         LearningRateSchedule.CONSTANT,
-        description="the learning rate at step s of S = maxSteps: learningRate · (m + (1 − m) · d(s / S)), "
-                    "d(x) = 1 (constant), 1 − x (linear) or (1 + cos πx) / 2 (cosine), m = minLearningRateRatio")
+        description="the learning rate at step s of S = maxSteps, after W = warmupSteps: learningRate · (m + "
+                    "(1 − m) · d((s − W) / (S − W))), d(x) = 1 (constant), 1 − x (linear) or (1 + cos πx) / 2 "
+                    "(cosine), m = minLearningRateRatio")
     min_learning_rate_ratio: float = Field(
         0.1, ge=0, le=1, description="m: where linear and cosine schedules end, as a share of learningRate")
+    warmup_steps: int = Field(
+        0, ge=0, description="W: over the first W steps the rate rises linearly, step s at (s + 1) / W of the "
+                             "schedule's; AdamW's first updates, its moments fresh, move every weight by about the "
+                             "full rate whatever its gradient (with stale batches that set the reward back)")
     clip: ClipSpec = Field(default_factory=ClipSpec)
     kl_coef: float = Field(
         0.0, ge=0, description="weight of KL(π_θ ‖ π_ref) in the loss; π_ref is the policy RL starts from"
@@ -154,6 +161,8 @@ class AlgorithmSpec(ApiModel):
             raise ValueError(f"critic: only algorithm.name ppo trains a critic; name is {self.name}")
         if self.name == AlgorithmName.PPO and self.ratio == RatioLevel.SEQUENCE:
             raise ValueError("ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token")
+        if self.warmup_steps >= self.max_steps:
+            raise ValueError(f"warmupSteps ({self.warmup_steps}) must be < maxSteps ({self.max_steps})")
         low = self.importance_sampling.low
         if low is not None and self.behavior_imp_cap is not None and low >= self.behavior_imp_cap:
             raise ValueError(f"importanceSampling.low ({low}) must be < behaviorImpCap ({self.behavior_imp_cap})")

@@ -102,13 +102,17 @@ def build_batch(groups: list[Group], config: AlgorithmConfig) -> tuple[list[Traj
     return trajs, advantages(rewards[kept], config).flatten().tolist(), len(groups) - len(kept)
 
 
-def learning_rate_at(step: int, total_steps: int, base: float, schedule: str, min_ratio: float) -> float:
+def learning_rate_at(step: int, total_steps: int, base: float, schedule: str, min_ratio: float,
+                     warmup_steps: int = 0) -> float:
     """The learning rate of training step ``step`` (0-based) of ``total_steps``:
-    base · (m + (1 − m) · d(x)), x = step / total_steps, m = ``min_ratio``, d(x) = 1 (``constant``),
-    1 − x (``linear``) or (1 + cos πx) / 2 (``cosine``). A function of the step alone, so a resumed
-    run continues the schedule exactly where the checkpoint left it."""
-    x = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    base · min(1, (step + 1) / W) · (m + (1 − m) · d(x)), W = ``warmup_steps``, x = (step − W) / (total_steps − W)
+    clamped to [0, 1], m = ``min_ratio``, d(x) = 1 (``constant``), 1 − x (``linear``) or (1 + cos πx) / 2
+    (``cosine``): a linear ramp over the first W steps (AdamW's first updates, its moments fresh, move every
+    weight by ≈ the full rate whatever its gradient), then the schedule over the steps left. A function of the
+    step alone, so a resumed run continues the schedule exactly where the checkpoint left it."""
+    ramp = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    x = min(max((step - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0), 1.0)
     decay = {"constant": 1.0, "linear": 1.0 - x, "cosine": (1.0 + math.cos(math.pi * x)) / 2}
     if schedule not in decay:
         raise ValueError(f"algorithm.learningRateSchedule {schedule!r}; allowed: {', '.join(decay)}")
-    return base * (min_ratio + (1.0 - min_ratio) * decay[schedule])
+    return base * ramp * (min_ratio + (1.0 - min_ratio) * decay[schedule])

@@ -205,7 +205,7 @@ def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]
         return None
     algo = s.run.spec.algorithm
     lr = learning_rate_at(step, s.max_steps, algo.learning_rate, str(algo.learning_rate_schedule),
-                          algo.min_learning_rate_ratio)
+                          algo.min_learning_rate_ratio, algo.warmup_steps)
     s.actor.set_learning_rate(lr, share=lr / algo.learning_rate)
     data_rank, data_ranks = s.actor.data_parallel()
     local = list(range(data_rank, len(trajs), data_ranks)) or [0]
