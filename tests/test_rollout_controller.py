@@ -115,6 +115,8 @@ def test_a_batch_taken_ahead_stays_pending_until_a_take_hands_it_over(rollout):
     assert after is not None and after["trained"] == len(first | second)
     assert not (first | second) & set(after["pending"])
     assert after["trained"] + len(after["pending"]) == after["cursor"]
+    # what /progress shows, read without a round trip through the loop, counts the same
+    assert controller.prompt_counts() == {key: after[key] for key in ("trained", "reissued", "skipped")}
 
 
 @pytest.mark.parametrize("rollout", [2], indirect=True)

@@ -231,7 +231,7 @@ class RankZeroServices(NoServices):
         entropy = stats.get("ppo_actor/entropy") if stats else None
         if entropy is not None and not math.isnan(entropy):
             tally.entropies.append(entropy)
-        staleness, prompts = self.controller.observed_staleness, self.controller.prompt_state() or {}
+        staleness, prompts = self.controller.observed_staleness, self.controller.prompt_counts()
         self.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                            reward_last10=mean(tally.rewards[-10:]), observed_staleness=staleness,
                            tokens_per_second=tally.tokens_per_second, step_seconds=tally.timeperf["step"][-1],
