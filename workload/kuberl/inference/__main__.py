@@ -10,6 +10,7 @@ from aiohttp import web
 
 from ..auth import MissingToken, checked_token
 from ..devices import set_compute_threads
+from ..heap import freeze_set_up_heap
 from ..runconfig import RunConfig, load_run_config
 from ..settings import Settings, from_environment
 from ..weights.sync import disk_directory
@@ -65,14 +66,17 @@ def main() -> None:
 
         async def make_app() -> web.Application:
             engine, tokenizer = vllm_engine_for(run, settings)  # starts vLLM's engine core
-            return build_app(engine, tokenizer, token, weights_dir, settings)
+            app = build_app(engine, tokenizer, token, weights_dir, settings)
+            freeze_set_up_heap()
+            return app
 
         web.run_app(make_app(), host=host, port=port, print=None, handle_signals=True,
                     shutdown_timeout=SHUTDOWN_SECONDS)
         return
     engine, tokenizer = torch_engine_for(run, settings)
-    web.run_app(build_app(engine, tokenizer, token, weights_dir, settings), host=host, port=port, print=None,
-                handle_signals=True, shutdown_timeout=SHUTDOWN_SECONDS)
+    app = build_app(engine, tokenizer, token, weights_dir, settings)
+    freeze_set_up_heap()
+    web.run_app(app, host=host, port=port, print=None, handle_signals=True, shutdown_timeout=SHUTDOWN_SECONDS)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ it runs on.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..fsdp.actor import FSDPActor, build_critic
+from ..heap import freeze_set_up_heap
 from ..models import moe_routing
 from ..models.loading import load_model, load_skeleton
 from ..models.lora import AdapterError
@@ -139,10 +139,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
            urls: list[str]) -> Session:
     """Model and FSDP2 actor, resume from the newest checkpoint (or SFT warm-up and freeze π_ref),
     rank 0's services, and the initial weights pushed to the pool. What set-up leaves alive is then
-    moved out of the garbage collector's reach (``gc.freeze``, as Megatron's manual GC does for the
-    same reason): a full collection would otherwise walk those ~440,000 objects (the main example),
-    stalling both the step and rollout for ≈ 250 ms each time; with them frozen it walks what the
-    run allocates since. Set-up objects that die later are still freed by reference counting."""
+    frozen out of the garbage collector's reach (:func:`~kuberl.heap.freeze_set_up_heap`)."""
     spec = run.spec
     torch.manual_seed(spec.seed)
     _, plan, _ = resolve(spec)
@@ -179,8 +176,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     sync.push(actor.weight_source(), first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
     log.info("initial weights (version %d) pushed", first_step)
-    gc.collect()
-    gc.freeze()  # see set_up's docstring
+    freeze_set_up_heap()
     return Session(run, settings, rank, world, tokenizer, config, actor, checkpointer, sync, first_step, max_steps,
                    sft_losses, services)
 
