@@ -60,6 +60,39 @@ def _batch_of_lengths(lengths: list[int]) -> object:
     return collate(trajs, [rng.gauss(0.0, 1.0) for _ in trajs], 0)
 
 
+@st.composite
+def any_trajectory(draw: st.DrawFn) -> Trajectory:
+    prompt = draw(st.lists(st.integers(1, 50), min_size=1, max_size=12))
+    n = draw(st.integers(1, 10))
+    return Trajectory(prompt, draw(st.lists(st.integers(1, 50), min_size=n, max_size=n)),
+                      draw(st.lists(st.floats(-20, 0), min_size=n, max_size=n)),
+                      draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)),
+                      reward=draw(st.floats(0, 1)),
+                      loss_mask=draw(st.none() | st.lists(st.integers(0, 1), min_size=n, max_size=n)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(any_trajectory(), min_size=1, max_size=12), st.integers(0, 3))
+def test_collate_puts_each_output_tokens_values_where_it_is_predicted_and_zero_elsewhere(trajs, version):
+    """The layout of ``kuberl.policy.batch`` row by row: ids then padding, the attention mask over the
+    real tokens, and per output token j (at position len(prompt) − 1 + j) its loss mask, behaviour
+    log-prob and freshness (its version is the one training, and it is trained); zero everywhere else."""
+    batch = collate(trajs, [0.5] * len(trajs), pad_id=0, version=version)
+    width = max(len(t.prompt_ids) + len(t.output_ids) for t in trajs)
+    assert batch.input_ids.shape == (len(trajs), width) and batch.loss_mask.shape == (len(trajs), width - 1)
+    for i, t in enumerate(trajs):
+        seq, start = t.prompt_ids + t.output_ids, len(t.prompt_ids) - 1
+        assert batch.input_ids[i].tolist() == seq + [0] * (width - len(seq))
+        assert batch.attention_mask[i].tolist() == [1] * len(seq) + [0] * (width - len(seq))
+        outputs = range(start, start + len(t.output_ids))
+        fresh = [float(v == version and m) for v, m in zip(t.versions, t.trained, strict=True)]
+        for row, expected in ((batch.loss_mask, t.trained), (batch.behav_logp, t.behav_logprobs),
+                              (batch.fresh_mask, fresh)):
+            assert row[i, start:start + len(t.output_ids)].tolist() == pytest.approx(expected)
+            assert all(float(row[i, p]) == 0.0 for p in range(width - 1) if p not in outputs)
+    assert batch.rewards.tolist() == pytest.approx([t.reward for t in trajs])
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(2, 120), min_size=1, max_size=200), st.integers(8, 4096))
 def test_micro_batches_fit_the_budget_keep_every_row_and_pay_the_least_padding_tried(lengths, budget):

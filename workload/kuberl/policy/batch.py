@@ -71,26 +71,28 @@ class Batch:
 
 
 def collate(trajs: list[Trajectory], advantages: list[float], pad_id: int, version: int | None = None) -> Batch:
-    """``version``: the version of the weights about to train on this batch (None: no token is fresh)."""
+    """``version``: the version of the weights about to train on this batch (None: no token is fresh).
+    Rows are padded as Python lists and each tensor is built in one call (row by row, torch's per-call
+    overhead cost ≈ 20 µs a row: 2.7 ms of a 72 ms step of the main example)."""
     if not trajs:
         raise ValueError("cannot collate an empty batch")
     seqs = [t.prompt_ids + t.output_ids for t in trajs]
     width = max(map(len, seqs))
-    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(trajs), width), dtype=torch.long)
-    mask = torch.zeros((len(trajs), width - 1))
-    behav = torch.zeros((len(trajs), width - 1))
-    fresh = torch.zeros((len(trajs), width - 1))
-    for i, (t, s) in enumerate(zip(trajs, seqs, strict=True)):
-        ids[i, :len(s)] = torch.tensor(s)
-        attn[i, :len(s)] = 1
-        start, end = len(t.prompt_ids) - 1, len(s) - 1
-        trained = torch.tensor(t.trained, dtype=torch.float32)
-        mask[i, start:end] = trained
-        behav[i, start:end] = torch.tensor(t.behav_logprobs)
-        fresh[i, start:end] = torch.tensor([float(v == version) for v in t.versions]) * trained
-    return Batch(ids, attn, ids[:, 1:].clone(), mask, behav, torch.tensor(advantages, dtype=torch.float32), fresh,
-                 torch.tensor([t.reward for t in trajs], dtype=torch.float32), collate_routes(trajs, width))
+    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
+    attn = (torch.arange(width) < torch.tensor([len(s) for s in seqs])[:, None]).long()
+
+    def per_output_token(values: list[list[float]]) -> torch.Tensor:
+        """[B, L−1]: row i's values at the positions predicting its output tokens, 0 elsewhere."""
+        return torch.tensor([[0.0] * (len(t.prompt_ids) - 1) + v + [0.0] * (width - len(s))
+                             for t, s, v in zip(trajs, seqs, values, strict=True)], dtype=torch.float32)
+
+    trained = [t.trained for t in trajs]
+    fresh = [[float(v == version and m) for v, m in zip(t.versions, m_row, strict=True)]
+             for t, m_row in zip(trajs, trained, strict=True)]
+    return Batch(ids, attn, ids[:, 1:].clone(), per_output_token(trained),
+                 per_output_token([t.behav_logprobs for t in trajs]), torch.tensor(advantages, dtype=torch.float32),
+                 per_output_token(fresh), torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+                 collate_routes(trajs, width))
 
 
 def collate_routes(trajs: list[Trajectory], width: int) -> torch.Tensor:
