@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,8 @@ class Group:
     trajectories: list[Trajectory]
     prompt: int | None = None  # its prompt's place in the dataset stream (kuberl.rollout.ledger); None: an agent's
 
-    @property
+    @functools.cached_property
     def oldest_version(self) -> int:
+        """Computed once (a group's trajectories do not change once it is built): the buffer asks it of
+        every waiting group at every take."""
         return min(t.oldest_version for t in self.trajectories)
