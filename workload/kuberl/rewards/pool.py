@@ -27,6 +27,7 @@ LOGGED_ERRORS = 5  # the first failures are logged with their message; later one
 class Scorer(Protocol):
     timeouts: int
     errors: int
+    concurrent: bool  # scores gain from being awaited together (workers); False: each runs to its end at once
 
     async def score(self, prompt: str, completion: str, answer: str, row: dict[str, Any]) -> float: ...
 
@@ -49,6 +50,8 @@ class _Counted:
 class InlineScorer(_Counted):
     """``fn`` called on the event loop itself: only for rewards that cannot block (``INLINE``)."""
 
+    concurrent = False
+
     def __init__(self, fn: RewardFn):
         self.fn = fn
 
@@ -67,6 +70,8 @@ class InlineScorer(_Counted):
 
 class RewardPool(_Counted):
     """``workers`` processes serving ``function``; started on first use, on the caller's event loop."""
+
+    concurrent = True
 
     def __init__(self, function: str, workers: int, timeout: float):
         self.function, self.workers, self.timeout = function, workers, timeout

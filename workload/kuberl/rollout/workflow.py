@@ -58,9 +58,10 @@ class RLVRWorkflow:
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
         ids, text = self.encode(example.prompt), self.prompt_text(example.prompt)
         outs = await client.generate(ids, self.group_size, self.max_new_tokens, self.temperature, self.top_p)
-        rewards = await asyncio.gather(*(
-            score(text, out.output_ids if out.finish_reason == FINISH_STOP else None, example, self.decode,
-                  self.eos_id, self.reward) for out in outs))
+        scores = (score(text, out.output_ids if out.finish_reason == FINISH_STOP else None, example, self.decode,
+                        self.eos_id, self.reward) for out in outs)
+        # one task per sample only where the scores run side by side (reward workers)
+        rewards = await asyncio.gather(*scores) if self.reward.concurrent else [await s for s in scores]
         return Group([Trajectory(ids, out.output_ids, out.logprobs, out.versions, reward, group_id,
                                  out.finish_reason or FINISH_STOP, routes=out.routes)
                       for out, reward in zip(outs, rewards, strict=True)])
