@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api.contract import ENV_REPLICA
-from kuberl.local import run_local
+from kuberl.local import load_experiment, run_local, warmup_cut_short
 from kuberl.local_processes import RunError, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +57,15 @@ def test_bad_override_names_the_field(tmp_path):
     with pytest.raises(RunError, match="accelerator"):
         run_local(EXAMPLE, ["trainer.accelerator=nvidia", "inference.accelerator=nvidia",
                             "inference.engine=vllm"], 1, None, workdir=tmp_path, quiet=True)
+
+
+def test_a_max_steps_inside_the_warm_up_is_said():
+    algorithm = load_experiment(EXAMPLE, []).spec.algorithm
+    assert algorithm.warmup_steps > 1  # the example warms up
+    inside = warmup_cut_short(algorithm, algorithm.warmup_steps)
+    assert inside is not None and "spec.algorithm.warmupSteps" in inside
+    assert warmup_cut_short(algorithm, algorithm.warmup_steps + 1) is None
+    assert warmup_cut_short(algorithm, None) is None  # the spec's maxSteps: refused by validation if inside
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from .api import Accelerator, Progress, RLExperiment, resolve, validate_document
+from .api.algorithm import AlgorithmSpec
 from .api.contract import (
     ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
@@ -456,6 +457,16 @@ def final_progress(summary: dict[str, Any]) -> Progress:
                     tokens_per_second=summary.get("trained_tokens_per_second"))
 
 
+def warmup_cut_short(algorithm: AlgorithmSpec, max_steps: int | None) -> str | None:
+    """What to tell the user when ``--max-steps`` ends the run inside the learning-rate warm-up
+    (``spec.algorithm.warmupSteps`` is checked against ``maxSteps`` only); None otherwise."""
+    if max_steps is None or max_steps > algorithm.warmup_steps:
+        return None
+    return (f"--max-steps {max_steps} ends the run inside the learning-rate warm-up "
+            f"(spec.algorithm.warmupSteps: {algorithm.warmup_steps}): every step trains below "
+            f"spec.algorithm.learningRate")
+
+
 def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_path: Path | None,
               workdir: Path | None = None, quiet: bool = False, spec_checkpoints: bool = False) -> dict[str, Any]:
     """``kuberl run``: every process until training succeeds (or fails for good); the run summary.
@@ -464,6 +475,8 @@ def run_local(path: Path, overrides: list[str], max_steps: int | None, summary_p
     run = plan_run(path, overrides, max_steps, workdir, spec_checkpoints)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     display = ProgressDisplay(sys.stderr)
+    if cut_short := warmup_cut_short(run.spec.algorithm, max_steps):
+        display.message(cut_short)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         run.supervise(display, quiet)
