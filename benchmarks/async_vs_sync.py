@@ -153,6 +153,8 @@ def main() -> None:
         "sync_train_seconds_per_step": round(train, 4),
         "async_step_over_max_phase": round(statistics.fmean(over_phase), 3),
         "async_step_over_max_phase_per_seed": [round(r, 3) for r in over_phase],
+        "rollout_cpu_seconds_per_step_async": round(statistics.fmean(a["timeperf/rollout_cpu_mean"] for a in asyncs),
+                                                     4),
         "max_token_staleness_trained_async": max(a["max_token_staleness_trained"] for a in asyncs),
         "settings": {**SETTINGS, "overrides": args.sets, "steps": args.steps,
                      "batchSize": syncs[0].get("batch_size"), "seeds": seeds,

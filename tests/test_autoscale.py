@@ -103,9 +103,9 @@ async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_
 
 
 def test_the_trainers_wait_fraction_covers_its_last_ten_steps_after_the_first():
-    from kuberl.trainer.services import wait_fraction
+    from kuberl.trainer.services import fraction_of_steps
 
     steps, waits = [5.0] + [0.1] * 10, [4.9] + [0.02] * 10  # the first step waited for the start-up
-    assert wait_fraction(waits[:10], steps[:10]) is None
-    assert wait_fraction(waits, steps) == 0.2  # Σ 0.2 s waited ÷ Σ 1 s, the first step left out
-    assert wait_fraction([0.0] * 10 + [3.0], [1.0] * 11) == 0.3
+    assert fraction_of_steps(waits[:10], steps[:10]) is None
+    assert fraction_of_steps(waits, steps) == 0.2  # Σ 0.2 s waited ÷ Σ 1 s, the first step left out
+    assert fraction_of_steps([0.0] * 10 + [3.0], [1.0] * 11) == 0.3

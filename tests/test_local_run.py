@@ -49,6 +49,8 @@ def test_zero_staleness_is_synchronous(tmp_path):
                         workdir=tmp_path, quiet=True)
     assert summary["max_token_staleness_trained"] == 0  # every token written by the version trained on
     assert summary["stale_groups_dropped"] == 0
+    # the rollout thread's own CPU per step: some (it generated every batch), far from the whole step
+    assert 0 < summary["timeperf/rollout_cpu_mean"] < 0.5 * summary["timeperf/step_mean"]
 
 
 def test_bad_override_names_the_field(tmp_path):

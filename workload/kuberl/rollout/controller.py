@@ -73,6 +73,18 @@ class RolloutController:
             return {}
         return {"trained": ledger.trained, "reissued": ledger.reissued, "skipped": ledger.skipped}
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the rollout loop's thread has used so far (episodes, HTTP, rewards scored inline,
+        evaluations, the gateway), read from any thread through the OS's per-thread clock; None before
+        the thread runs, after it ends, or where the OS has no such clock."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (AttributeError, OSError):  # no per-thread clock here, or the thread ended just now
+            return None
+
     def take(self, groups: int, version: int, ahead: bool = False) -> list[Group] | None:
         """Block until ``groups`` groups fresh enough for ``version`` are ready; None when the pool is
         starved (every replica needs weights only the trainer can send). Their prompts count as trained

@@ -44,7 +44,7 @@ from .workflows import PromptCheck, make_reward, make_workflow
 
 log = logging.getLogger("kuberl.trainer")
 EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
-WAIT_STEPS = 10  # the window of the wait fraction an autoscaler reads (rollout_pressure)
+WAIT_STEPS = 10  # the window of the fractions an autoscaler reads (rollout_pressure)
 Batch = tuple[list[Trajectory], list[float], float, int]  # trajectories, advantages, seconds waited, groups filtered
 
 
@@ -52,13 +52,14 @@ def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def wait_fraction(waits: list[float], steps: list[float], last: int = WAIT_STEPS) -> float | None:
-    """Σ waits ÷ Σ steps over the ``last`` steps, at most 1; None until this process has trained
-    ``last`` steps after its first (which waits for the start-up: the engines' first weights)."""
-    if len(steps) <= last or len(waits) <= last:
+def fraction_of_steps(parts: list[float], steps: list[float], last: int = WAIT_STEPS) -> float | None:
+    """Σ parts ÷ Σ steps over the ``last`` steps (seconds waited, or CPU seconds used, in each), at
+    most 1; None until this process has trained ``last`` steps after its first (which waits for the
+    start-up: the engines' first weights)."""
+    if len(steps) <= last or len(parts) <= last:
         return None
     total = sum(steps[-last:])
-    return round(min(1.0, sum(waits[-last:]) / total), 4) if total > 0 else 0.0
+    return round(min(1.0, sum(parts[-last:]) / total), 4) if total > 0 else 0.0
 
 
 @dataclass
@@ -77,7 +78,8 @@ class Tally:
     update_bytes: int = 0  # what each weight update carries to a replica (weights.sync.update_bytes)
     policy_bytes: int = 0  # the whole policy in the wire dtype (the same measure)
     timeperf: dict[str, list[float]] = field(default_factory=lambda: {
-        "wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [], "step": []})
+        "wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [], "step": [], "rollout_cpu": []})
+    report_seconds: list[float] = field(default_factory=list)  # wall seconds between reports (rollout_cpu's)
 
     @property
     def tokens_per_second(self) -> float:
@@ -142,6 +144,7 @@ class RankZeroServices(NoServices):
         self.reward, self.prompt_check = reward, prompts
         self.model = model_origin(run.spec.model, prompts.codec.tokenizer)
         self.export: dict[str, Any] | None = None
+        self._last_sample = (time.perf_counter(), controller.cpu_seconds())
         self.server.update(model_revision=self.model.get("revision"), init_from=self.model.get("init_from"))
 
     @classmethod
@@ -222,6 +225,7 @@ class RankZeroServices(NoServices):
     def report(self, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
                previous_sync: float, tally: Tally) -> None:
         """The step's log line, ``/progress`` and curves."""
+        self._sample_rollout_cpu(tally)
         reward = mean([t.reward for t in trajs]) or 0.0
         tally.rewards.append(reward)
         multi_turn = bool(self.run.spec.rollout.tools or self.run.spec.agent)
@@ -253,13 +257,25 @@ class RankZeroServices(NoServices):
                      stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
                      "" if tools is None else f" tool calls/episode {tools:.2f}")
 
+    def _sample_rollout_cpu(self, tally: Tally) -> None:
+        """The rollout loop thread's CPU seconds since the last report (``timeperf/rollout_cpu``), and the
+        wall seconds between the two (``Tally.report_seconds``); nothing where its clock is unknown."""
+        wall, cpu = time.perf_counter(), self.controller.cpu_seconds()
+        (last_wall, last_cpu), self._last_sample = self._last_sample, (wall, cpu)
+        if cpu is not None and last_cpu is not None:
+            tally.timeperf["rollout_cpu"].append(cpu - last_cpu)
+            tally.report_seconds.append(wall - last_wall)
+
     def rollout_pressure(self, tally: Tally) -> dict[str, float | int | None]:
         """What an autoscaler reads (``/progress``, ``/metrics``): the share of the last
         :data:`WAIT_STEPS` steps' seconds spent waiting for rollouts (Σ wait ÷ Σ step: one step's share
         swings with an evaluation or a weight update), the groups ready ahead of the trainer, the
         staleness window in use (:attr:`~kuberl.rollout.staleness.StalenessManager.budget_used`; read
-        from the rollout loop's thread: a snapshot, not a transaction)."""
-        return {"rollout_wait_fraction": wait_fraction(tally.timeperf["wait_rollout"], tally.timeperf["step"]),
+        from the rollout loop's thread: a snapshot, not a transaction); and the CPU share the rollout
+        loop's thread took of those seconds (it shares the trainer's process, its GIL and, unless the
+        pod has cores to spare, the trainer's core)."""
+        return {"rollout_wait_fraction": fraction_of_steps(tally.timeperf["wait_rollout"], tally.timeperf["step"]),
+                "rollout_cpu_fraction": fraction_of_steps(tally.timeperf["rollout_cpu"], tally.report_seconds),
                 "rollout_ready_groups": len(self.controller.buffer),
                 "staleness_budget_used": round(self.controller.manager.budget_used, 4)}
     def checkpointed(self, uri: str | None) -> None:
