@@ -59,24 +59,20 @@ def main() -> None:
     host, port = args.host or settings.bind_host or "0.0.0.0", args.port or settings.inference_port
     sync = run.spec.weight_sync
     weights_dir = disk_directory(sync.directory, settings) if str(sync.mode) == "disk" else None
+    engine_for = torch_engine_for
     if str(run.inference.engine) == "vllm":
         from .vllm_engine import require_vllm, vllm_engine_for
 
         require_vllm()  # fail before binding the port
+        engine_for = vllm_engine_for
 
-        async def make_app() -> web.Application:
-            engine, tokenizer = vllm_engine_for(run, settings)  # starts vLLM's engine core
-            app = build_app(engine, tokenizer, token, weights_dir, settings)
-            freeze_set_up_heap()
-            return app
+    async def make_app() -> web.Application:
+        engine, tokenizer = engine_for(run, settings)  # on the server's loop: vLLM's engine core starts on it
+        app = build_app(engine, tokenizer, token, weights_dir, settings)
+        freeze_set_up_heap()
+        return app
 
-        web.run_app(make_app(), host=host, port=port, print=None, handle_signals=True,
-                    shutdown_timeout=SHUTDOWN_SECONDS)
-        return
-    engine, tokenizer = torch_engine_for(run, settings)
-    app = build_app(engine, tokenizer, token, weights_dir, settings)
-    freeze_set_up_heap()
-    web.run_app(app, host=host, port=port, print=None, handle_signals=True, shutdown_timeout=SHUTDOWN_SECONDS)
+    web.run_app(make_app(), host=host, port=port, print=None, handle_signals=True, shutdown_timeout=SHUTDOWN_SECONDS)
 
 
 if __name__ == "__main__":
