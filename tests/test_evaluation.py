@@ -1,5 +1,6 @@
 """A held-out evaluation during training shares the pool with rollout: it keeps at most one training
-batch's samples in flight instead of all its prompts at once."""
+batch's samples in flight instead of all its prompts at once, and only one group while rollout has
+no batch to spare."""
 
 from __future__ import annotations
 
@@ -42,6 +43,25 @@ async def test_without_a_concurrency_every_prompt_starts_at_once():
     workflow = CountingWorkflow(k=4)
     await evaluate(None, examples(20), workflow, 4, step=0)  # type: ignore[arg-type]
     assert workflow.most == 20
+
+
+async def test_an_evaluation_narrows_to_one_group_while_rollout_needs_the_pool():
+    """``widen`` false: one group at a time, and it still finishes; true again: up to the concurrency."""
+    workflow, spare = CountingWorkflow(k=4), False
+    started = asyncio.get_running_loop().time()
+
+    def widen() -> bool:
+        nonlocal spare
+        spare = asyncio.get_running_loop().time() - started > 0.15  # rollout is behind for the first 0.15 s
+        return spare
+
+    result = await evaluate(None, examples(40), workflow, 4, step=3, concurrency=5,  # type: ignore[arg-type]
+                            widen=widen)
+    assert result.prompts == 40 and result.pass_at_k == 0.25
+    assert workflow.most == 5 and spare  # it widened once rollout had capacity to spare
+    narrow = CountingWorkflow(k=4)
+    await evaluate(None, examples(12), narrow, 4, step=3, concurrency=5, widen=lambda: False)  # type: ignore[arg-type]
+    assert narrow.most == 1
 
 
 def test_the_concurrency_is_one_training_batch_of_samples():

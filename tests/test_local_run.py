@@ -185,34 +185,66 @@ def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> I
             proc.wait(timeout=60)
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+        except OSError:
+            continue
+    return children
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     """Kill the inference replica: it is replaced while training goes on and gets the newest weights
     before it takes requests (weightSync broadcast; in p2p mode the group is re-formed with it, see the
-    hung-replica test below). Kill the trainer after a checkpoint: the gang restarts from it. The run
-    still ends with every step trained, and every prompt handed out trained exactly once or still
+    hung-replica test below). Kill the trainer's rollout process after a checkpoint: the trainer fails
+    at once rather than waiting for rollouts, and the gang restarts from the checkpoint. Kill the
+    trainer after another: the gang restarts from it, and its rollout process does not outlive it. The
+    run still ends with every step trained, and every prompt handed out trained exactly once or still
     pending."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
 
-    def kill(role: str) -> None:
-        pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}" in Path(f"/proc/{p}/cmdline")
+    def pid_of(role: str) -> int:
+        pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}\0" in Path(f"/proc/{p}/cmdline")
                 .read_bytes().decode(errors="replace")]
         assert len(pids) == 1, pids
-        os.kill(pids[0], signal.SIGKILL)
+        return pids[0]
+
+    def rollout_pid() -> int:
+        (pid,) = [p for p in _children(pid_of("trainer")) if b"kuberl.trainer.rollout_process" in
+                  Path(f"/proc/{p}/cmdline").read_bytes()]
+        return pid
 
     with _background_run(work, summary, 30, ["checkpoint.everySteps=5", "model.sftWarmup.steps=5",
                                              "weightSync.mode=broadcast", NO_EVAL]) as proc:
         _wait_for_log(proc, work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
-        kill("inference")
+        os.kill(pid_of("inference"), signal.SIGKILL)
         _wait_for_log(proc, work / "trainer-0.log", "is back with the newest weights", after=trainer_log)
         _wait_for_log(proc, work / "inference-0.log", "loaded weights version", after=replica_log)  # the replacement
-        _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 20")
-        kill("trainer")
+        _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 10")
+        trainer_log = len((work / "trainer-0.log").read_text(errors="replace"))
+        os.kill(rollout_pid(), signal.SIGKILL)
+        _wait_for_log(proc, work / "trainer-0.log", "the rollout process is gone", after=trainer_log)
+        _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 20", after=trainer_log)
+        orphan = rollout_pid()
+        os.kill(pid_of("trainer"), signal.SIGKILL)
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
-    assert result["restarts"] == {"trainer": 1, "inference": 1, "agent": 0}
+    assert result["restarts"] == {"trainer": 2, "inference": 1, "agent": 0}
     assert result["resumed_from_step"] >= 20 and result["final_version"] == 30
     assert result["max_token_staleness_trained"] <= 2
     prompts = result["prompts"]  # the prompt ledger, carried through the trainer's crash by the checkpoint
@@ -226,8 +258,8 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     trained = [p for step in sorted(lineage) for p in lineage[step]]
     assert sorted(lineage) == list(range(1, 31))
     assert len(trained) == len(set(trained)) == 30 * 16 and max(trained) < prompts["cursor"]  # each once
-    assert "restarting the gang from the last checkpoint" in stderr.decode()
-    assert processes_mentioning(str(work)) == []
+    assert stderr.decode().count("restarting the gang from the last checkpoint") == 2
+    assert processes_mentioning(str(work)) == [] and not _alive(orphan)
 
 
 def _replica_pid(work: Path, replica: int) -> int:

@@ -150,28 +150,3 @@ def test_a_take_ahead_called_off_before_it_had_a_batch_takes_nothing(rollout):
     assert state["trained"] + len(state["pending"]) == state["cursor"]
 
 
-def busy(seconds: float) -> None:
-    """Burn this thread's CPU for ``seconds``."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
-@pytest.mark.parametrize("rollout", [2], indirect=True)
-def test_the_rollout_threads_cpu_is_its_own_not_the_process(rollout):
-    """``cpu_seconds`` (``/progress``'s rolloutCpuFraction) counts the rollout loop's thread only: the
-    CPU another thread burns meanwhile is not in it; its own work is, and it reads None once stopped."""
-    controller, serve = rollout
-    wait_until(lambda: len(controller.buffer) == 3 * GROUPS, "version 0's (η + 1) batches generated")
-    before = controller.cpu_seconds()
-    assert before is not None and before > 0  # it generated six groups
-    busy(0.5)  # the rollout loop is idle: its staleness budget is used up
-    idle = controller.cpu_seconds()
-    assert idle is not None and idle - before < 0.1
-    take(controller, GROUPS, 0)
-    serve(1)  # room for version 1's batch: the loop generates it
-    wait_until(lambda: len(controller.buffer) == 3 * GROUPS, "the batch that replaced it generated")
-    worked = controller.cpu_seconds()
-    assert worked is not None and worked > idle
-    controller.stop()
-    assert controller.cpu_seconds() is None

@@ -290,7 +290,7 @@ class LocalRun:
     @property
     def pinned(self) -> bool:
         """Each replica and trainer rank on a core of its own (when there are enough)."""
-        return len(self.cores) >= self.inference.replicas + self.trainer.world_size
+        return pinned(self.cores, self.inference.replicas, self.trainer.world_size)
 
     @property
     def summary_file(self) -> Path:
@@ -425,6 +425,18 @@ class LocalRun:
             time.sleep(0.5)
 
 
+def pinned(cores: list[int], replicas: int, world: int) -> bool:
+    """Each of ``replicas`` replicas and ``world`` trainer ranks on a core of its own: when ``cores`` are enough."""
+    return len(cores) >= replicas + world
+
+
+def rollout_cores(cores: list[int], replicas: int, world: int) -> list[int]:
+    """Where trainer rank 0's rollout process runs (``settings.rollout_cores``): beside the replicas, on
+    their cores, when every process is pinned — the trainer's core is then its own (its step is the
+    asynchronous step's floor); otherwise anywhere ([])."""
+    return cores[:replicas] if pinned(cores, replicas, world) else []
+
+
 def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: Path | None,
              spec_checkpoints: bool) -> LocalRun:
     """The experiment in ``path``, its work dir, its ports, its run config (with the settings only a
@@ -435,15 +447,17 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
     work = workdir or Path(tempfile.mkdtemp(prefix=f"kuberl-{obj.metadata.name}-"))
     work.mkdir(parents=True, exist_ok=True)
     ports, progress_port, gateway_port = [free_port() for _ in range(inference.replicas)], free_port(), free_port()
+    cores = sorted(os.sched_getaffinity(0))
     checkpoints = checkpoint_uri(obj.spec, work, spec_checkpoints)
     settings = {"checkpoint_uri": checkpoints, "max_steps": max_steps, "tensorboard_dir": work / "tensorboard",
                 "staging_dir": work / "staging", "weights_dir": work / "weights", "summary_path": work / SUMMARY,
                 "prompts_log": work / PROMPTS_LOG,
                 "progress_port": progress_port, "gateway_port": gateway_port,
-                "inference_urls": [replica_url(p) for p in ports], "replicas_file": work / POOL_FILE}
+                "inference_urls": [replica_url(p) for p in ports], "replicas_file": work / POOL_FILE,
+                "rollout_cores": rollout_cores(cores, inference.replicas, trainer.world_size)}
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)
     return LocalRun(obj, inference, trainer, work, config, path.resolve().parent, checkpoints, local_env(obj.spec),
-                    ports, progress_port, gateway_port)
+                    ports, progress_port, gateway_port, cores)
 
 
 def final_progress(summary: dict[str, Any]) -> Progress:

@@ -82,6 +82,7 @@ class Settings:
     gateway_port: int = GATEWAY_PORT
     inference_urls: tuple[str, ...] = ()  # the replicas' URLs; (): the pool's DNS names
     replicas_file: Path | None = None  # kuberl run: a JSON list of the replicas' URLs, rewritten by kuberl scale
+    rollout_cores: tuple[int, ...] = ()  # kuberl run: the cores rank 0's rollout process runs on; (): the trainer's
 
     def checkpoint_location(self, spec_uri: str | None) -> str | None:
         """Where checkpoints (and the published curves) go: the run config's (a local run's work dir),
@@ -97,7 +98,7 @@ class Settings:
 DEFAULTS = Settings()  # a bare process: nothing set (tests, tools)
 
 RUN_CONFIG_FIELDS = ("checkpoint_uri", "max_steps", "tensorboard_dir", "staging_dir", "weights_dir", "summary_path",
-                     "prompts_log", "progress_port", "gateway_port", "inference_urls", "replicas_file")
+                     "prompts_log", "progress_port", "gateway_port", "inference_urls", "replicas_file", "rollout_cores")
 
 _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THREADS, "local_rank": "LOCAL_RANK",
              "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "exchange_addr": ENV_EXCHANGE_ADDR,
@@ -111,11 +112,12 @@ _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THR
 
 def _typed(name: str, value: Any) -> Any:
     """``value`` (env text or run-config YAML) as field ``name``'s declared type (``Path | None`` →
-    Path, ``tuple[str, ...]`` from comma-separated text); ValueError naming the field."""
+    Path, ``tuple[str, ...]`` and ``tuple[int, ...]`` from comma-separated text); ValueError naming the field."""
     kind = str({f.name: f for f in fields(Settings)}[name].type).removesuffix(" | None")
     try:
         if kind.startswith("tuple"):
-            return tuple(value.split(",") if isinstance(value, str) else value)
+            items = value.split(",") if isinstance(value, str) else value
+            return tuple(int(x) for x in items) if kind == "tuple[int, ...]" else tuple(items)
         if kind == "int":
             return int(value)
         if kind == "Path":

@@ -53,9 +53,9 @@ class Progress(ApiModel):
         None, description="share of the last 10 steps' seconds the trainer waited for rollouts (high: inference is "
                           "the bottleneck)")
     rollout_cpu_fraction: Number | None = Field(
-        None, description="CPU seconds per second the trainer's rollout thread (episodes, HTTP, inline rewards, "
-                          "evaluations, the gateway) used over the last 10 steps: it shares the trainer's process "
-                          "and GIL; near 1, it needs a core of its own")
+        None, description="CPU seconds per second trainer rank 0's rollout process (episodes, HTTP, inline "
+                          "rewards, evaluations, the gateway) used over the last 10 steps: CPU the trainer pod "
+                          "needs beside its ranks; near 1, a core of its own")
     rollout_ready_groups: Count | None = Field(None, description="groups generated and waiting to be trained")
     staleness_budget_used: Number | None = Field(
         None, description="(accepted + running − version·B) ÷ ((maxStaleness + 1)·B) rollouts: 1 = generation is as "

@@ -1,4 +1,5 @@
-"""Asynchronous rollout on its own event loop (a background thread of trainer rank 0).
+"""Asynchronous rollout on its own event loop (a background thread of trainer rank 0's rollout process,
+``kuberl.trainer.rollout_process``, whose requests from the trainer run on other threads).
 
 The loop keeps as many episodes running as admission allows (``StalenessManager``, counted in
 groups), puts finished groups in the ``RolloutBuffer`` and hands batches to the trainer thread.
@@ -73,18 +74,6 @@ class RolloutController:
             return {}
         return {"trained": ledger.trained, "reissued": ledger.reissued, "skipped": ledger.skipped}
 
-    def cpu_seconds(self) -> float | None:
-        """CPU seconds the rollout loop's thread has used so far (episodes, HTTP, rewards scored inline,
-        evaluations, the gateway), read from any thread through the OS's per-thread clock; None before
-        the thread runs, after it ends, or where the OS has no such clock."""
-        ident = self._thread.ident
-        if ident is None or not self._thread.is_alive():
-            return None
-        try:
-            return time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except (AttributeError, OSError):  # no per-thread clock here, or the thread ended just now
-            return None
-
     def take(self, groups: int, version: int, ahead: bool = False) -> list[Group] | None:
         """Block until ``groups`` groups fresh enough for ``version`` are ready; None when the pool is
         starved (every replica needs weights only the trainer can send). Their prompts count as trained
@@ -142,10 +131,16 @@ class RolloutController:
 
     def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int, step: int,
                          concurrency: int | None = None) -> Future[EvalResult]:
-        """Start a held-out evaluation on this loop, next to rollout (at most ``concurrency`` groups at
-        once); the future holds its result."""
+        """Start a held-out evaluation on this loop, next to rollout: one group at a time, up to
+        ``concurrency`` while :meth:`ahead` (rollout yields the pool only when it has a batch to spare);
+        the future holds its result."""
         return asyncio.run_coroutine_threadsafe(
-            evaluate(self.client, examples, workflow, k, step, concurrency=concurrency), self.loop)
+            evaluate(self.client, examples, workflow, k, step, concurrency=concurrency, widen=self.ahead), self.loop)
+
+    def ahead(self) -> bool:
+        """A whole batch is ready in the buffer beyond the one the trainer takes next (taken ahead):
+        rollout keeps up, and has pool capacity to spare."""
+        return len(self.buffer) >= self.manager.batch_size
 
     def replica_topologies(self) -> list[dict[str, str]]:
         return self.call(self.client.topologies())

@@ -21,6 +21,8 @@ from .client import InferenceClient
 from .types import Group
 from .workflow import RolloutWorkflow
 
+WIDEN_POLL_SECONDS = 0.05  # how often a narrowed evaluation asks whether it may widen again
+
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -52,24 +54,38 @@ def summarize(step: int, rewards: list[list[float]], lengths: list[int], version
 
 async def evaluate(client: InferenceClient, examples: list[Example], workflow: RolloutWorkflow, k: int,
                    step: int, progress: Callable[[int, int], None] | None = None,
-                   concurrency: int | None = None) -> EvalResult:
+                   concurrency: int | None = None, widen: Callable[[], bool] | None = None) -> EvalResult:
     """Every example as one group of k episodes of ``workflow`` (the run's own: single-turn or with
     tools), scored by its reward; lengths count the tokens the policy wrote. ``progress(done, total)``
     is called as each example's group finishes. ``concurrency``: at most that many groups at once (None:
-    all of them) — during training, so that rollout keeps its share of the pool."""
+    all of them); with ``widen``, more than one only while ``widen()`` says so (checked every
+    :data:`WIDEN_POLL_SECONDS` and as groups finish) — during training, so that rollout keeps the pool
+    it needs: the evaluation always moves on, one group at a time, and takes more while the pool has
+    capacity to spare."""
     started, done = time.monotonic(), 0
-    slots = asyncio.Semaphore(concurrency or len(examples) or 1)
+    limit = concurrency or len(examples) or 1
 
     async def one(index: int, example: Example) -> Group | None:
         nonlocal done
-        async with slots:
-            group = await workflow.run_episode(client, example, index)
+        group = await workflow.run_episode(client, example, index)
         done += 1
         if progress is not None:
             progress(done, len(examples))
         return group
 
-    groups = await asyncio.gather(*(one(i, e) for i, e in enumerate(examples)))
+    tasks: list[asyncio.Task[Group | None]] = []
+    running: set[asyncio.Task[Group | None]] = set()
+    try:
+        for index, example in enumerate(examples):
+            while running and (len(running) >= limit or (widen is not None and not widen())):
+                _, running = await asyncio.wait(running, timeout=WIDEN_POLL_SECONDS,
+                                                return_when=asyncio.FIRST_COMPLETED)
+            tasks.append(asyncio.create_task(one(index, example)))
+            running.add(tasks[-1])
+        groups = await asyncio.gather(*tasks)
+    finally:  # cancelled, or a group failed: none is left running
+        for task in tasks:
+            task.cancel()
     trajectories = [g.trajectories for g in groups if g is not None]
     return summarize(step, [[t.reward for t in ts] for ts in trajectories],
                      [t.trained_tokens for ts in trajectories for t in ts],

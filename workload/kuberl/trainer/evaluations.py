@@ -1,17 +1,18 @@
 """Rank 0's share of ``spec.evaluation``: start a held-out evaluation every N steps on the rollout
 loop (never two at once; training does not wait), collect the finished ones for the log, the
-progress endpoint, TensorBoard and the summary."""
+progress endpoint, TensorBoard and the summary; and what an evaluation is (``evaluation_parts``),
+for the rollout process and ``kuberl eval`` alike."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from ..api.spec import EvaluationSpec, RLExperimentSpec
 from ..data.datasets import Example, Keep, evaluation_examples
 from ..rewards.pool import Scorer
-from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
 from ..rollout.workflow import RolloutWorkflow
 from ..settings import Settings
@@ -52,28 +53,19 @@ def evaluation_concurrency(batch_size: int, samples_per_prompt: int) -> int:
 
 
 class Evaluations:
-    def __init__(self, spec: RLExperimentSpec, controller: RolloutController, tokenizer: Any, settings: Settings,
-                 reward: Scorer, keep: Keep | None = None):
-        """``reward``: the run's scorer (used unless ``spec.evaluation.reward`` names another function);
-        ``keep``: the run's prompt filter (``spec.dataset.maxPromptTokens``)."""
-        ev = spec.evaluation
-        assert ev is not None
-        self.every = ev.every_steps
-        self.controller = controller
-        self.k = ev.samples_per_prompt
-        self.concurrency = evaluation_concurrency(spec.algorithm.batch_size, self.k)
-        self.examples, self.workflow, self.reward = evaluation_parts(spec, ev, tokenizer, settings, keep, reward)
+    def __init__(self, every: int, start: Callable[[int], Future[EvalResult]]):
+        """Every ``every`` steps ``start(steps done)`` (the rollout's evaluation after that step, whose
+        future holds its result: :meth:`.rollout_side.RolloutSide.start_evaluation`)."""
+        self.every, self.start = every, start
         self.history: list[EvalResult] = []
         self._reported = 0
         self._pending: Future[EvalResult] | None = None
-        log.info("evaluation: %d prompts × %d samples every %d steps", len(self.examples), self.k, self.every)
 
     def maybe_start(self, steps_done: int, last: bool = False) -> None:
         """After ``steps_done`` steps: start one if it is due (or ``last``) and none is running."""
         if (steps_done % self.every == 0 or last) and (self._pending is None or self._pending.done()):
             self._collect()
-            self._pending = self.controller.start_evaluation(self.examples, self.workflow, self.k, steps_done,
-                                                             self.concurrency)
+            self._pending = self.start(steps_done)
 
     def finished(self) -> list[EvalResult]:
         """Results that came in since the last call (never blocks)."""

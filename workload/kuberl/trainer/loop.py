@@ -40,6 +40,7 @@ from ..settings import Settings
 from ..weights.sync import WeightSync, make_weight_sync, update_bytes
 from .checkpointing import Checkpointer, TrainerState
 from .export import describe_model, export_due, export_policy, hf_config
+from .rollout_process import RolloutProcess
 from .services import NoServices, RankZeroServices, Tally
 from .watchdog import StepWatchdog
 from .workflows import PromptCheck
@@ -138,9 +139,11 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
            urls: list[str]) -> Session:
     """Model and FSDP2 actor, resume from the newest checkpoint (or SFT warm-up and freeze π_ref),
-    rank 0's services, and the initial weights pushed to the pool. What set-up leaves alive is then
-    frozen out of the garbage collector's reach (:func:`~kuberl.heap.freeze_set_up_heap`)."""
+    rank 0's services, and the initial weights pushed to the pool. Rank 0's rollout process starts
+    first (its imports overlap the model's loading). What set-up leaves alive is then frozen out of
+    the garbage collector's reach (:func:`~kuberl.heap.freeze_set_up_heap`)."""
     spec = run.spec
+    rollout = RolloutProcess.launch(settings.rollout_cores) if rank == 0 else None
     torch.manual_seed(spec.seed)
     _, plan, _ = resolve(spec)
     if plan is not None and plan.backend == Backend.FSDP:  # shards first, then reads only its own
@@ -169,8 +172,8 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     first_step = resumed.step if resumed else 0
     max_steps = settings.max_steps if settings.max_steps is not None else spec.algorithm.max_steps
-    services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls)
-                if rank == 0 else NoServices())
+    services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls, rollout)
+                if rollout is not None else NoServices())
     sync = make_weight_sync(str(spec.weight_sync.mode), services.control, settings, rank, world,
                             spec.weight_sync.directory, spec.weight_sync.relay)
     sync.push(actor.weight_source(), first_step)  # the pool gets the (resumed) weights before rollout starts

@@ -33,6 +33,7 @@ class ProgressServer:
                         for name, field in Progress.model_fields.items() if name in GAUGES}
         self._sources: list[tuple[str, Callable[[], Mapping[str, int | float]]]] = []
         self._counters: dict[str, Gauge] = {}
+        self._served: tuple[asyncio.AbstractEventLoop, web.AppRunner] | None = None
 
     def add_counters(self, prefix: str, read: Callable[[], Mapping[str, int | float]]) -> None:
         """Export ``read()``'s numbers as gauges ``kuberl_<prefix>_<name>`` on ``/metrics`` (``read``
@@ -85,3 +86,17 @@ class ProgressServer:
 
     def start_in(self, loop: asyncio.AbstractEventLoop, port: int, host: str = "") -> None:
         asyncio.run_coroutine_threadsafe(self.start(port, host), loop).result(30)
+
+    def serve_in_thread(self, port: int, host: str = "") -> None:
+        """Serve from an event loop on a thread of its own (:meth:`close` ends it)."""
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="progress", daemon=True).start()
+        self._served = loop, asyncio.run_coroutine_threadsafe(self.start(port, host), loop).result(30)
+
+    def close(self) -> None:
+        """Stop serving (what :meth:`serve_in_thread` started): the port closes, the thread ends."""
+        if self._served is not None:
+            loop, runner = self._served
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+            loop.call_soon_threadsafe(loop.stop)
+            self._served = None

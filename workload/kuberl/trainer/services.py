@@ -1,5 +1,6 @@
-"""Rank 0's services, as one object: the rollout controller (its own thread and event loop), the
-progress endpoint, the agent gateway, the training curves and the held-out evaluations.
+"""Rank 0's services, as one object: the rollout (a process of its own, :mod:`.rollout_process`, with
+the agent gateway and the evaluations' episodes), the progress endpoint, the training curves and the
+held-out evaluations' schedule.
 
 ``RankZeroServices`` is rank 0's; every other rank gets ``NoServices``, which does nothing, so the
 training loop calls the same verbs on every rank and never asks which one it is (torchtitan's
@@ -9,8 +10,6 @@ metrics logger does the same on non-logging ranks). A new rank-0 service goes he
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import logging
 import math
@@ -20,27 +19,20 @@ from typing import Any
 
 from ..api import Progress, resolve
 from ..api.spec import RLExperimentSpec
-from ..data.datasets import examples
 from ..devices import compute_dtype, dtype_name
-from ..gateway.server import Gateway, GatewayConfig
 from ..models.loading import model_origin
 from ..policy.algorithms import AlgorithmConfig, build_batch
 from ..policy.loss import BehaviourGapMonitor
-from ..rewards.pool import Scorer
-from ..rollout.client import InferenceClient
-from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
-from ..rollout.ledger import PromptLedger
-from ..rollout.staleness import StalenessManager
 from ..rollout.types import Group, Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
 from .checkpointing import TrainerState
 from .curves import Curves
 from .evaluations import Evaluations
-from .pool import follow_pool, pool_source
 from .progress import ProgressServer
-from .workflows import PromptCheck, make_reward, make_workflow
+from .rollout_process import RolloutProcess
+from .rollout_side import RolloutRecipe, RolloutSnapshot
 
 log = logging.getLogger("kuberl.trainer")
 EVAL_WAIT_SECONDS = 600.0  # the last evaluation, after the last step
@@ -106,7 +98,7 @@ def prompt_summary(state: dict[str, Any] | None) -> dict[str, int] | None:
 class NoServices:
     """Every rank but 0: no rollout, no endpoints, no curves; each verb does nothing."""
 
-    control: RolloutController | None = None  # what the weight exchange talks to the pool through
+    control: RolloutProcess | None = None  # what the weight exchange talks to the pool through
 
     def data_state(self) -> tuple[int, dict[str, Any] | None]:
         """What a checkpoint keeps of the data: the position in the stream and the prompt ledger
@@ -134,77 +126,43 @@ class NoServices:
 
 
 class RankZeroServices(NoServices):
-    def __init__(self, run: RunConfig, settings: Settings, controller: RolloutController, server: ProgressServer,
-                 gateway: Gateway | None, curves: Curves, evaluations: Evaluations | None, max_steps: int,
-                 reward: Scorer, prompts: PromptCheck):
+    def __init__(self, run: RunConfig, settings: Settings, rollout: RolloutProcess, server: ProgressServer,
+                 curves: Curves, evaluations: Evaluations | None, max_steps: int, tokenizer: Any):
         self.run, self.settings, self.max_steps = run, settings, max_steps
-        self.controller, self.server, self.gateway = controller, server, gateway
-        self.curves, self.evaluations = curves, evaluations
-        self.control = controller
-        self.reward, self.prompt_check = reward, prompts
-        self.model = model_origin(run.spec.model, prompts.codec.tokenizer)
+        self.rollout, self.server, self.curves, self.evaluations = rollout, server, curves, evaluations
+        self.control = rollout
+        self.model = model_origin(run.spec.model, tokenizer)
         self.export: dict[str, Any] | None = None
-        self._last_sample = (time.perf_counter(), controller.cpu_seconds())
+        self.latest = rollout.snapshot()
+        self._last_sample = (time.perf_counter(), self.latest.cpu_seconds)
         self.server.update(model_revision=self.model.get("revision"), init_from=self.model.get("init_from"))
+        if run.spec.agent is not None:  # kuberl_gateway_rejected, … on /metrics, as of the last report
+            self.server.add_counters("gateway", lambda: self.latest.gateway or {})
 
     @classmethod
     def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, resumed: TrainerState | None,
-              max_steps: int, urls: list[str]) -> RankZeroServices:
-        """The rollout controller on its own loop, admission restored to the resumed version and the
-        dataset's prompts to the resumed ledger (those pending at the checkpoint come first), the
-        progress endpoint, and with ``spec.agent`` the gateway the agent's episodes come through
-        (instead of the dataset's, through the run's workflow); curves and evaluations."""
-        spec, algo = run.spec, run.spec.algorithm
-        manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
-                                   max(1, spec.rollout.max_concurrent // algo.group_size))
-        manager.restore(first_step)  # admission restarts at version × batch: no burst of stale samples
-        position = resumed.data_position if resumed else 0
-        check = PromptCheck.of(spec, tokenizer)
-        stream = examples(spec.dataset, spec.seed, 0, settings, check.keep, check.dropped)
-        check.first_prompt = check.rendered(next(examples(spec.dataset, spec.seed, 0, settings, check.keep)))
-        prompts, tasks = None, None
-        if spec.agent is None:
-            kept = resumed.prompts if resumed and resumed.prompts else {"cursor": position, "pending": []}
-            prompts = PromptLedger.restore(kept, stream)
-        else:
-            tasks = itertools.islice(stream, position, None)
-        reward = make_reward(spec)
-        workflow = None if spec.agent else make_workflow(
-            spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
-            max_new_tokens=spec.rollout.max_new_tokens, reward=reward)
-        client = InferenceClient(urls, settings.api_token, return_routes=spec.algorithm.routing_replay)
-        controller = RolloutController(client, workflow, prompts, manager)
-        controller.episodes = position
-        controller.start()
-        source = pool_source(run, settings)
-        if source is not None:
-            asyncio.run_coroutine_threadsafe(follow_pool(client, *source), controller.loop)
+              max_steps: int, urls: list[str], rollout: RolloutProcess) -> RankZeroServices:
+        """The rollout process built (:class:`~.rollout_side.RolloutSide`: the controller, the prompts
+        where the resumed run left them, the gateway, the evaluations' episodes) and serving, the
+        progress endpoint, the curves and the evaluations' schedule."""
+        rollout.build(RolloutRecipe(run, settings, tokenizer, first_step, resumed.data_position if resumed else 0,
+                                    resumed.prompts if resumed else None, urls))
         server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step,
                                          max_steps=max_steps, phase="running"))
-        server.start_in(controller.loop, settings.progress_port, settings.bind_host)
-        gateway = None
-        if spec.agent is not None:
-            gateway = Gateway(controller, tokenizer, GatewayConfig(
-                model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
-                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-                session_timeout=spec.agent.session_timeout_seconds, reward=reward),
-                settings.agent_token, tasks=tasks)  # agents never hold the pool's token
-            gateway.start_in(settings.gateway_port, settings.bind_host)
-            server.add_counters("gateway", gateway.summary)  # kuberl_gateway_rejected, … on /metrics
+        server.serve_in_thread(settings.progress_port, settings.bind_host)
         curves = Curves.for_run(run, settings)
-        evaluations = Evaluations(spec, controller, tokenizer, settings, reward, check.keep) \
-            if spec.evaluation is not None else None
-        return cls(run, settings, controller, server, gateway, curves, evaluations, max_steps, reward, check)
+        ev = run.spec.evaluation
+        evaluations = Evaluations(ev.every_steps, rollout.start_evaluation) if ev is not None else None
+        return cls(run, settings, rollout, server, curves, evaluations, max_steps, tokenizer)
 
     def data_state(self) -> tuple[int, dict[str, Any] | None]:
-        prompts = self.controller.prompt_state()
-        return (prompts["cursor"] if prompts else self.controller.episodes), prompts
+        return self.rollout.data_state()
 
     def next_batch(self, groups: int, step: int, config: AlgorithmConfig) -> Batch | None:
         """The step's groups from the rollout buffer as a batch; None when the pool is starved. The next
         step's are taken ahead meanwhile (``RolloutController.take``), except after the last step."""
         wait_start = time.perf_counter()
-        taken = self.controller.take(groups, step, ahead=step + 1 < self.max_steps)
+        taken = self.rollout.take(groups, step, ahead=step + 1 < self.max_steps)
         if taken is None:
             return None
         trajs, advs, dropped = build_batch(taken, config)
@@ -225,7 +183,7 @@ class RankZeroServices(NoServices):
     def report(self, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
                previous_sync: float, tally: Tally) -> None:
         """The step's log line, ``/progress`` and curves."""
-        self._sample_rollout_cpu(tally)
+        rollout = self._sample_rollout(tally)
         reward = mean([t.reward for t in trajs]) or 0.0
         tally.rewards.append(reward)
         multi_turn = bool(self.run.spec.rollout.tools or self.run.spec.agent)
@@ -235,17 +193,17 @@ class RankZeroServices(NoServices):
         entropy = stats.get("ppo_actor/entropy") if stats else None
         if entropy is not None and not math.isnan(entropy):
             tally.entropies.append(entropy)
-        staleness, prompts = self.controller.observed_staleness, self.controller.prompt_counts()
+        staleness, prompts = rollout.observed_staleness, rollout.prompt_counts
         self.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                            reward_last10=mean(tally.rewards[-10:]), observed_staleness=staleness,
                            tokens_per_second=tally.tokens_per_second, step_seconds=tally.timeperf["step"][-1],
                            weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
                            entropy=tally.entropies[-1] if tally.entropies else None,
                            prompts_trained=prompts.get("trained"), prompts_reissued=prompts.get("reissued"),
-                           prompts_skipped=prompts.get("skipped"), reward_timeouts=self.reward.timeouts,
-                           reward_errors=self.reward.errors, prompts_too_long=len(self.prompt_check.dropped),
-                           **self.rollout_pressure(tally))
-        gateway = {f"gateway/{k}": v for k, v in self.gateway.summary().items()} if self.gateway else {}
+                           prompts_skipped=prompts.get("skipped"), reward_timeouts=rollout.reward_timeouts,
+                           reward_errors=rollout.reward_errors, prompts_too_long=rollout.prompts_too_long,
+                           **self.rollout_pressure(tally, rollout))
+        gateway = {f"gateway/{k}": v for k, v in (rollout.gateway or {}).items()}
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
             "rollout/observed_staleness": staleness, "rollout/trained_tokens_per_second": tally.tokens_per_second,
@@ -257,27 +215,26 @@ class RankZeroServices(NoServices):
                      stats["ppo_actor/entropy"], gap, wait_s, previous_sync,
                      "" if tools is None else f" tool calls/episode {tools:.2f}")
 
-    def _sample_rollout_cpu(self, tally: Tally) -> None:
-        """The rollout loop thread's CPU seconds since the last report (``timeperf/rollout_cpu``), and the
-        wall seconds between the two (``Tally.report_seconds``); nothing where its clock is unknown."""
-        wall, cpu = time.perf_counter(), self.controller.cpu_seconds()
-        (last_wall, last_cpu), self._last_sample = self._last_sample, (wall, cpu)
-        if cpu is not None and last_cpu is not None:
-            tally.timeperf["rollout_cpu"].append(cpu - last_cpu)
-            tally.report_seconds.append(wall - last_wall)
+    def _sample_rollout(self, tally: Tally) -> RolloutSnapshot:
+        """The rollout's numbers now (``self.latest``), with the rollout process's CPU seconds since the
+        last report (``timeperf/rollout_cpu``) and the wall seconds between the two (``Tally.report_seconds``)."""
+        wall, self.latest = time.perf_counter(), self.rollout.snapshot()
+        (last_wall, last_cpu), self._last_sample = self._last_sample, (wall, self.latest.cpu_seconds)
+        tally.timeperf["rollout_cpu"].append(self.latest.cpu_seconds - last_cpu)
+        tally.report_seconds.append(wall - last_wall)
+        return self.latest
 
-    def rollout_pressure(self, tally: Tally) -> dict[str, float | int | None]:
+    def rollout_pressure(self, tally: Tally, rollout: RolloutSnapshot) -> dict[str, float | int | None]:
         """What an autoscaler reads (``/progress``, ``/metrics``): the share of the last
         :data:`WAIT_STEPS` steps' seconds spent waiting for rollouts (Σ wait ÷ Σ step: one step's share
         swings with an evaluation or a weight update), the groups ready ahead of the trainer, the
-        staleness window in use (:attr:`~kuberl.rollout.staleness.StalenessManager.budget_used`; read
-        from the rollout loop's thread: a snapshot, not a transaction); and the CPU share the rollout
-        loop's thread took of those seconds (it shares the trainer's process, its GIL and, unless the
-        pod has cores to spare, the trainer's core)."""
+        staleness window in use (:attr:`~kuberl.rollout.staleness.StalenessManager.budget_used`), as of
+        ``rollout``; and the CPU share the rollout process took of those seconds (what it needs beside
+        the trainer: on a cluster, of the trainer pod's CPU)."""
         return {"rollout_wait_fraction": fraction_of_steps(tally.timeperf["wait_rollout"], tally.timeperf["step"]),
                 "rollout_cpu_fraction": fraction_of_steps(tally.timeperf["rollout_cpu"], tally.report_seconds),
-                "rollout_ready_groups": len(self.controller.buffer),
-                "staleness_budget_used": round(self.controller.manager.budget_used, 4)}
+                "rollout_ready_groups": rollout.ready_groups,
+                "staleness_budget_used": round(rollout.budget_used, 4)}
     def checkpointed(self, uri: str | None) -> None:
         """A checkpoint was saved (``uri``; None: none was due): say so and publish the curves next to it."""
         if uri is not None:
@@ -312,17 +269,13 @@ class RankZeroServices(NoServices):
         summary = self.summarize(tally, first_step, sft_losses, world)
         self.server.update(phase="succeeded")
         self.server.write_termination_message(self.settings.termination_log)
-        if self.gateway is not None:
-            self.gateway.stop()
-        scorers = [self.reward, *([self.evaluations.reward] if self.evaluations is not None else [])]
-        for scorer in dict.fromkeys(scorers):  # their workers, reaped on the loop they were started on
-            asyncio.run_coroutine_threadsafe(scorer.aclose(), self.controller.loop).result(timeout=30)
-        self.controller.stop()
+        self.rollout.stop()
+        self.server.close()
         return summary
 
     def summarize(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any]:
         """The run summary (``summary.json``, the termination message's source)."""
-        spec, wall, controller = self.run.spec, time.perf_counter() - tally.start, self.controller
+        spec, wall, rollout = self.run.spec, time.perf_counter() - tally.start, self.rollout.snapshot()
         return {
             "steps": tally.steps_done,
             "resumed_from_step": first_step,
@@ -331,22 +284,22 @@ class RankZeroServices(NoServices):
             "reward_last10_mean": mean(tally.rewards[-10:]),
             "entropy_first10_mean": mean(tally.entropies[:10]),
             "entropy_last10_mean": mean(tally.entropies[-10:]),
-            "observed_staleness": controller.observed_staleness,
+            "observed_staleness": rollout.observed_staleness,
             "max_token_staleness_trained": tally.token_staleness,
-            "final_version": controller.manager.version,  # what every replica confirmed it serves
+            "final_version": rollout.version,  # what every replica confirmed it serves
             **tally.gaps.summary(),
             "wall_seconds": round(wall, 3),
             "trained_tokens_per_second": round(tally.trained_tokens / wall, 1),
-            "generated_tokens_per_second": round(controller.generated_tokens / wall, 1),
+            "generated_tokens_per_second": round(rollout.generated_tokens / wall, 1),
             "weight_sync_seconds_mean": round(mean(tally.timeperf["weight_sync"]) or 0.0, 4),
             "weight_update_bytes": tally.update_bytes,
             "weight_update_fraction": round(tally.update_bytes / tally.policy_bytes, 5) if tally.policy_bytes else None,
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
-            "stale_groups_dropped": controller.buffer.dropped,
-            "prompts": prompt_summary(controller.prompt_state()),
-            "reward_timeouts": self.reward.timeouts,
-            "reward_errors": self.reward.errors,
-            "dataset": self.prompt_check.summary(),
+            "stale_groups_dropped": rollout.stale_groups_dropped,
+            "prompts": prompt_summary(self.rollout.data_state()[1]),
+            "reward_timeouts": rollout.reward_timeouts,
+            "reward_errors": rollout.reward_errors,
+            "dataset": self.rollout.dataset(),
             "model": self.model,
             "export": self.export,
             "filtered_groups": tally.dropped_groups,
@@ -354,7 +307,7 @@ class RankZeroServices(NoServices):
             "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
             "world_size": world,
             "trainer": trainer_layout(spec),
-            "replicas": len(controller.client.replicas),
+            "replicas": rollout.replicas,
             "rewards": [round(r, 4) for r in tally.rewards],
             "entropies": [round(h, 4) for h in tally.entropies],
             "tool_calls_per_episode": [round(x, 3) for x in tally.tool_calls] if tally.tool_calls else None,
@@ -362,5 +315,5 @@ class RankZeroServices(NoServices):
                       f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}
                      for e in (self.evaluations.history if self.evaluations else [])],
             "tensorboard": self.curves.location,
-            "gateway": self.gateway.summary() if self.gateway else None,
+            "gateway": rollout.gateway,
         }
