@@ -70,6 +70,41 @@ def test_a_max_steps_inside_the_warm_up_is_said():
     assert warmup_cut_short(algorithm, None) is None  # the spec's maxSteps: refused by validation if inside
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+        except OSError:
+            continue
+    return children
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _pid_of(work: Path, role: str) -> int:
+    """The one process of local run ``work`` that runs ``python -m kuberl.<role>``."""
+    pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}\0" in Path(f"/proc/{p}/cmdline")
+            .read_bytes().decode(errors="replace")]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def _rollout_pid(work: Path) -> int:
+    """The rollout process of local run ``work``'s trainer rank 0 (its child)."""
+    (pid,) = [p for p in _children(_pid_of(work, "trainer")) if b"kuberl.trainer.rollout_process" in
+              Path(f"/proc/{p}/cmdline").read_bytes()]
+    return pid
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     """SIGINT, as a terminal's Ctrl-C sends it, stops the run and every process it started. (The
     run starts with SIGINT's default action: a background job of a non-interactive shell, as some CI
@@ -87,6 +122,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         assert time.monotonic() < deadline, "training did not start within 120 s"
         time.sleep(0.5)
     assert len(processes_mentioning(str(work))) >= 2  # a replica and a trainer rank
+    rollout = _rollout_pid(work)  # the trainer's child: its command line does not name the work dir
     proc.send_signal(signal.SIGINT)
     try:  # terminate() gives the children 10 s, then kills them; the rest is slack for a loaded machine
         code = proc.wait(timeout=60)
@@ -98,7 +134,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         pytest.fail(f"kuberl run still running 60 s after Ctrl-C; alive: {alive}; its output and stacks: "
                     f"{output.read_text(errors='replace')[-6000:]}")
     assert code == 130
-    assert processes_mentioning(str(work)) == []
+    assert processes_mentioning(str(work)) == [] and not _alive(rollout)
 
 
 @pytest.mark.parametrize(("example", "settings", "layout"), [
@@ -185,26 +221,6 @@ def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> I
             proc.wait(timeout=60)
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-        except OSError:
-            continue
-    return children
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     """Kill the inference replica: it is replaced while training goes on and gets the newest weights
     before it takes requests (weightSync broadcast; in p2p mode the group is re-formed with it, see the
@@ -215,32 +231,21 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     pending."""
     work, summary = tmp_path / "run", tmp_path / "summary.json"
 
-    def pid_of(role: str) -> int:
-        pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}\0" in Path(f"/proc/{p}/cmdline")
-                .read_bytes().decode(errors="replace")]
-        assert len(pids) == 1, pids
-        return pids[0]
-
-    def rollout_pid() -> int:
-        (pid,) = [p for p in _children(pid_of("trainer")) if b"kuberl.trainer.rollout_process" in
-                  Path(f"/proc/{p}/cmdline").read_bytes()]
-        return pid
-
     with _background_run(work, summary, 30, ["checkpoint.everySteps=5", "model.sftWarmup.steps=5",
                                              "weightSync.mode=broadcast", NO_EVAL]) as proc:
         _wait_for_log(proc, work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
-        os.kill(pid_of("inference"), signal.SIGKILL)
+        os.kill(_pid_of(work, "inference"), signal.SIGKILL)
         _wait_for_log(proc, work / "trainer-0.log", "is back with the newest weights", after=trainer_log)
         _wait_for_log(proc, work / "inference-0.log", "loaded weights version", after=replica_log)  # the replacement
         _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 10")
         trainer_log = len((work / "trainer-0.log").read_text(errors="replace"))
-        os.kill(rollout_pid(), signal.SIGKILL)
+        os.kill(_rollout_pid(work), signal.SIGKILL)
         _wait_for_log(proc, work / "trainer-0.log", "the rollout process is gone", after=trainer_log)
         _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 20", after=trainer_log)
-        orphan = rollout_pid()
-        os.kill(pid_of("trainer"), signal.SIGKILL)
+        orphan = _rollout_pid(work)
+        os.kill(_pid_of(work, "trainer"), signal.SIGKILL)
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ..ipc import Caller, connection_pair, serve
+from ..ipc import Caller, PeerGone, connection_pair, serve
 
 if TYPE_CHECKING:
     from ..rollout.evaluation import EvalResult
@@ -100,6 +100,8 @@ class RolloutProcess:
         after :data:`STOP_SECONDS`)."""
         try:
             self._caller.call("stop").result(STOP_SECONDS)
+        except PeerGone as err:  # the run's work is saved by now: a rollout gone at the end fails nothing
+            log.warning("%s before it was stopped", err)
         finally:
             self._caller.close()
             try:

@@ -15,13 +15,15 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ..data.datasets import examples
+from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
 from ..heap import freeze_set_up_heap
+from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient, WeightPayload
 from ..rollout.controller import RolloutController
 from ..rollout.evaluation import EvalResult
@@ -72,48 +74,58 @@ class RolloutSnapshot:
     gateway: dict[str, int] | None
 
 
+def prompt_sources(recipe: RolloutRecipe, check: PromptCheck) -> tuple[PromptLedger | None, Iterator[Example] | None]:
+    """Where episodes come from: the dataset's prompts through the prompt ledger, restored where the
+    resumed run left it (those pending at its checkpoint first); or, with ``spec.agent``, the tasks
+    the gateway hands agents, from the resumed position. Rows ``check`` refuses are skipped (counted)."""
+    spec, settings = recipe.run.spec, recipe.settings
+    stream = examples(spec.dataset, spec.seed, 0, settings, check.keep, check.dropped)
+    check.first_prompt = check.rendered(next(examples(spec.dataset, spec.seed, 0, settings, check.keep)))
+    if spec.agent is not None:
+        return None, itertools.islice(stream, recipe.position, None)
+    return PromptLedger.restore(recipe.prompts or {"cursor": recipe.position, "pending": []}, stream), None
+
+
+def start_gateway(recipe: RolloutRecipe, controller: RolloutController, reward: Scorer,
+                  tasks: Iterator[Example] | None) -> Gateway:
+    """``spec.agent``'s OpenAI-compatible gateway, serving on the controller's loop."""
+    run, settings, algo, rollout = recipe.run, recipe.settings, recipe.run.spec.algorithm, recipe.run.spec.rollout
+    assert run.spec.agent is not None
+    gateway = Gateway(controller, recipe.tokenizer, GatewayConfig(
+        model=run.experiment, group_size=algo.group_size, max_new_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature, top_p=rollout.top_p, session_timeout=run.spec.agent.session_timeout_seconds,
+        reward=reward), settings.agent_token, tasks=tasks)  # agents never hold the pool's token
+    gateway.start_in(settings.gateway_port, settings.bind_host)
+    return gateway
+
+
 class RolloutSide:
     def __init__(self, recipe: RolloutRecipe):
-        """The controller on its own loop, admission restored to the resumed version and the dataset's
-        prompts to the resumed ledger (those pending at the checkpoint come first); with ``spec.agent``
-        the gateway the agent's episodes come through instead of the dataset's; the pool follower; the
-        evaluation's episodes."""
+        """The controller on its own loop, admission restored to the resumed version, its episodes from
+        ``prompt_sources``; the pool follower; with ``spec.agent`` the gateway; the evaluation's episodes."""
         run, settings, tokenizer = recipe.run, recipe.settings, recipe.tokenizer
         spec, algo = run.spec, run.spec.algorithm
         manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
                                    max(1, spec.rollout.max_concurrent // algo.group_size))
         manager.restore(recipe.first_step)  # admission restarts at version × batch: no burst of stale samples
-        self.check = check = PromptCheck.of(spec, tokenizer)
-        stream = examples(spec.dataset, spec.seed, 0, settings, check.keep, check.dropped)
-        check.first_prompt = check.rendered(next(examples(spec.dataset, spec.seed, 0, settings, check.keep)))
-        prompts, tasks = None, None
-        if spec.agent is None:
-            prompts = PromptLedger.restore(recipe.prompts or {"cursor": recipe.position, "pending": []}, stream)
-        else:
-            tasks = itertools.islice(stream, recipe.position, None)
-        self.reward = reward = make_reward(spec)
+        self.check = PromptCheck.of(spec, tokenizer)
+        prompts, tasks = prompt_sources(recipe, self.check)
+        self.reward = make_reward(spec)
         workflow = None if spec.agent else make_workflow(
             spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
-            max_new_tokens=spec.rollout.max_new_tokens, reward=reward)
+            max_new_tokens=spec.rollout.max_new_tokens, reward=self.reward)
         client = InferenceClient(recipe.urls, settings.api_token, return_routes=spec.algorithm.routing_replay)
-        self.controller = controller = RolloutController(client, workflow, prompts, manager)
-        controller.episodes = recipe.position
-        controller.start()
+        self.controller = RolloutController(client, workflow, prompts, manager)
+        self.controller.episodes = recipe.position
+        self.controller.start()
         if (source := pool_source(run, settings)) is not None:
-            asyncio.run_coroutine_threadsafe(follow_pool(client, *source), controller.loop)
-        self.gateway: Gateway | None = None
-        if spec.agent is not None:
-            self.gateway = Gateway(controller, tokenizer, GatewayConfig(
-                model=run.experiment, group_size=algo.group_size, max_new_tokens=spec.rollout.max_new_tokens,
-                temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-                session_timeout=spec.agent.session_timeout_seconds, reward=reward),
-                settings.agent_token, tasks=tasks)  # agents never hold the pool's token
-            self.gateway.start_in(settings.gateway_port, settings.bind_host)
+            asyncio.run_coroutine_threadsafe(follow_pool(client, *source), self.controller.loop)
+        self.gateway = start_gateway(recipe, self.controller, self.reward, tasks) if spec.agent else None
         self.evaluation = None
         if (ev := spec.evaluation) is not None:
-            self.evaluation = evaluation_parts(spec, ev, tokenizer, settings, check.keep, reward)
-            self.eval_k, self.eval_concurrency = ev.samples_per_prompt, evaluation_concurrency(
-                algo.batch_size, ev.samples_per_prompt)
+            self.evaluation = evaluation_parts(spec, ev, tokenizer, settings, self.check.keep, self.reward)
+            self.eval_k = ev.samples_per_prompt
+            self.eval_concurrency = evaluation_concurrency(algo.batch_size, ev.samples_per_prompt)
             log.info("evaluation: %d prompts × %d samples every %d steps", len(self.evaluation[0]), self.eval_k,
                      ev.every_steps)
 
