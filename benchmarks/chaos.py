@@ -12,7 +12,9 @@ faults, one every few seconds, cycling through the kinds:
 - ``replica-500``: the replica answers every ``/generate`` with HTTP 500 for 12–20 s while ``/health``
   stays 200 (its fault door, ``kuberl.inference.faults``, which this script opens with
   ``KUBERL_FAULT_INJECTION=signals``);
-- ``trainer-kill``: SIGKILL one trainer rank (the gang restarts from its newest checkpoint).
+- ``trainer-kill``: SIGKILL one trainer rank (the gang restarts from its newest checkpoint);
+- ``rollout-kill``: SIGKILL rank 0's rollout process (``kuberl.trainer.rollout_process``: the
+  trainer fails at its next call to it, and the gang restarts from its newest checkpoint).
 
 Each fault waits until every replica is back in the exchange group since the previous fault ended and
 the trainer has trained past the step where that fault found it, so every fault hits a whole run
@@ -56,7 +58,8 @@ from typing import Any
 from kuberl.api.contract import ENV_FAULT_INJECTION
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("replica-kill", "replica-hang", "replica-500", "trainer-kill")
+KINDS = ("replica-kill", "replica-hang", "replica-500", "trainer-kill", "rollout-kill")
+GANG_FAULTS = ("trainer-kill", "rollout-kill")  # the gang restarts from its checkpoint: steps are lost, not stalled
 LASTING = ("replica-hang", "replica-500")  # faults that last a while, then end
 DOOR_READY_SECONDS = 30.0  # a replica this old has its fault door (SIGUSR1 before it would end the process)
 STALL_WINDOW = 10.0  # seconds after a replica fault ends (and before the next begins) in which a gap counts
@@ -156,6 +159,20 @@ def wait_for_training(work: Path, proc: subprocess.Popen[bytes], after_step: int
         time.sleep(0.2)
 
 
+def rollout_processes(work: Path) -> list[int]:
+    """Pids of this run's rollout process (a child of trainer rank 0; its command line names no config)."""
+    trainers = set(processes(work, "kuberl.trainer"))
+    return sorted(int(p.name) for p in Path("/proc").glob("[0-9]*")
+                  if "-m kuberl.trainer.rollout_process " in _cmdline(int(p.name)) and _parent(int(p.name)) in trainers)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 def age_seconds(pid: int) -> float:
     """How long process ``pid`` has run (its start time in /proc, in clock ticks since boot)."""
     started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
@@ -165,7 +182,7 @@ def age_seconds(pid: int) -> float:
 def inject(fault: Fault, work: Path, rng: random.Random) -> dict[str, Any]:
     """Apply one fault now; returns what was done (kind, wall time, pid, the step then)."""
     module = "kuberl.trainer" if fault.kind == "trainer-kill" else "kuberl.inference"
-    candidates = processes(work, module)
+    candidates = rollout_processes(work) if fault.kind == "rollout-kill" else processes(work, module)
     if fault.kind == "replica-500":  # the door opens once the server is up: a replacement may still be starting
         while not (candidates := [p for p in processes(work, module) if age_seconds(p) > DOOR_READY_SECONDS]):
             time.sleep(0.5)
@@ -198,12 +215,12 @@ def costs(events: list[dict[str, Any]], trainer_log: str) -> dict[str, Any]:
     steps = step_times(trainer_log)
     median_step = statistics.median(b[0] - a[0] for a, b in itertools.pairwise(steps) if b[1] == a[1] + 1)
     resumed = [int(s) for s in RESUMED_LINE.findall(trainer_log)]
-    kills = [e for e in events if e["kind"] == "trainer-kill"]
+    kills = [e for e in events if e["kind"] in GANG_FAULTS]
     lost = [e["step"] - r for e, r in zip(kills, resumed, strict=False)]
     stalls = [{"kind": e["kind"], "step": e["step"], "stall_steps": round(max(0.0, longest_gap(
         steps, e["time"], e["ended"] + STALL_WINDOW, after["time"] if after else float("inf"))
         - median_step) / median_step, 2)}
-        for e, after in zip(events, [*events[1:], None], strict=True) if e["kind"] != "trainer-kill"]  # fmt: skip
+        for e, after in zip(events, [*events[1:], None], strict=True) if e["kind"] not in GANG_FAULTS]  # fmt: skip
     values = [s["stall_steps"] for s in stalls]
     quiet = baseline_stalls(steps, events[-1]["ended"] + 3 * STALL_WINDOW if events else 0.0, median_step)
     return {"median_step_seconds": round(median_step, 3), "steps_lost_per_trainer_fault": lost,
@@ -244,7 +261,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if proc.poll() is not None:
             log(f"  the run ended after {len(events)} faults: give it more --steps")
             break
-        events.append(inject(fault, work, rng))
+        try:
+            events.append(inject(fault, work, rng))
+        except ProcessLookupError:  # its target exited under it: the run ended (or the process was replaced)
+            if proc.poll() is not None:
+                log(f"  the run ended during fault {len(events) + 1}: give it more --steps")
+                break
+            raise
     assert proc.stderr is not None
     stderr = proc.stderr.read().decode(errors="replace")
     if proc.wait() != 0:
@@ -252,7 +275,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     summary = json.loads((work / "run-summary.json").read_text())  # the trainer's summary + kuberl run's restarts
     records = [json.loads(line) for line in (work / "prompts.jsonl").read_text().splitlines() if line]
     curve = [r["reward"] for r in lineage(records)]  # the summary's rewards cover the last gang's steps only
-    trainer_kills = sum(e["kind"] == "trainer-kill" for e in events)
+    trainer_kills = sum(e["kind"] in GANG_FAULTS for e in events)
     trainer_log = (work / "trainer-0.log").read_text(errors="replace")
     return {
         "faults": len(events), **{k: sum(e["kind"] == k for e in events) for k in KINDS},

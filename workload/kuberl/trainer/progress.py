@@ -79,7 +79,7 @@ class ProgressServer:
         app = web.Application()
         app.router.add_get("/progress", progress)
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
+        runner = web.AppRunner(app, access_log=None)  # polled every few seconds: no line per poll
         await runner.setup()
         await web.TCPSite(runner, host or "0.0.0.0", port).start()  # read-only routes
         return runner

@@ -24,7 +24,8 @@ on the trainer's side (a replica died mid-transfer: the group cannot be reused),
 agree on it (an all-reduce), log a warning and re-send that version by ``broadcast`` (a replaced
 replica catches up through the pool's elastic path); the next push re-forms the group and goes on
 in p2p. While a replica cannot be reached for the set-up, that version goes by broadcast
-too and the set-up is tried again at the next.
+too and the set-up is tried again at the next; so does a group whose member left rotation while it
+opened (a replica killed after it was asked to join never connects: :func:`await_group`).
 
 With ``spec.weightSync.relay`` the plan may have two stages (:mod:`.relay`: each piece to one replica,
 which forwards it to the others — chosen where predicted ≥ 10 % faster); the replicas then wait on
@@ -36,8 +37,9 @@ could fail, rollout starves; the trainer then calls ``recover`` (broadcast now, 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 import torch
@@ -52,6 +54,7 @@ from .relay import StagedPlan, staged_plan
 from .transport import forwards_to_json, open_group, param_metas, run_staged, transfer_to_json
 
 log = logging.getLogger("kuberl.weights")
+OPEN_POLL_SECONDS = 0.25  # how often the trainer ranks agree on a group being opened (await_group)
 
 
 class WeightSource(Protocol):
@@ -82,6 +85,39 @@ class ReplicaControl(Protocol):
     def p2p_membership_changed(self) -> bool:
         """A replica left the group's rotation or one came back since the group was formed."""
         ...
+
+
+def in_background(work: Callable[[], Any]) -> Future[Any]:
+    """``work()`` on a daemon thread of its own; the future holds its outcome (a thread that outlives
+    its caller holds up nothing, not even the process's exit)."""
+    outcome: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(work())
+        except BaseException as err:  # delivered through the future
+            outcome.set_exception(err)
+
+    threading.Thread(target=run, name="kuberl-p2p-open", daemon=True).start()
+    return outcome
+
+
+def await_group(opening: Future[Any], member_left: Callable[[], bool], poll: float = OPEN_POLL_SECONDS) -> Any:
+    """Every trainer rank: the exchange group ``opening`` opens, once it is open on every rank; None on
+    every rank when it failed to open on one, or ``member_left()`` (rank 0's pool client) says a
+    member left rotation meanwhile — a replica killed after it was asked to join never connects, and
+    the open would wait for it until its timeout (300 s, the trainer stalled). The ranks agree every
+    ``poll`` seconds (an all-gather); an open given up ends in the background."""
+    while True:
+        wait([opening], timeout=poll, return_when=FIRST_COMPLETED)
+        state = "opening" if not opening.done() else "failed" if opening.exception() is not None else "open"
+        states = all_gather((state, member_left()))
+        if all(s == "open" for s, _ in states):
+            return opening.result()
+        if any(s == "failed" or left for s, left in states):
+            if state == "failed":
+                log.warning("p2p weight exchange: the group did not open (%s)", opening.exception())
+            return None
 
 
 def _planning_inputs(metas: list[ParamMeta], trainers: list[RankTopology], replicas: list[RankTopology]
@@ -168,9 +204,16 @@ class P2PSync:
                      "replica; topology %s", self.generation, self.world, len(replicas),
                      " relayed through the replicas" if schedule.relayed else "", transfers,
                      max(schedule.bytes_received().values()) / 1e6, places)  # fmt: skip
-        host, port = self.settings.exchange_address
-        self._pg = open_group(host, port, self.rank, self.world + len(replicas), generation=self.generation,
-                              bind_host=self.settings.bind_host)
+        host, port, generation = *self.settings.exchange_address, self.generation
+        opening = in_background(lambda: open_group(host, port, self.rank, self.world + len(replicas),
+                                                   generation=generation, bind_host=self.settings.bind_host))
+        self._pg = await_group(opening, lambda: self.control is not None and self.control.p2p_membership_changed())
+        if self._pg is None:
+            if self.rank == 0:
+                log.warning("p2p weight exchange: group %d did not form (a member left while it opened); this "
+                            "version goes by broadcast", generation)
+            self.generation += 1
+            return False
         self._stages, self._relayed = schedule.for_rank(self.rank), schedule.relayed
         return True
 

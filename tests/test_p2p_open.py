@@ -1,0 +1,33 @@
+"""Forming the p2p exchange group when a member never connects (a replica killed after it was asked to
+join): the trainer gives the group up as soon as its pool client sees the member leave, instead of
+waiting for the open's timeout (300 s) — real gloo over loopback, one trainer rank in this process."""
+
+from __future__ import annotations
+
+import time
+
+from kuberl.local_processes import free_port
+from kuberl.weights.p2p import await_group, in_background
+from kuberl.weights.transport import open_group
+
+
+def test_a_group_whose_member_never_connects_is_given_up_once_the_member_left():
+    port, started = free_port(), time.monotonic()
+    opening = in_background(lambda: open_group("127.0.0.1", port, 0, 2, bind_host="127.0.0.1", timeout_s=300))
+    group = await_group(opening, member_left=lambda: time.monotonic() - started > 1.0, poll=0.1)
+    assert group is None and not opening.done()  # the open still waits for rank 1 — in the background
+    assert time.monotonic() - started < 10
+
+
+def test_a_group_every_member_joins_is_returned_open():
+    port = free_port()
+    opening = in_background(lambda: open_group("127.0.0.1", port, 0, 1, bind_host="127.0.0.1", timeout_s=60))
+    group = await_group(opening, member_left=lambda: False, poll=0.1)
+    assert group is not None and group.size() == 1
+
+
+def test_a_group_that_fails_to_open_is_given_up():
+    def refused() -> object:
+        raise RuntimeError("connect: connection refused")
+
+    assert await_group(in_background(refused), member_left=lambda: False, poll=0.1) is None
