@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api.contract import ENV_REPLICA
-from kuberl.local import load_experiment, run_local, warmup_cut_short
+from kuberl.local import load_experiment, rollout_cores, run_local, warmup_cut_short
 from kuberl.local_processes import RunError, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +51,12 @@ def test_zero_staleness_is_synchronous(tmp_path):
     assert summary["stale_groups_dropped"] == 0
     # the rollout thread's own CPU per step: some (it generated every batch), far from the whole step
     assert 0 < summary["timeperf/rollout_cpu_mean"] < 0.5 * summary["timeperf/step_mean"]
+
+
+def test_the_rollout_process_runs_beside_the_replicas_when_every_process_has_a_core():
+    assert rollout_cores([0, 1], replicas=1, world=1) == [0]  # the trainer's core stays its own
+    assert rollout_cores([0, 1, 2, 3, 4], replicas=2, world=2) == [0, 1]
+    assert rollout_cores([0, 1], replicas=2, world=1) == []  # nothing pinned: anywhere
 
 
 def test_bad_override_names_the_field(tmp_path):

@@ -25,6 +25,12 @@ def test_the_run_config_section_wins_over_the_environment_which_wins_over_the_de
     assert "x" * 32 not in repr(settings)  # tokens never reach a log line through repr
 
 
+def test_the_rollout_process_cores_are_integers_from_yaml_or_text():
+    assert resolve({}, {"rollout_cores": [0, 1]}).rollout_cores == (0, 1)
+    assert resolve({}, {"rollout_cores": "2,3"}).rollout_cores == (2, 3)
+    assert resolve({}, {}).rollout_cores == ()
+
+
 def test_the_exchange_store_is_rank_0_one_port_above_the_rendezvous_unless_the_pod_is_told_otherwise():
     assert resolve({"MASTER_ADDR": "t-n0.t", "MASTER_PORT": "29600"}).exchange_address == ("t-n0.t", 29601)
     told = resolve({"KUBERL_EXCHANGE_ADDR": "t-n0.t.ns.svc", "KUBERL_EXCHANGE_PORT": "29501"})
@@ -35,6 +41,7 @@ def test_the_exchange_store_is_rank_0_one_port_above_the_rendezvous_unless_the_p
     ({"KUBERL_THREADS": "many"}, {}, "threads"),
     ({}, {"max_steps": "ten"}, "max_steps"),
     ({}, {"bind_host": "0.0.0.0"}, "bind_host"),  # the pod's own facts never come from the run config
+    ({}, {"rollout_cores": ["0", "one"]}, "rollout_cores"),
 ])
 def test_a_bad_setting_is_refused_naming_it(env, section, named):
     with pytest.raises(ValueError, match=named):

@@ -5,7 +5,8 @@ Two sources, with one precedence rule (``resolve``):
   pod's IP, the API tokens, torchrun's rendezvous, the p2p exchange's address, the S3 endpoint,
   the pod-info labels file, threads;
 - the run config's ``settings`` section, which only ``kuberl run`` writes: where a local run keeps
-  its checkpoints, curves, weights and summary, its ports, its replicas' URLs and its step limit.
+  its checkpoints, curves, weights and summary, its ports, its replicas' URLs, its step limit and
+  the cores of trainer rank 0's rollout process.
 A value in the run config's section wins over the environment, which wins over the default. Leaf
 modules never read the environment; they get what they need from a ``Settings``.
 """

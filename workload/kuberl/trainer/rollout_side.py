@@ -121,7 +121,7 @@ class RolloutSide:
         if (source := pool_source(run, settings)) is not None:
             asyncio.run_coroutine_threadsafe(follow_pool(client, *source), self.controller.loop)
         self.gateway = start_gateway(recipe, self.controller, self.reward, tasks) if spec.agent else None
-        self.evaluation = None
+        self.evaluation, self.eval_k, self.eval_concurrency = None, 0, 0
         if (ev := spec.evaluation) is not None:
             self.evaluation = evaluation_parts(spec, ev, tokenizer, settings, self.check.keep, self.reward)
             self.eval_k = ev.samples_per_prompt
