@@ -10,6 +10,9 @@ not wait behind a blocked call). A method that returns a ``Future`` is answered 
 An exception raised on the serving side is raised by ``Future.result()`` on the calling side, with the
 serving side's traceback as a note. When either side goes away the other sees it: every call pending
 or made later fails with :class:`PeerGone`, and ``serve`` returns.
+
+Both ends unpickle what the other sends, so both must be one program's processes: the socket pair is
+anonymous (inherited by the child, never bound to an address) and must stay so.
 """
 
 from __future__ import annotations
