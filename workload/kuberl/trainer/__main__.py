@@ -7,6 +7,8 @@ import argparse
 import json
 import logging
 import os
+import sys
+import traceback
 from datetime import timedelta
 
 import torch
@@ -57,9 +59,28 @@ def main() -> None:
         summary = train(run, settings, rank, world, device, inference_urls(run, settings) if rank == 0 else [])
         if summary is not None and settings.summary_path is not None:
             settings.summary_path.write_text(json.dumps(summary, indent=2))
+    except BaseException as err:  # reported here, then the rank ends at once (below)
+        code = failure_exit_code(err)
+    else:
+        code = 0
     finally:
         dist.destroy_process_group()
-    exit_without_teardown(0)
+    exit_without_teardown(code)
+
+
+def failure_exit_code(err: BaseException) -> int:
+    """Report ``err`` as the interpreter would (a ``SystemExit``'s message, else the traceback) and
+    return the exit code. The rank then ends without the interpreter's shutdown, which would wait
+    for worker threads: a p2p send to a replica that will never take it (the rollout process that
+    tells replicas to receive is gone) holds a thread until the exchange's 300 s timeout, and the
+    gang's restart with it."""
+    if isinstance(err, SystemExit):
+        if isinstance(err.code, int) or err.code is None:
+            return err.code or 0
+        print(err.code, file=sys.stderr)
+        return 1
+    traceback.print_exception(err)
+    return 1
 
 
 if __name__ == "__main__":
