@@ -78,14 +78,14 @@ _SERVED_STORES: dict[tuple[str, int], dist.TCPStore] = {}  # rank 0's store, kep
 
 
 def _exchange_store(host: str, port: int, rank: int, timeout: timedelta) -> dist.TCPStore:
-    """Rank 0 serves the store once per process (its port stays bound for every later group);
-    the other ranks connect to it."""
-    if rank != 0:
-        return dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
-    if (host, port) not in _SERVED_STORES:
+    """Rank 0 serves the store once per process (its port stays bound for every later group). Every
+    rank, rank 0 too, opens each group over a connection of its own: a group given up while it opened
+    (``kuberl.weights.p2p.await_group``) still waits on its connection until its timeout, and on a
+    shared one would hold up every later group's rendezvous as long (seen: 300 s)."""
+    if rank == 0 and (host, port) not in _SERVED_STORES:
         _SERVED_STORES[(host, port)] = dist.TCPStore(host, port, None, is_master=True, timeout=timeout,
                                                      wait_for_workers=False)
-    return _SERVED_STORES[(host, port)]
+    return dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
 
 
 def open_group(
