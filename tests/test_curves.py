@@ -19,7 +19,7 @@ from kuberl.api import Progress
 from kuberl.display import ProgressDisplay, plain_line
 
 from .conftest import ROOT
-from .test_local_run import processes_mentioning
+from .run_processes import processes_mentioning
 
 
 def progress(step: int, **extra) -> Progress:

@@ -22,26 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.api.contract import ENV_REPLICA
 from kuberl.local import load_experiment, rollout_cores, run_local, warmup_cut_short
 from kuberl.local_processes import RunError, free_port
+
+from .run_processes import alive, pid_of, processes_mentioning, replica_pid, rollout_pid, stopped
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/cpu-tiny.yaml"
 NO_EVAL = "evaluation=null"  # the evaluation (1,024 samples at the start and the end): test_curves.py tests it
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line contains ``text`` (children of a run carry its work directory)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return [p for p in pids if p != os.getpid()]
 
 
 def test_zero_staleness_is_synchronous(tmp_path):
@@ -76,41 +64,6 @@ def test_a_max_steps_inside_the_warm_up_is_said():
     assert warmup_cut_short(algorithm, None) is None  # the spec's maxSteps: refused by validation if inside
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-        except OSError:
-            continue
-    return children
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _pid_of(work: Path, role: str) -> int:
-    """The one process of local run ``work`` that runs ``python -m kuberl.<role>``."""
-    pids = [p for p in processes_mentioning(str(work)) if f"kuberl.{role}\0" in Path(f"/proc/{p}/cmdline")
-            .read_bytes().decode(errors="replace")]
-    assert len(pids) == 1, pids
-    return pids[0]
-
-
-def _rollout_pid(work: Path) -> int:
-    """The rollout process of local run ``work``'s trainer rank 0 (its child)."""
-    (pid,) = [p for p in _children(_pid_of(work, "trainer")) if b"kuberl.trainer.rollout_process" in
-              Path(f"/proc/{p}/cmdline").read_bytes()]
-    return pid
-
-
 def test_ctrl_c_stops_every_process(tmp_path):
     """SIGINT, as a terminal's Ctrl-C sends it, stops the run and every process it started. (The
     run starts with SIGINT's default action: a background job of a non-interactive shell, as some CI
@@ -128,7 +81,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         assert time.monotonic() < deadline, "training did not start within 120 s"
         time.sleep(0.5)
     assert len(processes_mentioning(str(work))) >= 2  # a replica and a trainer rank
-    rollout = _rollout_pid(work)  # the trainer's child: its command line does not name the work dir
+    rollout = rollout_pid(work)  # the trainer's child: its command line does not name the work dir
     proc.send_signal(signal.SIGINT)
     try:  # terminate() gives the children 10 s, then kills them; the rest is slack for a loaded machine
         code = proc.wait(timeout=60)
@@ -140,7 +93,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         pytest.fail(f"kuberl run still running 60 s after Ctrl-C; alive: {alive}; its output and stacks: "
                     f"{output.read_text(errors='replace')[-6000:]}")
     assert code == 130
-    assert processes_mentioning(str(work)) == [] and not _alive(rollout)
+    assert processes_mentioning(str(work)) == [] and not alive(rollout)
 
 
 @pytest.mark.parametrize(("example", "settings", "layout"), [
@@ -203,16 +156,6 @@ def _last_step(trainer_log: Path) -> int:
 
 
 @contextlib.contextmanager
-def _stopped(pid: int) -> Iterator[None]:
-    """The process hangs (SIGSTOP) for the block, and goes on (SIGCONT) after it, whatever happened."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
-@contextlib.contextmanager
 def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     """``kuberl run`` of the example (quiet, each of ``sets`` as a ``--set``) in the background. A failed
     assertion in the block must not leave the run (and its children) behind: it is terminated then."""
@@ -242,16 +185,16 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
         _wait_for_log(proc, work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
-        os.kill(_pid_of(work, "inference"), signal.SIGKILL)
+        os.kill(pid_of(work, "inference"), signal.SIGKILL)
         _wait_for_log(proc, work / "trainer-0.log", "is back with the newest weights", after=trainer_log)
         _wait_for_log(proc, work / "inference-0.log", "loaded weights version", after=replica_log)  # the replacement
         _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 10")
         trainer_log = len((work / "trainer-0.log").read_text(errors="replace"))
-        os.kill(_rollout_pid(work), signal.SIGKILL)
+        os.kill(rollout_pid(work), signal.SIGKILL)
         _wait_for_log(proc, work / "trainer-0.log", "the rollout process is gone", after=trainer_log)
         _wait_for_log(proc, work / "trainer-0.log", "checkpoint step 20", after=trainer_log)
-        orphan = _rollout_pid(work)
-        os.kill(_pid_of(work, "trainer"), signal.SIGKILL)
+        orphan = rollout_pid(work)
+        os.kill(pid_of(work, "trainer"), signal.SIGKILL)
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr.decode()
     result = json.loads(summary.read_text())
@@ -270,19 +213,7 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     assert sorted(lineage) == list(range(1, 31))
     assert len(trained) == len(set(trained)) == 30 * 16 and max(trained) < prompts["cursor"]  # each once
     assert stderr.decode().count("restarting the gang from the last checkpoint") == 2
-    assert processes_mentioning(str(work)) == [] and not _alive(orphan)
-
-
-def _replica_pid(work: Path, replica: int) -> int:
-    """The pid of local run ``work``'s inference replica ``replica`` (its KUBERL_REPLICA)."""
-    for pid in processes_mentioning(str(work)):
-        try:
-            cmdline, environ = (Path(f"/proc/{pid}/{f}").read_bytes().split(b"\0") for f in ("cmdline", "environ"))
-        except OSError:
-            continue
-        if b"kuberl.inference" in cmdline and f"{ENV_REPLICA}={replica}".encode() in environ:
-            return pid
-    raise AssertionError(f"no inference replica {replica} under {work}")
+    assert processes_mentioning(str(work)) == [] and not alive(orphan)
 
 
 def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rejoins(tmp_path):
@@ -298,12 +229,12 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
     with _background_run(work, summary, steps, ["weightSync.mode=p2p", "trainer.acceleratorsPerNode=2",
                                                 "inference.replicas=2", "model.sftWarmup.steps=5", NO_EVAL]) as proc:
         _wait_for_log(proc, trainer_log, f"step 3/{steps}")
-        with _stopped(_replica_pid(work, 1)):
+        with stopped(replica_pid(work, 1)):
             at = len(trainer_log.read_text(errors="replace"))
             _wait_for_log(proc, trainer_log, "its peers were", after=at)
             _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 8}/{steps}", timeout=90)  # no wait
             assert "goes by broadcast" not in trainer_log.read_text()
-            os.kill(_replica_pid(work, 0), signal.SIGKILL)  # now no replica has the weights
+            os.kill(replica_pid(work, 0), signal.SIGKILL)  # now no replica has the weights
             _wait_for_log(proc, trainer_log, "goes by broadcast", after=at)
             _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 3}/{steps}", timeout=90)
         _, stderr = proc.communicate(timeout=300)
@@ -334,7 +265,7 @@ def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_agai
     with _background_run(work, summary, steps, ["weightSync.relay=true", "inference.replicas=3",
                                                 "model.sftWarmup.steps=5", NO_EVAL]) as proc:
         _wait_for_log(proc, trainer_log, f"step 3/{steps}")
-        with _stopped(_replica_pid(work, 1)):
+        with stopped(replica_pid(work, 1)):
             at = len(trainer_log.read_text(errors="replace"))
             _wait_for_log(proc, trainer_log, "1 trainer ranks → 2 replicas relayed", after=at)
             _wait_for_log(proc, trainer_log, f"step {_last_step(trainer_log) + 5}/{steps}", timeout=90)
@@ -389,7 +320,7 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
     joiners serve. Each joiner's first weights come over the p2p exchange re-formed with it (no
     version by broadcast), then it serves requests; the drained one leaves the next group; every step
     trains its batch exactly once from the ledger's prompts (none skipped), within the staleness bound."""
-    from kuberl.local import request_replicas
+    from kuberl.local_workdir import request_replicas
 
     work, steps, failures = tmp_path / "run", 300, []  # ≈ 25 s of training: joiners start in ≈ 7 s
 

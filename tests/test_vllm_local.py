@@ -10,7 +10,8 @@ import pytest
 
 from kuberl.local import REPO_ROOT, run_local
 
-from .test_local_run import EXAMPLE, processes_mentioning
+from .run_processes import processes_mentioning
+from .test_local_run import EXAMPLE
 
 HAVE_VLLM = (REPO_ROOT / ".venv-vllm/bin/python").exists() or bool(os.environ.get("KUBERL_VLLM_PYTHON"))
 REQUIRED = os.environ.get("KUBERL_REQUIRE_VLLM") == "1"  # scripts/test built .venv-vllm: never skip

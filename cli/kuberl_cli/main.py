@@ -215,7 +215,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from kuberl.local import request_replicas
+    from kuberl.local_workdir import request_replicas
 
     try:
         request_replicas(Path(args.workdir), args.replicas)
