@@ -17,9 +17,10 @@ faults, one every few seconds, cycling through the kinds:
   trainer fails at its next call to it, and the gang restarts from its newest checkpoint).
 
 Each fault waits until every replica is back in the exchange group since the previous fault ended and
-the trainer has trained past the step where that fault found it, so every fault hits a whole run
-that is training (two faults at once — a replica hung while the other restarts — leave no replica to
-generate, which no containment can hide).
+the trainer has trained past the step where that fault found it (after a trainer or rollout kill: the
+restarted gang has, not the dying one's last line), so every fault hits a whole run that is training
+and a replica fault's stall is its own, not a gang restart's (two faults at once — a replica hung
+while the other restarts — leave no replica to generate, which no containment can hide).
 
 Then the run trains to its last step. Read back: the prompt audit (``prompts.jsonl``: the prompts
 of every trained step, one line per step as trained; a restarted gang writes the steps after its
@@ -68,6 +69,7 @@ GROUP_LINE = re.compile(r"^(\S+ \S+) trainer INFO p2p weight exchange \(group \d
                         r"replicas", re.MULTILINE)
 REPLICAS = 2
 RESUMED_LINE = re.compile(r"resumed from the checkpoint of step (\d+)")
+GANG_START_LINE = re.compile(r"trainer INFO rollout process \d+ started")  # every start of rank 0, resumed or not
 
 
 def log(msg: str) -> None:
@@ -128,16 +130,27 @@ def processes(work: Path, module: str) -> list[int]:
                   if f"-m {module} " in _cmdline(int(p.name)) and config in _cmdline(int(p.name)))  # fmt: skip
 
 
-def last_step(work: Path) -> int:
-    text = (work / "trainer-0.log").read_text(errors="replace") if (work / "trainer-0.log").exists() else ""
-    times = step_times(text)
-    return times[-1][1] if times else 0
+def rank0_log(work: Path) -> str:
+    return (work / "trainer-0.log").read_text(errors="replace") if (work / "trainer-0.log").exists() else ""
+
+
+def trained_past(log_text: str, step: int, since: int, restarted: bool) -> bool:
+    """Rank 0's log shows a step past ``step`` written after its first ``since`` characters — with
+    ``restarted`` (after a gang fault), after the restarted gang's first line there: a dying gang
+    still logs the step it was on, and that line must not count as training again."""
+    text = log_text[since:]
+    if restarted:
+        started = GANG_START_LINE.search(text)
+        if started is None:
+            return False
+        text = text[started.end():]
+    return any(s > step for _, s in step_times(text))
 
 
 def whole_pool_since(work: Path, since: float, replicas: int) -> bool:
     """Rank 0 formed a p2p exchange group with all ``replicas`` after wall time ``since``: every replica
     is back in rotation with the newest weights."""
-    text = (work / "trainer-0.log").read_text(errors="replace") if (work / "trainer-0.log").exists() else ""
+    text = rank0_log(work)
     return any(datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f").timestamp() > since and int(n) == replicas
                for t, n in GROUP_LINE.findall(text))  # fmt: skip
 
@@ -150,12 +163,16 @@ def wait_for_whole_pool(work: Path, proc: subprocess.Popen[bytes], since: float,
         time.sleep(0.2)
 
 
-def wait_for_training(work: Path, proc: subprocess.Popen[bytes], after_step: int = 0, timeout: float = 600) -> None:
-    """Until rank 0 logs a step past ``after_step`` (or the run ends)."""
+def wait_for_training(work: Path, proc: subprocess.Popen[bytes], previous: dict[str, Any] | None = None,
+                      timeout: float = 600) -> None:
+    """Until rank 0 logs a step past the one where the ``previous`` fault found it, after that fault
+    (``trained_past``; without one: any step), or the run ends."""
+    step, since = (previous["step"], previous["log_offset"]) if previous else (0, 0)
+    restarted = previous is not None and previous["kind"] in GANG_FAULTS
     deadline = time.monotonic() + timeout
-    while last_step(work) <= after_step and proc.poll() is None:
+    while not trained_past(rank0_log(work), step, since, restarted) and proc.poll() is None:
         if time.monotonic() > deadline:
-            raise SystemExit(f"no trained step past {after_step} within {timeout:.0f} s")
+            raise SystemExit(f"no trained step past {step} within {timeout:.0f} s")
         time.sleep(0.2)
 
 
@@ -187,7 +204,10 @@ def inject(fault: Fault, work: Path, rng: random.Random) -> dict[str, Any]:
         while not (candidates := [p for p in processes(work, module) if age_seconds(p) > DOOR_READY_SECONDS]):
             time.sleep(0.5)
     pid = rng.choice(candidates)
-    event = {"kind": fault.kind, "time": time.time(), "pid": pid, "step": last_step(work)}
+    text = rank0_log(work)
+    times = step_times(text)
+    event = {"kind": fault.kind, "time": time.time(), "pid": pid, "step": times[-1][1] if times else 0,
+             "log_offset": len(text)}
     if fault.kind in LASTING:  # a hang: SIGSTOP … SIGCONT; 500s: the replica's fault door (kuberl.inference.faults)
         begin, end = (signal.SIGSTOP, signal.SIGCONT) if fault.kind == "replica-hang" else (signal.SIGUSR1,
                                                                                              signal.SIGUSR2)
@@ -254,10 +274,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if proc.poll() is not None:
             break
         # every fault hits a whole, training run: every replica is back in the exchange group since the
-        # previous fault ended, and the gang is past where that fault found it (after a trainer kill:
+        # previous fault ended, and the gang is past where that fault found it (after a gang fault:
         # restarted and caught up), so a fault's stall is its own
         wait_for_whole_pool(work, proc, since=events[-1]["ended"] if events else 0.0)
-        wait_for_training(work, proc, after_step=max([e["step"] for e in events] + [0]))
+        wait_for_training(work, proc, events[-1] if events else None)
         if proc.poll() is not None:
             log(f"  the run ended after {len(events)} faults: give it more --steps")
             break
