@@ -22,7 +22,10 @@ its gradient s · ∇ log π_θ(y_t), so the sequence's mean over tokens is GSPO
 
 Diagnostics of the engine–trainer mismatch, over the valid tokens, with ρ = π_prox / π_behav:
 ``mismatch/k3_kl`` = mean(ρ − 1 − log ρ) (k3 estimate of KL(π_behav ‖ π_prox)), ``mismatch/chi2`` =
-mean(ρ²) − 1 (χ²(π_prox ‖ π_behav)), and the fractions of tokens the correction masked or truncated.
+mean((ρ − 1)²) (χ²(π_prox ‖ π_behav) = E_behav[ρ²] − 1, as E_behav[ρ] = 1: the same expectation as
+mean(ρ²) − 1 without its zero-mean term 2 · mean(ρ − 1), whose sampling noise, ≈ 2σ(ρ)/√N, swamps
+a mismatch of bfloat16 size; never negative), and the fractions of tokens the correction masked or
+truncated.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def ppo_loss(
             VALID_TOKENS: mask.sum(),
             "ppo_actor/kl": kl_value,
             "mismatch/k3_kl": ((rho - 1 - log_w) * given).sum() / offered,
-            "mismatch/chi2": (rho.square() * given).sum() / offered - 1,
+            "mismatch/chi2": ((rho - 1).square() * given).sum() / offered,
             "mismatch/masked_fraction": ((given - mask) * given).sum() / offered,
             "mismatch/truncated_fraction": (truncated * given).sum() / offered,
         }
