@@ -201,6 +201,71 @@ def test_a_model_loaded_on_meta_gets_the_files_base_and_the_same_adapter_draw_ev
     assert a_weights and all(torch.equal(first[n], second[n]) and first[n].abs().sum() > 0 for n in a_weights)
 
 
+def by_hand_in_mixed_precision(model: torch.nn.Module) -> FSDPActor:
+    """``model`` (adapter on) sharded as FSDP2 mixed precision does it by itself, every weight kept in
+    float32 — what a bfloat16 run held before its frozen base was stored in bfloat16."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mixed)
+    fully_shard(model, mp_policy=mixed)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return FSDPActor(model.train(), torch.optim.AdamW(trained, lr=1e-2, weight_decay=0.0, foreach=True), CONFIG, 1.0,
+                     adapter=ADAPTER)
+
+
+def stored_bytes(model: torch.nn.Module, adapter: bool) -> dict[torch.dtype, int]:
+    """Bytes of this rank's shards of the adapter's (or the other) parameters, by dtype."""
+    out: dict[torch.dtype, int] = {}
+    for name, param in model.named_parameters():
+        if lora.is_adapter_weight(name) == adapter:
+            local = param.to_local() if hasattr(param, "to_local") else param
+            out[local.dtype] = out.get(local.dtype, 0) + local.numel() * local.element_size()
+    return out
+
+
+def same_numbers(stats: dict[str, float]) -> dict[str, float]:
+    """A step's stats but its timings and NaNs (a NaN equals nothing)."""
+    return {k: v for k, v in stats.items() if not k.startswith("timeperf/") and v == v}
+
+
+def test_in_bfloat16_the_frozen_base_is_held_in_bfloat16_and_the_adapter_trains_bit_for_bit_as_before(world_of_one):
+    """Mixed precision computes with the base in bfloat16 whatever it is stored in, so storing it in
+    bfloat16 halves its memory and changes nothing: the same losses, gradient norms and adapter after
+    two steps as with the base held in float32; the adapter and its optimizer stay float32."""
+    torch.manual_seed(0)  # the adapter's A, as peft draws it
+    actor = FSDPActor.create(tiny_qwen2(40, seed=3), CONFIG, lr=1e-2, temperature=1.0, adapter=ADAPTER,
+                             compute_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    before = by_hand_in_mixed_precision(lora.add_adapter(tiny_qwen2(40, seed=3), ADAPTER))
+    base_now, base_before = stored_bytes(actor.model, adapter=False), stored_bytes(before.model, adapter=False)
+    assert set(base_now) == {torch.bfloat16} and set(base_before) == {torch.float32}
+    assert 2 * base_now[torch.bfloat16] == base_before[torch.float32]
+    assert stored_bytes(actor.model, adapter=True).keys() == {torch.float32}
+    for step in range(2):
+        batch = collate(*trajectories(8, seed=step), 0)
+        now_stats, then_stats = actor.train_step(batch, 8), before.train_step(batch, 8)
+        assert same_numbers(now_stats) == same_numbers(then_stats) and now_stats["ppo_actor/grad_norm"] > 0
+    now, then = full_weights(actor.model), full_weights(before.model)
+    adapter = [n for n in now if lora.is_adapter_weight(n)]
+    assert adapter and all(torch.equal(now[n], then[n]) for n in adapter)
+    assert not torch.equal(now[adapter[-1]], lora.add_adapter(tiny_qwen2(40, seed=3), ADAPTER).state_dict()[
+        adapter[-1]])  # it trained
+
+
+def test_a_bfloat16_model_loaded_on_meta_holds_the_files_base_rounded_once(world_of_one, tmp_path):
+    tiny_qwen2(40, seed=5).save_pretrained(tmp_path / "model")
+    model, _, weights = load_skeleton(ModelSource(path=f"file://{tmp_path / 'model'}"), 0)
+    actor = FSDPActor.create(model, CONFIG, lr=1e-2, temperature=1.0, weights=weights, adapter=ADAPTER, seed=7,
+                             compute_dtype=torch.bfloat16)
+    files = tiny_qwen2(40, seed=5).state_dict()
+    held = {lora.file_name(name): tensor for name, tensor in full_weights(actor.model).items() if lora.file_name(name)}
+    assert held.keys() == files.keys()
+    for name, tensor in files.items():
+        assert held[name].dtype == torch.bfloat16 and torch.equal(held[name], tensor.to(torch.bfloat16)), name
+
+
 def test_targets_that_match_no_layer_are_refused_naming_the_field():
     with pytest.raises(lora.AdapterError, match=r"spec\.trainer\.lora\.targetModules"):
         lora.add_adapter(tiny_qwen2(40, seed=1), LoraSpec(rank=4, target_modules=["no_such_proj"]))

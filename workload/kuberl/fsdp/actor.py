@@ -49,13 +49,27 @@ def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dty
     FSDP2 keeps the root unsharded after forward, for the backward that follows; a ``frozen`` model
     (no backward, e.g. the KL reference) reshards its root after forward too. A ``compute_dtype``
     other than float32 is FSDP2 mixed precision: parameters are all-gathered and used in that dtype,
-    gradients reduced in float32, master weights and optimizer state stay float32.
+    gradients reduced in float32, master weights and optimizer state stay float32 — for the parameters
+    that train. Those that do not (a LoRA adapter's base, the whole KL reference) are stored in
+    ``compute_dtype`` (:func:`store_frozen_in`).
     """
+    store_frozen_in(model, compute_dtype)
     mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in getattr(getattr(model, "model", model), "layers", []):
         fully_shard(layer, mp_policy=mixed)
     fully_shard(model, reshard_after_forward=True if frozen else None, mp_policy=mixed)
     return model
+
+
+def store_frozen_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating-point parameter of ``model`` that does not train is stored in ``dtype``, in place
+    (on ``meta`` too). Mixed precision only ever uses it in that dtype (the all-gather casts it), so
+    this rounds nothing the forward did not round already — a LoRA step is bit for bit the same
+    (tests/test_lora.py) — and in bfloat16 holds it in half the memory. FSDP2 needs one dtype only
+    among a unit's trainable parameters."""
+    for param in model.parameters():
+        if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def build_critic(policy: torch.nn.Module, config: CriticConfig, device: torch.device,
