@@ -14,10 +14,13 @@ carries the rounding itself, which replay cannot remove (the floor a dense model
 
 Reported per run, from its summary: the mean over steps of ``mismatch/behav_logp_gap`` (mean
 |log π_trainer − log π_engine| per token), its largest step, ``mismatch/k3_kl`` and ``mismatch/chi2``,
-the training reward (first and last 10 steps); and the off ÷ on ratios.
+the training reward (first and last 10 steps); the off ÷ on ratios per seed (``--repeats N``: seeds
+``seed`` … ``seed + N − 1``, each its own policy draw and run seed), and the ratios of the means over
+seeds.
 
     python benchmarks/routing_replay.py [--steps 150] [--experts 4] [--top-k 2] [--layers 2] [--seed 0]
-                                        [--set dotted.key=value ...] [--out benchmarks/results/routing_replay.json]
+                                        [--repeats 1] [--set dotted.key=value ...]
+                                        [--out benchmarks/results/routing_replay.json]
 
 Progress goes to stderr; the last stdout line is the JSON result.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -75,6 +79,35 @@ def ratio(off: float | None, on: float | None) -> float | None:
     return round(off / on, 2) if off is not None and on else None
 
 
+RATIOS = {"gap_off_over_on": "behav_logp_gap_mean", "gap_max_off_over_on": "behav_logp_gap_max",
+          "k3_kl_off_over_on": "k3_kl_mean", "chi2_off_over_on": "chi2_mean"}
+
+
+def replay_pair(args: argparse.Namespace, seed: int, scratch: Path) -> dict[str, Any]:
+    """One seed: the policy saved, then its run with routing replay off and on; each run's measures and
+    the off ÷ on ratios."""
+    model = scratch / f"policy-{seed}"
+    save_policy(model, args.experts, args.top_k, args.layers, seed)
+    runs: dict[str, Any] = {"seed": seed}
+    for name, replay in (("off", "false"), ("on", "true")):
+        print(f"seed {seed}, routing replay {name}: {args.steps} steps …", file=sys.stderr, flush=True)
+        overrides = [f"model.path={model}", f"algorithm.routingReplay={replay}", f"seed={seed}", *SETTINGS,
+                     *args.sets]
+        summary = run_local(EXAMPLE, overrides, args.steps, None, workdir=scratch / f"{name}-{seed}", quiet=True)
+        runs[name] = measured(summary)
+        print(f"  {json.dumps(runs[name])}", file=sys.stderr, flush=True)
+    return runs | {key: ratio(runs["off"][field], runs["on"][field]) for key, field in RATIOS.items()}
+
+
+def over_seeds(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each measure's mean over the seeds (off and on), the ratio of those means, and the per-seed
+    ratios' range: one run's KL moves by tens of % between identical runs, so one pair is weak evidence."""
+    means = {mode: {field: round(statistics.fmean(p[mode][field] for p in pairs), 7) for field in pairs[0][mode]}
+             for mode in ("off", "on")}
+    return {"mean": means, **{key: {"of_means": ratio(means["off"][field], means["on"][field]),
+                                    "per_seed": [p[key] for p in pairs]} for key, field in RATIOS.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=150)
@@ -82,31 +115,20 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="seeds seed, seed + 1, …: one off/on pair each")
     parser.add_argument("--set", dest="sets", action="append", default=[], help="another manifest override")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/routing_replay.json")
     args = parser.parse_args()
     if args.experts % 2 or not 1 <= args.top_k <= args.experts:
         parser.error("--experts must be even (expert parallel 2) and --top-k within 1..experts")
-    runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kuberl-r3-") as scratch:
-        model = Path(scratch) / "policy"
-        save_policy(model, args.experts, args.top_k, args.layers, args.seed)
-        for name, replay in (("off", "false"), ("on", "true")):
-            print(f"routing replay {name}: {args.steps} steps …", file=sys.stderr, flush=True)
-            overrides = [f"model.path={model}", f"algorithm.routingReplay={replay}", f"seed={args.seed}",
-                         *SETTINGS, *args.sets]
-            summary = run_local(EXAMPLE, overrides, args.steps, None, workdir=Path(scratch) / name, quiet=True)
-            runs[name] = measured(summary)
-            print(f"  {json.dumps(runs[name])}", file=sys.stderr, flush=True)
+        pairs = [replay_pair(args, seed, Path(scratch)) for seed in range(args.seed, args.seed + args.repeats)]
     result = {
         "command": f"python benchmarks/routing_replay.py --steps {args.steps} --experts {args.experts} "
-                   f"--top-k {args.top_k} --layers {args.layers} --seed {args.seed}"
+                   f"--top-k {args.top_k} --layers {args.layers} --seed {args.seed} --repeats {args.repeats}"
                    + "".join(f" --set {s}" for s in args.sets),
         "model": {"experts": args.experts, "top_k": args.top_k, "layers": args.layers},
-        "settings": SETTINGS, "off": runs["off"], "on": runs["on"],
-        "gap_off_over_on": ratio(runs["off"]["behav_logp_gap_mean"], runs["on"]["behav_logp_gap_mean"]),
-        "k3_kl_off_over_on": ratio(runs["off"]["k3_kl_mean"], runs["on"]["k3_kl_mean"]),
-        "chi2_off_over_on": ratio(runs["off"]["chi2_mean"], runs["on"]["chi2_mean"]),
+        "settings": SETTINGS, **over_seeds(pairs), "pairs": pairs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
