@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kuberl.data.datasets import Example
 from kuberl.rollout.buffer import RolloutBuffer
-from kuberl.rollout.ledger import MAX_ISSUES, PromptLedger
+from kuberl.rollout.ledger import MAX_FAILURES, MAX_STALE_DROPS, PromptLedger
 from kuberl.rollout.staleness import StalenessManager
 from kuberl.rollout.types import Group, Trajectory
 
@@ -39,7 +39,8 @@ def simulate(ops: list[int], seed: int, crash_every: int) -> tuple[Counter[int],
     saved: tuple[dict[str, object], Counter[int]] = ({"cursor": 0, "pending": []}, Counter())
     ledger = PromptLedger.restore(None, stream())
     manager = StalenessManager(4, 1, 12)
-    buffer: RolloutBuffer[Group] = RolloutBuffer(manager, on_drop=lambda g, led=ledger: led.give_back(g.prompt))
+    buffer: RolloutBuffer[Group] = RolloutBuffer(manager, on_drop=lambda g, led=ledger: led.give_back(g.prompt,
+                                                                                                     stale=True))
     running: list[tuple[int, int]] = []
     version = step = 0
     for op in ops:
@@ -70,7 +71,7 @@ def simulate(ops: list[int], seed: int, crash_every: int) -> tuple[Counter[int],
                 version = step = step - 1
                 manager = StalenessManager(4, 1, 12)
                 manager.restore(version)
-                buffer = RolloutBuffer(manager, on_drop=lambda g, led=ledger: led.give_back(g.prompt))
+                buffer = RolloutBuffer(manager, on_drop=lambda g, led=ledger: led.give_back(g.prompt, stale=True))
                 running = []
     return trained, ledger, {index for index, _ in running} | {g.prompt for g in buffer.items}
 
@@ -93,7 +94,7 @@ def test_a_restart_hands_out_first_what_the_checkpoint_had_pending():
     out = [ledger.hand_out()[0] for _ in range(6)]
     for index in (0, 2, 3):
         ledger.mark_trained(index)
-    ledger.give_back(5)  # dropped as stale
+    ledger.give_back(5, stale=True)
     state = ledger.state()
     assert state == {"cursor": 6, "pending": [1, 4, 5], "trained": 3, "reissued": 0, "skipped": 0}
     resumed = PromptLedger.restore(state, stream())
@@ -104,10 +105,27 @@ def test_a_restart_hands_out_first_what_the_checkpoint_had_pending():
 
 def test_a_prompt_that_keeps_failing_is_skipped_not_retried_forever():
     ledger = PromptLedger.restore(None, stream())
-    for _ in range(MAX_ISSUES):
+    for _ in range(MAX_FAILURES):
         index, _ = ledger.hand_out()
         assert index == 0
         ledger.give_back(index)
+    assert ledger.skipped == 1 and ledger.pending == [] and ledger.hand_out()[0] == 1
+
+
+def test_stale_drops_are_no_fault_of_the_prompt_and_skip_it_only_when_they_never_end():
+    """A group that waited in the buffer while training moved on says nothing about its prompt: three
+    stale drops (a failure's limit) and a failure beside them leave it pending; only ``MAX_STALE_DROPS``
+    skip it. (An elastic run dropped one prompt's group three times by chance and lost it.)"""
+    ledger = PromptLedger.restore(None, stream())
+    for _ in range(MAX_FAILURES):
+        assert ledger.hand_out()[0] == 0
+        ledger.give_back(0, stale=True)
+    assert ledger.hand_out()[0] == 0
+    ledger.give_back(0)  # one failure too
+    assert ledger.skipped == 0 and ledger.pending == [0]
+    for _ in range(MAX_STALE_DROPS - MAX_FAILURES):
+        assert ledger.hand_out()[0] == 0
+        ledger.give_back(0, stale=True)
     assert ledger.skipped == 1 and ledger.pending == [] and ledger.hand_out()[0] == 1
 
 

@@ -86,11 +86,11 @@ def test_ctrl_c_stops_every_process(tmp_path):
     try:  # terminate() gives the children 10 s, then kills them; the rest is slack for a loaded machine
         code = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        alive = processes_mentioning(str(work))
+        remaining = processes_mentioning(str(work))
         proc.send_signal(signal.SIGUSR1)  # its threads' stacks, into its output (kuberl.local.run_local)
         time.sleep(2)
         proc.kill()
-        pytest.fail(f"kuberl run still running 60 s after Ctrl-C; alive: {alive}; its output and stacks: "
+        pytest.fail(f"kuberl run still running 60 s after Ctrl-C; alive: {remaining}; its output and stacks: "
                     f"{output.read_text(errors='replace')[-6000:]}")
     assert code == 130
     assert processes_mentioning(str(work)) == [] and not alive(rollout)

@@ -66,7 +66,9 @@ class Progress(ApiModel):
     prompts_reissued: Count | None = Field(
         None, description="prompts handed out again: their group was too stale, their episode failed, or a "
                           "restart found them pending in the checkpoint")
-    prompts_skipped: Count | None = Field(None, description="prompts given up after failing repeatedly (else 0)")
+    prompts_skipped: Count | None = Field(
+        None, description="prompts given up: an episode that failed 3 times, or a group dropped as too stale 20 "
+                          "times (else 0)")
     reward_timeouts: Count | None = Field(None, description="reward calls past spec.reward.timeoutSeconds (scored 0)")
     reward_errors: Count | None = Field(None, description="reward calls that raised or returned no number (scored 0)")
     prompts_too_long: Count | None = Field(None, description="dataset rows skipped: prompt over "

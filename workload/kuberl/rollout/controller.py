@@ -247,7 +247,7 @@ class RolloutController:
     def _give_back(self, group: Group) -> None:
         """A group dropped as too stale: its prompt is handed out again."""
         if self.prompts is not None and group.prompt is not None:
-            self.prompts.give_back(group.prompt)
+            self.prompts.give_back(group.prompt, stale=True)
 
     async def _prompt_state(self) -> dict[str, Any] | None:
         return self.prompts.state() if self.prompts is not None else None

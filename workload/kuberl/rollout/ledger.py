@@ -4,7 +4,10 @@ drops, failed episodes and crashes.
 Prompts are numbered by their position in the run's deterministic stream (``kuberl.data.datasets.
 examples``). A prompt handed out is *pending* until the step that trains its group takes it; a group
 dropped as too stale, or an episode that failed, gives its prompt back and it is handed out again
-before any new one (*reissued*; after ``MAX_ISSUES`` tries it is *skipped*, with a warning). A
+before any new one (*reissued*). A prompt whose episode failed ``MAX_FAILURES`` times is *skipped*,
+with a warning (a prompt that breaks its episode is not retried forever); a stale drop is no fault of
+the prompt's — its group waited in the buffer while training moved on — so only ``MAX_STALE_DROPS``
+of them skip it (one whose episodes always take longer than η steps). A
 checkpoint after step s holds the ledger as of step s: the cursor (the next new prompt) and the
 pending prompts. Resuming there re-issues those pending prompts — the ones that were in flight or in
 the buffer when the checkpoint was taken — before new ones, so none is skipped and none that step s
@@ -25,7 +28,8 @@ from typing import Any
 from ..data.datasets import Example
 
 log = logging.getLogger("kuberl.rollout")
-MAX_ISSUES = 3  # a prompt whose episode fails this often is skipped, not retried forever
+MAX_FAILURES = 3  # a prompt whose episode fails this often is skipped, not retried forever
+MAX_STALE_DROPS = 20  # … or whose group is dropped as too stale this often (chance alone: ≈ never)
 
 
 @dataclass
@@ -37,7 +41,8 @@ class PromptLedger:
     skipped: int = 0
     _pending: dict[int, Example] = field(default_factory=dict)  # handed out (or waiting to be again)
     _again: deque[int] = field(default_factory=deque)  # given back: handed out before any new prompt
-    _issues: dict[int, int] = field(default_factory=dict)
+    _failures: dict[int, int] = field(default_factory=dict)  # by prompt: its failed episodes so far
+    _stale_drops: dict[int, int] = field(default_factory=dict)  # … its groups dropped as too stale
 
     def hand_out(self) -> tuple[int, Example]:
         """The next prompt: one given back first, else the stream's next."""
@@ -47,16 +52,19 @@ class PromptLedger:
         else:
             index, self.cursor = self.cursor, self.cursor + 1
             self._pending[index] = next(self.stream)
-        self._issues[index] = self._issues.get(index, 0) + 1
         return index, self._pending[index]
 
-    def give_back(self, index: int) -> None:
-        """Prompt ``index`` was not trained (its group too stale, its episode failed): hand it out again,
-        unless it has been handed out ``MAX_ISSUES`` times already."""
+    def give_back(self, index: int, stale: bool = False) -> None:
+        """Prompt ``index`` was not trained — its episode failed, or (``stale``) its group was dropped as
+        too stale: hand it out again, unless that has now happened ``MAX_FAILURES`` (failed) or
+        ``MAX_STALE_DROPS`` (stale) times."""
         if index not in self._pending or index in self._again:
             raise KeyError(f"prompt {index} is not out")
-        if self._issues[index] >= MAX_ISSUES:
-            log.warning("prompt %d failed %d times: skipped", index, self._issues[index])
+        counts, limit = (self._stale_drops, MAX_STALE_DROPS) if stale else (self._failures, MAX_FAILURES)
+        counts[index] = counts.get(index, 0) + 1
+        if counts[index] >= limit:
+            why = "its group was dropped as too stale" if stale else "its episode failed"
+            log.warning("prompt %d: %s %d times: skipped", index, why, counts[index])
             self._settle(index)
             self.skipped += 1
             return
@@ -96,10 +104,10 @@ class PromptLedger:
         for index, example in enumerate(itertools.islice(stream_from_start, cursor)):
             if index in pending:
                 ledger._pending[index] = example
-                ledger._issues[index] = 1
                 ledger._again.append(index)
         return ledger
 
     def _settle(self, index: int) -> None:
         del self._pending[index]
-        self._issues.pop(index, None)
+        self._failures.pop(index, None)
+        self._stale_drops.pop(index, None)
