@@ -420,6 +420,18 @@ def test_free_ports_come_from_outside_the_range_the_kernel_gives_outgoing_connec
             s.bind(("127.0.0.1", port))  # free indeed
 
 
+def test_free_ports_leave_torchruns_well_known_ones_alone():
+    """29500 and 29501 are where a torchrun job on the host binds whenever it starts (the e2e tests'
+    pods too): a local run that took one first made such a job fail, EADDRINUSE."""
+    from kuberl.api.contract import MASTER_PORT
+    from kuberl.local_processes import candidate_ports, kernel_ephemeral_ports
+
+    candidates = set(candidate_ports())
+    assert MASTER_PORT not in candidates and MASTER_PORT + 1 not in candidates
+    if MASTER_PORT in range(kernel_ephemeral_ports().start - 12000, kernel_ephemeral_ports().start):
+        assert {MASTER_PORT - 1, MASTER_PORT + 2} <= candidates  # only they are left out
+
+
 def test_the_cli_and_local_modes_supervisor_import_no_torch():
     """`kuberl run`'s own process only reads the manifest, pod topology and /progress: torch and
     transformers (3–4 CPU-s to import) belong in the processes it starts. A package ``__init__`` on

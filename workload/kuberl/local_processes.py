@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .api.contract import MASTER_PORT
+
 KINDS = {"inference": "inference replica", "agent": "agent"}
 REPLICA_RESTARTS = 5  # per replica (or agent), before the run fails
 Process = subprocess.Popen[bytes]
@@ -36,14 +38,24 @@ def kernel_ephemeral_ports() -> range:
     return ephemeral_ports(path.read_text() if path.exists() else None)
 
 
+WELL_KNOWN_PORTS = frozenset({MASTER_PORT, MASTER_PORT + 1})  # torch.distributed's default store, the exchange's
+
+
+def candidate_ports() -> list[int]:
+    """Where :func:`free_port` looks: the 12,000 ports *below* the ephemeral range (a port from
+    ``bind(0)`` is one the kernel also hands to outgoing connections, so under load another socket
+    could take it before the process binds it — as a CI run saw, EADDRINUSE), less the well-known
+    ones a torchrun job on the same host binds whenever it starts (29500, 29501: the pods of the e2e
+    tests' kubelet stand-in too — a local run on the other worker once took 29500 from one)."""
+    ephemeral = kernel_ephemeral_ports()
+    return [p for p in range(max(10000, ephemeral.start - 12000), ephemeral.start) if p not in WELL_KNOWN_PORTS]
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 nobody listens on, for a process that binds it later. Taken *below* the
-    ephemeral range: a port from ``bind(0)`` is one the kernel also hands to outgoing connections,
-    so under load (many local connections) another socket could take it before the process binds
-    it — as a CI run saw (EADDRINUSE). Falls back to ``bind(0)`` when no such port is free."""
-    rng, ephemeral = random.SystemRandom(), kernel_ephemeral_ports()
-    below = range(max(10000, ephemeral.start - 12000), ephemeral.start)
-    for port in (rng.choice(below) for _ in range(50)) if len(below) else ():
+    """A port on 127.0.0.1 nobody listens on, for a process that binds it later: one of
+    :func:`candidate_ports` at random; ``bind(0)`` when none of 50 tries is free."""
+    rng, below = random.SystemRandom(), candidate_ports()
+    for port in (rng.choice(below) for _ in range(50)) if below else ():
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
