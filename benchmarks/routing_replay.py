@@ -45,25 +45,13 @@ SETTINGS = ["model.dtype=bfloat16", "rollout.maxStaleness=0", "evaluation=null",
 
 
 def save_policy(directory: Path, experts: int, top_k: int, layers: int, seed: int) -> None:
-    """The example's tiny Qwen3-MoE with ``experts`` experts of which each token takes ``top_k``, in
-    ``layers`` layers (each expert ``2 × hidden ÷ top_k`` wide, so a token's experts together are the
-    dense MLP's width whatever the count), seeded, and its character tokenizer, as an HF directory."""
-    import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    """The example's tiny Qwen3-MoE (``kuberl.models.tiny.tiny_qwen3_moe``) with ``experts`` experts of
+    which each token takes ``top_k``, in ``layers`` layers, seeded, and its character tokenizer, as an
+    HF directory."""
+    from kuberl.models.tiny import char_tokenizer, tiny_qwen3_moe
 
-    from kuberl.models.tiny import char_tokenizer
-
-    tokenizer, hidden = char_tokenizer(), 128
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-        moe_intermediate_size=2 * hidden // top_k, num_experts=experts, num_experts_per_tok=top_k,
-        norm_topk_prob=True, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=hidden // 4, max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=2,
-        eos_token_id=1, pad_token_id=0, architectures=["Qwen3MoeForCausalLM"],
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        Qwen3MoeForCausalLM(config).save_pretrained(directory)
+    tokenizer = char_tokenizer()
+    tiny_qwen3_moe(len(tokenizer), seed, layers=layers, experts=experts, top_k=top_k).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 

@@ -52,7 +52,6 @@ from .display import ProgressDisplay
 from .local_autoscale import LocalAutoscaler
 from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
 from .local_workdir import (
-    DRAIN_SECONDS,
     POOL_FILE,
     PROMPTS_LOG,
     SCALE_FILE,
@@ -88,6 +87,7 @@ LOCAL_ONLY = {  # variables a local process has and its pod does not
 POD_ONLY = {  # downward-API facts a pod has and a local process does not need
     "POD_NAME": "", "POD_NAMESPACE": "", "NODE_NAME": "the local labels file names the node",
 }
+DRAIN_SECONDS = 5.0  # a replica leaving the pool is stopped this long after the trainer stopped using it
 def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``--set algorithm.maxSteps=10`` style edits of ``spec`` (values parsed as YAML scalars)."""
     doc = copy.deepcopy(doc)

@@ -14,7 +14,6 @@ SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
 PROMPTS_LOG = "prompts.jsonl"  # the prompts of every trained step (Settings.prompts_log), in the work dir
 POOL_FILE = "replicas.json"  # the replicas' URLs the trainer follows (settings.replicas_file)
 SCALE_FILE = "scale"  # kuberl scale's wish: the number of replicas
-DRAIN_SECONDS = 5.0  # a replica leaving the pool is stopped this long after the trainer stopped using it
 
 
 def write_whole(path: Path, text: str) -> None:

@@ -58,11 +58,15 @@ def tiny_qwen2(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2, t
         return Qwen2ForCausalLM(config)
 
 
-def tiny_qwen3_moe(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2) -> Qwen3MoeForCausalLM:
-    """A mixture of experts in every layer (4 experts, top 2, renormalised), tied embeddings."""
+def tiny_qwen3_moe(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2, experts: int = 4,
+                   top_k: int = 2) -> Qwen3MoeForCausalLM:
+    """A mixture of experts in every layer (``experts`` experts, each token routed to ``top_k``,
+    renormalised; each expert 2 × hidden ÷ top_k wide, so a token's experts together are the dense
+    MLP's width), tied embeddings."""
     config = Qwen3MoeConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden,
-        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=layers,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        moe_intermediate_size=2 * hidden // top_k, num_experts=experts, num_experts_per_tok=top_k,
+        norm_topk_prob=True, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=256,
         tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
         architectures=["Qwen3MoeForCausalLM"],  # as a hub config names it: vLLM picks its model class by it
