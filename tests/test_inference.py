@@ -426,3 +426,39 @@ def test_a_malformed_fault_injection_is_refused_naming_the_variable(mode):
 def test_fault_injection_items_combine():
     assert fault_plan("signals, generate-slots=3,generate-seconds=0.5") == FaultPlan(True, 3, 0.5)
     assert fault_plan("") == FaultPlan()
+
+
+def test_a_16_bit_engine_rotates_positions_as_the_trainer_does(tmp_path):
+    """The replica's model in bfloat16 (``torch_engine_for``, as ``python -m kuberl.inference`` builds
+    it) computes its rotary angles from float32 frequencies, as the trainer (FSDP2 casts parameters
+    only) and ``from_pretrained(dtype=bfloat16)`` do: its cos/sin at every position equal the float32
+    model's rounded once. Frequencies cast to bfloat16 (``Module.to``) would turn position 4000's
+    angles by radians (Qwen3's θ = 10⁶)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from kuberl.api.spec import RLExperimentSpec
+    from kuberl.inference.__main__ import torch_engine_for
+    from kuberl.runconfig import RunConfig
+
+    tokenizer = char_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=128, rope_theta=1e6,
+                         max_position_embeddings=4096)  # fmt: skip
+    reference = Qwen3ForCausalLM(config).eval()
+    reference.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    spec = RLExperimentSpec.model_validate({
+        "model": {"path": f"file://{tmp_path}", "dtype": "bfloat16"}, "dataset": {"path": "builtin:arithmetic"},
+        "reward": {"function": "kuberl.rewards:exact_match"},
+        "inference": {"accelerator": "cpu"}, "trainer": {"accelerator": "cpu"}})
+    engine, _ = torch_engine_for(RunConfig("rope", spec), Settings())
+    served = engine.model
+    assert next(served.parameters()).dtype == torch.bfloat16
+    positions = torch.arange(config.max_position_embeddings)[None]
+    probe = torch.zeros(1, 1, dtype=torch.bfloat16)
+    with torch.no_grad():
+        cos, sin = served.model.rotary_emb(probe, positions)
+        cos32, sin32 = reference.model.rotary_emb(probe.float(), positions)
+    assert cos.dtype == torch.bfloat16
+    assert torch.equal(cos, cos32.to(torch.bfloat16)) and torch.equal(sin, sin32.to(torch.bfloat16)), (
+        (cos.float() - cos32).abs().max())

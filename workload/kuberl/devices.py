@@ -36,6 +36,20 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def placed(model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
+    """``model`` on ``device`` with its parameters in ``dtype`` and its buffers in their own dtypes —
+    the model ``from_pretrained(dtype=…)`` builds and FSDP2's mixed precision computes with.
+
+    ``Module.to(dtype)`` would cast the floating buffers too, among them a rotary embedding's inverse
+    frequencies f_i = θ^(−2i/d): in bfloat16 each is off by up to 2⁻⁹ of itself, so the angle p·f_i
+    at position p is off by up to p·f_i·2⁻⁹ — 1.2 radians at p = 1000 and 37 at p = 32000 for
+    θ = 10⁶, d = 128: the engine would sample from another policy than the one trained."""
+    model = model.to(device=device)
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    return model
+
+
 def accelerator_device(accelerator: Accelerator | str, local_rank: int) -> torch.device:
     """Device ``local_rank`` of this pod's accelerators (made current), or the CPU. Trainer ranks
     pass ``LOCAL_RANK``; an embedded-engine replica takes its first device."""

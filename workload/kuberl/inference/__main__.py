@@ -21,7 +21,7 @@ SHUTDOWN_SECONDS = 2.0  # on SIGTERM, requests in flight get this long (the roll
 
 
 def torch_engine_for(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
-    from ..devices import accelerator_device, compute_dtype
+    from ..devices import accelerator_device, compute_dtype, placed
     from ..models.loading import load_model
     from .engine import TorchEngine
 
@@ -35,7 +35,7 @@ def torch_engine_for(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
         except AdapterError as err:
             raise SystemExit(f"invalid spec: {err}") from err
     device = accelerator_device(spec.inference.accelerator, 0)
-    model = model.to(device=device, dtype=compute_dtype(spec.model.dtype, spec.inference.accelerator))
+    model = placed(model, device, compute_dtype(spec.model.dtype, spec.inference.accelerator))
     engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,
                          seed=spec.seed + 1000 * settings.replica)
     return engine, tokenizer

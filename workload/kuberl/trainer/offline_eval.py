@@ -20,7 +20,7 @@ import torch
 from aiohttp import web
 
 from ..api.spec import EvaluationSpec, RLExperimentSpec
-from ..devices import compute_dtype
+from ..devices import compute_dtype, placed
 from ..inference.engine import TorchEngine
 from ..inference.server import build_app
 from ..models.loading import load_model
@@ -48,7 +48,7 @@ async def _evaluate(spec: RLExperimentSpec, ev: EvaluationSpec, settings: Settin
     device = eval_device()
     accelerator = "nvidia" if device.startswith("cuda") else "cpu"
     model, tokenizer = load_model(spec.model, spec.seed, settings)
-    model = model.to(device=device, dtype=compute_dtype(spec.model.dtype, accelerator))
+    model = placed(model, device, compute_dtype(spec.model.dtype, accelerator))
     engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=spec.seed)  # replica 0's seed
     check = PromptCheck.of(spec, tokenizer)
     examples, workflow, reward = evaluation_parts(spec, ev, tokenizer, settings, check.keep, None)
