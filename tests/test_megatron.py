@@ -272,6 +272,35 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
         assert torch.all(ours[~predicts] == 0)
 
 
+@pytest.mark.parametrize("make", [*MODELS, lambda: qwen3_moe(norm_topk_prob=False)],
+                         ids=[*MODEL_IDS, "qwen3-moe-unnormalised-top-k"])
+def test_in_bfloat16_the_megatron_forward_rounds_as_the_hf_model_does(megatron_parallel_state, make):
+    """In bfloat16 the GPTModel's logits are the HF model's bit for bit (the HF model as an engine holds
+    it: ``kuberl.devices.placed``): norms, attention and experts compute in the HF order
+    (:mod:`kuberl.megatron.layer_spec`), so a mixture of experts also routes every token alike.
+    megatron-core's own order differed in the last bits of most logits (the MoE model's log-probs
+    by up to 0.03)."""
+    from kuberl.devices import placed
+    from kuberl.megatron.cpu import cpu_shim
+    from kuberl.megatron.inputs import model_inputs
+    from kuberl.megatron.logprobs import vocab_parallel_logits
+    from kuberl.megatron.model import build_gpt_model, load_hf_state
+
+    hf = make().eval()
+    batch = random_batch(hf.config.vocab_size, seed=2, rows=8)
+    with cpu_shim():
+        meg = build_gpt_model(hf.config, compute_dtype=torch.bfloat16)
+        load_hf_state(meg, hf.state_dict(), hf.config)
+        with torch.no_grad():
+            got = vocab_parallel_logits(meg.eval(), model_inputs([batch], False, False)[0], torch.bfloat16)
+    engine_model = placed(hf, "cpu", torch.bfloat16)
+    with torch.no_grad():
+        expected = engine_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    valid = batch.attention_mask.bool()
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(got[valid], expected[valid]), (got[valid].float() - expected[valid].float()).abs().max()
+
+
 def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_parallel_state, tmp_path):
     """FSDP2's DCP shards and Megatron's sharded tensors do not load into each other: refused before
     anything is read, naming the field and what differs."""

@@ -12,10 +12,11 @@ for a context-parallel group of size c:
 - **Attention** (:class:`ContextParallelAttention`): each rank computes q, k, v for its own positions,
   all-gathers k and v of the whole row (:func:`gather_positions`, whose backward all-reduces the
   gradient — every rank's queries read every key — and keeps this rank's positions), and runs
-  Megatron's own attention from its queries to every key under its queries' mask. This is
+  the local attention (:mod:`.attention`) from its queries to every key under its queries' mask. This is
   all-gather context parallelism (as Llama 3 was trained at long context), not ring attention: k and
   v of the whole row in memory, one collective per layer instead of c − 1 ring steps. The attention
-  scores, [b, heads, W ÷ c, W] on each rank, are what context parallelism divides.
+  scores, [b, heads, W ÷ c, W] on each rank (computed blockwise by the attention kernel), are what
+  context parallelism divides.
 - **Reading**: the per-position log-probs of a rank's positions are all-gathered back into whole rows
   (:func:`gather_positions` with ``sum_gradients=False``), so every rank of the group computes the
   same loss; each rank's backward then keeps the gradient of its own positions, and the parameters'
@@ -90,11 +91,11 @@ def context_parallel_attention() -> type:
     megatron-core is imported where it is needed, not with this package)."""
     import dataclasses
 
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from .attention import sdpa_attention
 
-    class ContextParallelAttention(DotProductAttention):  # type: ignore[misc]
-        """Megatron's local attention from this rank's queries to the keys and values of the whole row
-        (module docstring), under a mask of this rank's queries over the whole row, [b, 1, W ÷ c, W]."""
+    class ContextParallelAttention(sdpa_attention()):  # type: ignore[misc]
+        """The local attention (:mod:`.attention`) from this rank's queries to the keys and values of
+        the whole row (module docstring), under a mask of this rank's queries over the whole row, [b, 1, W ÷ c, W]."""
 
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
             # the local attention refuses context parallelism because it does not gather; this one does

@@ -81,6 +81,14 @@ class ModelInput:
     batch_shape: tuple[int, int]  # the batch's (B, L − 1)
     packing: Packing | None
 
+    @property
+    def model_mask(self) -> torch.Tensor | None:
+        """The mask the model is given: None — Megatron's plain causal mask, which lets the attention
+        kernel skip the masked half (:mod:`.attention`) — where every query sees exactly the keys up to
+        its own (the padded layout, no context parallelism), else :attr:`attention_mask`."""
+        queries, keys = self.attention_mask.shape[-2:]
+        return None if self.packing is None and queries == keys else self.attention_mask
+
     def read(self, per_position: torch.Tensor) -> torch.Tensor:
         """This rank's [R, w] per-position values → the batch's [B, L − 1] (differentiable): gathered
         into whole rows under context parallelism (each rank then holds the same values and keeps

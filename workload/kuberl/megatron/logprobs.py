@@ -30,7 +30,7 @@ def vocab_parallel_logits(model: Any, given: ModelInput, compute_dtype: torch.dt
     backward flows through the casts, so the gradients land on the float32 parameters in float32 —
     FSDP2's mixed precision (``param_dtype``, float32 reduction and master weights) without FSDP.
     A mixture of experts routes as the input's routes say, where it carries them (:mod:`.routing`)."""
-    args = (given.input_ids, given.position_ids, given.attention_mask)
+    args = (given.input_ids, given.position_ids, given.model_mask)
     with replaying(model, given.routes):
         if compute_dtype == torch.float32:
             return model(*args)
