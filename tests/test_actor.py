@@ -346,6 +346,43 @@ def test_data_parallel_matches_single_process(tmp_path):
     assert all(torch.equal(loaded[name], original[name]) for name in loaded)  # exactly the file's weights
 
 
+def _load_from_files(rank: int, world: int, port: int, files: str, out: str) -> None:
+    """Rank ``rank`` loads ``files`` as the trainer does (``meta``, sharded, its own shards read); rank 0
+    saves the gathered weights and rank ``world − 1`` its own rows of the first stacked expert tensor."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model, _, weights = load_skeleton(ModelSource(path=f"file://{files}"), 0)
+        actor = FSDPActor.create(model, CONFIG, lr=1e-2, temperature=1.0, weights=weights)
+        loaded = actor.full_state_dict()
+        if rank == 0:
+            torch.save(loaded, out)
+        if rank == world - 1:
+            stacked = actor.model.get_parameter("model.layers.0.mlp.experts.gate_up_proj")
+            torch.save(stacked.to_local().clone(), f"{out}.last-rank")
+    finally:
+        dist.destroy_process_group()
+    exit_without_teardown(0)
+
+
+def test_a_mixture_of_experts_loads_from_its_files_shard_by_shard(tmp_path):
+    """transformers stacks a Qwen3-MoE's per-expert tensors as it loads them and writes them back one
+    per expert; 2 FSDP2 ranks building the model on ``meta`` read each expert's rows from the files
+    (3 experts over 2 ranks: 2 and 1) and hold exactly the model's weights — the second rank the third
+    expert's [gate; up]. Before, the trainer refused the directory (no ``experts.gate_up_proj`` in it)."""
+    from kuberl.models.tiny import char_tokenizer, tiny_qwen3_moe
+
+    original = tiny_qwen3_moe(len(char_tokenizer()), 5, experts=3, top_k=2)
+    original.save_pretrained(tmp_path / "model")
+    start_workers(_load_from_files, 2, (2, FREE_PORT, str(tmp_path / "model"), str(tmp_path / "loaded.pt")))
+    loaded, expected = torch.load(tmp_path / "loaded.pt"), original.state_dict()
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[name], expected[name]) for name in expected)
+    last_rows = torch.load(tmp_path / "loaded.pt.last-rank")
+    assert torch.equal(last_rows, expected["model.layers.0.mlp.experts.gate_up_proj"][2:])
+
+
 def test_checkpoint_resume_is_exact(world_of_one, tmp_path, uri):
     """2K steps straight == K steps, checkpoint (through the manifest store, on a directory and on
     S3), fresh actor, resume, K more: identical weights, optimizer moments and counters."""

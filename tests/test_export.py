@@ -170,3 +170,32 @@ def test_a_new_run_starts_from_anothers_checkpoint(world_of_one, tmp_path: Path)
     (megatron / "trainer_state.json").write_text(json.dumps(state | {"layout": {"backend": "megatron"}}))
     with pytest.raises(ModelLoadError, match=r"spec\.model\.initFrom: .*backend megatron"):
         load_model(ModelSource(path="builtin:tiny-qwen2-chat", initFrom=f"file://{megatron}"), 0, settings)
+
+
+def test_a_mixture_of_experts_exports_one_tensor_per_expert_as_the_hub_does(tmp_path: Path):
+    """transformers stacks a Qwen3-MoE's experts in memory (``experts.gate_up_proj`` [E, 2I, H]) and
+    writes them back one per expert (``experts.j.gate_proj.weight`` …), the layout of the hub's
+    checkpoints that other readers (older transformers, other engines) expect: the export writes the
+    names ``save_pretrained`` writes, and the same tensors under them."""
+    from safetensors import safe_open
+
+    from kuberl.models.hf_dir import write_hf_dir
+    from kuberl.models.tiny import char_tokenizer, tiny_qwen3_moe
+
+    def tensors(directory: Path) -> dict[str, torch.Tensor]:
+        out = {}
+        for path in directory.glob("*.safetensors"):
+            with safe_open(path, "pt") as f:
+                out |= {name: f.get_tensor(name) for name in f.keys()}
+        return out
+
+    tokenizer = char_tokenizer()
+    model = tiny_qwen3_moe(len(tokenizer), 3, experts=3)
+    write_hf_dir(model.state_dict(), model.config, tokenizer, tmp_path / "export", torch.float32)
+    model.save_pretrained(tmp_path / "saved")
+    exported, saved = tensors(tmp_path / "export"), tensors(tmp_path / "saved")
+    assert "model.layers.1.mlp.experts.2.up_proj.weight" in exported
+    assert exported.keys() == saved.keys()
+    assert all(torch.equal(exported[name], saved[name]) for name in saved)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).state_dict()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in model.state_dict().items())

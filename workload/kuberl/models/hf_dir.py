@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Pretrained
 
 from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, checkpoint_backend, checkpoint_layout
 from ..remote import exclusive
+from . import file_layout
 
 log = logging.getLogger("kuberl.models")
 COMPLETE = ".complete"  # written last into a converted directory in the cache
@@ -40,13 +41,16 @@ def describe_model(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
 def write_hf_dir(state: dict[str, torch.Tensor], config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase,
                  directory: Path, dtype: torch.dtype) -> None:
     """``state`` (HF names) as a ``from_pretrained`` directory in ``dtype`` (sharded safetensors with
-    their index, ``huggingface_hub.save_torch_state_dict``; tied weights once)."""
+    their index, ``huggingface_hub.save_torch_state_dict``; tied weights once; a mixture of experts'
+    stacked tensors one per expert, as the hub's checkpoints and ``save_pretrained`` have them:
+    :func:`.file_layout.in_files`)."""
     from huggingface_hub import save_torch_state_dict
 
     if getattr(config, "tie_word_embeddings", False):
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # the embedding holds it
     describe_model(config, tokenizer, directory, dtype)
-    save_torch_state_dict({k: v.to(dtype).contiguous() for k, v in state.items()}, directory)
+    cast = {k: v.to(dtype).contiguous() for k, v in state.items()}
+    save_torch_state_dict(file_layout.in_files(cast, config.model_type), directory)  # as save_pretrained lays it out
 
 
 def saved_description(checkpoint: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase] | None:

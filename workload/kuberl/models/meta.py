@@ -4,16 +4,22 @@ each rank's own slices of the model's safetensors files.
 ``torch.distributed.checkpoint`` reads the files (``HuggingFaceStorageReader``: safetensors, mapped
 from disk) into the sharded state dict, so a rank's host memory holds about its shard of the model,
 not the whole model (``benchmarks/load_memory.py`` measures it). Tied parameters are loaded once;
-buffers a checkpoint does not hold (rotary frequencies) are computed again from the config.
+buffers a checkpoint does not hold (rotary frequencies) are computed again from the config. A
+mixture of experts' stacked expert tensors (transformers stacks the files' per-expert tensors as it
+loads them: :mod:`.file_layout`) are read expert by expert, each rank reading only its rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+
+from . import file_layout
 
 
 class MetaLoadError(ValueError):
@@ -24,15 +30,15 @@ def is_meta(model: torch.nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def file_keys(directory: Path) -> set[str]:
-    """The tensor names of every safetensors file in ``directory``."""
+def file_index(directory: Path) -> dict[str, Path]:
+    """Every tensor name in the safetensors files of ``directory`` → the file that holds it."""
     from safetensors import safe_open
 
-    keys: set[str] = set()
+    index: dict[str, Path] = {}
     for path in sorted(directory.glob("*.safetensors")):
         with safe_open(path, "pt") as f:
-            keys |= set(f.keys())
-    return keys
+            index |= dict.fromkeys(f.keys(), path)
+    return index
 
 
 def materialize(model: torch.nn.Module, directory: Path, device: torch.device, zeros: tuple[str, ...] = (),
@@ -41,24 +47,80 @@ def materialize(model: torch.nn.Module, directory: Path, device: torch.device, z
     safetensors in ``directory``, each rank reading only its shards; tensors whose names start with
     one of ``zeros`` are zeros instead (a value head the policy's files lack). ``renamed`` gives a
     tensor's name in the files, or None for one the caller fills afterwards (a LoRA adapter:
-    :func:`kuberl.models.lora.file_name`). Raises MetaLoadError if any other parameter is neither in
-    the files nor tied to one that is."""
+    :func:`kuberl.models.lora.file_name`); transformers' own conversions of the model's checkpoints
+    (stacked experts, renamed modules: :mod:`.file_layout`) are undone on top. Raises MetaLoadError if
+    any other parameter is neither in the files nor tied to one that is."""
     groups = _tied_groups(model)
     model.to_empty(device=device)
     _retie(model, groups)
-    state, present = model.state_dict(), file_keys(directory)
+    state, files = model.state_dict(), file_index(directory)
     with torch.no_grad():
         for name in (n for n in state if n.startswith(zeros)):  # startswith(()) is False
             model.get_parameter(name).zero_()
-    in_files = {name: stored for name in state if (stored := renamed(name)) is not None}
+    try:
+        in_files, stacks, to_file = _names_in_files(model, state, renamed)
+    except file_layout.UnsupportedConversion as err:
+        raise MetaLoadError(f"{directory}: {err}") from err
     names = {in_files.get(name, name): {in_files.get(n, n) for n in group} for group in groups for name in group}
-    wanted = {in_files[name]: tensor for name, tensor in state.items() if in_files.get(name) in present}
-    missing = [name for name, stored in in_files.items() if stored not in present
-               and not names.get(stored, set()) & present and not name.startswith(zeros)]
+    wanted = {in_files[name]: tensor for name, tensor in state.items() if in_files.get(name) in files}
+    missing = [name for name, stored in in_files.items() if stored not in files
+               and not names.get(stored, set()) & files.keys() and not name.startswith(zeros)]
+    missing += [f"{name} ({source})" for name, sources in stacks.items()
+                for row in range(state[name].shape[0]) for source in file_layout.source_names(sources, row)
+                if to_file(source) not in files]  # fmt: skip
     if missing:
         raise MetaLoadError(f"{directory}: the safetensors files lack {missing[:5]} ({len(missing)} weights)")
     dcp.load(wanted, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))
+    _fill_stacked(model, stacks, files, to_file)
     _rebuild_buffers(model, device)
+
+
+def _names_in_files(model: torch.nn.Module, state: dict[str, torch.Tensor], renamed: Callable[[str], str | None]
+                    ) -> tuple[dict[str, str], dict[str, tuple[str, ...]], Callable[[str], str]]:
+    """(each parameter read under one name → that name in the files, each stacked parameter → its
+    per-expert sources, model-side name → name in the files) for ``state``'s tensors."""
+    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+    to_file = file_layout.renaming(model_type)
+    stored = {name: own for name in state if (own := renamed(name)) is not None}
+    stacks_by_stored = file_layout.stacked(model_type, stored.values())
+    in_files = {name: to_file(own) for name, own in stored.items() if own not in stacks_by_stored}
+    stacks = {name: stacks_by_stored[own] for name, own in stored.items() if own in stacks_by_stored}
+    return in_files, stacks, to_file
+
+
+def _fill_stacked(model: torch.nn.Module, stacks: dict[str, tuple[str, ...]], files: dict[str, Path],
+                  to_file: Callable[[str], str]) -> None:
+    """Each stacked parameter's rows this rank holds, read expert by expert from the files."""
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as opened:
+        handles: dict[Path, Any] = {}
+
+        def read(name: str) -> torch.Tensor:
+            path = files[to_file(name)]
+            if path not in handles:
+                handles[path] = opened.enter_context(safe_open(path, "pt"))
+            return handles[path].get_tensor(to_file(name))
+
+        for name, sources in stacks.items():
+            local, first = local_rows(model.get_parameter(name))
+            with torch.no_grad():
+                for row in range(local.shape[0]):
+                    local[row].copy_(torch.cat([read(s) for s in file_layout.source_names(sources, first + row)]))
+
+
+def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's rows of ``tensor`` — a DTensor's local shard (FSDP2 shards dimension 0), or the
+    whole tensor — and the index of the first in the whole."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(tensor, DTensor):
+        return tensor, 0
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    if any(offset[1:]):
+        raise MetaLoadError(f"a tensor of shape {tuple(tensor.shape)} is sharded along more than its rows")
+    return tensor.to_local(), int(offset[0])
 
 
 def _tied_groups(model: torch.nn.Module) -> list[list[str]]:
