@@ -1,16 +1,19 @@
 """Peak host memory of a trainer rank while it loads the policy: the whole model on every rank, then
 sharded (``before``), against built on the ``meta`` device, sharded, then each rank's own shards
-read from the safetensors files (``after``, what ``kuberl.trainer.loop.set_up`` does for FSDP2).
+read from the safetensors files (``after``, what ``kuberl.trainer.loop.set_up`` does). With
+``--backend megatron`` the ranks are Megatron tensor-parallel ranks: ``before`` converts the whole
+HF model each rank loaded (and keeps it as the actor's twin), ``after`` reads the files a layer at
+a time (:class:`kuberl.models.meta.FileState`), the twin staying on ``meta``.
 
 A Qwen2-shaped model of ≈ 340 M parameters (``--layers``, ``--hidden``) is written once, in bfloat16
 and in several safetensors files (``--shard-size``) as hub checkpoints are, to a temporary
-directory; then, for each mode, 2 FSDP2 ranks (gloo, CPU) start as fresh processes and report their
+directory; then, for each mode, 2 ranks (gloo, CPU) start as fresh processes and report their
 peak RSS (``VmHWM``, which counts the pages of the safetensors files they map) and their peak
 anonymous memory (``RssAnon``, sampled) after ``Actor.create``. ``baseline`` is the same processes
 with the libraries imported and the process group up but no model: the fixed overhead. The whole
 model's float32 size is printed beside them.
 
-    python benchmarks/load_memory.py [--out benchmarks/results/load_memory.json]
+    python benchmarks/load_memory.py [--backend fsdp|megatron] [--out benchmarks/results/load_memory[_megatron].json]
 
 The last line is JSON.
 """
@@ -72,14 +75,31 @@ class AnonymousPeak:
         return max(self.peak, status_bytes("RssAnon"))
 
 
-def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> dict[str, Any]:
+def make_actor(backend: str, model: Any, config: Any, weights: Path | None) -> tuple[Any, int]:
+    """(the actor of ``backend`` on ``model``, its rank's parameter count): FSDP2's shards, or Megatron
+    with tensor parallelism over every rank (``weights``: a ``meta`` model's files)."""
+    from kuberl.fsdp.actor import FSDPActor
+
+    if backend == "fsdp":
+        actor = FSDPActor.create(model, config, lr=1e-6, temperature=1.0, weights=weights)
+        return actor, sum(p.to_local().numel() for p in actor.model.parameters())
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from kuberl.megatron.actor import MegatronActor
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
+    actor = MegatronActor.from_hf(model, config, lr=1e-6, temperature=1.0, weights=weights)
+    return actor, sum(p.numel() for p in actor.model.parameters())
+
+
+def rank_main(mode: str, backend: str, directory: Path, rank: int, world: int, port: int) -> dict[str, Any]:
     """One rank: the process group, then (unless ``baseline``) the actor as ``mode`` loads it."""
     import os
 
     import torch.distributed as dist
 
     from kuberl.api.spec import ModelSource
-    from kuberl.fsdp.actor import FSDPActor
     from kuberl.models.loading import load_model, load_skeleton
     from kuberl.policy.algorithms import AlgorithmConfig
     from kuberl.settings import Settings
@@ -92,24 +112,23 @@ def rank_main(mode: str, directory: Path, rank: int, world: int, port: int) -> d
     local = 0
     if mode == "before":
         model, _ = load_model(source, 0, settings)
-        actor = FSDPActor.create(model, config, lr=1e-6, temperature=1.0)
+        _, local = make_actor(backend, model, config, None)
     elif mode == "after":
         model, _, weights = load_skeleton(source, 0, settings)
-        actor = FSDPActor.create(model, config, lr=1e-6, temperature=1.0, weights=weights)
-    if mode != "baseline":
-        local = sum(p.to_local().numel() for p in actor.model.parameters())
+        _, local = make_actor(backend, model, config, weights)
     dist.barrier()
     peak, peak_anonymous = status_bytes("VmHWM"), anonymous.stop()
     dist.destroy_process_group()
     return {"rank": rank, "peak_rss_bytes": peak, "peak_anonymous_bytes": peak_anonymous, "local_parameters": local}
 
 
-def measure(mode: str, directory: Path, world: int) -> list[dict[str, Any]]:
+def measure(mode: str, backend: str, directory: Path, world: int) -> list[dict[str, Any]]:
     from kuberl.local_processes import free_port
 
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world), "--mode", mode,
-                               "--dir", str(directory), "--port", str(port)], stdout=subprocess.PIPE, text=True)
+                               "--backend", backend, "--dir", str(directory), "--port", str(port)],
+                              stdout=subprocess.PIPE, text=True)
              for r in range(world)]
     out = []
     for proc in procs:
@@ -127,21 +146,23 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--shard-size", default="150MB", help="the largest safetensors file (hub checkpoints come in "
                         "several: Qwen3-8B in 5 of ≈ 3.3 GB, a fifth of the model each; 150MB is that here)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/load_memory.json")
+    parser.add_argument("--backend", choices=("fsdp", "megatron"), default="fsdp",
+                        help="megatron: tensor parallelism over the ranks")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/load_memory[_megatron].json")
     parser.add_argument("--rank", type=int), parser.add_argument("--mode", choices=MODES)
     parser.add_argument("--dir", type=Path), parser.add_argument("--port", type=int)
     args = parser.parse_args()
     if args.rank is not None:  # one rank of one measurement
-        print(json.dumps(rank_main(args.mode, args.dir, args.rank, args.world, args.port)))
+        print(json.dumps(rank_main(args.mode, args.backend, args.dir, args.rank, args.world, args.port)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         parameters = write_model(Path(tmp), args.layers, args.hidden, args.shard_size)
         files = len(list(Path(tmp).glob("*.safetensors")))
-        runs = {mode: measure(mode, Path(tmp), args.world) for mode in MODES}
+        runs = {mode: measure(mode, args.backend, Path(tmp), args.world) for mode in MODES}
     gib = 1024**3
     fp32 = parameters * 4
-    result: dict[str, Any] = {"parameters": parameters, "model_fp32_gib": round(fp32 / gib, 3), "ranks": args.world,
-                              "safetensors_files": files}
+    result: dict[str, Any] = {"backend": args.backend, "parameters": parameters, "model_fp32_gib": round(fp32 / gib, 3),
+                              "ranks": args.world, "safetensors_files": files}
     for mode, ranks in runs.items():
         result[f"{mode}_peak_rss_gib"] = [round(r["peak_rss_bytes"] / gib, 3) for r in ranks]
         result[f"{mode}_peak_anonymous_gib"] = [round(r["peak_anonymous_bytes"] / gib, 3) for r in ranks]
@@ -153,7 +174,8 @@ def main() -> None:
     result["local_parameters_after"] = [r["local_parameters"] for r in runs["after"]]
     for key, value in result.items():
         print(f"{key}: {value}")
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    suffix = "" if args.backend == "fsdp" else f"_{args.backend}"
+    (args.out or ROOT / f"benchmarks/results/load_memory{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 

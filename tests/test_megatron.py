@@ -75,12 +75,12 @@ def qwen3_qk_norm(tied: bool = True) -> torch.nn.Module:
     return model
 
 
-def qwen3_moe(norm_topk_prob: bool = True) -> torch.nn.Module:
+def qwen3_moe(norm_topk_prob: bool = True, top_k: int = 2) -> torch.nn.Module:
     """Qwen3-MoE: 4 routed experts, top-2, in every layer; its stacked expert weights and q/k norms
     random (at init the experts are zeros here, and a mixed-up expert order would go unseen)."""
     config = Qwen3MoeConfig(vocab_size=40, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob,
+                            num_experts=4, num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob,
                             tie_word_embeddings=False, max_position_embeddings=64)  # fmt: skip
     torch.manual_seed(11)
     model = Qwen3MoeForCausalLM(config)
@@ -272,14 +272,14 @@ def test_megatron_forward_matches_hf_on_cpu(megatron_parallel_state, make):
         assert torch.all(ours[~predicts] == 0)
 
 
-@pytest.mark.parametrize("make", [*MODELS, lambda: qwen3_moe(norm_topk_prob=False)],
-                         ids=[*MODEL_IDS, "qwen3-moe-unnormalised-top-k"])
+@pytest.mark.parametrize("make", [*MODELS, lambda: qwen3_moe(norm_topk_prob=False), lambda: qwen3_moe(top_k=3)],
+                         ids=[*MODEL_IDS, "qwen3-moe-unnormalised-top-k", "qwen3-moe-top-3"])
 def test_in_bfloat16_the_megatron_forward_rounds_as_the_hf_model_does(megatron_parallel_state, make):
     """In bfloat16 the GPTModel's logits are the HF model's bit for bit (the HF model as an engine holds
     it: ``kuberl.devices.placed``): norms, attention and experts compute in the HF order
-    (:mod:`kuberl.megatron.layer_spec`), so a mixture of experts also routes every token alike.
-    megatron-core's own order differed in the last bits of most logits (the MoE model's log-probs
-    by up to 0.03)."""
+    (:mod:`kuberl.megatron.layer_spec`; a token's k experts summed in float32), so a mixture of
+    experts also routes every token alike. megatron-core's own order differed in the last bits of
+    most logits (the MoE model's log-probs by up to 0.03)."""
     from kuberl.devices import placed
     from kuberl.megatron.cpu import cpu_shim
     from kuberl.megatron.inputs import model_inputs

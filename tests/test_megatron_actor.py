@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from kuberl.api.spec import ExportSpec
 from kuberl.collectives import exit_without_teardown
+from kuberl.fsdp.actor import FSDPActor
 from kuberl.megatron.actor import MegatronActor
 from kuberl.megatron.convert import megatron_to_hf
 from kuberl.megatron.cpu import on_device
@@ -120,7 +121,8 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
         else:
             result["bf16"] = read_and_differentiate(make_actor(make, layout, compute_dtype=torch.bfloat16), first)
         budget = TOKEN_BUDGET if pipelined else None
-        actor = make_actor(make, layout, token_budget=budget)
+        actor = (from_files(make, layout, Path(f"{staging}-files"), budget) if pipelined
+                 else make_actor(make, layout, token_budget=budget))
         export_policy(actor, chat_tokenizer(), 0, f"file://{staging}-export/", ExportSpec(dtype="float32"),
                       Path(f"{staging}-export-staging"), None, rank)  # every rank: the pieces are gathered
         if layout and not pipelined:  # the scorer reads the whole model: not a pipeline stage
@@ -152,6 +154,27 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
         if rank == 0:
             torch.save(result, out)
     exit_without_teardown(0)
+
+
+def from_files(make: Any, layout: str | None, directory: Path, token_budget: int) -> Actor:
+    """The actor as the trainer builds it from a model directory: the HF model on ``meta``
+    (``load_skeleton``); Megatron (``layout``) with each rank reading its stage's layers, its experts
+    and its pieces from the safetensors (a Qwen3-MoE's one tensor per expert) a layer at a time, FSDP2
+    its shards."""
+    from kuberl.api.spec import ModelSource
+    from kuberl.models.loading import load_skeleton
+    from kuberl.models.meta import is_meta
+
+    if dist.get_rank() == 0:  # transformers saves on rank 0 only once a process group is up
+        make().save_pretrained(directory)
+        chat_tokenizer().save_pretrained(directory)
+    dist.barrier()
+    skeleton, _, weights = load_skeleton(ModelSource(path=f"file://{directory}"), 0)
+    assert is_meta(skeleton)
+    actor = (MegatronActor.from_hf(skeleton, PPO, lr=1e-2, temperature=0.7, weights=weights) if layout
+             else FSDPActor.create(skeleton, PPO, lr=1e-2, temperature=0.7, weights=weights))
+    actor.token_budget = token_budget
+    return actor
 
 
 def _resume_elsewhere(rank: int, world: int, port: int, model: str, layout: str, staging: str, out: str) -> None:

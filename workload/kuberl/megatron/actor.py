@@ -35,6 +35,7 @@ state optionally sharded over the data-parallel ranks (ZeRO-1: :mod:`.optimizer`
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ import torch.distributed as dist
 
 from ..collectives import all_gather, broadcast_from_rank0
 from ..data.datasets import Example
+from ..models.meta import FileState, is_meta, materialize
 from ..models.text import TextCodec
 from ..policy.actor import TOKEN_SUMS, Actor
 from ..policy.algorithms import AlgorithmConfig
@@ -141,6 +143,7 @@ def global_squared_norm(split: torch.Tensor, experts: torch.Tensor, whole: torch
 @dataclass
 class MegatronActor(Actor):
     hf_model: Any = None  # the HF twin: its config names the exported weights; the SFT warm-up trains it
+    hf_files: Path | None = None  # where a twin on ``meta`` has its weights
     compute_dtype: torch.dtype = torch.float32
 
     @property
@@ -176,20 +179,32 @@ class MegatronActor(Actor):
     def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
         """``spec.model.sftWarmup`` on the HF twin in rank 0 (every batch whole), then every rank loads
-        the result: a few small steps, on the model the inference engines serve."""
+        the result: a few small steps, on the model the inference engines serve. A twin built on
+        ``meta`` is read from the policy's files for it (on every rank: rank 0's result is broadcast
+        into it) and put back on ``meta`` after."""
+        if steps <= 0:
+            return []
+        on_meta = is_meta(self.hf_model)
+        if on_meta:
+            if self.hf_files is None:
+                raise ValueError("an HF twin on the meta device needs the directory of the policy's weights")
+            materialize(self.hf_model, self.hf_files, torch.device("cpu"))
         rank = dist.get_rank()
         losses = sft_warmup(self.hf_model, codec, data, steps, batch_size, lr) if rank == 0 else []
         for tensor in self.hf_model.state_dict().values():
             dist.broadcast(tensor.data, src=0)
         with on_device(self.device):
             load_hf_state(self.model, self.hf_model.state_dict(), self.hf_config)
+        if on_meta:
+            self.hf_model.to("meta")
         return broadcast_from_rank0(losses)
 
     @classmethod
     def from_hf(cls, hf_model: torch.nn.Module, config: AlgorithmConfig, lr: float, temperature: float,
                 mini_batches: int = 1, device: torch.device | None = None, seed: int = 0,
                 compute_dtype: torch.dtype = torch.float32, critic: Critic | None = None,
-                distributed_optimizer: bool = False, packing: bool = False) -> MegatronActor:
+                distributed_optimizer: bool = False, packing: bool = False,
+                weights: Path | None = None) -> MegatronActor:
         """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece and experts),
         AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. The
         parameters, their gradients and the optimizer state are float32; forward and backward run in
@@ -198,11 +213,20 @@ class MegatronActor(Actor):
         (:class:`~kuberl.policy.critic.Critic`: an FSDP2 HF model over every rank).
         ``distributed_optimizer``: AdamW's state sharded over the data-parallel ranks (:mod:`.optimizer`).
         ``packing``: each micro-batch's rows packed (:mod:`.inputs`). The micro-batches' token budget
-        counts a rank's tokens: under context parallelism c it holds c × the rows' tokens."""
+        counts a rank's tokens: under context parallelism c it holds c × the rows' tokens.
+        An ``hf_model`` on the ``meta`` device (names, shapes, config) is read from the safetensors in
+        ``weights`` a layer at a time, each rank keeping its pieces (:class:`kuberl.models.meta.FileState`),
+        and stays the (weightless) twin."""
         device = device or torch.device("cpu")
+        on_meta = is_meta(hf_model)
+        if on_meta and weights is None:
+            raise ValueError("a model on the meta device needs the directory of its weights")
         with on_device(device):
             model = build_gpt_model(hf_model.config, seed, compute_dtype)
-            load_hf_state(model, hf_model.state_dict(), hf_model.config)
+            source = (FileState(weights, hf_model) if on_meta and weights is not None
+                      else contextlib.nullcontext(hf_model.state_dict()))
+            with source as state:
+                load_hf_state(model, state, hf_model.config)
             reference = None
             if config.kl_coef > 0:  # built anew: a GPTModel holds process groups, which do not deep-copy
                 reference = build_gpt_model(hf_model.config, seed, compute_dtype)
@@ -217,7 +241,7 @@ class MegatronActor(Actor):
         return cls(model, adamw, config, temperature, mini_batches, token_budget=budget, reference=reference,
                    device=device, scorer=scorer_on(device, compute_dtype, packing),
                    clip_gradients=reduce_and_clip_gradients, packing=packing, critic=critic, hf_model=hf_model,
-                   compute_dtype=compute_dtype)
+                   hf_files=weights if on_meta else None, compute_dtype=compute_dtype)
 
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """The actor's step where megatron-core can run on this device: the backward of its token

@@ -36,6 +36,7 @@ Qwen3-MoE (every layer a mixture of experts, no shared expert)::
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,32 +118,41 @@ def split_qkv(qkv: torch.Tensor, shape: AttentionShape) -> tuple[torch.Tensor, t
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def hf_to_megatron(state: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+def hf_to_megatron(state: Mapping[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
     """A full HF state dict → the Megatron-core GPTModel state dict (tied ``lm_head`` dropped)."""
-    shape = AttentionShape.of(hf_config)
-    renames, moe = _renames(hf_config), bool(experts(hf_config))
-    out: dict[str, torch.Tensor] = {}
-    for hf_name, meg_name in _GLOBAL.items():
-        if hf_name in state and not (tied(hf_config) and hf_name == "lm_head.weight"):
-            out[meg_name] = state[hf_name]
+    out = global_tensors(state, hf_config)
     for i in range(hf_config.num_hidden_layers):
-        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for hf_suffix, meg_suffix in renames.items():
-            out[dst + meg_suffix] = state[src + hf_suffix]
-        for kind in ("weight", "bias"):
-            parts = [state.get(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
-            if all(t is not None for t in parts):
-                out[f"{dst}self_attention.linear_qkv.{kind}"] = fuse_qkv(*parts, shape)  # type: ignore[arg-type]
-            elif any(t is not None for t in parts):
-                raise ValueError(f"layer {i}: q/k/v_proj.{kind} must be all present or all absent")
-        if moe:  # HF stacks them: gate_up_proj [E, 2I, H] ([gate; up] rows), down_proj [E, H, I]
-            for j, (fc1, fc2) in enumerate(zip(state[f"{src}mlp.experts.gate_up_proj"],
-                                               state[f"{src}mlp.experts.down_proj"], strict=True)):  # fmt: skip
-                out[f"{dst}mlp.experts.local_experts.{j}.linear_fc1.weight"] = fc1
-                out[f"{dst}mlp.experts.local_experts.{j}.linear_fc2.weight"] = fc2
-        else:
-            out[f"{dst}mlp.linear_fc1.weight"] = torch.cat([state[f"{src}mlp.gate_proj.weight"],
-                                                            state[f"{src}mlp.up_proj.weight"]])  # fmt: skip
+        out |= layer_tensors(state, hf_config, i)
+    return out
+
+
+def global_tensors(state: Mapping[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+    """The embedding, the final norm and an untied output layer of an HF state, under Megatron names
+    (``state`` may read its tensors on demand: only these are taken)."""
+    return {meg_name: state[hf_name] for hf_name, meg_name in _GLOBAL.items()
+            if hf_name in state and not (tied(hf_config) and hf_name == "lm_head.weight")}  # fmt: skip
+
+
+def layer_tensors(state: Mapping[str, torch.Tensor], hf_config: Any, i: int) -> dict[str, torch.Tensor]:
+    """Layer ``i``'s tensors of an HF state under Megatron names (fused q/k/v and gate/up, experts one
+    by one); only layer ``i``'s are taken from ``state``."""
+    shape, moe = AttentionShape.of(hf_config), bool(experts(hf_config))
+    src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+    out = {dst + meg_suffix: state[src + hf_suffix] for hf_suffix, meg_suffix in _renames(hf_config).items()}
+    for kind in ("weight", "bias"):
+        parts = [state.get(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
+        if all(t is not None for t in parts):
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = fuse_qkv(*parts, shape)  # type: ignore[arg-type]
+        elif any(t is not None for t in parts):
+            raise ValueError(f"layer {i}: q/k/v_proj.{kind} must be all present or all absent")
+    if moe:  # HF stacks them: gate_up_proj [E, 2I, H] ([gate; up] rows), down_proj [E, H, I]
+        for j, (fc1, fc2) in enumerate(zip(state[f"{src}mlp.experts.gate_up_proj"],
+                                           state[f"{src}mlp.experts.down_proj"], strict=True)):  # fmt: skip
+            out[f"{dst}mlp.experts.local_experts.{j}.linear_fc1.weight"] = fc1
+            out[f"{dst}mlp.experts.local_experts.{j}.linear_fc2.weight"] = fc2
+    else:
+        out[f"{dst}mlp.linear_fc1.weight"] = torch.cat([state[f"{src}mlp.gate_proj.weight"],
+                                                        state[f"{src}mlp.up_proj.weight"]])  # fmt: skip
     return out
 
 

@@ -45,11 +45,12 @@ class RMSNorm(torch.nn.RMSNorm):
 
 @functools.cache
 def experts_weighted_after() -> type:
-    """megatron-core's ``SequentialMLP`` with each token's routing weight applied to its experts'
-    outputs, y = Σ_k w_k · E_k(x), as the Hugging Face models and vLLM apply it — megatron-core
-    scales the activations inside the expert instead, w_k · h before the down projection: the same
-    function, rounded differently in 16 bits. (Defined on first use: megatron-core is imported where
-    it is needed.)"""
+    """megatron-core's ``SequentialMLP`` computing y = Σ_k w_k · E_k(x) as the Hugging Face models
+    and vLLM do: each routing weight applies to its expert's output, in the compute dtype, and the k
+    products are handed on in float32, so that the combine sums them in float32 (rounded once, by
+    :func:`moe_layer_rounded_once`). megatron-core scales the activations inside the expert instead
+    (w_k · h before the down projection) and sums in the compute dtype: the same function, rounded
+    differently in 16 bits. (Defined on first use: megatron-core is imported where it is needed.)"""
     from megatron.core.transformer.moe.experts import SequentialMLP
 
     class ExpertsWeightedAfter(SequentialMLP):  # type: ignore[misc]
@@ -58,9 +59,23 @@ def experts_weighted_after() -> type:
             output, bias = super().forward(tokens, tokens_per_expert, torch.ones_like(probs))
             if bias is not None:
                 raise ValueError("experts with a bias are not converted")
-            return output * probs.unsqueeze(-1).to(output.dtype), None
+            return (output * probs.unsqueeze(-1).to(output.dtype)).float(), None
 
     return ExpertsWeightedAfter
+
+
+@functools.cache
+def moe_layer_rounded_once() -> type:
+    """megatron-core's ``MoELayer`` whose output, the float32 sum of a token's weighted experts
+    (:func:`experts_weighted_after`, through the dispatcher's combine), returns in its input's dtype."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    class MoELayerRoundedOnce(MoELayer):  # type: ignore[misc]
+        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            output, bias = super().forward(hidden_states, *args, **kwargs)
+            return output.to(hidden_states.dtype), bias
+
+    return MoELayerRoundedOnce
 
 
 def replaced(spec: Any, replacements: dict[type, type]) -> Any:
@@ -86,6 +101,7 @@ def block_spec(config: Any) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.moe.experts import SequentialMLP
+    from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
@@ -93,6 +109,6 @@ def block_spec(config: Any) -> Any:
                                      normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
     attention = context_parallel_attention() if config.context_parallel_size > 1 else sdpa_attention()
     replacements: dict[type, type] = {WrappedTorchNorm: RMSNorm, DotProductAttention: attention,
-                                      SequentialMLP: experts_weighted_after()}
+                                      SequentialMLP: experts_weighted_after(), MoELayer: moe_layer_rounded_once()}
     layers = get_num_layers_to_build(config)  # this stage's
     return TransformerBlockSubmodules(layer_specs=[replaced(layer, replacements)] * layers, layer_norm=RMSNorm)

@@ -11,11 +11,20 @@ split parameter (:mod:`.tensor_parallel`), with expert parallelism its own exper
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from .convert import AttentionShape, experts, hf_to_megatron, megatron_to_hf, tied, transformer_config_kwargs
+from .convert import (
+    AttentionShape,
+    experts,
+    global_tensors,
+    layer_tensors,
+    megatron_to_hf,
+    tied,
+    transformer_config_kwargs,
+)
 from .expert_parallel import expert_of, experts_per_rank, global_name, local_state
 from .layer_spec import block_spec
 from .pipeline import global_state, stage_state
@@ -146,30 +155,49 @@ def all_reduce_in_place(tensors: list[torch.Tensor], group: Any, divisor: int = 
         tensor.copy_(reduced.view_as(tensor))
 
 
-def load_hf_state(model: Any, state: dict[str, torch.Tensor], hf_config: Any) -> None:
-    """Copy a full HF state dict into ``model``, this tensor-parallel rank's piece of each parameter
-    and this expert-parallel rank's experts (whole on every tensor-parallel rank: expert tensor
-    parallelism is 1); every parameter must be set."""
+def load_hf_state(model: Any, state: Mapping[str, torch.Tensor], hf_config: Any) -> None:
+    """Copy an HF state into ``model``: this tensor-parallel rank's piece of each parameter and this
+    expert-parallel rank's experts (whole on every tensor-parallel rank: expert tensor parallelism is
+    1), this pipeline stage's layers; every parameter must be set. ``state`` is read a layer at a time
+    (:func:`_stage_pieces`): from a :class:`kuberl.models.meta.FileState` a rank holds one layer's
+    whole tensors besides its own pieces, never the model."""
     rank, size, _ = _tensor_parallel()
-    expert_rank, expert_size, _ = _expert_parallel()
     gated = model.config.gated_linear_unit
-    converted = hf_to_megatron(state, hf_config)
-    if expert_size > 1:
-        converted = local_state(converted, experts(hf_config), expert_rank, expert_size)
+    params, loaded = dict(model.named_parameters()), set()
+    for piece in _stage_pieces(state, hf_config):
+        unexpected = sorted(piece.keys() - params.keys())
+        if unexpected:
+            raise ValueError(f"HF weights do not fit the Megatron model: unexpected {unexpected[:5]}")
+        with torch.no_grad():
+            for name, full in piece.items():
+                whole = expert_of(name) is not None  # an expert: whole on every tensor-parallel rank
+                tensor = full if whole else shard(full, split_of(name, params[name], gated), rank, size)
+                if params[name].shape != tensor.shape:
+                    raise ValueError(f"{name}: model has {tuple(params[name].shape)}, weights {tuple(tensor.shape)}")
+                params[name].copy_(tensor)
+        loaded |= piece.keys()
+    missing = sorted(params.keys() - loaded)
+    if missing:
+        raise ValueError(f"HF weights do not fit the Megatron model: missing {missing[:5]}")
+
+
+def _stage_pieces(state: Mapping[str, torch.Tensor], hf_config: Any) -> Iterator[dict[str, torch.Tensor]]:
+    """``state`` converted (:mod:`.convert`) in pieces — the embedding, final norm and output layer,
+    then each of this pipeline stage's layers — each under the names this rank's model has (its own
+    experts renumbered, its stage's layers numbered from 0)."""
+    expert_rank, expert_size, _ = _expert_parallel()
     stage, stages, _ = _pipeline()
-    if stages > 1:
-        converted = stage_state(converted, hf_config.num_hidden_layers, stage, stages, tied(hf_config))
-    params = dict(model.named_parameters())
-    missing, unexpected = sorted(params.keys() - converted.keys()), sorted(converted.keys() - params.keys())
-    if missing or unexpected:
-        raise ValueError(f"HF weights do not fit the Megatron model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    with torch.no_grad():
-        for name, full in converted.items():
-            tensor = shard(full, split_of(name, params[name], gated), rank, size) if expert_of(name) is None else full
-            if params[name].shape != tensor.shape:
-                raise ValueError(f"{name}: model has {tuple(params[name].shape)}, weights {tuple(tensor.shape)}")
-            params[name].copy_(tensor)
+    layers = hf_config.num_hidden_layers
+    per_stage = layers // stages
+
+    def local(piece: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if expert_size > 1:
+            piece = local_state(piece, experts(hf_config), expert_rank, expert_size)
+        return stage_state(piece, layers, stage, stages, tied(hf_config)) if stages > 1 else piece
+
+    yield local(global_tensors(state, hf_config))
+    for i in range(stage * per_stage, (stage + 1) * per_stage):
+        yield local(layer_tensors(state, hf_config, i))
 
 
 def gathered(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -36,8 +36,9 @@ def _renumbered(name: str, shift: int) -> str:
 
 def stage_state(state: dict[str, torch.Tensor], layers: int, stage: int, stages: int,
                 tied: bool) -> dict[str, torch.Tensor]:
-    """A whole-model Megatron state dict (global layer numbers, no output layer when ``tied``) → what
-    stage ``stage`` of ``stages`` holds, its layers numbered from 0."""
+    """A whole-model Megatron state dict, or a piece of one (global layer numbers, no output layer
+    when ``tied``) → what stage ``stage`` of ``stages`` holds of it, its layers numbered from 0 (a
+    tied last stage's output layer: the embedding, where ``state`` holds it)."""
     per_stage = layers_per_stage(layers, stages)
     first, last = stage == 0, stage == stages - 1
     out = {}
@@ -48,7 +49,7 @@ def stage_state(state: dict[str, torch.Tensor], layers: int, stage: int, stages:
                 out[_renumbered(name, -stage * per_stage)] = tensor
         elif (name == EMBEDDING and first) or (name in (FINAL_NORM, OUTPUT_LAYER) and last):
             out[name] = tensor
-    if tied and last and not first:
+    if tied and last and not first and EMBEDDING in state:
         out[OUTPUT_LAYER] = state[EMBEDDING]
     return out
 

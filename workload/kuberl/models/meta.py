@@ -12,7 +12,7 @@ loads them: :mod:`.file_layout`) are read expert by expert, each rank reading on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,25 +88,80 @@ def _names_in_files(model: torch.nn.Module, state: dict[str, torch.Tensor], rena
     return in_files, stacks, to_file
 
 
+class FileReader(contextlib.AbstractContextManager["FileReader"]):
+    """Tensors read one at a time from a model's safetensors files, under the model's names
+    (``to_file`` gives a name in the files: :func:`.file_layout.renaming`); a stacked parameter's row
+    assembled from its per-expert sources (:func:`.file_layout.stacked`). Files stay open (mapped)
+    until the reader closes."""
+
+    def __init__(self, files: dict[str, Path], to_file: Callable[[str], str]) -> None:
+        self.files, self.to_file = files, to_file
+        self._opened = contextlib.ExitStack()
+        self._handles: dict[Path, Any] = {}
+
+    def read(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        stored = self.to_file(name)
+        path = self.files[stored]
+        if path not in self._handles:
+            self._handles[path] = self._opened.enter_context(safe_open(path, "pt"))
+        return self._handles[path].get_tensor(stored)
+
+    def row(self, sources: tuple[str, ...], index: int) -> torch.Tensor:
+        return torch.cat([self.read(source) for source in file_layout.source_names(sources, index)])
+
+    def __exit__(self, *exc: object) -> None:
+        self._opened.close()
+
+
+class FileState(Mapping[str, torch.Tensor]):
+    """The state dict of ``model`` (built on ``meta``: its names, shapes and config) read from the
+    safetensors in ``directory`` on demand — a tensor at a time, stacked experts assembled from the
+    files' per-expert tensors — so a reader that converts it piece by piece holds one piece, not the
+    model. Use as a context manager (the files are closed at its end)."""
+
+    def __init__(self, directory: Path, model: torch.nn.Module) -> None:
+        shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+        model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+        files, to_file = file_index(directory), file_layout.renaming(model_type)
+        self.stacks = file_layout.stacked(model_type, shapes)
+        self.rows = {name: shapes[name][0] for name in self.stacks}
+        self.names = {n: None for n in shapes if n in self.stacks or to_file(n) in files}  # ordered
+        self.reader = FileReader(files, to_file)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.stacks:
+            return torch.stack([self.reader.row(self.stacks[name], j) for j in range(self.rows[name])])
+        if name not in self.names:
+            raise KeyError(name)
+        return self.reader.read(name)
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __enter__(self) -> FileState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.reader.__exit__(*exc)
+
+
 def _fill_stacked(model: torch.nn.Module, stacks: dict[str, tuple[str, ...]], files: dict[str, Path],
                   to_file: Callable[[str], str]) -> None:
     """Each stacked parameter's rows this rank holds, read expert by expert from the files."""
-    from safetensors import safe_open
-
-    with contextlib.ExitStack() as opened:
-        handles: dict[Path, Any] = {}
-
-        def read(name: str) -> torch.Tensor:
-            path = files[to_file(name)]
-            if path not in handles:
-                handles[path] = opened.enter_context(safe_open(path, "pt"))
-            return handles[path].get_tensor(to_file(name))
-
+    with FileReader(files, to_file) as reader:
         for name, sources in stacks.items():
             local, first = local_rows(model.get_parameter(name))
             with torch.no_grad():
                 for row in range(local.shape[0]):
-                    local[row].copy_(torch.cat([read(s) for s in file_layout.source_names(sources, first + row)]))
+                    local[row].copy_(reader.row(sources, first + row))
 
 
 def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:

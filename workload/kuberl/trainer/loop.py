@@ -95,8 +95,8 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
     """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor,
     expert and data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains,
     :func:`kuberl.megatron.model.layout_issues` which fit the model; the trainer refuses the others,
-    should a spec reach it unvalidated). ``weights``: where a ``meta`` model's files are (FSDP2 loads
-    each rank's shards after sharding)."""
+    should a spec reach it unvalidated). ``weights``: where a ``meta`` model's files are (FSDP2 reads
+    each rank's shards after sharding, Megatron each rank's pieces a layer at a time)."""
     spec = run.spec
     _, plan, issues = resolve(spec)
     issues += unsupported_issues(spec, plan)
@@ -123,9 +123,9 @@ def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, wei
         critic = critic_config(run)
         return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                      spec.algorithm.mini_batches, device, spec.seed, dtype,
-                                     critic=build_critic(model, critic, device, dtype) if critic else None,
+                                     critic=build_critic(model, critic, device, dtype, weights) if critic else None,
                                      distributed_optimizer=spec.trainer.distributed_optimizer,
-                                     packing=spec.trainer.packing)
+                                     packing=spec.trainer.packing, weights=weights)
     try:
         return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
                                 spec.algorithm.mini_batches, device, dtype, weights=weights,
@@ -146,7 +146,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     rollout = RolloutProcess.launch(settings.rollout_cores) if rank == 0 else None
     torch.manual_seed(spec.seed)
     _, plan, _ = resolve(spec)
-    if plan is not None and plan.backend == Backend.FSDP:  # shards first, then reads only its own
+    if plan is not None:  # built on meta; each rank reads only its own pieces of the files
         model, tokenizer, weights = load_skeleton(spec.model, spec.seed, settings)
     else:
         (model, tokenizer), weights = load_model(spec.model, spec.seed, settings), None
