@@ -301,6 +301,42 @@ def test_in_bfloat16_the_megatron_forward_rounds_as_the_hf_model_does(megatron_p
     assert torch.equal(got[valid], expected[valid]), (got[valid].float() - expected[valid].float()).abs().max()
 
 
+def test_a_megatron_actor_reads_its_model_from_the_files_and_warms_up_from_them(megatron_parallel_state, tmp_path):
+    """The trainer's Megatron actor on a model directory: the HF model built on ``meta`` stays the
+    actor's weightless twin, the GPTModel's weights are the files' (a Qwen3-MoE, whose files hold one
+    tensor per expert, read a layer at a time), and an SFT warm-up reads the twin from the files for
+    its steps, trains it as the in-memory model trains, and puts it back on ``meta``."""
+    import itertools
+
+    from kuberl.api.spec import DatasetSource, ModelSource
+    from kuberl.data.datasets import examples
+    from kuberl.models.loading import load_skeleton
+    from kuberl.models.meta import is_meta
+    from kuberl.models.text import TextCodec
+    from kuberl.models.tiny import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    qwen3_moe().save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    skeleton, _, weights = load_skeleton(ModelSource(path=f"file://{tmp_path}"), 0)
+    from_files = MegatronActor.from_hf(skeleton, PPO, lr=1e-2, temperature=0.7, weights=weights)
+    in_memory = MegatronActor.from_hf(qwen3_moe(), PPO, lr=1e-2, temperature=0.7)
+    assert is_meta(from_files.hf_model)
+    expected = in_memory.full_state_dict()
+    assert all(torch.equal(t, expected[n]) for n, t in from_files.full_state_dict().items())
+
+    def demonstrations() -> Any:
+        return itertools.islice(examples(DatasetSource(path="builtin:arithmetic"), 0), 64)
+
+    codec = TextCodec(tokenizer)
+    losses = from_files.supervised_warm_up(codec, demonstrations(), 2, 8, 1e-3)
+    assert losses == in_memory.supervised_warm_up(codec, demonstrations(), 2, 8, 1e-3) and len(losses) == 2
+    assert is_meta(from_files.hf_model)
+    warmed, moved = from_files.full_state_dict(), in_memory.full_state_dict()
+    assert all(torch.equal(t, moved[n]) for n, t in warmed.items())
+    assert any(not torch.equal(t, expected[n]) for n, t in warmed.items())
+
+
 def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_parallel_state, tmp_path):
     """FSDP2's DCP shards and Megatron's sharded tensors do not load into each other: refused before
     anything is read, naming the field and what differs."""
