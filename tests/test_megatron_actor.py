@@ -403,3 +403,42 @@ def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_
     for name, weights in megatron["state"].items():  # the second step: as in assert_trains_as_fsdp
         change, other = weights - start[name], elsewhere["state"][name] - start[name]
         assert (other - change).norm() <= 1e-2 * change.norm(), name
+
+
+def _read_in_bfloat16(rank: int, world: int, port: int, out: str) -> None:
+    """Expert parallelism over ``world`` ranks (each the same rows): rank 0 saves the bfloat16 logits."""
+    from megatron.core import parallel_state
+
+    from kuberl.megatron.inputs import model_inputs
+    from kuberl.megatron.logprobs import vocab_parallel_logits
+
+    with gloo_world(rank, world, port):
+        parallel_state.initialize_model_parallel(expert_model_parallel_size=world)
+        actor = make_actor(lambda: qwen3_moe(top_k=3), "ep2", compute_dtype=torch.bfloat16)
+        batch = random_batch(actor.hf_config.vocab_size, seed=8, rows=8)
+        with torch.no_grad(), on_device(actor.device):
+            logits = vocab_parallel_logits(actor.model.eval(), model_inputs([batch], False, False)[0], torch.bfloat16)
+        if rank == 0:
+            torch.save(logits, out)
+    exit_without_teardown(0)
+
+
+def test_with_expert_parallelism_the_bfloat16_forward_still_rounds_as_the_hf_model_does(tmp_path):
+    """Qwen3-MoE, top 3 of 4 experts, expert parallelism 2: a token's experts sit on both ranks, each
+    rank sums its own and the combine adds the two sums — in float32, rounded once as the HF model
+    rounds its sum of k (:func:`kuberl.megatron.layer_spec.experts_weighted_after`): the bfloat16
+    logits equal the HF model's bit for bit (summed in bfloat16 on each rank and again across them,
+    they did not)."""
+    from kuberl.devices import placed
+
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")
+    out = tmp_path / "logits.pt"
+    start_workers(_read_in_bfloat16, 2, (2, FREE_PORT, str(out)))
+    got = torch.load(out)
+    hf = placed(qwen3_moe(top_k=3).eval(), "cpu", torch.bfloat16)
+    batch = random_batch(hf.config.vocab_size, seed=8, rows=8)
+    with torch.no_grad():
+        expected = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    valid = batch.attention_mask.bool()
+    assert torch.equal(got[: batch.size, : valid.shape[1]][valid], expected[valid]), (
+        (got[: batch.size, : valid.shape[1]][valid].float() - expected[valid].float()).abs().max())

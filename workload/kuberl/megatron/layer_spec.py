@@ -67,13 +67,25 @@ def experts_weighted_after() -> type:
 @functools.cache
 def moe_layer_rounded_once() -> type:
     """megatron-core's ``MoELayer`` whose output, the float32 sum of a token's weighted experts
-    (:func:`experts_weighted_after`, through the dispatcher's combine), returns in its input's dtype."""
+    (:func:`experts_weighted_after`), returns in its input's dtype. The partial sums of the
+    tensor- and expert-parallel ranks are added in float32 too: megatron-core's all-gather
+    dispatcher reduce-scatters them in the routing probabilities' dtype (the compute dtype)."""
+    from megatron.core.tensor_parallel import reduce_scatter_to_sequence_parallel_region
     from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 
     class MoELayerRoundedOnce(MoELayer):  # type: ignore[misc]
         def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             output, bias = super().forward(hidden_states, *args, **kwargs)
             return output.to(hidden_states.dtype), bias
+
+        def combine(self, output: torch.Tensor) -> torch.Tensor:
+            dispatcher = self.token_dispatcher
+            if not isinstance(dispatcher, MoEAllGatherTokenDispatcher):
+                return super().combine(output)
+            if dispatcher.tp_size > 1 or dispatcher.ep_size > 1:  # as its token_combine, without the cast
+                return reduce_scatter_to_sequence_parallel_region(output, group=dispatcher.tp_ep_group)
+            return output
 
     return MoELayerRoundedOnce
 
