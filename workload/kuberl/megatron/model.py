@@ -27,7 +27,7 @@ from .convert import (
 )
 from .expert_parallel import expert_of, experts_per_rank, global_name, local_state
 from .layer_spec import block_spec
-from .pipeline import global_state, stage_state
+from .pipeline import global_state, layers_per_stage, stage_state
 from .tensor_parallel import shard, split_of, unshard
 
 PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -188,7 +188,7 @@ def _stage_pieces(state: Mapping[str, torch.Tensor], hf_config: Any) -> Iterator
     expert_rank, expert_size, _ = _expert_parallel()
     stage, stages, _ = _pipeline()
     layers = hf_config.num_hidden_layers
-    per_stage = layers // stages
+    per_stage = layers_per_stage(layers, stages)
 
     def local(piece: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if expert_size > 1:

@@ -75,11 +75,16 @@ def materialize(model: torch.nn.Module, directory: Path, device: torch.device, z
     _rebuild_buffers(model, device)
 
 
+def _model_type(model: torch.nn.Module) -> str:
+    """The HF ``model_type`` whose checkpoint conversions apply (none known: "")."""
+    return str(getattr(getattr(model, "config", None), "model_type", ""))
+
+
 def _names_in_files(model: torch.nn.Module, state: dict[str, torch.Tensor], renamed: Callable[[str], str | None]
                     ) -> tuple[dict[str, str], dict[str, tuple[str, ...]], Callable[[str], str]]:
     """(each parameter read under one name → that name in the files, each stacked parameter → its
     per-expert sources, model-side name → name in the files) for ``state``'s tensors."""
-    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+    model_type = _model_type(model)
     to_file = file_layout.renaming(model_type)
     stored = {name: own for name in state if (own := renamed(name)) is not None}
     stacks_by_stored = file_layout.stacked(model_type, stored.values())
@@ -123,7 +128,7 @@ class FileState(Mapping[str, torch.Tensor]):
 
     def __init__(self, directory: Path, model: torch.nn.Module) -> None:
         shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
-        model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+        model_type = _model_type(model)
         files, to_file = file_index(directory), file_layout.renaming(model_type)
         self.stacks = file_layout.stacked(model_type, shapes)
         self.rows = {name: shapes[name][0] for name in self.stacks}
