@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -146,7 +147,8 @@ def test_pipeline_stages_hold_every_layer_once_and_give_it_back_under_its_own_nu
     their global numbers the stages make up the whole model again, each parameter once (a tied
     last stage's copy of the embedding, which it holds as its output layer, dropped); and every HF
     parameter's stage is the one that holds it."""
-    from kuberl.megatron.pipeline import EMBEDDING, OUTPUT_LAYER, global_state, hf_stage, stage_state
+    from kuberl.megatron.convert import global_tensors
+    from kuberl.megatron.pipeline import EMBEDDING, OUTPUT_LAYER, global_state, hf_stage, stage_globals, stage_state
 
     layers = stages * per_stage
     hf = {"model.embed_tokens.weight": torch.randn(3), "model.norm.weight": torch.randn(3),
@@ -167,6 +169,14 @@ def test_pipeline_stages_hold_every_layer_once_and_give_it_back_under_its_own_nu
         assert (OUTPUT_LAYER in piece) == (s == stages - 1 and (not tied or stages > 1))
     if tied and stages > 1:
         assert torch.equal(pieces[-1][OUTPUT_LAYER], hf["model.embed_tokens.weight"])
+    config = SimpleNamespace(tie_word_embeddings=tied)
+    for s, piece in enumerate(pieces):  # what a stage reads outside the layers: what it holds, nothing more
+        read = global_tensors(hf, config, stage_globals(s, stages, tied))
+        held = stage_state(read, layers, s, stages, tied)
+        assert held.keys() == {n for n in piece if not n.startswith("decoder.layers.")}
+        assert all(torch.equal(piece[n], t) for n, t in held.items())
+        assert all(stage_state({k: t for k, t in read.items() if k != n}, layers, s, stages, tied) != held
+                   for n in read)
     back = [global_state(piece, layers, s, stages, tied) for s, piece in enumerate(pieces)]
     assert sum(len(b) for b in back) == len(whole)
     assert all(torch.equal(whole[n], t) for b in back for n, t in b.items())
@@ -335,6 +345,32 @@ def test_a_megatron_actor_reads_its_model_from_the_files_and_warms_up_from_them(
     warmed, moved = from_files.full_state_dict(), in_memory.full_state_dict()
     assert all(torch.equal(t, moved[n]) for n, t in warmed.items())
     assert any(not torch.equal(t, expected[n]) for n, t in warmed.items())
+
+
+def test_files_that_lack_weights_are_refused_up_front_naming_them(megatron_parallel_state, tmp_path):
+    """A model directory missing a norm and one expert's down projection: both backends' loaders refuse
+    it before converting anything, listing what is missing (Megatron raised a bare KeyError on the first
+    absent tensor, in the middle of the conversion, before)."""
+    from safetensors.torch import load_file, save_file
+
+    from kuberl.api.spec import ModelSource
+    from kuberl.models.loading import load_skeleton
+    from kuberl.models.meta import MetaLoadError, materialize
+
+    qwen3_moe().save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    (path,) = tmp_path.glob("*.safetensors")
+    dropped = ("model.layers.1.self_attn.k_norm.weight", "model.layers.0.mlp.experts.1.down_proj.weight")
+    tensors = load_file(path)
+    assert all(name in tensors for name in dropped)
+    save_file({n: t for n, t in tensors.items() if n not in dropped}, path, metadata={"format": "pt"})
+
+    skeleton, _, weights = load_skeleton(ModelSource(path=f"file://{tmp_path}"), 0)
+    expected = r"lack \[.*k_norm.*experts\.1\.down_proj.* \(2 weights\)"
+    with pytest.raises(MetaLoadError, match=expected):
+        MegatronActor.from_hf(skeleton, PPO, lr=1e-2, temperature=0.7, weights=weights)
+    with pytest.raises(MetaLoadError, match=expected):
+        materialize(skeleton, weights, torch.device("cpu"))
 
 
 def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_parallel_state, tmp_path):

@@ -36,7 +36,7 @@ Qwen3-MoE (every layer a mixture of experts, no shared expert)::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,11 +126,14 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], hf_config: Any) -> dict[st
     return out
 
 
-def global_tensors(state: Mapping[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+def global_tensors(state: Mapping[str, torch.Tensor], hf_config: Any,
+                   only: Collection[str] | None = None) -> dict[str, torch.Tensor]:
     """The embedding, the final norm and an untied output layer of an HF state, under Megatron names
-    (``state`` may read its tensors on demand: only these are taken)."""
+    — those of them named in ``only``, when given (``state`` may read its tensors on demand: only
+    these are taken)."""
     return {meg_name: state[hf_name] for hf_name, meg_name in _GLOBAL.items()
-            if hf_name in state and not (tied(hf_config) and hf_name == "lm_head.weight")}  # fmt: skip
+            if hf_name in state and not (tied(hf_config) and hf_name == "lm_head.weight")
+            and (only is None or meg_name in only)}  # fmt: skip
 
 
 def layer_tensors(state: Mapping[str, torch.Tensor], hf_config: Any, i: int) -> dict[str, torch.Tensor]:

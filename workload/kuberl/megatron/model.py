@@ -27,7 +27,7 @@ from .convert import (
 )
 from .expert_parallel import expert_of, experts_per_rank, global_name, local_state
 from .layer_spec import block_spec
-from .pipeline import global_state, layers_per_stage, stage_state
+from .pipeline import global_state, layers_per_stage, stage_globals, stage_state
 from .tensor_parallel import shard, split_of, unshard
 
 PARTIAL_GRADIENT_SUFFIXES = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -182,9 +182,10 @@ def load_hf_state(model: Any, state: Mapping[str, torch.Tensor], hf_config: Any)
 
 
 def _stage_pieces(state: Mapping[str, torch.Tensor], hf_config: Any) -> Iterator[dict[str, torch.Tensor]]:
-    """``state`` converted (:mod:`.convert`) in pieces — the embedding, final norm and output layer,
-    then each of this pipeline stage's layers — each under the names this rank's model has (its own
-    experts renumbered, its stage's layers numbered from 0)."""
+    """``state`` converted (:mod:`.convert`) in pieces — the embedding, final norm and output layer
+    this stage holds (:func:`.pipeline.stage_globals`), then each of its layers — each under the names
+    this rank's model has (its own experts renumbered, its stage's layers numbered from 0): a stage
+    reads nothing it does not hold."""
     expert_rank, expert_size, _ = _expert_parallel()
     stage, stages, _ = _pipeline()
     layers = hf_config.num_hidden_layers
@@ -195,7 +196,7 @@ def _stage_pieces(state: Mapping[str, torch.Tensor], hf_config: Any) -> Iterator
             piece = local_state(piece, experts(hf_config), expert_rank, expert_size)
         return stage_state(piece, layers, stage, stages, tied(hf_config)) if stages > 1 else piece
 
-    yield local(global_tensors(state, hf_config))
+    yield local(global_tensors(state, hf_config, stage_globals(stage, stages, tied(hf_config))))
     for i in range(stage * per_stage, (stage + 1) * per_stage):
         yield local(layer_tensors(state, hf_config, i))
 

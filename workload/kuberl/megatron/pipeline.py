@@ -29,6 +29,15 @@ def layers_per_stage(layers: int, stages: int) -> int:
     return layers // stages
 
 
+def stage_globals(stage: int, stages: int, tied: bool) -> frozenset[str]:
+    """The tensors outside the layers that stage ``stage`` of ``stages`` is built from: the first, the
+    embedding; the last, the final norm and the output layer — the embedding when ``tied``."""
+    names = {EMBEDDING} if stage == 0 else set()
+    if stage == stages - 1:
+        names |= {FINAL_NORM, EMBEDDING if tied else OUTPUT_LAYER}
+    return frozenset(names)
+
+
 def _renumbered(name: str, shift: int) -> str:
     match = _LAYER.fullmatch(name)
     return name if match is None else f"decoder.layers.{int(match[1]) + shift}.{match[2]}"

@@ -57,19 +57,10 @@ def materialize(model: torch.nn.Module, directory: Path, device: torch.device, z
     with torch.no_grad():
         for name in (n for n in state if n.startswith(zeros)):  # startswith(()) is False
             model.get_parameter(name).zero_()
-    try:
-        in_files, stacks, to_file = _names_in_files(model, state, renamed)
-    except file_layout.UnsupportedConversion as err:
-        raise MetaLoadError(f"{directory}: {err}") from err
-    names = {in_files.get(name, name): {in_files.get(n, n) for n in group} for group in groups for name in group}
+    in_files, stacks, to_file = _names_in_files(directory, model, state, renamed)
+    shapes = {name: tensor.shape for name, tensor in state.items()}
+    _refuse_missing(directory, _missing_weights(shapes, in_files, stacks, files, groups, to_file, zeros))
     wanted = {in_files[name]: tensor for name, tensor in state.items() if in_files.get(name) in files}
-    missing = [name for name, stored in in_files.items() if stored not in files
-               and not names.get(stored, set()) & files.keys() and not name.startswith(zeros)]
-    missing += [f"{name} ({source})" for name, sources in stacks.items()
-                for row in range(state[name].shape[0]) for source in file_layout.source_names(sources, row)
-                if to_file(source) not in files]  # fmt: skip
-    if missing:
-        raise MetaLoadError(f"{directory}: the safetensors files lack {missing[:5]} ({len(missing)} weights)")
     dcp.load(wanted, storage_reader=dcp.HuggingFaceStorageReader(str(directory)))
     _fill_stacked(model, stacks, files, to_file)
     _rebuild_buffers(model, device)
@@ -80,17 +71,40 @@ def _model_type(model: torch.nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "model_type", ""))
 
 
-def _names_in_files(model: torch.nn.Module, state: dict[str, torch.Tensor], renamed: Callable[[str], str | None]
+def _names_in_files(directory: Path, model: torch.nn.Module, state: Mapping[str, Any],
+                    renamed: Callable[[str], str | None] = lambda name: name
                     ) -> tuple[dict[str, str], dict[str, tuple[str, ...]], Callable[[str], str]]:
     """(each parameter read under one name → that name in the files, each stacked parameter → its
-    per-expert sources, model-side name → name in the files) for ``state``'s tensors."""
+    per-expert sources, model-side name → name in the files) for ``state``'s tensors; MetaLoadError
+    naming ``directory`` for a conversion :mod:`.file_layout` cannot undo."""
     model_type = _model_type(model)
     to_file = file_layout.renaming(model_type)
     stored = {name: own for name in state if (own := renamed(name)) is not None}
-    stacks_by_stored = file_layout.stacked(model_type, stored.values())
+    try:
+        stacks_by_stored = file_layout.stacked(model_type, stored.values())
+    except file_layout.UnsupportedConversion as err:
+        raise MetaLoadError(f"{directory}: {err}") from err
     in_files = {name: to_file(own) for name, own in stored.items() if own not in stacks_by_stored}
     stacks = {name: stacks_by_stored[own] for name, own in stored.items() if own in stacks_by_stored}
     return in_files, stacks, to_file
+
+
+def _missing_weights(shapes: Mapping[str, torch.Size], in_files: dict[str, str], stacks: dict[str, tuple[str, ...]],
+                     files: Mapping[str, Path], groups: list[list[str]], to_file: Callable[[str], str],
+                     zeros: tuple[str, ...] = ()) -> list[str]:
+    """The parameters (of ``shapes``: name → shape) neither in ``files`` nor tied to one that is, nor
+    zero-filled (``zeros``), and each stacked parameter's per-expert tensors the files lack."""
+    names = {in_files.get(name, name): {in_files.get(n, n) for n in group} for group in groups for name in group}
+    missing = [name for name, stored in in_files.items() if stored not in files
+               and not names.get(stored, set()) & files.keys() and not name.startswith(zeros)]
+    return missing + [f"{name} ({source})" for name, sources in stacks.items()
+                      for row in range(shapes[name][0]) for source in file_layout.source_names(sources, row)
+                      if to_file(source) not in files]  # fmt: skip
+
+
+def _refuse_missing(directory: Path, missing: list[str]) -> None:
+    if missing:
+        raise MetaLoadError(f"{directory}: the safetensors files lack {missing[:5]} ({len(missing)} weights)")
 
 
 class FileReader(contextlib.AbstractContextManager["FileReader"]):
@@ -124,13 +138,14 @@ class FileState(Mapping[str, torch.Tensor]):
     """The state dict of ``model`` (built on ``meta``: its names, shapes and config) read from the
     safetensors in ``directory`` on demand — a tensor at a time, stacked experts assembled from the
     files' per-expert tensors — so a reader that converts it piece by piece holds one piece, not the
-    model. Use as a context manager (the files are closed at its end)."""
+    model. Use as a context manager (the files are closed at its end). Raises MetaLoadError, listing
+    them, when the files lack weights the model has (as :func:`materialize` does)."""
 
     def __init__(self, directory: Path, model: torch.nn.Module) -> None:
         shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
-        model_type = _model_type(model)
-        files, to_file = file_index(directory), file_layout.renaming(model_type)
-        self.stacks = file_layout.stacked(model_type, shapes)
+        files = file_index(directory)
+        in_files, self.stacks, to_file = _names_in_files(directory, model, shapes)
+        _refuse_missing(directory, _missing_weights(shapes, in_files, self.stacks, files, _tied_groups(model), to_file))
         self.rows = {name: shapes[name][0] for name in self.stacks}
         self.names = {n: None for n in shapes if n in self.stacks or to_file(n) in files}  # ordered
         self.reader = FileReader(files, to_file)
