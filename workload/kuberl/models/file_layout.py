@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
+
 EXPERT = "*"
 
 
@@ -84,20 +86,22 @@ def source_names(sources: tuple[str, ...], row: int) -> list[str]:
     return [source.replace(EXPERT, str(row)) for source in sources]
 
 
-def in_files(state: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """``state`` (tensors under the model's names) laid out as ``model_type``'s files are — what
-    ``save_pretrained`` writes: each stacked tensor split into its per-expert sources (row j's
-    concatenation cut into equal parts), renamed modules under the files' names."""
+def in_files(state: dict[str, torch.Tensor], model_type: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``state`` (tensors under the model's names) in ``dtype``, laid out as ``model_type``'s files are —
+    what ``save_pretrained`` writes: each stacked tensor split into its per-expert sources (row j's
+    concatenation cut into equal parts), renamed modules under the files' names. Every tensor is a
+    contiguous copy of its own (files hold no shared storage), cast piece by piece: the result and
+    ``state`` are all it holds, never a cast copy of a stacked tensor beside its pieces."""
     to_file, stacks = renaming(model_type), stacked(model_type, state)
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         sources = stacks.get(name)
         if sources is None:
-            out[to_file(name)] = tensor
+            out[to_file(name)] = tensor.to(dtype).contiguous()
             continue
         if tensor.shape[1] % len(sources):
             raise UnsupportedConversion(f"{name} {tuple(tensor.shape)} does not split into {len(sources)} sources")
         for row, joined in enumerate(tensor):
             for source, piece in zip(source_names(sources, row), joined.chunk(len(sources)), strict=True):
-                out[to_file(source)] = piece.clone()  # a tensor of its own: files hold no shared storage
+                out[to_file(source)] = piece.to(dtype, copy=True).contiguous()
     return out

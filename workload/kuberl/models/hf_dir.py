@@ -49,8 +49,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], config: PretrainedConfig, token
     if getattr(config, "tie_word_embeddings", False):
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # the embedding holds it
     describe_model(config, tokenizer, directory, dtype)
-    cast = {k: v.to(dtype).contiguous() for k, v in state.items()}
-    save_torch_state_dict(file_layout.in_files(cast, config.model_type), directory)  # as save_pretrained lays it out
+    save_torch_state_dict(file_layout.in_files(state, config.model_type, dtype), directory)  # as save_pretrained
 
 
 def saved_description(checkpoint: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase] | None:
