@@ -127,6 +127,10 @@ CASES = {
     "autoscale within bounds": experiment(inference={"replicas": 1, "autoscale": {"maxReplicas": 3}}),
     "autoscale bounds inverted": experiment(inference={"replicas": 1, "autoscale": {"minReplicas": 4,
                                                                                      "maxReplicas": 3}}),
+    "autoscale in a Kueue queue": experiment(inference={"replicas": 1, "autoscale": {"maxReplicas": 3}},
+                                             scheduling={"queue": "team-a"}),
+    "autoscale in a Volcano queue": experiment(inference={"replicas": 1, "autoscale": {"maxReplicas": 3}},
+                                               scheduling={"queue": "team-a", "gang": "volcano"}),
     "relay over p2p": experiment(weightSync={"mode": "p2p", "relay": True}),
     "relay over the default mode": experiment(weightSync={"relay": True}),
     "relay over broadcast": experiment(weightSync={"mode": "broadcast", "relay": True}),
@@ -167,6 +171,46 @@ def test_model_path_is_immutable_on_update_only():
     tuned = copy.deepcopy(doc)
     tuned["spec"]["algorithm"] = {"learningRate": 1e-5}
     assert cel_failures(tuned, old=doc) == []  # other fields may change
+
+
+def resized(doc: dict[str, Any], replicas: int, suspend: bool | None = None) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    out["spec"].setdefault("inference", {})["replicas"] = replicas
+    if suspend is not None:
+        out["spec"]["suspend"] = suspend
+    return out
+
+
+@pytest.mark.parametrize(("scheduling", "refused"), [({"queue": "team-a"}, True),
+                                                     ({"queue": "team-a", "gang": "volcano"}, False), ({}, False)])
+def test_a_running_experiment_in_a_kueue_queue_keeps_its_size_until_suspended(scheduling, refused):
+    """Kueue admits a pod group at one size (the total count on every pod) and evicts the group or deletes
+    pods past it when more come: kubectl scale (which writes spec.inference.replicas through the same
+    validation) is refused while such an experiment runs, allowed once it is suspended (no pods: the
+    group is admitted again at its new size on resume); a Volcano PodGroup or no queue follows a resize."""
+    running = resized(experiment(scheduling=scheduling), 2)
+    grown = resized(running, 3)
+    assert cel_failures(grown) == []  # a create: no old object
+    messages = cel_failures(grown, old=running)
+    assert bool(messages) == refused and all("inference.replicas cannot change" in m for m in messages)
+    suspended = resized(running, 2, suspend=True)
+    assert cel_failures(resized(suspended, 3), old=suspended) == []
+    assert bool(cel_failures(resized(running, 3, suspend=True), old=running)) == refused  # suspend first
+    assert cel_failures(resized(running, 2, suspend=True), old=running) == []
+
+
+@pytest.mark.parametrize(("owned", "refused"), [(False, True), (True, False)])
+def test_a_standalone_pool_in_a_kueue_queue_keeps_its_size_until_suspended(owned, refused):
+    """A standalone pool's pods are its own Kueue pod group; an experiment's pool follows the experiment
+    (whose own rule holds the size), so the operator can resize it after a suspension."""
+    running = pool(replicas=2, scheduling={"queue": "team-a"}, **({"gang": {"group": "demo", "members": 3}}
+                                                                  if owned else {}))
+    grown = running | {"spec": running["spec"] | {"replicas": 3}}
+    messages = cel_failures(grown, old=running, schema=POOL_SCHEMA)
+    assert bool(messages) == refused and all("replicas cannot change" in m for m in messages)
+    suspended = running | {"spec": running["spec"] | {"suspend": True}}
+    assert cel_failures(suspended | {"spec": suspended["spec"] | {"replicas": 3}}, old=suspended,
+                        schema=POOL_SCHEMA) == []
 
 
 def openapi_failures(doc: dict[str, Any], schema: dict[str, Any] = ROOT_SCHEMA) -> list[str]:

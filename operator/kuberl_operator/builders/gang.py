@@ -18,11 +18,6 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 
 
-def kueue_queue(scheduling: SchedulingSpec) -> str | None:
-    """The Kueue LocalQueue the pods go through, if any (``scheduling.queue`` unless it is Volcano's)."""
-    return scheduling.queue if GangScheduler(scheduling.gang) != GangScheduler.VOLCANO else None
-
-
 def pod_group(parent: Manifest, name: str, min_member: int, scheduling: SchedulingSpec,
               labels: dict[str, str] | None = None) -> Manifest | None:
     """The PodGroup for ``scheduling.gang`` (None when gang scheduling is off); ``labels``: the
@@ -49,7 +44,7 @@ def join_gang(pod: Manifest, group: str, members: int, scheduling: SchedulingSpe
         pod["metadata"].setdefault("annotations", {})[VOLCANO_GROUP_ANNOTATION] = group
     elif gang == GangScheduler.COSCHEDULING:
         pod["metadata"]["labels"][COSCHEDULING_GROUP_LABEL] = group
-    if queue := kueue_queue(scheduling):
+    if queue := scheduling.kueue_queue:
         pod["metadata"]["labels"] |= {KUEUE_QUEUE_LABEL: queue, KUEUE_GROUP_LABEL: group}
         pod["metadata"].setdefault("annotations", {})[KUEUE_TOTAL_ANNOTATION] = str(members)
     return pod

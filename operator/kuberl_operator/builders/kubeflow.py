@@ -22,7 +22,7 @@ from kuberl.api.contract import (
 from kuberl.api.spec import restart_limit
 
 from .common import Manifest, child_metadata, with_template_hash
-from .gang import KUEUE_GROUP_LABEL, KUEUE_QUEUE_LABEL, KUEUE_TOTAL_ANNOTATION, kueue_queue
+from .gang import KUEUE_GROUP_LABEL, KUEUE_QUEUE_LABEL, KUEUE_TOTAL_ANNOTATION
 
 TRAINER_COMMAND = f"exec torchrun -m kuberl.trainer --config {CONFIG_MOUNT}/{CONFIG_FILE}"
 # What Kubeflow injects into the trainer container (torchrun reads PET_* as defaults for its flags): the
@@ -135,7 +135,7 @@ def build_trainjob(job: TrainerJob, parent: Manifest, pod: Manifest, labels: dic
 
     container = _container(pod)
     metadata = child_metadata(parent, job.metadata.name, labels)
-    if queue := kueue_queue(job.spec.scheduling):
+    if queue := job.spec.scheduling.kueue_queue:
         metadata["labels"][KUEUE_QUEUE_LABEL] = queue
     trainjob = models.TrainerV1alpha1TrainJob.from_dict({
         "apiVersion": TRAINER_API_VERSION,

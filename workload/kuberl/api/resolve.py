@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .allocation import Allocation, AllocationError, Dims, parse_allocation
-from .spec import MAX_PODS, Accelerator, Backend, Engine, RLExperimentSpec
+from .spec import KUEUE_FIXED_SIZE, MAX_PODS, Accelerator, Backend, Engine, RLExperimentSpec
 
 EXTENDED_RESOURCE = {Accelerator.NVIDIA: "nvidia.com/gpu", Accelerator.ASCEND: "huawei.com/Ascend910"}
 
@@ -87,7 +87,17 @@ def resolve(spec: RLExperimentSpec) -> tuple[InferencePlan | None, TrainerPlan |
     inference = _resolve_inference(spec, alloc, issues)
     trainer = _resolve_trainer(spec, alloc, issues)
     _check_agent(spec, issues)
+    _check_admission(spec, issues)
     return inference, trainer, issues.items
+
+
+def _check_admission(spec: RLExperimentSpec, issues: _Issues) -> None:
+    """A Kueue pod group keeps the size it was admitted at (the CRD refuses a resize of a running
+    experiment in a Kueue queue too: a transition rule, which needs the old object)."""
+    if spec.scheduling.kueue_queue and spec.inference.autoscale is not None:
+        issues.add("spec.inference.autoscale", f"is set with a Kueue queue (spec.scheduling.queue "
+                                               f"{spec.scheduling.kueue_queue!r}): {KUEUE_FIXED_SIZE}, so every resize "
+                                               "would re-queue the experiment; remove autoscale, or use gang volcano")
 
 
 def _check_agent(spec: RLExperimentSpec, issues: _Issues) -> None:

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from .base import GROUP_VERSION, ApiModel, cel
 from .progress import Progress
 from .spec import (
+    KUEUE_FIXED_SIZE,
     MAX_DEVICES_PER_NODE,
     MAX_PODS,
     Backend,
@@ -26,6 +27,7 @@ from .spec import (
     SchedulingSpec,
     StorageSpec,
     TrainerRuntime,
+    kueue_cel,
     trainjob_problems,
 )
 from .tracking import LoggingSpec
@@ -122,7 +124,12 @@ class InferencePoolSpec(PodPlacement):
 
     model_config = PodPlacement.model_config | {
         "json_schema_extra": cel((f"self.replicas * self.hostsPerReplica <= {MAX_PODS}",
-                                  f"replicas * hostsPerReplica: at most {MAX_PODS} pods per pool"))
+                                  f"replicas * hostsPerReplica: at most {MAX_PODS} pods per pool"),
+                                 # a standalone pool's own Kueue pod group (an experiment's pool: its rule)
+                                 (f"has(self.gang) || !{kueue_cel('self')} || (has(oldSelf.suspend) && oldSelf.suspend)"
+                                  " || self.replicas == oldSelf.replicas",
+                                  f"replicas cannot change while a pool in a Kueue queue runs: {KUEUE_FIXED_SIZE}; set "
+                                  "suspend: true first, then change replicas and resume"))
     }
     experiment: str | None = Field(None, description="owning RLExperiment, if any")
     config_map: str | None = Field(None, description="ConfigMap with the rendered run config")

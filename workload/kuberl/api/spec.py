@@ -377,6 +377,22 @@ class SchedulingSpec(ApiModel):
     gang: GangScheduler = GangScheduler.NONE
     priority_class_name: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253)
 
+    @property
+    def kueue_queue(self) -> str | None:
+        """The Kueue LocalQueue the pods go through, if any (``queue`` unless it is Volcano's)."""
+        return self.queue if GangScheduler(self.gang) != GangScheduler.VOLCANO else None
+
+
+def kueue_cel(obj: str) -> str:
+    """CEL: ``obj`` (an object with ``scheduling``) sends its pods through a Kueue LocalQueue
+    (:attr:`SchedulingSpec.kueue_queue`)."""
+    return (f"(has({obj}.scheduling) && has({obj}.scheduling.queue) && "
+            f"!(has({obj}.scheduling.gang) && {obj}.scheduling.gang == 'volcano'))")
+
+
+KUEUE_FIXED_SIZE = ("Kueue admits a pod group at one size (every pod carries the group's total count) and deletes "
+                    "pods past it or evicts the whole group")
+
 
 def trainjob_problems(scheduling: SchedulingSpec, backoff_limit: int | None,
                       whole_experiment: bool) -> list[tuple[str, str]]:
@@ -448,8 +464,23 @@ class AgentSpec(ApiModel):
                                          description="an episode idle this long ends untrained")
 
 
+def _replicas_cel(obj: str) -> str:
+    return f"(has({obj}.inference) && has({obj}.inference.replicas) ? {obj}.inference.replicas : 0)"
+
+
 class RLExperimentSpec(ApiModel):
     """What to train, on what, how, and where; see README "The manifest"."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": cel(
+        (f"!{kueue_cel('self')} || !has(self.inference) || !has(self.inference.autoscale)",
+         f"inference.autoscale cannot be used with a Kueue queue (scheduling.queue): {KUEUE_FIXED_SIZE}, so every "
+         "resize would re-queue the experiment; remove autoscale, or use gang volcano"),
+        # a transition rule (on update): kubectl scale and spec edits alike
+        (f"!{kueue_cel('self')} || (has(oldSelf.suspend) && oldSelf.suspend) || "
+         f"{_replicas_cel('self')} == {_replicas_cel('oldSelf')}",
+         f"inference.replicas cannot change while an experiment in a Kueue queue runs: {KUEUE_FIXED_SIZE}; set "
+         "suspend: true first, then change replicas and resume (the group is admitted again at its new size)"),
+    )}
 
     model: ModelSource
     dataset: DatasetSource
