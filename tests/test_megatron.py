@@ -347,6 +347,33 @@ def test_a_megatron_actor_reads_its_model_from_the_files_and_warms_up_from_them(
     assert any(not torch.equal(t, expected[n]) for n, t in warmed.items())
 
 
+def test_in_bfloat16_the_kl_reference_is_held_in_bfloat16_and_reads_as_the_policy_does(megatron_parallel_state,
+                                                                                      tmp_path):
+    """π_ref is held in the compute dtype (half the memory of float32), as FSDP2 holds its own: the
+    forward casts every parameter to that dtype first, so it reads what the float32 policy it copies
+    reads, bit for bit — at the start, after a step and π_ref := π_θ, and resumed from a checkpoint."""
+    kl = AlgorithmConfig(name="grpo", group_size=2, kl_coef=0.5)
+    actor = MegatronActor.from_hf(qwen2(), kl, lr=1e-2, temperature=0.7, compute_dtype=torch.bfloat16)
+    assert {p.dtype for p in actor.reference.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in actor.model.parameters()} == {torch.float32}
+    batch = random_batch(qwen2().config.vocab_size, seed=3, rows=4)
+
+    def reads(model: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return actor.logprobs(model, [batch])[0]
+
+    assert torch.equal(reads(actor.reference), reads(actor.model))
+    actor.train_step(batch, batch.size)
+    assert not torch.equal(reads(actor.reference), reads(actor.model))
+    actor.freeze_reference()
+    assert torch.equal(reads(actor.reference), reads(actor.model))
+    actor.save_shards(tmp_path / "ckpt")
+    resumed = MegatronActor.from_hf(qwen2(), kl, lr=1e-2, temperature=0.7, compute_dtype=torch.bfloat16)
+    resumed.load_shards(tmp_path / "ckpt")
+    with torch.no_grad():
+        assert torch.equal(resumed.logprobs(resumed.reference, [batch])[0], reads(actor.reference))
+
+
 def test_files_that_lack_weights_are_refused_up_front_naming_them(megatron_parallel_state, tmp_path):
     """A model directory missing a norm and one expert's down projection: both backends' loaders refuse
     it before converting anything, listing what is missing (Megatron raised a bare KeyError on the first

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ..collectives import all_gather, broadcast_from_rank0
 from ..data.datasets import Example
+from ..devices import placed
 from ..models.meta import FileState, is_meta, materialize
 from ..models.text import TextCodec
 from ..policy.actor import TOKEN_SUMS, Actor
@@ -206,7 +207,8 @@ class MegatronActor(Actor):
                 distributed_optimizer: bool = False, packing: bool = False,
                 weights: Path | None = None) -> MegatronActor:
         """A GPTModel holding ``hf_model``'s weights (this rank's tensor-parallel piece and experts),
-        AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0``. The
+        AdamW as the FSDP actor's, and a frozen copy as π_ref when ``config.kl_coef > 0`` (held in
+        ``compute_dtype``, as FSDP2 holds its own). The
         parameters, their gradients and the optimizer state are float32; forward and backward run in
         ``compute_dtype`` (:func:`.logprobs.vocab_parallel_logits`). Needs an initialised
         ``megatron.core.parallel_state``. ``critic`` (ppo): its value model, built apart
@@ -231,7 +233,8 @@ class MegatronActor(Actor):
             if config.kl_coef > 0:  # built anew: a GPTModel holds process groups, which do not deep-copy
                 reference = build_gpt_model(hf_model.config, seed, compute_dtype)
                 reference.load_state_dict(model.state_dict())
-                reference = reference.to(device).requires_grad_(False).eval()
+                # stored in the compute dtype: its forward casts every parameter to it first, so the same numbers
+                reference = placed(reference, device, compute_dtype).requires_grad_(False).eval()
         model = model.to(device)
         model.train()
         adamw = optimizer.make_optimizer(model.parameters(), lr, distributed_optimizer)
