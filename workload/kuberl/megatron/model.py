@@ -70,10 +70,16 @@ def layout_issues(hf_config: Any, expert: int, pipeline: int = 1) -> list[tuple[
     return issues
 
 
+def _left_to_the_weights(_tensor: torch.Tensor) -> None:
+    """No initialisation: :func:`load_hf_state` overwrites every parameter (and refuses to leave one)."""
+
+
 def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = torch.float32) -> Any:
-    """A GPTModel shaped like ``hf_config`` (its weights random until :func:`load_hf_state`, float32
-    whatever ``compute_dtype``: :func:`.logprobs.vocab_parallel_logits` casts them for the forward);
-    seeds Megatron's per-rank RNG streams (``model_parallel_cuda_manual_seed``) first."""
+    """A GPTModel shaped like ``hf_config``, its weights float32 whatever ``compute_dtype``
+    (:func:`.logprobs.vocab_parallel_logits` casts them for the forward) and uninitialised until
+    :func:`load_hf_state` fills them: megatron-core's CPU initialisation draws every split weight whole
+    on every rank, a whole pipeline stage of random numbers that the files then overwrite. Seeds
+    Megatron's per-rank RNG streams (``model_parallel_cuda_manual_seed``) first."""
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -86,7 +92,9 @@ def build_gpt_model(hf_config: Any, seed: int = 0, compute_dtype: torch.dtype = 
                                sequence_parallel=tensor > 1 and experts(hf_config) > 0,
                                pipeline_model_parallel_size=stages, pipeline_dtype=compute_dtype,
                                context_parallel_size=parallel_state.get_context_parallel_world_size(),
-                               calculate_per_token_loss=True)  # fmt: skip
+                               calculate_per_token_loss=True, init_method=_left_to_the_weights,
+                               output_layer_init_method=_left_to_the_weights,
+                               embedding_init_method=_left_to_the_weights)  # fmt: skip
     if config.num_moe_experts:
         _router_without_transformer_engine()
     model = GPTModel(
