@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from kuberl.devices import placed
 from kuberl.fsdp.actor import FSDPActor
 from kuberl.inference.contract import SamplingParams
 from kuberl.inference.engine import TorchEngine
@@ -46,7 +47,7 @@ def engine_on(device: torch.device, state: dict[str, torch.Tensor], dtype: torch
     model = policy()
     model.load_state_dict(state)
     tok = char_tokenizer()
-    return TorchEngine(model.to(device=device, dtype=dtype), tok.eos_token_id, tok.pad_token_id, seed=0)
+    return TorchEngine(placed(model, device, dtype), tok.eos_token_id, tok.pad_token_id, seed=0)  # as a replica
 
 
 def batch_of(generations: list, prompts: list[list[int]]) -> Batch:

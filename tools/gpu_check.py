@@ -7,7 +7,8 @@ Steps, each timed and reported in ``$OUT/gpu-check.json`` (else ``./gpu-check.js
 2. ``tests_gpu/`` (pytest): device placement and a bfloat16 step over NCCL, the torch engine's KV cache
    on the GPU and its gap to the trainer, a weight update served exactly, a LoRA adapter trained and
    served within the gap (the adapter alone as the update), Megatron-core without the
-   CPU shim against the FSDP actor;
+   CPU shim against the FSDP actor, routing replay's effect on a Qwen3-MoE's engine–trainer gap
+   (both backends, off and on: issue 47's measure where the kernels differ);
 3. a short local RL run of the main example on the GPU (trainer and one replica share it; the weights
    go over the p2p exchange's gloo group in host memory, as NCCL cannot put two ranks on one GPU):
    its reward curve, step time and tokens/s;
