@@ -28,7 +28,6 @@ Progress goes to stderr; the last stdout line is the JSON result.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import statistics
@@ -43,7 +42,7 @@ sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 
 from kuberl.devices import placed  # noqa: E402
 from kuberl.inference.contract import Generation, SamplingParams  # noqa: E402
-from kuberl.inference.engine import TorchEngine  # noqa: E402
+from kuberl.inference.engine import TorchEngine, generate_all  # noqa: E402
 from kuberl.models import moe_routing  # noqa: E402
 from kuberl.models.tiny import tiny_qwen3_moe  # noqa: E402
 from kuberl.policy.actor import token_logprobs_and_entropy  # noqa: E402
@@ -62,15 +61,8 @@ def random_prompts(count: int, seed: int) -> list[list[int]]:
 
 
 def sampled(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, seed: int) -> list[Generation]:
-    async def run() -> list[Generation]:
-        engine = TorchEngine(model, eos_id=EOS, pad_id=PAD, seed=seed)
-        engine.start()
-        try:
-            params = SamplingParams(max_new_tokens=new_tokens, return_routes=True)
-            return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
-        finally:
-            await engine.stop()
-    return asyncio.run(run())
+    engine = TorchEngine(model, eos_id=EOS, pad_id=PAD, seed=seed)
+    return generate_all(engine, prompts, SamplingParams(max_new_tokens=new_tokens, return_routes=True))
 
 
 def scored(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,7 +4,6 @@ padded and packed alike — so a router that disagrees with the engine's no long
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from kuberl.inference.contract import Generation, SamplingParams
-from kuberl.inference.engine import TorchEngine
+from kuberl.inference.engine import TorchEngine, generate_all
 from kuberl.models import moe_routing
 from kuberl.models.tiny import tiny_qwen3_moe
 from kuberl.policy.actor import packed_token_logprobs_and_entropy, token_logprobs_and_entropy
@@ -31,15 +30,8 @@ def own_routes(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 
 def generate(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int) -> list[Generation]:
-    async def run() -> list[Generation]:
-        engine = TorchEngine(model, eos_id=1, pad_id=0, seed=0)
-        engine.start()
-        try:
-            params = SamplingParams(max_new_tokens=new_tokens, return_routes=True)
-            return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
-        finally:
-            await engine.stop()
-    return asyncio.run(run())
+    engine = TorchEngine(model, eos_id=1, pad_id=0, seed=0)
+    return generate_all(engine, prompts, SamplingParams(max_new_tokens=new_tokens, return_routes=True))
 
 
 def nudged(model: torch.nn.Module, scale: float = 0.05, seed: int = 5) -> torch.nn.Module:

@@ -15,7 +15,7 @@ import torch
 from kuberl.devices import placed
 from kuberl.fsdp.actor import FSDPActor
 from kuberl.inference.contract import SamplingParams
-from kuberl.inference.engine import TorchEngine
+from kuberl.inference.engine import TorchEngine, generate_all
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.policy.actor import token_logprobs_and_entropy
 from kuberl.policy.algorithms import AlgorithmConfig
@@ -32,14 +32,6 @@ GAP_MAX_BOUND = 1.0
 
 def policy() -> torch.nn.Module:
     return tiny_qwen2(len(char_tokenizer()), seed=3)
-
-
-async def generate_all(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams) -> list:
-    engine.start()
-    try:
-        return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
-    finally:
-        await engine.stop()
 
 
 def engine_on(device: torch.device, state: dict[str, torch.Tensor], dtype: torch.dtype) -> TorchEngine:
@@ -61,8 +53,7 @@ def test_the_fsdp_actor_trains_in_bfloat16_on_cuda_over_nccl(nccl_world_of_one):
     before = {k: v.clone() for k, v in actor.full_state_dict().items()}
     assert all(p.device.type == "cuda" for p in actor.model.parameters())
     state = actor.full_state_dict()
-    gens = asyncio.run(generate_all(engine_on(device, state, torch.bfloat16), PROMPTS * 4,
-                                    SamplingParams(max_new_tokens=24)))
+    gens = generate_all(engine_on(device, state, torch.bfloat16), PROMPTS * 4, SamplingParams(max_new_tokens=24))
     batch = batch_of(gens, PROMPTS * 4)
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -84,7 +75,7 @@ def test_the_torch_engine_generates_on_cuda_within_a_bounded_gap_of_the_trainer(
     actor = FSDPActor.create(policy(), CONFIG, lr=1e-2, temperature=1.0, device=device, compute_dtype=torch.bfloat16)
     engine = engine_on(device, actor.full_state_dict(), torch.bfloat16)
     started = time.perf_counter()
-    gens = asyncio.run(generate_all(engine, PROMPTS * 4, SamplingParams(max_new_tokens=32)))
+    gens = generate_all(engine, PROMPTS * 4, SamplingParams(max_new_tokens=32))
     seconds = time.perf_counter() - started
     tokens = sum(len(g.output_ids) for g in gens)
     assert tokens > len(gens) and all(len(g.logprobs) == len(g.output_ids) for g in gens)
@@ -159,8 +150,8 @@ def test_megatron_on_cuda_without_the_shim_reads_and_trains_as_the_fsdp_actor(nc
     assert all(p.device.type == "cuda" for p in megatron.model.parameters())
     with on_device(device):  # what the Megatron actor enters around its steps: the shim would answer "cpu"
         assert torch.cuda.current_device() == 0
-    gens = asyncio.run(generate_all(engine_on(device, fsdp.full_state_dict(), torch.bfloat16), PROMPTS * 2,
-                                    SamplingParams(max_new_tokens=16)))
+    gens = generate_all(engine_on(device, fsdp.full_state_dict(), torch.bfloat16), PROMPTS * 2,
+                        SamplingParams(max_new_tokens=16))
     batch = batch_of(gens, PROMPTS * 2)
     there = batch.to(device)
     with torch.no_grad():

@@ -13,7 +13,6 @@ Skipped without CUDA (conftest)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 
@@ -23,7 +22,7 @@ import torch
 from kuberl.devices import placed
 from kuberl.fsdp.actor import FSDPActor
 from kuberl.inference.contract import SamplingParams
-from kuberl.inference.engine import TorchEngine
+from kuberl.inference.engine import TorchEngine, generate_all
 from kuberl.models.tiny import char_tokenizer, tiny_qwen3_moe
 from kuberl.policy.algorithms import AlgorithmConfig
 from kuberl.policy.batch import Batch, collate
@@ -51,16 +50,7 @@ def sampled_with_routes(model: torch.nn.Module, device: torch.device, prompts: l
     and returns its routes; the trajectories as the trainer batches them."""
     tok = char_tokenizer()
     engine = TorchEngine(placed(model, device, torch.bfloat16), tok.eos_token_id, tok.pad_token_id, seed=0)
-
-    async def run() -> list:
-        engine.start()
-        try:
-            params = SamplingParams(max_new_tokens=64, return_routes=True)
-            return list(await asyncio.gather(*(engine.generate(p, params) for p in prompts)))
-        finally:
-            await engine.stop()
-
-    gens = asyncio.run(run())
+    gens = generate_all(engine, prompts, SamplingParams(max_new_tokens=64, return_routes=True))
     assert all(g.routes is not None for g in gens)
     trajs = [Trajectory(p, g.output_ids, g.logprobs, g.versions, routes=g.routes) for p, g in zip(prompts, gens,
                                                                                                   strict=True)]

@@ -333,3 +333,17 @@ class TorchEngine:
 
 def _layers(cache: DynamicCache) -> list[LayerKV]:
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def generate_all(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    """Every prompt's generation, in order: the engine started for them (they batch as they come) and
+    stopped after, on an event loop of its own — one run of the engine outside a server (benchmarks,
+    tests)."""
+    async def run() -> list[Generation]:
+        engine.start()
+        try:
+            return list(await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts)))
+        finally:
+            await engine.stop()
+
+    return asyncio.run(run())
