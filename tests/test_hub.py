@@ -108,3 +108,37 @@ def test_a_hub_dataset_in_verls_format_streams_its_rows(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert sorted(got, key=lambda r: r[2]) == [[f"{i}+1=", str(i + 1), i] for i in range(10)]
     assert any(p.startswith("/api/datasets/team/math") for p in hub.requested)
+
+
+def test_kuberl_validate_reads_a_hub_models_config_alone_and_refuses_what_it_cannot_train(hub, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Before any pod starts: ``kuberl validate`` fetches the hub model's config.json — nothing else of it —
+    and refuses routing replay on this dense model, naming the field; a hub it cannot reach leaves the check
+    to the trainer, with a warning, and the manifest valid."""
+    import yaml
+
+    from kuberl.api.contract import ENV_CACHE_DIR
+    from kuberl_cli.main import main
+
+    from .conftest import MINIMAL
+
+    fake, endpoint, _ = hub
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))
+    doc = MINIMAL | {"spec": MINIMAL["spec"] | {"model": {"path": "hf://team/tiny-chat"},
+                                                "algorithm": {"routingReplay": True},
+                                                "storage": {"hubEndpoint": endpoint}}}
+    manifest = tmp_path / "x.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(manifest)]) == 1
+    err = capsys.readouterr().err
+    assert "spec.algorithm.routingReplay: is true but hf://team/tiny-chat has no mixture-of-experts router" in err
+    assert fake.requested and all(p.endswith("/config.json") for p in fake.requested if "/resolve/" in p)
+    assert not any(p.endswith(".safetensors") for p in fake.requested)
+
+    doc["spec"]["algorithm"] = {}
+    doc["spec"]["storage"] = {"hubEndpoint": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "empty-cache"))  # (a cached config.json would be read)
+    manifest.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(manifest)]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "spec.model.path: model checks skipped" in err

@@ -11,6 +11,7 @@ import yaml
 
 from kuberl.api import RLExperiment, resolve, validate_document
 from kuberl_cli.main import main
+from kuberl_cli.preflight import preflight
 
 from .conftest import EXAMPLES, MINIMAL
 
@@ -291,3 +292,54 @@ def test_a_tracker_whose_library_is_missing_here_is_a_warning(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert "warning: " in err and "spec.logging.wandb: wandb is not installed here" in err
     assert "spec.logging.mlflow" not in err
+
+
+MEGATRON_CPU = {"trainer": {"backend": "megatron", "accelerator": "cpu", "acceleratorsPerNode": 2},
+                "inference": {"accelerator": "cpu", "engine": "torch"}, "weightSync": {"mode": "p2p"}}
+
+
+@pytest.mark.parametrize(("changes", "field", "fragment"), [
+    ({"model": {"path": "builtin:tiny-qwen2"}, "algorithm": {"routingReplay": True}, "inference": {"engine": "torch"}},
+     "spec.algorithm.routingReplay", "has no mixture-of-experts router"),
+    ({"model": {"path": "file://{dense}"}, **MEGATRON_CPU,
+      "trainer": MEGATRON_CPU["trainer"] | {"parallelism": {"expert": 2}}},
+     "spec.trainer.parallelism.expert", "the model has no experts"),
+    ({"model": {"path": "file://{dense}"}, **MEGATRON_CPU,
+      "trainer": MEGATRON_CPU["trainer"] | {"parallelism": {"pipeline": 3}, "acceleratorsPerNode": 3}},
+     "spec.trainer.parallelism.pipeline", "layers do not split evenly"),
+    ({"model": {"path": "file://{dense}"}, "trainer": {"lora": {"rank": 8, "targetModules": ["w_qkv"]}}},
+     "spec.trainer.lora.targetModules", "not found in the base model"),
+])
+def test_what_the_models_architecture_refuses_is_refused_before_any_pod_starts(tmp_path, capsys, changes, field,
+                                                                              fragment):
+    """``kuberl validate`` reads the model's config (a builtin's constructor, a local directory's
+    config.json) and refuses, naming the field, what the trainer would refuse only at start-up: routing
+    replay without experts, a Megatron layout the layers or experts do not split over, LoRA targets the
+    model lacks."""
+    from .hf_model import write_hf_model
+
+    dense = write_hf_model(tmp_path / "dense")  # a tiny Qwen2: 2 layers, no experts
+    doc = with_spec(**{key: yaml.safe_load(yaml.safe_dump(value).replace("{dense}", str(dense)))
+                       for key, value in changes.items()})
+    if doc["spec"]["model"]["path"].startswith("file://"):  # a local run's path (a cluster's: on a volume)
+        assert validate_document(doc, cluster=False)[1] == []  # the manifest alone is fine
+        errors, warnings = preflight(RLExperiment.model_validate(doc).spec)  # what validate adds on this machine
+        assert [i.path for i in errors] == [field] and fragment in errors[0].message and warnings == [], errors
+        return
+    assert validate_document(doc)[1] == []  # the manifest alone is fine
+    path = write(tmp_path, doc)
+    capsys.readouterr()
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f": {field}: " in err[0] and fragment in err[0], err
+
+
+def test_a_model_that_fits_passes_and_one_whose_config_is_elsewhere_is_left_to_the_trainer(tmp_path, capsys):
+    moe = with_spec(model={"path": "builtin:tiny-qwen3-moe"}, algorithm={"routingReplay": True},
+                    inference={"engine": "torch"})
+    elsewhere = with_spec(model={"path": "file:///data/models/qwen3-8b"}, algorithm={"routingReplay": True},
+                          inference={"engine": "torch"},
+                          storage={"volumes": [{"claimName": "models", "mountPath": "/data/models"}]})
+    path = write(tmp_path, moe, elsewhere)
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().err == ""  # a pod's volume path: read where the run starts, not warned about

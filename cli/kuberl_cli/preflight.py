@@ -1,8 +1,12 @@
 """What ``kuberl validate`` checks on this machine beyond the manifest itself (the operator cannot: it
-has neither the files nor the user's code): a local dataset file's columns, and whether the reward
-function imports. A missing column is an error; a reward module that does not import here is a
-warning, since it may live only in the user's image; so is a tracker (``spec.logging``) whose library
-is not installed here."""
+has neither the files nor the user's code): a local dataset file's columns, whether the reward
+function imports, and what the model's architecture refuses of the spec (routing replay without
+experts, a Megatron layout its layers or experts do not split over, LoRA targets it lacks; read from
+its config alone: :mod:`kuberl.trainer.model_fit`). A missing column or a refused field is an error;
+a reward module that does not import here is a warning, since it may live only in the user's image;
+so is a tracker (``spec.logging``) whose library is not installed here, and an ``hf://`` model whose
+config cannot be fetched from here (offline, gated). An ``s3://`` model's config, or a path that is
+not a directory here (a volume in the pods), is read where the run starts: the trainer checks it then."""
 
 from __future__ import annotations
 
@@ -46,7 +50,31 @@ def preflight(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue
                 for field, function in rewards
                 if not function.startswith(f"{KUBERL_REWARDS_MODULE}:")  # the manifest's own check names those
                 and (message := import_warning(function, field))]
-    return errors, warnings + tracker_warnings(spec)
+    model_errors, model_warnings = model_checks(spec)
+    return errors + model_errors, warnings + tracker_warnings(spec) + model_warnings
+
+
+def model_checks(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue]]:
+    """(errors, warnings): what the model's architecture refuses of ``spec``, when its config can be read
+    here; a warning saying why not otherwise."""
+    from dataclasses import replace
+
+    from kuberl.models.loading import ModelLoadError, model_shape
+    from kuberl.settings import from_environment
+    from kuberl.trainer.model_fit import model_issues
+
+    settings = from_environment()
+    settings = replace(settings, hub_endpoint=spec.storage.hub_endpoint or settings.hub_endpoint)
+    skipped = "model checks skipped ({}); the trainer checks the model at start-up"
+    try:
+        shape = model_shape(spec.model, settings)
+    except ModelLoadError as err:
+        if spec.model.path.startswith("hf://"):  # offline here, or a gated model without a token
+            return [], [FieldIssue("spec.model.path", skipped.format(err))]
+        return [FieldIssue("spec.model.path", str(err).removeprefix("spec.model.path "))], []
+    except (OSError, ValueError) as err:  # a directory without a readable config.json
+        return [FieldIssue("spec.model.path", f"{spec.model.path!r}: its config cannot be read: {err}")], []
+    return ([] if shape is None else model_issues(spec, shape)), []  # None: read where the run starts
 
 
 TRACKER_MODULES = {"wandb": "wandb", "mlflow": "mlflow"}  # spec.logging's trackers → the module each needs

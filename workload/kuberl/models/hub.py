@@ -10,7 +10,9 @@ run is reproducible even from a branch name.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,14 +46,43 @@ def parse_hub_path(uri: str) -> HubModel | None:
 def snapshot(uri: str, field: str, settings: Settings) -> Path:
     """The local directory of the hub model ``uri`` (downloaded once per node; its name is the commit)."""
     from huggingface_hub import snapshot_download
+
+    return _fetched(uri, field, lambda model: Path(snapshot_download(
+        model.repo, revision=model.revision, cache_dir=settings.cache_dir / "hub", allow_patterns=WANTED,
+        token=settings.hub_token or None, endpoint=settings.hub_endpoint)))
+
+
+def config_file(uri: str, field: str, settings: Settings) -> Path:
+    """The ``config.json`` of the hub model ``uri``, and nothing else of it (``kuberl validate``'s model
+    checks): the cached one, else fetched — after one metadata request without retries, so that a hub
+    out of reach fails at once (``hf_hub_download`` retries for ≈ 20 s before it gives up)."""
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def fetch(model: HubModel) -> Path:
+        where = {"revision": model.revision, "cache_dir": settings.cache_dir / "hub"}
+        token = settings.hub_token or None
+        with contextlib.suppress(LocalEntryNotFoundError):
+            return Path(hf_hub_download(model.repo, "config.json", local_files_only=True, **where))
+        try:
+            get_hf_file_metadata(hf_hub_url(model.repo, "config.json", revision=model.revision,
+                                            endpoint=settings.hub_endpoint), token=token)
+        except (httpx2.ConnectError, httpx2.TimeoutException) as err:  # what hf_hub_download would retry
+            raise OSError(f"the hub at {settings.hub_endpoint or 'huggingface.co'} is out of reach: {err}") from err
+        return Path(hf_hub_download(model.repo, "config.json", token=token, endpoint=settings.hub_endpoint, **where))
+
+    return _fetched(uri, field, fetch)
+
+
+def _fetched(uri: str, field: str, fetch: Callable[[HubModel], Path]) -> Path:
+    """``fetch`` of the hub model ``uri``; its failures as HubError naming ``field`` and the repository."""
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     model = parse_hub_path(uri)
     assert model is not None
     try:
-        return Path(snapshot_download(model.repo, revision=model.revision, cache_dir=settings.cache_dir / "hub",
-                                      allow_patterns=WANTED, token=settings.hub_token or None,
-                                      endpoint=settings.hub_endpoint))
+        return fetch(model)
     except RepositoryNotFoundError as err:
         raise HubError(f"{field} {uri!r}: no such repository, or it is gated/private and the token "
                        "(spec.storage.hubTokenSecret) does not grant it") from err

@@ -22,7 +22,7 @@ from ..checkpoint.layout import is_trainer_checkpoint
 from ..remote import RemoteError, local_copy
 from ..settings import DEFAULTS, Settings
 from .hf_dir import CheckpointReadError, checkpoint_as_hf_dir
-from .hub import HubError, parse_hub_path, resolved_revision, snapshot
+from .hub import HubError, config_file, parse_hub_path, resolved_revision, snapshot
 from .pretrained import tiny_qwen2_arithmetic
 from .tiny import char_tokenizer, chat_tokenizer, tiny_qwen2, tiny_qwen3_moe
 
@@ -30,6 +30,7 @@ BUILTIN = {"builtin:tiny-qwen2": tiny_qwen2, "builtin:tiny-qwen2-chat": tiny_qwe
            "builtin:tiny-qwen3-moe": tiny_qwen3_moe,
            "builtin:tiny-qwen2-arithmetic": tiny_qwen2_arithmetic}  # name → (vocab, seed) → model
 BUILTIN_TOKENIZERS = {"builtin:tiny-qwen2-chat": chat_tokenizer}  # the others: char_tokenizer
+BUILTIN_SHAPES = BUILTIN | {"builtin:tiny-qwen2-arithmetic": tiny_qwen2}  # its architecture, not its pre-training
 
 
 class ModelLoadError(ValueError):
@@ -133,3 +134,28 @@ def model_origin(source: ModelSource, tokenizer: PreTrainedTokenizerBase) -> dic
     same_place = source.tokenizer is None and parse_hub_path(source.path) is not None
     revision = resolved_revision(Path(tokenizer.name_or_path)) if same_place else None
     return {"path": source.path, "revision": revision, "init_from": source.init_from}
+
+
+def model_shape(source: ModelSource, settings: Settings = DEFAULTS) -> PreTrainedModel | None:
+    """The architecture of ``spec.model.path`` without its weights (``meta``), read from its config alone
+    — a local directory's ``config.json``, an ``hf://`` model's (that one file downloaded), a builtin's
+    constructor — for ``kuberl validate``'s model checks; None for an ``s3://`` model or a path that is
+    not a directory here (a volume's path in the pods, say): their config is read where the run starts.
+    Raises ModelLoadError."""
+    uri, field = source.path, "spec.model.path"
+    if uri.startswith("s3://") or (uri not in BUILTIN_SHAPES and parse_hub_path(uri) is None
+                                   and not Path(uri.removeprefix("file://")).is_dir()):
+        return None
+    with torch.device("meta"):
+        if uri in BUILTIN_SHAPES:
+            tokenizer = BUILTIN_TOKENIZERS.get(uri, char_tokenizer)()
+            return BUILTIN_SHAPES[uri](len(tokenizer), 0)
+        if parse_hub_path(uri) is not None:
+            try:
+                config = AutoConfig.from_pretrained(config_file(uri, field, settings).parent)
+            except HubError as err:
+                raise ModelLoadError(str(err)) from err
+        else:
+            config = AutoConfig.from_pretrained(local_dir(uri, field, settings))
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+

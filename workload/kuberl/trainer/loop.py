@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..api import FieldIssue, resolve
+from ..api import resolve
 from ..api.spec import Backend
 from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
@@ -26,7 +26,6 @@ from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..fsdp.actor import FSDPActor, build_critic
 from ..heap import freeze_set_up_heap
-from ..models import moe_routing
 from ..models.loading import load_model, load_skeleton
 from ..models.lora import AdapterError
 from ..policy.actor import Actor
@@ -40,6 +39,7 @@ from ..settings import Settings
 from ..weights.sync import WeightSync, make_weight_sync, update_bytes
 from .checkpointing import Checkpointer, TrainerState
 from .export import describe_model, export_due, export_policy, hf_config
+from .model_fit import model_issues
 from .rollout_process import RolloutProcess
 from .services import NoServices, RankZeroServices, Tally
 from .watchdog import StepWatchdog
@@ -94,19 +94,14 @@ def critic_config(run: RunConfig) -> CriticConfig | None:
 def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, weights: Path | None = None) -> Actor:
     """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor,
     expert and data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains,
-    :func:`kuberl.megatron.model.layout_issues` which fit the model; the trainer refuses the others,
+    :func:`.model_fit.model_issues` what the model's architecture refuses; the trainer refuses them,
     should a spec reach it unvalidated). ``weights``: where a ``meta`` model's files are (FSDP2 reads
     each rank's shards after sharding, Megatron each rank's pieces a layer at a time)."""
     spec = run.spec
     _, plan, issues = resolve(spec)
     issues += unsupported_issues(spec, plan)
-    if spec.algorithm.routing_replay and not moe_routing.routers(model):
-        issues.append(FieldIssue("spec.algorithm.routingReplay", f"is true but {spec.model.path} has no "
-                                                                 "mixture-of-experts router to replay"))
-    if plan is not None and plan.backend == Backend.MEGATRON and not issues:
-        from ..megatron.model import layout_issues
-
-        issues += [FieldIssue(f, m) for f, m in layout_issues(model.config, plan.expert, plan.pipeline)]
+    if not issues:
+        issues += model_issues(spec, model)
     if issues or plan is None:
         raise SystemExit("invalid spec: " + "; ".join(map(str, issues)))
     config, dtype = algorithm_config(run), compute_dtype(spec.model.dtype, spec.trainer.accelerator)
