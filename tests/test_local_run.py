@@ -361,12 +361,14 @@ def test_the_autoscaler_grows_a_local_pool_whose_trainer_waits(tmp_path, monkeyp
 
     monkeypatch.setenv(ENV_FAULT_INJECTION, "generate-slots=4,generate-seconds=0.1")
     work = tmp_path / "run"
+    # 90 steps: the joiner starts in ≈ 9 s on an idle machine and took 22 s beside another test, while the
+    # 49 steps left of a 60-step run took 15–25 s (a CI run ended before the joiner's first request)
     summary = run_local(EXAMPLE, ["model.sftWarmup.steps=5", NO_EVAL, "inference.autoscale.maxReplicas=2",
-                                  "inference.autoscale.windowSeconds=10"], 60, None, workdir=work, quiet=True)
+                                  "inference.autoscale.windowSeconds=10"], 90, None, workdir=work, quiet=True)
     changes = [json.loads(line) for line in (work / "autoscale.jsonl").read_text().splitlines()]
     assert [(c["from"], c["to"], c["tooFew"]) for c in changes] == [(1, 2, 1)]
     assert changes[0]["waitFraction"] > 0.1 and changes[0]["step"] >= 11  # measured over 10 steps after the first
-    assert summary["replicas"] == 2 and summary["final_version"] == 60
+    assert summary["replicas"] == 2 and summary["final_version"] == 90
     assert "POST /generate" in (work / "inference-1.log").read_text()
 
 
