@@ -58,10 +58,12 @@ def load_documents(path: Path) -> Iterator[tuple[str, Any]]:
         yield _describe(doc, i), doc
 
 
-def check_file(path: Path, warnings: list[str] | None = None) -> tuple[list[Resource], list[str]]:
+def check_file(path: Path, warnings: list[str] | None = None, architecture: bool = False
+               ) -> tuple[list[Resource], list[str]]:
     """Valid objects in ``path`` and one error line per problem (file, object, field, message);
-    an RLExperiment's files and reward are also checked on this machine (:mod:`.preflight`), its
-    warnings appended to ``warnings``."""
+    an RLExperiment's files and reward are also checked on this machine (:mod:`.preflight`; with
+    ``architecture``, what its model's config refuses too: ``kuberl validate``), its warnings appended
+    to ``warnings``."""
     objects: list[Resource] = []
     errors: list[str] = []
     try:
@@ -73,7 +75,7 @@ def check_file(path: Path, warnings: list[str] | None = None) -> tuple[list[Reso
     for label, doc in documents:
         obj, issues = validate_document(doc)
         if (spec := experiment_spec(doc)) is not None:
-            local_errors, local_warnings = preflight(spec)
+            local_errors, local_warnings = preflight(spec, architecture)
             issues += local_errors
             obj = None if local_errors else obj
             if warnings is not None:
@@ -92,7 +94,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         warnings: list[str] = []
-        objects, errors = check_file(Path(path), warnings)
+        objects, errors = check_file(Path(path), warnings, architecture=True)
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
         for line in errors:

@@ -29,8 +29,10 @@ def experiment_spec(doc: Any) -> RLExperimentSpec | None:
         return None
 
 
-def preflight(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue]]:
-    """(errors, warnings) for ``spec`` on this machine; ([], [a warning]) without the workload extra."""
+def preflight(spec: RLExperimentSpec, architecture: bool = True) -> tuple[list[FieldIssue], list[FieldIssue]]:
+    """(errors, warnings) for ``spec`` on this machine; ([], [a warning]) without the workload extra.
+    ``architecture``: also what the model's config refuses (:func:`model_checks`: it imports torch and
+    may ask the hub; ``kuberl render`` leaves it out)."""
     try:
         from kuberl.data.tables import local_file_issues
         from kuberl.rewards import import_warning
@@ -50,7 +52,7 @@ def preflight(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue
                 for field, function in rewards
                 if not function.startswith(f"{KUBERL_REWARDS_MODULE}:")  # the manifest's own check names those
                 and (message := import_warning(function, field))]
-    model_errors, model_warnings = model_checks(spec)
+    model_errors, model_warnings = model_checks(spec) if architecture else ([], [])
     return errors + model_errors, warnings + tracker_warnings(spec) + model_warnings
 
 
