@@ -15,7 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from ..api.spec import ModelSource
 from ..checkpoint.layout import is_trainer_checkpoint
@@ -119,11 +126,15 @@ def load_skeleton(source: ModelSource, seed: int, settings: Settings = DEFAULTS
         return model, tokenizer, None
     tokenizer = load_tokenizer(source, settings)
     directory = weights_dir(source, settings)
-    config = AutoConfig.from_pretrained(directory)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = on_meta(AutoConfig.from_pretrained(directory))
     model.eval()
     return model, tokenizer, directory
+
+
+def on_meta(config: PretrainedConfig) -> PreTrainedModel:
+    """The causal LM of ``config`` on the ``meta`` device: its modules, names and shapes, no storage."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def model_origin(source: ModelSource, tokenizer: PreTrainedTokenizerBase) -> dict[str, str | None]:
@@ -146,16 +157,13 @@ def model_shape(source: ModelSource, settings: Settings = DEFAULTS) -> PreTraine
     if uri.startswith("s3://") or (uri not in BUILTIN_SHAPES and parse_hub_path(uri) is None
                                    and not Path(uri.removeprefix("file://")).is_dir()):
         return None
-    with torch.device("meta"):
-        if uri in BUILTIN_SHAPES:
-            tokenizer = BUILTIN_TOKENIZERS.get(uri, char_tokenizer)()
-            return BUILTIN_SHAPES[uri](len(tokenizer), 0)
-        if parse_hub_path(uri) is not None:
-            try:
-                config = AutoConfig.from_pretrained(config_file(uri, field, settings).parent)
-            except HubError as err:
-                raise ModelLoadError(str(err)) from err
-        else:
-            config = AutoConfig.from_pretrained(local_dir(uri, field, settings))
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if uri in BUILTIN_SHAPES:
+        with torch.device("meta"):
+            return BUILTIN_SHAPES[uri](len(BUILTIN_TOKENIZERS.get(uri, char_tokenizer)()), 0)
+    if parse_hub_path(uri) is None:
+        return on_meta(AutoConfig.from_pretrained(local_dir(uri, field, settings)))
+    try:
+        return on_meta(AutoConfig.from_pretrained(config_file(uri, field, settings).parent))
+    except HubError as err:
+        raise ModelLoadError(str(err)) from err
 

@@ -7,13 +7,13 @@ read the config (:func:`kuberl.models.loading.model_shape`: builtin, ``file://``
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from ..api import FieldIssue
 from ..api.resolve import resolve
 from ..api.spec import Backend, RLExperimentSpec
 from ..megatron.model import layout_issues
 from ..models import moe_routing
+from ..models.loading import on_meta
 from ..models.lora import AdapterError, add_adapter
 
 TARGETS_FIELD = "spec.trainer.lora.targetModules"
@@ -29,10 +29,8 @@ def model_issues(spec: RLExperimentSpec, model: torch.nn.Module) -> list[FieldIs
     if plan is not None and plan.backend == Backend.MEGATRON:
         issues += [FieldIssue(f, m) for f, m in layout_issues(model.config, plan.expert, plan.pipeline)]
     if spec.trainer.lora is not None:
-        with torch.device("meta"):  # a copy without storage: the adapter only has to find its modules
-            shape = AutoModelForCausalLM.from_config(model.config)
-        try:
-            add_adapter(shape, spec.trainer.lora)
+        try:  # on a copy without storage: the adapter only has to find its modules
+            add_adapter(on_meta(model.config), spec.trainer.lora)
         except AdapterError as err:
             issues.append(FieldIssue(TARGETS_FIELD, str(err).removeprefix(f"{TARGETS_FIELD} ")))
     return issues
