@@ -5,6 +5,7 @@ processes or writes (a seccomp filter), also where namespaces are refused."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 
@@ -167,3 +168,126 @@ print(run_python("print(6 * 7)").output, end="")
 '''
     done = subprocess.run([sys.executable, "-c", refuse_namespaces], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "42\n", done.stderr
+
+
+SIGIO_ROUTES = {  # each makes the kernel send SIGIO (default action: terminate) to VICTIM once the pipe is written
+    "F_SETOWN": "fcntl.fcntl(r, fcntl.F_SETOWN, VICTIM)",
+    "F_SETOWN to its group": "fcntl.fcntl(r, fcntl.F_SETOWN, -VICTIM)",
+    "F_SETOWN_EX": "fcntl.fcntl(r, 15, struct.pack('ii', 1, VICTIM))",  # F_OWNER_PID
+    "FIOSETOWN": "fcntl.ioctl(r, 0x8901, struct.pack('i', VICTIM))",
+    "SIOCSPGRP": "fcntl.ioctl(r, 0x8902, struct.pack('i', VICTIM))",
+}
+SIGIO_TRIGGER = "fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC); os.write(w, b'x'); print('sent')"
+
+
+def sigio_attempt(route: str, victim: int) -> str:
+    return (f"import fcntl, os, struct\nVICTIM = {victim}\nr, w = os.pipe()\n"
+            f"{SIGIO_ROUTES[route]}\n{SIGIO_TRIGGER}\n")
+
+
+@pytest.mark.parametrize("route", sorted(SIGIO_ROUTES))
+def test_tool_code_cannot_have_the_kernel_signal_another_process(route):
+    """Issue 69, item 1: ``F_SETOWN`` (or its twins) + ``O_ASYNC`` on a pipe makes the kernel send SIGIO
+    to any same-uid pid or group — a gang restart from one completion. The owner cannot be set."""
+    import subprocess
+
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        outcome = run_python(sigio_attempt(route, victim.pid))
+        assert not outcome.ok and "PermissionError" in outcome.output, outcome
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+
+
+def in_child(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("route", ["F_SETOWN", "FIOSETOWN"])
+def test_the_seccomp_filter_alone_refuses_the_signal_routes(route):
+    """Seccomp holds on every kernel (Landlock's signal scope needs 6.12): the launcher's filter alone,
+    installed in a child, refuses setting an fd's owner; the victim lives."""
+    import subprocess
+
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        script = ("from kuberl import sandbox_launcher as launcher\nassert launcher.filtered()\n"
+                  + sigio_attempt(route, victim.pid))
+        done = in_child(script)
+        assert done.returncode != 0 and "PermissionError" in done.stderr, done
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+
+
+@pytest.mark.skipif(landlock_abi() < 6, reason="the kernel's Landlock has no signal scope (ABI 6, Linux 6.12)")
+def test_landlocks_signal_scope_alone_stops_sigio_to_another_process():
+    """Where the kernel has it, Landlock's signal scope stops the SIGIO at delivery, whatever set the
+    owner: the launcher's ``confine`` alone (no seccomp filter), and F_SETOWN succeeds yet the victim lives."""
+    import subprocess
+    import time
+
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        script = ("import fcntl, os, struct\nfrom kuberl import sandbox_launcher as launcher\n"
+                  "assert launcher.confine([])\n"
+                  + sigio_attempt("F_SETOWN", victim.pid))
+        done = in_child(script)
+        assert done.returncode == 0 and "sent" in done.stdout, done
+        time.sleep(0.2)
+        assert victim.poll() is None, "SIGIO reached a process outside the sandbox"
+    finally:
+        victim.kill()
+
+
+def test_a_sandbox_dies_with_its_parent_and_is_the_oom_killers_first_choice():
+    """No sandbox outlives the worker that waits for it (PR_SET_PDEATHSIG), and under memory pressure
+    the kernel kills a sandbox before the trainer (oom_score_adj 1000)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom kuberl.sandbox import Limits, confined\n"
+        "with confined('import time; time.sleep(60)', Limits(wall_seconds=60)) as box:\n"
+        "    print(box.process.pid, flush=True)\n    time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    status = Path(f"/proc/{child}/stat")
+
+    def alive() -> bool:
+        try:
+            return status.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}/oom_score_adj").read_text().strip() != "1000" and time.monotonic() < deadline:
+            time.sleep(0.05)  # the launcher sets it first thing; it may not have started yet
+        assert Path(f"/proc/{child}/oom_score_adj").read_text().strip() == "1000"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(), "the sandbox outlived its parent"
+    finally:
+        parent.kill()
+        if alive():
+            os.kill(child, signal.SIGKILL)
+
+
+def test_code_travels_by_file_and_every_death_is_reported():
+    """Code larger than the kernel's 128 KiB per argument, or holding a NUL byte, is run or refused
+    with a message, never an exception in the caller; a death by a real-time signal has no name in
+    ``signal`` and is still reported."""
+    from kuberl.sandbox import stopped_by
+
+    big = run_python("x = '" + "a" * 200_000 + "'\nprint(len(x))")
+    assert big.ok and big.output == "200000\n", big
+    nul = run_python("print(1)\0")
+    assert not nul.ok and "null bytes" in nul.output, nul
+    assert stopped_by(-37) == "signal 37" and stopped_by(-24) == "the CPU time limit (SIGXCPU)"
