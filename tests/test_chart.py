@@ -271,10 +271,11 @@ def _policy_verdict(policy: dict[str, Any], doc: dict[str, Any], readable: set[s
         program = env.program(env.compile(variable["expression"]), functions=functions)
         variables[celtypes.StringType(variable["name"])] = program.evaluate(activation)
     activation["variables"] = celtypes.MapType(variables)
-    (validation,) = policy["spec"]["validations"]
-    admitted = env.program(env.compile(validation["expression"]), functions=functions).evaluate(activation)
-    message = env.program(env.compile(validation["messageExpression"]), functions=functions).evaluate(activation)
-    return bool(admitted), [str(s) for s in variables["forbidden"]], str(message)
+    messages = [str(env.program(env.compile(v["messageExpression"]), functions=functions).evaluate(activation))
+                for v in policy["spec"]["validations"]
+                if not env.program(env.compile(v["expression"]), functions=functions).evaluate(activation)]
+    refused = [str(s) for s in variables["forbidden"]] + [str(s) for s in variables["managed"]]
+    return not messages, refused, messages[0] if messages else ""
 
 
 def test_the_secret_reference_policy_admits_only_authors_who_may_get_every_secret_named():
@@ -310,6 +311,34 @@ def test_the_secret_reference_policy_admits_only_authors_who_may_get_every_secre
     checkpoint_only = json.loads(json.dumps(MINIMAL))
     checkpoint_only["spec"]["checkpoint"] = {"uri": "s3://ckpt/", "credentialsSecret": "ckpt-keys"}
     assert _policy_verdict(policy, checkpoint_only, set())[:2] == (False, ["ckpt-keys"])
+
+
+def test_the_secret_reference_policy_covers_every_kind_and_refuses_managed_secrets():
+    """Issue 69, item 3: the policy matches pools and jobs too (every Secret field they have), and
+    refuses a Secret KubeRL manages — another object's token or key — even to an author who may get it.
+    Its suffixes are ``MANAGED_SECRET_SUFFIXES``, each tried."""
+    from kuberl.api.storage import MANAGED_SECRET_SUFFIXES
+
+    docs = render(["--set", "secretReferencePolicy.enabled=true"])
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    assert set(policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"]) == {
+        "rlexperiments", "inferencepools", "trainerjobs"}
+    meta = {"name": "x", "namespace": "team-a"}
+    pool = {"apiVersion": "kuberl.io/v1alpha1", "kind": "InferencePool", "metadata": meta,
+            "spec": {"storage": {"credentialsSecret": "s3-keys", "hubTokenSecret": {"name": "hf", "key": "t"}}}}
+    job = {"apiVersion": "kuberl.io/v1alpha1", "kind": "TrainerJob", "metadata": meta,
+           "spec": {"storage": {"credentialsSecret": "s3-keys"},
+                    "logging": {"wandb": {"project": "p", "apiKeySecret": {"name": "wandb", "key": "k"}},
+                                "mlflow": {"trackingUri": "http://m:5000", "credentialsSecret": "mlflow"}}}}
+    assert _policy_verdict(policy, pool, {"s3-keys", "hf"})[:2] == (True, [])
+    assert _policy_verdict(policy, pool, {"s3-keys"})[:2] == (False, ["hf"])
+    assert _policy_verdict(policy, job, {"s3-keys", "wandb", "mlflow"})[:2] == (True, [])
+    assert _policy_verdict(policy, job, {"s3-keys", "wandb"})[:2] == (False, ["mlflow"])
+    for suffix in MANAGED_SECRET_SUFFIXES:
+        borrowed = json.loads(json.dumps(job))
+        borrowed["spec"]["storage"]["credentialsSecret"] = f"victim{suffix}"
+        admitted, refused, message = _policy_verdict(policy, borrowed, {f"victim{suffix}", "wandb", "mlflow"})
+        assert (admitted, refused) == (False, [f"victim{suffix}"]) and "KubeRL manages" in message, suffix
 
 
 def test_the_image_digest_policy_admits_only_images_pinned_by_digest():

@@ -24,6 +24,7 @@ from kuberl.api.contract import (
     trainer_job_name,
 )
 from kuberl.api.spec import TrainerRuntime
+from kuberl.api.storage import standalone_issues
 from kuberl.api.validation import schema_issues
 
 from . import trainer_runtimes
@@ -85,10 +86,12 @@ async def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> s
 async def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest) -> Any:
     """The pool or job as a model; None (with an InvalidSpec status naming the field) when its spec
     breaks the schema (a standalone object the CRD would have refused, or one from an older schema)
-    or names an experiment it is not a child of (``claim_problem``)."""
+    or names an experiment it is not a child of (``claim_problem``) or another object's managed Secrets
+    (``standalone_issues``)."""
     try:
         model = kind.model_validate(body)
-        message = await claim_problem(kube, body, model.spec.experiment)
+        borrowed = standalone_issues(model.spec, model.metadata.name)
+        message = "; ".join(map(str, borrowed)) if borrowed else await claim_problem(kube, body, model.spec.experiment)
     except ValidationError as err:
         model, message = None, "; ".join(str(i) for i in schema_issues(err))
     if message is None:

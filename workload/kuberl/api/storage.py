@@ -14,7 +14,9 @@ from pathlib import PurePosixPath
 
 from .contract import AGENT_TOKEN_SUFFIX, API_TOKEN_SUFFIX, CHECKPOINT_KEY_SUFFIX, api_token_secret_name
 from .resolve import FieldIssue
-from .spec import RLExperimentSpec, VolumeMount, WeightSyncMode
+from .resources import InferencePoolSpec, TrainerJobSpec
+from .spec import RLExperimentSpec, StorageSpec, VolumeMount, WeightSyncMode
+from .tracking import LoggingSpec
 
 RESERVED_MOUNTS = ("/tmp", "/dev", "/etc/kuberl", "/proc", "/sys")
 
@@ -49,19 +51,27 @@ def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
 MANAGED_SECRET_SUFFIXES = (API_TOKEN_SUFFIX, AGENT_TOKEN_SUFFIX, CHECKPOINT_KEY_SUFFIX)  # the operator's Secrets
 
 
+def pod_secret_references(storage: StorageSpec, logging: LoggingSpec | None) -> list[tuple[str, str]]:
+    """(field, Secret name) of the Secrets ``spec.storage`` and ``spec.logging`` name — the fields an
+    RLExperiment, an InferencePool and a TrainerJob share (a pool has no ``logging``)."""
+    refs = [("spec.storage.credentialsSecret", storage.credentials_secret),
+            ("spec.storage.hubTokenSecret.name", storage.hub_token_secret.name if storage.hub_token_secret else None)]
+    if logging is not None:
+        refs += [("spec.logging.wandb.apiKeySecret.name",
+                  logging.wandb.api_key_secret.name if logging.wandb and logging.wandb.api_key_secret else None),
+                 ("spec.logging.mlflow.credentialsSecret",
+                  logging.mlflow.credentials_secret if logging.mlflow else None)]
+    return [(field, name) for field, name in refs if name]
+
+
 def secret_references(spec: RLExperimentSpec) -> list[tuple[str, str]]:
     """(field, Secret name) of every Secret the experiment's pods would read (the kubelet resolves
     them, so RBAC never sees who asked)."""
     refs = [(f"spec.agent.env[{i}].valueFrom.secretKeyRef.name", var.value_from.secret_key_ref.name)
             for i, var in enumerate(spec.agent.env if spec.agent else []) if var.value_from is not None]
-    storage, tracking = spec.storage, spec.logging
-    refs += [("spec.storage.credentialsSecret", storage.credentials_secret),
-             ("spec.checkpoint.credentialsSecret", spec.checkpoint.credentials_secret),
-             ("spec.storage.hubTokenSecret.name", storage.hub_token_secret.name if storage.hub_token_secret else None),
-             ("spec.logging.wandb.apiKeySecret.name",
-              tracking.wandb.api_key_secret.name if tracking.wandb and tracking.wandb.api_key_secret else None),
-             ("spec.logging.mlflow.credentialsSecret", tracking.mlflow.credentials_secret if tracking.mlflow else None)]
-    return [(field, name) for field, name in refs if name]
+    if spec.checkpoint.credentials_secret:
+        refs.append(("spec.checkpoint.credentialsSecret", spec.checkpoint.credentials_secret))
+    return refs + pod_secret_references(spec.storage, spec.logging)
 
 
 def managed_secret_problem(name: str, own_token: str) -> str | None:
@@ -75,12 +85,23 @@ def managed_secret_problem(name: str, own_token: str) -> str | None:
     return None
 
 
+def borrowed_secret_issues(refs: list[tuple[str, str]], owner: str) -> list[FieldIssue]:
+    """One issue per Secret in ``refs`` that KubeRL manages (``owner``'s API token, or any object's
+    API/agent token or checkpoint key): a manifest never hands one to its pods."""
+    token = api_token_secret_name(owner)
+    return [FieldIssue(field, problem) for field, name in refs if (problem := managed_secret_problem(name, token))]
+
+
+def standalone_issues(spec: InferencePoolSpec | TrainerJobSpec, name: str) -> list[FieldIssue]:
+    """Rules for an InferencePool's or TrainerJob's pods on a cluster: it may not borrow another
+    object's managed Secrets, whether it stands alone or says it belongs to an experiment."""
+    return borrowed_secret_issues(pod_secret_references(spec.storage, getattr(spec, "logging", None)), name)
+
+
 def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
     """Rules for the pods of experiment ``experiment`` on a cluster (Secrets, claims, mounts)."""
-    token = api_token_secret_name(experiment)
     storage = spec.storage
-    issues = [FieldIssue(field, problem) for field, name in secret_references(spec)
-              if (problem := managed_secret_problem(name, token))]
+    issues = borrowed_secret_issues(secret_references(spec), experiment)
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:
         issues.append(FieldIssue("spec.checkpoint.credentialsSecret",

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from .base import GROUP_VERSION, shown
 from .resolve import FieldIssue, resolve
-from .resources import KINDS, Resource, RLExperiment
-from .storage import cluster_issues
+from .resources import KINDS, InferencePool, Resource, RLExperiment, TrainerJob
+from .storage import cluster_issues, standalone_issues
 from .support import unsupported_issues
 
 
@@ -64,4 +64,7 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
         issues += cluster_issues(obj.spec, obj.metadata.name) if cluster else []
         if issues:
             return None, issues
+    if isinstance(obj, InferencePool | TrainerJob) and cluster and (
+            issues := standalone_issues(obj.spec, obj.metadata.name)):
+        return None, issues
     return obj, []
