@@ -31,6 +31,7 @@ class Repo:
 class FakeHub:
     repos: dict[str, Repo] = field(default_factory=dict)
     requested: list[str] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)  # every Authorization header received
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> web.Application:
@@ -46,6 +47,8 @@ class FakeHub:
     def _repo(self, request: web.Request) -> Repo:
         with self._lock:
             self.requested.append(request.path)
+            if "Authorization" in request.headers:
+                self.authorizations.append(request.headers["Authorization"])
         repo = self.repos.get(f"{request.match_info['org']}/{request.match_info['name']}")
         kind = request.match_info.get("kind") or ("datasets" if request.path.startswith("/datasets/") else "models")
         if repo is None or repo.kind != kind:

@@ -142,3 +142,47 @@ def test_kuberl_validate_reads_a_hub_models_config_alone_and_refuses_what_it_can
     assert main(["validate", str(manifest)]) == 0
     err = capsys.readouterr().err
     assert "warning:" in err and "spec.model.path: model checks skipped" in err
+
+
+def test_kuberl_validate_sends_no_credential_to_a_hub_the_manifest_names(hub, tmp_path, monkeypatch):
+    """Issue 69, item 4: a CI job validating pull requests must not hand its HF_TOKEN (or its saved
+    login) to whatever ``spec.storage.hubEndpoint`` a pull request names. The manifest-named hub gets
+    no Authorization header at all; huggingface.co's own address is the only one a saved login goes to."""
+    import yaml
+
+    from kuberl.api.contract import ENV_CACHE_DIR
+    from kuberl.settings import hub_token
+    from kuberl_cli.main import main
+
+    from .conftest import MINIMAL
+
+    fake, endpoint, _ = hub
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_TOKEN", "hf_the_validators_own_token")
+    (tmp_path / "hf-home").mkdir()
+    (tmp_path / "hf-home" / "token").write_text("hf_the_validators_saved_login")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    doc = MINIMAL | {"spec": MINIMAL["spec"] | {"model": {"path": "hf://team/tiny-chat"},
+                                                "storage": {"hubEndpoint": endpoint}}}
+    manifest = tmp_path / "x.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(manifest)]) == 0
+    assert any(p.endswith("/config.json") for p in fake.requested)  # it did ask that hub
+    assert fake.authorizations == []
+    assert hub_token(Settings(hub_endpoint=endpoint)) is False  # no implicit login to a mirror
+    assert hub_token(Settings()) is None  # huggingface.co: the library's own lookup
+    assert hub_token(Settings(hub_token="given", hub_endpoint=endpoint)) == "given"  # the run's own Secret
+
+
+@pytest.mark.parametrize("path", ["hf://team/tiny-chat@../../etc", "hf://team/tiny-chat@main/../x",
+                                  "hf://team/tiny-chat@a..b"])
+def test_a_hub_revision_with_dot_dot_is_refused_naming_the_field(path):
+    from kuberl.api import validate_document
+
+    from .conftest import MINIMAL
+
+    _, issues = validate_document(MINIMAL | {"spec": MINIMAL["spec"] | {"model": {"path": path}}})
+    assert [i.path for i in issues] == ["spec.model.path"] and "'..'" in issues[0].message, issues
+    data = {"path": "hf://datasets/team/math", "revision": "../main"}
+    _, issues = validate_document(MINIMAL | {"spec": MINIMAL["spec"] | {"dataset": data}})
+    assert [i.path for i in issues] == ["spec.dataset.revision"], issues

@@ -280,7 +280,28 @@ def test_a_users_reward_module_not_importable_here_is_a_warning(tmp_path, capsys
     path = write(tmp_path, with_spec(reward={"function": "team_rewards.math:judge"}))
     assert main(["validate", str(path)]) == 0
     err = capsys.readouterr().err
-    assert err.startswith("warning: ") and "spec.reward.function: 'team_rewards.math:judge': cannot import" in err
+    assert err.startswith("warning: ") and "spec.reward.function: 'team_rewards.math:judge': no module " \
+        "'team_rewards.math' on this machine's Python path" in err
+
+
+def test_validate_and_render_run_no_reward_code_unless_asked(tmp_path, capsys, monkeypatch):
+    """Issue 69, item 4: a manifest under review runs none of its code on the reviewer's machine — the
+    reward module's file is looked for, its package's ``__init__`` is not run; ``--import-rewards``
+    imports it (and then checks the function)."""
+    package = tmp_path / "team_rewards"
+    package.mkdir()
+    marker = tmp_path / "ran"
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (package / "math.py").write_text("def judge(prompt, completion, answer):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write(tmp_path, with_spec(reward={"function": "team_rewards.math:judge"}))
+    assert main(["validate", str(path)]) == 0 and main(["render", str(path)]) == 0
+    assert "spec.reward.function" not in capsys.readouterr().err and not marker.exists()
+    assert main(["validate", "--import-rewards", str(path)]) == 0
+    assert marker.exists()
+    wrong = write(tmp_path, with_spec(reward={"function": "team_rewards.math:nope"}))
+    assert main(["validate", "--import-rewards", str(wrong)]) == 0
+    assert "team_rewards.math has no function 'nope'" in capsys.readouterr().err
 
 
 def test_a_tracker_whose_library_is_missing_here_is_a_warning(tmp_path, capsys, monkeypatch):

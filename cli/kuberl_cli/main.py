@@ -58,12 +58,12 @@ def load_documents(path: Path) -> Iterator[tuple[str, Any]]:
         yield _describe(doc, i), doc
 
 
-def check_file(path: Path, warnings: list[str] | None = None, architecture: bool = False
-               ) -> tuple[list[Resource], list[str]]:
+def check_file(path: Path, warnings: list[str] | None = None, architecture: bool = False,
+               import_rewards: bool = False) -> tuple[list[Resource], list[str]]:
     """Valid objects in ``path`` and one error line per problem (file, object, field, message);
     an RLExperiment's files and reward are also checked on this machine (:mod:`.preflight`; with
     ``architecture``, what its model's config refuses too: ``kuberl validate``), its warnings appended
-    to ``warnings``."""
+    to ``warnings``; ``import_rewards``: import reward modules, not only find them."""
     objects: list[Resource] = []
     errors: list[str] = []
     try:
@@ -75,7 +75,7 @@ def check_file(path: Path, warnings: list[str] | None = None, architecture: bool
     for label, doc in documents:
         obj, issues = validate_document(doc)
         if (spec := experiment_spec(doc)) is not None:
-            local_errors, local_warnings = preflight(spec, architecture)
+            local_errors, local_warnings = preflight(spec, architecture, import_rewards)
             issues += local_errors
             obj = None if local_errors else obj
             if warnings is not None:
@@ -94,7 +94,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
         warnings: list[str] = []
-        objects, errors = check_file(Path(path), warnings, architecture=True)
+        objects, errors = check_file(Path(path), warnings, architecture=True, import_rewards=args.import_rewards)
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
         for line in errors:
@@ -110,7 +110,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from kuberl_operator.settings import OperatorSettings
 
     settings = OperatorSettings.from_env().build  # the operator's images etc. (KUBERL_IMAGE_*), as it would
-    objects, errors = check_file(Path(args.file))
+    objects, errors = check_file(Path(args.file), import_rewards=args.import_rewards)
     if errors:
         for line in errors:
             print(line, file=sys.stderr)
@@ -237,15 +237,21 @@ def cmd_argocd(args: argparse.Namespace) -> int:
     return 0
 
 
+IMPORT_REWARDS_HELP = ("import the reward modules the manifest names (running their code here) to check "
+                       "their functions; by default only their files are looked for")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check manifests offline (multi-document YAML)")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--import-rewards", action="store_true", help=IMPORT_REWARDS_HELP)
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("render", help="print every object the operator would create")
     p.add_argument("file", metavar="FILE")
     p.add_argument("-n", "--namespace", default=None, help="namespace for objects without one")
+    p.add_argument("--import-rewards", action="store_true", help=IMPORT_REWARDS_HELP)
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("run", help="run an experiment locally on CPU or NVIDIA GPUs (inference + trainer processes)")
     p.add_argument("file", metavar="FILE")

@@ -29,10 +29,13 @@ def experiment_spec(doc: Any) -> RLExperimentSpec | None:
         return None
 
 
-def preflight(spec: RLExperimentSpec, architecture: bool = True) -> tuple[list[FieldIssue], list[FieldIssue]]:
+def preflight(spec: RLExperimentSpec, architecture: bool = True, import_rewards: bool = False
+              ) -> tuple[list[FieldIssue], list[FieldIssue]]:
     """(errors, warnings) for ``spec`` on this machine; ([], [a warning]) without the workload extra.
     ``architecture``: also what the model's config refuses (:func:`model_checks`: it imports torch and
-    may ask the hub; ``kuberl render`` leaves it out)."""
+    may ask the hub — with none of this machine's credentials when the manifest names the hub's
+    address; ``kuberl render`` leaves it out). ``import_rewards``: import the reward modules (running
+    their code) to check the function too; else only their files are looked for."""
     try:
         from kuberl.data.tables import local_file_issues
         from kuberl.rewards import import_warning
@@ -51,7 +54,7 @@ def preflight(spec: RLExperimentSpec, architecture: bool = True) -> tuple[list[F
                                   "imports it at start-up)")
                 for field, function in rewards
                 if not function.startswith(f"{KUBERL_REWARDS_MODULE}:")  # the manifest's own check names those
-                and (message := import_warning(function, field))]
+                and (message := import_warning(function, field, import_rewards))]
     model_errors, model_warnings = model_checks(spec) if architecture else ([], [])
     return errors + model_errors, warnings + tracker_warnings(spec) + model_warnings
 
@@ -66,7 +69,8 @@ def model_checks(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIs
     from kuberl.trainer.model_fit import model_issues
 
     settings = from_environment()
-    settings = replace(settings, hub_endpoint=spec.storage.hub_endpoint or settings.hub_endpoint)
+    if spec.storage.hub_endpoint:  # the manifest's mirror gets none of this machine's credentials
+        settings = replace(settings, hub_endpoint=spec.storage.hub_endpoint, hub_token="")
     skipped = "model checks skipped ({}); the trainer checks the model at start-up"
     try:
         shape = model_shape(spec.model, settings)

@@ -160,3 +160,12 @@ def run_config_section(settings: Mapping[str, Any]) -> dict[str, Any]:
             section[name] = list(value) if isinstance(value, tuple | list) else \
                 str(value) if isinstance(value, Path) else value
     return section
+
+
+def hub_token(settings: Settings) -> str | bool | None:
+    """The credential ``huggingface_hub`` may send: the one the run was given (``spec.storage.hubTokenSecret``
+    → HF_TOKEN); else, for huggingface.co only, this machine's saved login (None: the library's own
+    lookup); never an implicit one to a mirror a manifest names (False: no token at all)."""
+    if settings.hub_token:
+        return settings.hub_token
+    return None if settings.hub_endpoint is None else False

@@ -11,6 +11,8 @@ from pydantic import Field
 
 from .base import ApiModel
 
+HUB_REVISION_PATTERN = r"[\w-]+([./][\w-]+)*"  # a hub branch, tag or commit: no "..", no "." segment
+
 
 class ChatTemplateMode(StrEnum):
     AUTO = "auto"
@@ -57,7 +59,7 @@ class DatasetSource(ApiModel):
     config: str | None = Field(None, max_length=256, description="hf:// datasets: the configuration (subset)")
     split: str = Field("train", pattern=r"^[\w.\[\]:%-]+$", max_length=256,
                        description="the split (hf:// datasets; files are one split, 'train')")
-    revision: str | None = Field(None, pattern=r"^[\w./-]+$", max_length=256,
+    revision: str | None = Field(None, pattern=rf"^{HUB_REVISION_PATTERN}$", max_length=256,
                                  description="hf:// datasets: a branch, tag or commit")
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="rows whose rendered prompt is longer are skipped (and counted: "

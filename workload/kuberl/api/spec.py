@@ -17,7 +17,7 @@ from .algorithm import AlgorithmSpec
 from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel, shown
 from .contract import TrainerRuntime
 from .lora import LoraSpec
-from .sources import ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
+from .sources import HUB_REVISION_PATTERN, ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
 from .tracking import LoggingSpec
 
 
@@ -96,7 +96,8 @@ class SftWarmup(ApiModel):
 
 
 HUB_PREFIX = "hf://"
-MODEL_PATH_PATTERN = r"^(builtin:[a-z0-9-]+|file://.+|s3://.+|hf://[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?|/.+)$"
+MODEL_PATH_PATTERN = (r"^(builtin:[a-z0-9-]+|file://.+|s3://.+|hf://[A-Za-z0-9][\w.-]*/[\w.-]+"
+                      rf"(@{HUB_REVISION_PATTERN})?|/.+)$")
 
 
 class ModelSource(ApiModel):
@@ -129,6 +130,9 @@ class ModelSource(ApiModel):
     @field_validator("path", "tokenizer", "init_from")
     @classmethod
     def _known_location(cls, uri: str | None) -> str | None:
+        if uri is not None and uri.startswith(HUB_PREFIX) and ".." in uri.partition("@")[2]:
+            raise ValueError(f"{uri!r}: a hub revision may not hold '..' (a branch, tag or commit: "
+                             f"hf://ORG/NAME@REVISION)")
         if uri is not None and not re.match(MODEL_PATH_PATTERN, uri):
             hub_id = re.match(r"^[\w.-]+/[\w.-]+$", uri)
             hint = f"; a Hugging Face hub model is written {HUB_PREFIX}{uri}" if hub_id else ""

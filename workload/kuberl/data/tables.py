@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..api.spec import DatasetSource
 from ..remote import RemoteError, local_copy
-from ..settings import Settings
+from ..settings import Settings, hub_token
 from .builtin import TABLES, table_file
 from .example import Example, Message
 
@@ -57,7 +57,7 @@ def load_table(source: DatasetSource, settings: Settings) -> datasets.Dataset:
         if source.path.startswith(HUB_DATASETS):
             table = datasets.load_dataset(source.path.removeprefix(HUB_DATASETS), name=source.config,
                                           split=source.split, revision=source.revision, cache_dir=cache,
-                                          token=settings.hub_token or None)
+                                          token=hub_token(settings))
         else:
             path = dataset_file(source.path, settings)
             if not path.is_file():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..api.spec import HUB_PREFIX
-from ..settings import Settings
+from ..settings import Settings, hub_token
 
 WANTED = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
 _HUB_PATH = re.compile(r"^hf://(?P<repo>[^@/]+/[^@/]+)(@(?P<revision>.+))?$")
@@ -49,7 +49,7 @@ def snapshot(uri: str, field: str, settings: Settings) -> Path:
 
     return _fetched(uri, field, lambda model: Path(snapshot_download(
         model.repo, revision=model.revision, cache_dir=settings.cache_dir / "hub", allow_patterns=WANTED,
-        token=settings.hub_token or None, endpoint=settings.hub_endpoint)))
+        token=hub_token(settings), endpoint=settings.hub_endpoint)))
 
 
 def config_file(uri: str, field: str, settings: Settings) -> Path:
@@ -62,7 +62,7 @@ def config_file(uri: str, field: str, settings: Settings) -> Path:
 
     def fetch(model: HubModel) -> Path:
         where = {"revision": model.revision, "cache_dir": settings.cache_dir / "hub"}
-        token = settings.hub_token or None
+        token = hub_token(settings)
         with contextlib.suppress(LocalEntryNotFoundError):
             return Path(hf_hub_download(model.repo, "config.json", local_files_only=True, **where))
         try:

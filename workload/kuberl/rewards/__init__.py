@@ -101,9 +101,28 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
-def import_warning(function: str, field: str = "spec.reward.function") -> str | None:
-    """Why ``function`` cannot be imported on this machine (a user's module may live only in their
-    image: ``kuberl validate`` warns, the trainer fails at start-up), or None."""
+def module_found(module_name: str) -> bool:
+    """Whether ``module_name`` lies on ``sys.path``, found without running any of its code (nor its
+    parent packages' ``__init__``: ``importlib.util.find_spec`` would import those)."""
+    from importlib.machinery import PathFinder
+
+    locations: list[str] | None = None
+    for part in module_name.split("."):
+        spec = PathFinder.find_spec(part, locations)
+        if spec is None:
+            return False
+        locations = list(spec.submodule_search_locations or [])
+    return True
+
+
+def import_warning(function: str, field: str = "spec.reward.function", import_it: bool = False) -> str | None:
+    """Why ``function`` cannot be used on this machine (a user's module may live only in their image:
+    ``kuberl validate`` warns, the trainer fails at start-up), or None. Without ``import_it`` only the
+    module's file is looked for — a manifest under review runs none of its code on the reviewer's machine."""
+    if not import_it:
+        module_name = function.partition(":")[0]
+        return None if module_found(module_name) else (
+            f"{field} {function!r}: no module {module_name!r} on this machine's Python path")
     try:
         load_reward(function, field)
     except ValueError as err:
