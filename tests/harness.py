@@ -19,6 +19,7 @@ from typing import Any
 import kmock
 
 from .kube_emulator import KubeEmulator, kubeconfig
+from .kube_rbac import OPERATOR_TOKEN, operator_grants
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "kuberl.io"
@@ -45,13 +46,17 @@ async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 @contextlib.asynccontextmanager
 async def running_operator(cluster: Cluster, namespaces: list[str] | None = None) -> AsyncIterator[None]:
-    """Start the operator (as `kuberl operator` would; watching only ``namespaces`` when given) and
-    stop it cleanly afterwards."""
+    """Start the operator (as `kuberl operator` would; watching only ``namespaces`` when given), with
+    exactly the chart's RBAC for that scope (``kube_rbac``), and stop it cleanly afterwards; a request
+    that RBAC refused fails the test, naming it (a missing verb fails here, not on a cluster)."""
     import kopf
 
     from kuberl_operator import handlers  # registers the handlers
 
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    operator_config = cluster.kubeconfig.with_name("operator-kubeconfig")
+    operator_config.write_text(kubeconfig(cluster.url, OPERATOR_TOKEN))
+    cluster.api.identities[OPERATOR_TOKEN] = operator_grants(tuple(namespaces) if namespaces else None)
+    os.environ["KUBECONFIG"] = str(operator_config)
     ready = asyncio.Event()
     task = asyncio.create_task(kopf.operator(standalone=True, ready_flag=ready, **handlers.operator_scope(namespaces)))
     try:
@@ -69,6 +74,7 @@ async def running_operator(cluster: Cluster, namespaces: list[str] | None = None
             background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await background
+    assert not cluster.api.forbidden, f"the chart's RBAC refused the operator: {sorted(set(cluster.api.forbidden))}"
 
 
 async def _stopped(task: asyncio.Task[Any], timeout: float) -> None:

@@ -23,12 +23,15 @@ for every registered resource, and nothing else in the tests emulates the API:
 * ``kubectl get`` tables (``as=Table``) rendered from the CRDs' additionalPrinterColumns, and
   discovery without categories on subresources (or ``kubectl get kuberl`` breaks) and with the
   core group's version named ``v1`` (kmock says ``/v1``; kubectl then finds no ``pods``);
+* RBAC for the identities in ``identities`` (bearer token → ``kube_rbac.Grants``; the operator's in
+  every operator test is the chart's rendered RBAC): a request they do not grant answers 403 and is
+  recorded in ``forbidden``; other tokens (the tests' own kubectl) may do anything;
 * bounded request history: kmock keeps every request and re-filters that list on every new one
   (quadratic); here only the last few are kept.
 
 What it does not do (a real cluster's job, see README "What the emulator cannot check"): OpenAPI
 schema validation, defaulting, pruning and CEL rules of the CRDs (kubectl needs
-``--validate=false``), admission, RBAC, server-side apply, scheduling and kubelets (tests play the
+``--validate=false``), admission, server-side apply, scheduling and kubelets (tests play the
 scheduler and the kubelet by patching pods), and 410 Gone for expired resource versions (a
 ``Fault("WATCH", plural, 410)`` sends one).
 """
@@ -63,6 +66,7 @@ from .kube_objects import (
     scale_of,
     with_json_path,
 )
+from .kube_rbac import Grants
 
 Obj = dict[str, Any]
 
@@ -148,6 +152,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._next_change = asyncio.Event()  # set, and replaced by a fresh one, at every change
         self.faults: list[Fault] = []
         self.used: set[tuple[str, str, str]] = set()  # (RBAC verb, API group, resource[/subresource]) asked for
+        self.identities: dict[str, Grants] = {}  # bearer token → what it may do (absent: anything)
+        self.forbidden: list[str] = []  # requests refused by ``identities``
         self.requests: collections.Counter[str] = collections.Counter()  # RBAC verb → requests served
         self.delivered: collections.Counter[tuple[str, str]] = collections.Counter()  # (plural, name) → times sent
         self._uids: set[str] = set()  # of the objects created here (``_uid_exists``)
@@ -375,8 +381,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
         g, p, ns, name, sub = res.group, res.plural, request.namespace, request.name, request.subresource
         params, method = request.params, request.method.value.upper()
         watching = method == "GET" and params.get("watch") in ("true", "1")
-        self.used.add((rbac_verb(method, name, watching), g, p + (f"/{sub}" if sub else "")))
-        self.requests[rbac_verb(method, name, watching)] += 1
+        resource, rbac = p + (f"/{sub}" if sub else ""), rbac_verb(method, name, watching)
+        self.used.add((rbac, g, resource))
+        self.requests[rbac] += 1
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        grants = self.identities.get(token)
+        if grants is not None and not grants.allows(rbac, g, resource, ns):
+            refused = f"{rbac} {g or 'core'}/{resource} in {ns or 'the cluster'}"
+            self.forbidden.append(refused)
+            raise ApiError(status=403, reason="Forbidden", message=f"{token} cannot {refused}")
         verb = "WATCH" if watching else "LIST" if method == "GET" and name is None else method
         fault = next((f for f in self.faults if f.matches(verb, p, ns, sub)), None)
         if fault is not None and fault.status == 410 and watching:  # as a real server: 200, then an ERROR event
@@ -487,12 +500,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return response
 
 
-def kubeconfig(url: str) -> str:
-    """A kubeconfig (YAML text) pointing at the emulator, without credentials."""
+def kubeconfig(url: str, token: str = "emulator") -> str:
+    """A kubeconfig (YAML text) pointing at the emulator, with ``token`` as its user's bearer token."""
     return yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
         "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-        "users": [{"name": "tester", "user": {"token": "emulator"}}],
+        "users": [{"name": "tester", "user": {"token": token}}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
                                                       "namespace": "default"}}],
     })

@@ -29,7 +29,7 @@ GRANTED_NOT_CALLED = {
 
 async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_path):
     """A tour of everything the operator does — two experiments (an agent and a Volcano gang; a
-    Kubeflow runtime and a coscheduling gang), a node's topology, a tampered policy, a failure that
+    Kubeflow runtime and a coscheduling gang), both resized, a node's topology, a tampered policy, a failure that
     becomes an Event, suspend, the agent removed, runtime switches (kubeflow → trainjob → native) —
     recording every request the emulator gets. The chart's RBAC (every integration on) must cover each
     request and grant nothing else but GRANTED_NOT_CALLED."""
@@ -50,6 +50,11 @@ async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_pat
         await eventually(lambda: len(pods(api, "team-a")) == 3 and api.list("kubeflow.org", "pytorchjobs", "team-a"),
                          what="pods and the PyTorchJob")
         await bind(api, pods(api, "team-a")[0], "node-a")
+        for name in ("cpu-agent-gateway", "cpu-tiny"):  # a resize patches each gang's PodGroup (issue 69, item 6)
+            await api.patch(GROUP, "rlexperiments", "team-a", name, {"spec": {"inference": {"replicas": 2}}})
+        await eventually(lambda: {("patch", "scheduling.volcano.sh", "podgroups"),
+                                  ("patch", "scheduling.x-k8s.io", "podgroups")} <= api.used,
+                         what="both PodGroups resized")
         await api.patch("networking.k8s.io", "networkpolicies", "team-a", "cpu-tiny",
                         {"spec": {"ingress": []}})  # tampered with: the operator puts it back
         await api.patch(GROUP, "rlexperiments", "team-a", "cpu-agent-gateway", {"spec": {

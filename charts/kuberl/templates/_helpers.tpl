@@ -104,15 +104,16 @@ app.kubernetes.io/component: operator
   resources: [trainjobs]
   verbs: [get, list, watch, create, delete]
 {{- end }}
+# A gang's PodGroup: created with the experiment, its minMember patched when the experiment resizes.
 {{- if .Values.integrations.volcano }}
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]
-  verbs: [get, create]
+  verbs: [get, create, patch]
 {{- end }}
 {{- if .Values.integrations.coscheduling }}
 - apiGroups: [scheduling.x-k8s.io]
   resources: [podgroups]
-  verbs: [get, create]
+  verbs: [get, create, patch]
 {{- end }}
 {{- end -}}
 
