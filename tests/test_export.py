@@ -4,6 +4,7 @@ trainer's, it answers as the trainer's policy does, and it is complete only once
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -170,6 +171,60 @@ def test_a_new_run_starts_from_anothers_checkpoint(world_of_one, tmp_path: Path)
     (megatron / "trainer_state.json").write_text(json.dumps(state | {"layout": {"backend": "megatron"}}))
     with pytest.raises(ModelLoadError, match=r"spec\.model\.initFrom: .*backend megatron"):
         load_model(ModelSource(path="builtin:tiny-qwen2-chat", initFrom=f"file://{megatron}"), 0, settings)
+
+
+class RunsCode:
+    """Unpickled, it creates ``marker``: what a crafted checkpoint would do in the trainer."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_init_from_unpickles_nothing_another_run_wrote(world_of_one, tmp_path: Path):
+    """Issue 69, item 5: another run's checkpoint is not signed for this one, so neither of DCP's
+    pickles may run code: a ``.metadata`` asking for anything but DCP's metadata classes is refused
+    (naming what it asked for and pointing at the export), and a byte entry (the optimizer's) is never
+    read — the weights still load."""
+    import pytest
+    import torch.distributed.checkpoint as dcp
+
+    from kuberl.api.spec import ModelSource
+    from kuberl.checkpoint import CheckpointManager, open_store
+    from kuberl.models.loading import ModelLoadError, load_model
+    from kuberl.settings import Settings
+    from kuberl.trainer.checkpointing import TrainerState, save_trainer
+    from kuberl.trainer.export import describe_model
+
+    actor, tok = trained_actor()
+    want = actor.full_state_dict()
+    manager = CheckpointManager(open_store(f"file://{tmp_path}/other/"), keep=2, run_id="other-run")
+    save_trainer(actor, TrainerState.capture(5, 5, 80), tmp_path / "s5",
+                 lambda where: describe_model(actor.model.config, tok, where))
+    step = Path(manager.save(tmp_path / "s5", 5).removeprefix("file://"))
+    marker = tmp_path / "code-ran"
+
+    byte_entry = tmp_path / "byte-entry"
+    byte_entry.mkdir()
+    for item in step.iterdir():
+        if item.name != "dcp":
+            (byte_entry / item.name).symlink_to(item)
+    dcp.save({"model": want, "optim": {"state": RunsCode(marker)}}, checkpoint_id=str(byte_entry / "dcp"),
+             no_dist=True)
+    whole, _ = load_model(ModelSource(path="builtin:tiny-qwen2-chat", initFrom=f"file://{byte_entry}"), 0,
+                          Settings(cache_dir=tmp_path / "cache"))
+    assert all(torch.equal(whole.state_dict()[name], tensor) for name, tensor in want.items())
+    assert not marker.exists(), "a byte entry of another run's checkpoint was unpickled"
+
+    (step / "dcp" / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    with pytest.raises(ModelLoadError, match=r"spec\.model\.initFrom: .*posix\.system.*spec\.export"):
+        load_model(ModelSource(path="builtin:tiny-qwen2-chat", initFrom=f"file://{step}"), 0,
+                   Settings(cache_dir=tmp_path / "cache"))
+    assert not marker.exists(), "another run's DCP metadata was unpickled"
 
 
 def test_a_mixture_of_experts_exports_one_tensor_per_expert_as_the_hub_does(tmp_path: Path):

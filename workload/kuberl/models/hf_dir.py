@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Pretrained
 from ..checkpoint.layout import MODEL_DIR, SHARDS_DIR, checkpoint_backend, checkpoint_layout
 from ..remote import exclusive
 from . import file_layout
+from .dcp_read import UnsafeCheckpoint, model_tensors
 
 log = logging.getLogger("kuberl.models")
 COMPLETE = ".complete"  # written last into a converted directory in the cache
@@ -60,11 +61,10 @@ def saved_description(checkpoint: Path) -> tuple[PretrainedConfig, PreTrainedTok
     return AutoConfig.from_pretrained(checkpoint / MODEL_DIR), AutoTokenizer.from_pretrained(checkpoint / MODEL_DIR)
 
 
-def checkpoint_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
-    """The model's whole tensors under HF names from an FSDP2 checkpoint's shards (no process group:
-    ``torch.distributed.checkpoint``'s ``dcp_to_torch_save``); the optimizer's state is left out."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
+def checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model's whole tensors under HF names from an FSDP2 checkpoint's shards (no process group),
+    read without unpickling anything but DCP's own metadata (:mod:`.dcp_read`: the checkpoint is
+    another run's, unsigned for this one); the optimizer's state is left out."""
     backend = checkpoint_backend(checkpoint)
     if backend != "fsdp":
         raise CheckpointReadError(f"the checkpoint was written by backend {backend}; its weights are read from "
@@ -72,11 +72,10 @@ def checkpoint_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tenso
     if "adapter" in checkpoint_layout(checkpoint):
         raise CheckpointReadError("the checkpoint holds a LoRA adapter (spec.trainer.lora), not the model's weights; "
                                   "use the run's export (spec.export: the merged model, and the adapter in adapter/)")
-    dcp_to_torch_save(str(checkpoint / SHARDS_DIR), str(scratch))
     try:
-        return torch.load(scratch, weights_only=True)["model"]
-    finally:
-        scratch.unlink(missing_ok=True)
+        return model_tensors(checkpoint / SHARDS_DIR)
+    except UnsafeCheckpoint as err:
+        raise CheckpointReadError(str(err)) from err
 
 
 def checkpoint_as_hf_dir(checkpoint: Path, cache: Path, field: str) -> Path:
@@ -94,7 +93,7 @@ def checkpoint_as_hf_dir(checkpoint: Path, cache: Path, field: str) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         log.info("%s: reading the weights of checkpoint %s into %s", field, checkpoint, target)
         try:
-            state = checkpoint_weights(checkpoint, target.with_suffix(".pt"))
+            state = checkpoint_weights(checkpoint)
         except CheckpointReadError as err:
             raise CheckpointReadError(f"{field}: {err}") from err
         write_hf_dir(state, *description, target, torch.float32)

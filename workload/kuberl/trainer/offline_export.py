@@ -33,7 +33,7 @@ def export_checkpoint(checkpoint_uri: str, out_uri: str, model: str | None, dtyp
         work = Path(tmp)
         where, step = download(checkpoint_uri, work / "checkpoint", settings)
         try:
-            state = checkpoint_weights(where, work / "weights.pt")
+            state = checkpoint_weights(where)
         except CheckpointReadError as err:
             raise CheckpointError(str(err)) from err
         config, tokenizer = model_description(where, model, settings)
