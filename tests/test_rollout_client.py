@@ -106,6 +106,74 @@ async def test_a_replica_answering_500_leaves_rotation_and_the_rollout_goes_on_w
         await good.close()
 
 
+def answering_impossible(kind: str, vocab: int) -> web.Application:
+    """A replica whose engine answers 200 with output the model cannot have produced: a token id past
+    its vocabulary, routes for a dense model, the wrong number of generations, or a malformed body."""
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def generate(request: web.Request) -> web.Response:
+        n = (await request.json())["n"]
+        out = {"output_ids": [1, vocab + 7], "logprobs": [-0.1, -0.2], "versions": [0, 0], "finish_reason": "stop"}
+        if kind == "routes":
+            out = {**out, "output_ids": [1, 2], "routes": {"shape": [3, 1, 1], "data": "AAABAAIA"}}
+        outputs = [out] * (n + 1 if kind == "count" else n)
+        return web.json_response({"version": 0, "outputs": outputs} if kind != "malformed" else {"version": "x"})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/generate", generate)
+    return app
+
+
+@pytest.mark.parametrize("kind", ["vocabulary", "routes", "count", "malformed"])
+async def test_a_reply_the_model_cannot_have_made_is_its_replicas_fault_and_goes_elsewhere(kind):
+    """Issue 69, item 7: a replica answering ids past the vocabulary (a device-side assert in the
+    trainer's embedding on a GPU), routes the model has no experts for, or a malformed reply leaves
+    rotation like a 500; its requests are answered by the other replica, within the model's limits."""
+    from kuberl.inference.contract import ReplyLimits
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    limits = ReplyLimits.of(model)
+    assert limits == ReplyLimits(len(tok))  # a dense model: no experts
+    broken = TestServer(answering_impossible(kind, limits.vocab_size))
+    await broken.start_server()
+    (good, engine), = await start_servers(1, tok)
+    try:
+        async with InferenceClient([str(broken.make_url("/")), str(good.make_url("/"))], TOKEN,
+                                   limits=limits) as client:
+            prompt = [tok.bos_token_id, *tok("2+3=", add_special_tokens=False).input_ids]
+            outs = await asyncio.wait_for(asyncio.gather(*(client.generate(prompt, 2, 5, 1.0, 1.0)
+                                                           for _ in range(6))), timeout=30)
+            assert client.replicas[0].needs_weights and not client.replicas[1].needs_weights
+        assert all(len(group) == 2 and all(max(o.output_ids) < limits.vocab_size and o.routes is None
+                                           for o in group) for group in outs)
+        assert engine.generated_tokens == sum(len(o.output_ids) for group in outs for o in group)
+    finally:
+        await broken.close()
+        await good.close()
+
+
+def test_reply_limits_of_a_mixture_of_experts_check_layers_k_and_experts():
+    from kuberl.inference.contract import GenerateReply, Generation, ReplyLimits
+    from kuberl.models.tiny import tiny_qwen3_moe
+
+    model = tiny_qwen3_moe(40, seed=0)
+    limits = ReplyLimits.of(model)
+    assert limits.moe_layers > 0 and limits.top_k > 0 and limits.experts > limits.top_k
+
+    def reply(routes: torch.Tensor) -> GenerateReply:
+        return GenerateReply(0, [Generation([1, 2], [-0.1, -0.1], [0, 0], "stop", routes=routes)])
+
+    fine = torch.zeros(4, limits.moe_layers, limits.top_k, dtype=torch.int16)
+    assert limits.problem(reply(fine), 1, 3) is None
+    assert limits.problem(reply(fine.clone().fill_(-1)), 1, 3) is None  # unknown routes
+    assert "experts outside" in limits.problem(reply(fine + limits.experts), 1, 3)
+    assert "shape" in limits.problem(reply(fine[:, :-1]), 1, 3)  # a layer short
+    assert "shape" in limits.problem(reply(torch.zeros(9, limits.moe_layers, limits.top_k)), 1, 3)  # too many
+
+
 async def test_requests_on_a_hung_replica_move_to_a_healthy_one():
     tok = char_tokenizer()
     release = threading.Event()

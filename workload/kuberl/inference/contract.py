@@ -95,6 +95,55 @@ class GenerateReply:
         return GenerateReply(data["version"], [Generation.from_json(o) for o in data["outputs"]])
 
 
+@dataclass(frozen=True)
+class ReplyLimits:
+    """What a ``/generate`` reply may hold for the model being trained: token ids in ``[0, vocab_size)``
+    (the trainer's embedding rows: an id past them is a device-side assert on a GPU), and, for a mixture
+    of experts, routes of ``[positions ≤ prompt + output, moe_layers, top_k]`` experts in
+    ``[0, experts)`` or −1 (unknown). The rollout client treats a reply outside them as its replica's
+    fault (:meth:`problem`)."""
+
+    vocab_size: int
+    moe_layers: int = 0
+    top_k: int = 0
+    experts: int = 0
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> ReplyLimits:
+        """The limits of ``model`` (its modules alone: a model on ``meta`` will do)."""
+        embedding = model.get_input_embeddings()
+        assert isinstance(embedding, torch.nn.Embedding)
+        routers = moe_routing.routers(model)
+        if not routers:
+            return ReplyLimits(embedding.num_embeddings)
+        return ReplyLimits(embedding.num_embeddings, len(routers), int(routers[0].top_k), int(routers[0].num_experts))
+
+    def problem(self, reply: GenerateReply, n: int, prompt_tokens: int) -> str | None:
+        """Why ``reply`` to a request for ``n`` generations of a ``prompt_tokens`` prompt cannot be from
+        this model, or None."""
+        if len(reply.outputs) != n:
+            return f"answered {len(reply.outputs)} generations to a request for {n}"
+        for out in reply.outputs:
+            if out.output_ids and (min(out.output_ids) < 0 or max(out.output_ids) >= self.vocab_size):
+                bad = next(t for t in out.output_ids if not 0 <= t < self.vocab_size)
+                return f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})"
+            tokens = prompt_tokens + len(out.output_ids)
+            if out.routes is not None and (why := self._routes_problem(out.routes, tokens)):
+                return why
+        return None
+
+    def _routes_problem(self, routes: torch.Tensor, tokens: int) -> str | None:
+        if self.moe_layers == 0:
+            return "sent routes for a model without experts"
+        positions, layers, k = routes.shape
+        if (layers, k) != (self.moe_layers, self.top_k) or positions > tokens:
+            return (f"routes of shape {list(routes.shape)}; the model routes at most {tokens} positions through "
+                    f"{self.moe_layers} layers, {self.top_k} experts each")
+        if routes.numel() and (int(routes.min()) < moe_routing.UNKNOWN or int(routes.max()) >= self.experts):
+            return f"routes name experts outside [0, {self.experts})"
+        return None
+
+
 class Engine(Protocol):
     version: int
     generated_tokens: int

@@ -31,7 +31,7 @@ from urllib.parse import quote
 import aiohttp
 
 from ..auth import bearer
-from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Generation
+from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Generation, ReplyLimits
 
 log = logging.getLogger("kuberl.rollout")
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
@@ -80,6 +80,7 @@ class InferenceClient:
     health_interval: float = 2.0
     health_timeout: float = 10.0
     return_routes: bool = False  # ask every generation for its MoE routes (spec.algorithm.routingReplay)
+    limits: ReplyLimits | None = None  # the trained model's: a reply outside them is its replica's fault
     replicas: list[Replica] = field(init=False)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _control: aiohttp.ClientSession | None = field(default=None, init=False)
@@ -377,7 +378,7 @@ class InferenceClient:
                 continue
             replica.in_flight += n
             try:
-                reply = GenerateReply.from_json(await self._on(replica, "/generate", json=body))
+                reply = self._checked(replica, await self._on(replica, "/generate", json=body), n, len(input_ids))
                 if self._latest is not None and reply.version < self._latest[1] - 1:
                     self._lost(replica, RuntimeError(f"serves version {reply.version}, restarted?"))
                 else:
@@ -388,6 +389,18 @@ class InferenceClient:
                 await asyncio.sleep(0.2)
             finally:
                 replica.in_flight -= n
+
+    def _checked(self, replica: Replica, data: Any, n: int, prompt_tokens: int) -> GenerateReply:
+        """``data`` as a reply to ``n`` generations, within ``limits``; else ReplicaFault: a replica that
+        answers malformed or impossible output (ids past the vocabulary, experts the model lacks) is
+        taken out of rotation and the request goes elsewhere — never into a batch the trainer indexes."""
+        try:
+            reply = GenerateReply.from_json(data)
+        except ValueError as err:
+            raise ReplicaFault(f"{replica.url}/generate: a malformed reply: {err}") from err
+        if self.limits is not None and (problem := self.limits.problem(reply, n, prompt_tokens)):
+            raise ReplicaFault(f"{replica.url}/generate: {problem}")
+        return reply
 
     async def _complete(self, input_ids: list[int], out: Generation, budget: int, temperature: float,
                         top_p: float) -> Generation:

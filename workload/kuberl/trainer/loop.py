@@ -26,6 +26,7 @@ from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..fsdp.actor import FSDPActor, build_critic
 from ..heap import freeze_set_up_heap
+from ..inference.contract import ReplyLimits
 from ..models.loading import load_model, load_skeleton
 from ..policy.actor import Actor
 from ..policy.algorithms import AlgorithmConfig, learning_rate_at
@@ -142,6 +143,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     else:
         (model, tokenizer), weights = load_model(spec.model, spec.seed, settings), None
     config = algorithm_config(run)
+    limits = ReplyLimits.of(model)  # before make_actor wraps or shards it
     actor = make_actor(run, model, device, weights)
     checkpointer = Checkpointer(settings.checkpoint_location(spec.checkpoint.uri), spec.checkpoint.every_steps,
                                 spec.checkpoint.keep, settings.staging_dir, rank, settings.local_rank, run.run_id,
@@ -163,8 +165,8 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
         log.info("resumed from the checkpoint of step %d (version %d)", resumed.step, resumed.version)
     first_step = resumed.step if resumed else 0
     max_steps = settings.max_steps if settings.max_steps is not None else spec.algorithm.max_steps
-    services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls, rollout)
-                if rollout is not None else NoServices())
+    services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls, rollout,
+                                       limits) if rollout is not None else NoServices())
     sync = make_weight_sync(str(spec.weight_sync.mode), services.control, settings, rank, world,
                             spec.weight_sync.directory, spec.weight_sync.relay)
     sync.push(actor.weight_source(), first_step)  # the pool gets the (resumed) weights before rollout starts

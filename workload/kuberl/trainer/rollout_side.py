@@ -23,6 +23,7 @@ from typing import Any
 from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
 from ..heap import freeze_set_up_heap
+from ..inference.contract import ReplyLimits
 from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient, WeightPayload
 from ..rollout.controller import RolloutController
@@ -53,6 +54,7 @@ class RolloutRecipe:
     position: int
     prompts: dict[str, Any] | None
     urls: list[str]
+    limits: ReplyLimits  # what the replicas' replies may hold for this model
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class RolloutSide:
         workflow = None if spec.agent else make_workflow(
             spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
             max_new_tokens=spec.rollout.max_new_tokens, reward=self.reward)
-        client = InferenceClient(recipe.urls, settings.api_token, return_routes=spec.algorithm.routing_replay)
+        client = InferenceClient(recipe.urls, settings.api_token, return_routes=spec.algorithm.routing_replay,
+                                 limits=recipe.limits)
         self.controller = RolloutController(client, workflow, prompts, manager)
         self.controller.episodes = recipe.position
         self.controller.start()

@@ -20,6 +20,7 @@ from typing import Any
 from ..api import Progress, resolve
 from ..api.spec import RLExperimentSpec
 from ..devices import compute_dtype, dtype_name
+from ..inference.contract import ReplyLimits
 from ..models.loading import model_origin
 from ..policy.algorithms import AlgorithmConfig, build_batch
 from ..policy.loss import BehaviourGapMonitor
@@ -141,12 +142,12 @@ class RankZeroServices(NoServices):
 
     @classmethod
     def start(cls, run: RunConfig, settings: Settings, tokenizer: Any, first_step: int, resumed: TrainerState | None,
-              max_steps: int, urls: list[str], rollout: RolloutProcess) -> RankZeroServices:
+              max_steps: int, urls: list[str], rollout: RolloutProcess, limits: ReplyLimits) -> RankZeroServices:
         """The rollout process built (:class:`~.rollout_side.RolloutSide`: the controller, the prompts
         where the resumed run left them, the gateway, the evaluations' episodes) and serving, the
         progress endpoint, the curves and the evaluations' schedule."""
         rollout.build(RolloutRecipe(run, settings, tokenizer, first_step, resumed.data_position if resumed else 0,
-                                    resumed.prompts if resumed else None, urls))
+                                    resumed.prompts if resumed else None, urls, limits))
         server = ProgressServer(Progress(step=first_step, first_step=first_step, version=first_step,
                                          max_steps=max_steps, phase="running"))
         server.serve_in_thread(settings.progress_port, settings.bind_host)
