@@ -5,6 +5,7 @@ retry gets through once the trainer has caught up."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import importlib.util
@@ -41,7 +42,7 @@ def load_agent() -> Any:
 
 @contextlib.contextmanager
 def gateway_over(model: Any, tok: Any, batch_size: int = 1, max_staleness: int = 0,
-                 admission_wait: float = 1.0) -> Iterator[Any]:
+                 admission_wait: float = 1.0, reward: Any = None) -> Iterator[Any]:
     """``model`` behind the real inference server, a rollout controller whose episodes come from
     outside (``batch_size`` groups of 2 a step, η = ``max_staleness``), and the gateway in front
     (a new session waits ``admission_wait`` s for the budget before its 429): yields (gateway, an
@@ -61,7 +62,8 @@ def gateway_over(model: Any, tok: Any, batch_size: int = 1, max_staleness: int =
                                                     max_concurrent=4))
     controller.start()
     gateway = Gateway(controller, tok, GatewayConfig("tiny-agent", group_size=2, max_new_tokens=24, temperature=1.0,
-                                                     top_p=1.0, session_timeout=60, admission_wait=admission_wait),
+                                                     top_p=1.0, session_timeout=60, admission_wait=admission_wait,
+                                                     reward=reward),
                       AGENT_TOKEN, tasks=examples(DatasetSource(path="builtin:multiplication-tools"), 1))
     gateway.start_in(gateway_port)
     try:
@@ -356,3 +358,62 @@ def test_stopping_the_gateway_with_calls_in_flight_ends_them_at_once():
         stop_replica()
     assert stopped_after < 10, f"stop took {stopped_after:.1f} s"
     assert not agent.is_alive() and outcome and isinstance(outcome[0], openai.APIError), outcome
+
+
+class SlowReward:
+    """A reward that takes a second to score (the Scorer protocol; what a code reward does)."""
+
+    timeouts = errors = 0
+    concurrent = True
+
+    async def score(self, prompt: str, completion: str, answer: str, row: dict[str, Any]) -> float:
+        await asyncio.sleep(1.0)
+        return 1.0
+
+    def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_hostile_chat_bodies_get_a_4xx_never_a_500():
+    """Issue 69, item 8, tried as a new user would with the AsyncOpenAI client: tool-call arguments
+    nested 100,000 deep, a tool message answering no call, a tool_call_id that is not a string — each a
+    400 naming the field; a reward for a session that ended while its first reward was scored — 409."""
+    from kuberl.models.tiny import tiny_qwen2
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    with gateway_over(model, tok, batch_size=4, max_staleness=4, reward=SlowReward()) as (gateway, sync_client):
+        client = openai.AsyncOpenAI(base_url=str(sync_client.base_url), api_key=AGENT_TOKEN, max_retries=0)
+        user = {"role": "user", "content": "12*34="}
+        deep = "[" * 100_000 + "]" * 100_000
+        call = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": deep}}
+        cases = [([user, {"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "1"}], "function.arguments"),
+                 ([user, {"role": "tool", "tool_call_id": "call_404", "content": "1"}], "tool_call_id"),
+                 ([user, {"role": "tool", "tool_call_id": ["x"], "content": "1"}], "tool_call_id")]
+
+        async def tried() -> list[str]:
+            messages = []
+            for n, (body, field) in enumerate(cases):
+                with pytest.raises(openai.BadRequestError) as refused:
+                    await client.chat.completions.create(model="tiny-agent", max_tokens=4, messages=body,
+                                                         extra_headers={"X-KubeRL-Session": f"h{n}"})
+                assert field in str(refused.value), refused.value
+                messages.append(str(refused.value))
+            task = await client.get("/tasks/next", cast_to=object)
+            headers = {"X-KubeRL-Session": "scored", "X-KubeRL-Group": task["group"]}
+            await client.chat.completions.create(model="tiny-agent", max_tokens=4, messages=[user],
+                                                 extra_headers=headers)
+            slow = asyncio.create_task(client.post("/sessions/scored/reward", body={"completion": "408"},
+                                                   cast_to=object))
+            await asyncio.sleep(0.3)
+            await client.post("/sessions/scored/reward", body={"reward": 0.5}, cast_to=object)
+            with pytest.raises(openai.ConflictError):
+                await slow
+            return messages
+
+        asyncio.run(tried())
+        assert gateway.table.get("scored") is not None and gateway.table.get("scored").reward == 0.5

@@ -145,6 +145,20 @@ def user_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         async def judged(prompt, completion, answer, weight=1.0):
             await asyncio.sleep(0.01)
             return weight * float(completion == answer)
+
+        def sees_secrets(prompt, completion, answer):
+            import os
+            return float(any(name in os.environ for name in completion.split(",")))
+
+        def writes_junk(prompt, completion, answer):
+            import os
+            if completion == "junk":
+                for fd in range(3, 32):  # whichever is the replies' channel
+                    try:
+                        os.write(fd, b"not a reply\\n")
+                    except OSError:
+                        pass
+            return 1.0
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
     return "user_rewards"
@@ -165,6 +179,31 @@ async def test_a_reward_that_hangs_on_one_prompt_in_20_costs_its_timeout_and_sta
         assert elapsed < 1.0 + 5.0  # one timeout, not one per call; generous for a loaded CI host
         assert await asyncio.gather(*(pool.score("p", "x", "x", {}) for _ in range(6))) == [1.0] * 6
         assert pool.timeouts == 1
+    finally:
+        await pool.aclose()
+
+
+async def test_reward_workers_hold_none_of_kuberls_secrets_and_a_malformed_reply_is_an_error(
+        user_rewards: str, monkeypatch: pytest.MonkeyPatch):
+    """Issue 69, item 8: a reward (the user's code, scoring model-written text) gets the pod's
+    environment without the API token, the agent token or the checkpoint-signing key; a worker whose
+    replies' channel carries something else scores 0, is counted, and is replaced."""
+    from kuberl.api.contract import KUBERL_SECRET_ENV
+
+    for name in KUBERL_SECRET_ENV:
+        monkeypatch.setenv(name, "secret-0123456789")
+    monkeypatch.setenv("TEAM_SETTING", "kept")
+    pool = RewardPool(f"{user_rewards}:sees_secrets", workers=1, timeout=30.0)
+    try:
+        assert await pool.score("p", ",".join(KUBERL_SECRET_ENV), "", {}) == 0.0
+        assert await pool.score("p", "TEAM_SETTING", "", {}) == 1.0
+    finally:
+        await pool.aclose()
+    pool = RewardPool(f"{user_rewards}:writes_junk", workers=1, timeout=30.0)
+    try:
+        assert await pool.score("p", "junk", "", {}) == 0.0 and pool.errors == 1
+        assert await asyncio.gather(*(pool.score("p", "fine", "", {}) for _ in range(3))) == [1.0] * 3
+        assert pool.errors == 1
     finally:
         await pool.aclose()
 

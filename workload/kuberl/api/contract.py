@@ -72,6 +72,9 @@ ENV_CACHE_DIR = "KUBERL_CACHE_DIR"
 ENV_FAULT_INJECTION = "KUBERL_FAULT_INJECTION"  # "signals": chaos tests' fault door (kuberl.inference.faults)
 ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"  # the agent's: the gateway, read by the OpenAI client libraries
 ENV_OPENAI_API_KEY = "OPENAI_API_KEY"  # the agent's: the experiment's API token
+# KubeRL's own secrets in a trainer pod's environment: a reward worker (the user's code, scoring
+# model-written text) starts without them (kuberl.rewards.pool); the user's own credentials stay.
+KUBERL_SECRET_ENV = (ENV_API_TOKEN, ENV_AGENT_TOKEN, ENV_CHECKPOINT_KEY)
 
 
 def inference_pool_name(experiment: str) -> str:

@@ -27,6 +27,7 @@ from .params import RequestError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 1024
+MAX_ARGUMENT_DEPTH = 32  # nesting of a tool call's arguments (objects and lists): deeper is refused, 400
 FINISH_TOOL_CALLS = "tool_calls"
 
 
@@ -58,25 +59,46 @@ def tool_calls(message: dict[str, Any], where: str) -> list[ToolCall]:
         if not isinstance(name, str):
             raise RequestError(f"{where}.tool_calls[{n}].function.name: required", f"{where}.tool_calls[{n}]")
         arguments = function.get("arguments") or {}
+        field = f"{where}.tool_calls[{n}].function.arguments"
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except ValueError as err:
-                raise RequestError(f"{where}.tool_calls[{n}].function.arguments: not JSON",
-                                   f"{where}.tool_calls[{n}]") from err
+            except (ValueError, RecursionError) as err:
+                raise RequestError(f"{field}: not JSON (or nested too deeply)", field) from err
         if not isinstance(arguments, dict):
-            raise RequestError(f"{where}.tool_calls[{n}].function.arguments: must be an object",
-                               f"{where}.tool_calls[{n}]")
+            raise RequestError(f"{field}: must be an object", field)
+        if nesting(arguments) > MAX_ARGUMENT_DEPTH:
+            raise RequestError(f"{field}: nested more than {MAX_ARGUMENT_DEPTH} levels deep", field)
         out.append(ToolCall(name, arguments))
     return out
 
 
+def nesting(value: Any) -> int:
+    """How deeply ``value``'s objects and lists nest (a scalar: 0), without recursion."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            level.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def checked_messages(messages: Any) -> list[dict[str, Any]]:
+    """``messages`` with known roles, each tool message answering a call an earlier assistant message made
+    (its ``tool_call_id``, as OpenAI's API requires); a RequestError naming the message otherwise."""
     if not isinstance(messages, list) or not messages or len(messages) > MAX_MESSAGES:
         raise RequestError(f"messages: a list of 1 to {MAX_MESSAGES} messages is required", "messages")
+    called: set[str] = set()
     for n, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise RequestError(f"messages[{n}].role: must be one of {', '.join(ROLES)}", f"messages[{n}]")
+        if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
+            called |= {c["id"] for c in message["tool_calls"] if isinstance(c, dict) and isinstance(c.get("id"), str)}
+        if message["role"] == "tool" and not (isinstance(tid := message.get("tool_call_id"), str) and tid in called):
+            raise RequestError(f"messages[{n}].tool_call_id: {shown(tid)} answers no tool "
+                               "call of an earlier assistant message", f"messages[{n}].tool_call_id")
     return messages
 
 

@@ -201,6 +201,8 @@ class Gateway:
             value = await self._reward_of(body, self.table.group_of(session_id).key)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
+        if self.table.get(session_id) is not session or session.ended:  # expired or ended while scored
+            return error(409, "this session ended while its reward was being scored", "invalid_request_error")
         group = self.table.end(session_id, value)
         if group is not None:
             await self._deliver(group)

@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import os
 import sys
 from typing import Any, Protocol
 
+from ..api.contract import KUBERL_SECRET_ENV
 from . import INLINE, RewardFn, call_reward, load_reward
 
 log = logging.getLogger("kuberl.rewards")
@@ -104,9 +107,12 @@ class RewardPool(_Counted):
         if not line:
             self._replace(worker)
             return self._failed(f"worker exited (code {await worker.wait()})")
+        reply = parsed_reply(line)
+        if reply is None:  # its replies' channel holds something else: what comes next cannot be trusted
+            self._replace(worker)
+            return self._failed(f"a malformed reply from the worker: {line[:200]!r}")
         idle.put_nowait(worker)
-        reply = json.loads(line)
-        return float(reply["reward"]) if "reward" in reply else self._failed(str(reply.get("error")))
+        return reply if isinstance(reply, float) else self._failed(reply)
 
     def close(self) -> None:
         """Kill every worker (from any thread; :meth:`aclose` on the pool's loop also reaps them)."""
@@ -152,7 +158,7 @@ class RewardPool(_Counted):
         while not self._closed:
             worker = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "kuberl.rewards.worker", self.function, json.dumps(sys.path),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=worker_environment())
             self._all.add(worker)
             assert worker.stdout is not None
             try:
@@ -171,6 +177,27 @@ class RewardPool(_Counted):
                       self.function, reply.get("error"), delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+def parsed_reply(line: bytes) -> float | str | None:
+    """A worker's reply line: its reward (a finite number), its error message, or None when the line is
+    neither (not JSON, not an object, a reward that is not a finite number)."""
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(reply, dict):
+        return None
+    value = reply.get("reward")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return str(reply["error"])[:500] if "error" in reply and "reward" not in reply else None
+
+
+def worker_environment() -> dict[str, str]:
+    """This process's environment without KubeRL's own secrets (``KUBERL_SECRET_ENV``): a reward is the
+    user's code, scoring what the model wrote; it needs neither the pool's token nor the signing key."""
+    return {name: value for name, value in os.environ.items() if name not in KUBERL_SECRET_ENV}
 
 
 def make_scorer(function: str, workers: int, timeout: float, field: str = "spec.reward.function") -> Scorer:
