@@ -14,6 +14,7 @@ from kuberl_cli.main import main
 from kuberl_operator.builders.agent import agent_resources
 from kuberl_operator.builders.experiment import InvalidSpec, build_experiment_children
 from kuberl_operator.render import render_resource
+from kuberl_operator.settings import OperatorSettings
 from kuberl_operator.topology import label_value, topology_labels
 
 from .conftest import EXAMPLES, MINIMAL, load_example
@@ -346,7 +347,9 @@ def test_no_pod_of_an_experiment_reaches_the_cloud_metadata_service_unless_its_i
     """The node's instance-metadata service hands out the node's cloud credentials: the agent's code
     and the workload must not reach it, while S3, in-cluster stores, DNS (also NodeLocal DNSCache on
     link-local) and the experiment's own pods stay reachable. With storage.serviceAccountName
-    (workload identity: GKE serves the pod's credentials there) it stays open."""
+    (workload identity: GKE serves the pod's credentials there) it opens only where the platform admin
+    allows it (the chart's workloadNetworkPolicy.allowMetadataEgress; issue 69: a tenant could otherwise
+    open it by naming any ServiceAccount)."""
     doc = load_example("cpu-agent-gateway.yaml")
     manifests = render(doc)
     policies = by_kind(manifests, "NetworkPolicy")
@@ -361,8 +364,13 @@ def test_no_pod_of_an_experiment_reaches_the_cloud_metadata_service_unless_its_i
             assert egress_allowed(policies, pod, address, port), (pod, address)
         assert egress_allowed(policies, pod, store, 9000) and egress_allowed(policies, pod, pods[0], GATEWAY_PORT)
     doc["spec"]["storage"] = {"serviceAccountName": "trainer-identity"}
-    open_policies = by_kind(render(doc), "NetworkPolicy")
+    closed = by_kind(render(doc), "NetworkPolicy")  # the chart's default: not allowed
+    assert not any(egress_allowed(closed, pod, "169.254.169.254", 80) for pod in [*pods, agent])
+    allowed_here = OperatorSettings.from_env({"KUBERL_ALLOW_METADATA_EGRESS": "true"}).build
+    open_policies = by_kind(render_resource(RLExperiment.model_validate(stored(doc)), allowed_here), "NetworkPolicy")
     assert all(egress_allowed(open_policies, pod, "169.254.169.254", 80) for pod in [*pods, agent])
+    with pytest.raises(ValueError, match="KUBERL_ALLOW_METADATA_EGRESS='yes'"):
+        OperatorSettings.from_env({"KUBERL_ALLOW_METADATA_EGRESS": "yes"})
 
 
 def test_the_agent_deployment_reaches_the_gateway_service_that_selects_trainer_rank_0():

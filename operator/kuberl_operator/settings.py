@@ -9,6 +9,7 @@ chart's. This module imports nothing of the operator: the pure builders and the 
 | KUBERL_ASCEND_RING_CONTROLLER | ``build.ascend_ring_controller`` | ascend-910b |
 | KUBERL_ASCEND_DEVICE_GID | ``build.ascend_device_gid`` | 1000 |
 | KUBERL_OPERATOR_NAMESPACE / _LABELS, KUBERL_METRICS_NAMESPACE_LABELS | ``build.peers`` | nobody |
+| KUBERL_ALLOW_METADATA_EGRESS | ``build.allow_metadata_egress`` | false |
 | KUBERL_RESYNC_SECONDS | ``resync_seconds`` | 300 |
 | KUBERL_PROGRESS_SECONDS / KUBERL_PROGRESS_URL | ``progress_seconds`` / ``progress_url`` | 10 / rank 0's pod IP |
 | KUBERL_API_TIMEOUT_SECONDS / _MAX_IN_FLIGHT / _QPS / _BURST | ``api_*`` | 30 / 32 / 200 / 400 |
@@ -64,6 +65,7 @@ class BuildSettings:
     ascend_ring_controller: str = "ascend-910b"  # MindCluster's ring-controller.atlas label value
     ascend_device_gid: int = 1000  # the group owning /dev/davinci* (the driver's HwHiAiUser)
     peers: Peers = field(default_factory=Peers)
+    allow_metadata_egress: bool = False  # the chart's workloadNetworkPolicy.allowMetadataEgress
 
 
 DEFAULT_BUILD = BuildSettings()
@@ -95,8 +97,10 @@ class OperatorSettings:
             text = env.get(name)
             if not text:
                 return default
+            if kind is bool and text.lower() not in ("true", "false"):
+                raise ValueError(f"{name}={text!r}: true or false")
             try:
-                return json.loads(text) if kind is dict else kind(text)
+                return json.loads(text) if kind in (dict, bool) else kind(text)
             except ValueError as err:
                 raise ValueError(f"{name}={text!r}: not a valid {kind.__name__}") from err
 
@@ -105,7 +109,8 @@ class OperatorSettings:
         peers = Peers(read("KUBERL_OPERATOR_NAMESPACE", "", str), read("KUBERL_OPERATOR_LABELS", {}, dict),
                       read("KUBERL_METRICS_NAMESPACE_LABELS", {}, dict))
         build = BuildSettings(images, read("KUBERL_ASCEND_RING_CONTROLLER", DEFAULT_BUILD.ascend_ring_controller, str),
-                              read("KUBERL_ASCEND_DEVICE_GID", DEFAULT_BUILD.ascend_device_gid, int), peers)
+                              read("KUBERL_ASCEND_DEVICE_GID", DEFAULT_BUILD.ascend_device_gid, int), peers,
+                              read("KUBERL_ALLOW_METADATA_EGRESS", False, bool))
         return OperatorSettings(
             build=build,
             resync_seconds=read("KUBERL_RESYNC_SECONDS", base.resync_seconds, int),

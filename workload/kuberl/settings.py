@@ -14,7 +14,7 @@ modules never read the environment; they get what they need from a ``Settings``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -169,3 +169,9 @@ def hub_token(settings: Settings) -> str | bool | None:
     if settings.hub_token:
         return settings.hub_token
     return None if settings.hub_endpoint is None else False
+
+
+def environment_without(names: Collection[str]) -> dict[str, str]:
+    """This process's environment less ``names``: for a child that must not hold them (a reward worker
+    runs the user's code on model-written text; it gets none of KubeRL's own secrets)."""
+    return {name: value for name, value in os.environ.items() if name not in names}

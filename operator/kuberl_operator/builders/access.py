@@ -24,8 +24,9 @@ from kuberl.api.contract import (
     api_token_secret_name,
     network_policy_name,
 )
+from kuberl.api.spec import StorageSpec
 
-from ..settings import Peers
+from ..settings import BuildSettings, Peers
 from .common import Manifest, child_metadata
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
@@ -46,6 +47,13 @@ def egress_rules(metadata: bool) -> list[Manifest]:
         {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", **({"except": v4_except} if v4_except else {})}},
                 {"ipBlock": {"cidr": "::/0", **({"except": v6_except} if v6_except else {})}}]},
     ]
+
+
+def metadata_egress(storage: StorageSpec, settings: BuildSettings) -> bool:
+    """Whether pods may reach the instance-metadata service: only where the platform admin allows it
+    (the chart's ``workloadNetworkPolicy.allowMetadataEgress``) and the pods use a ServiceAccount of
+    their own (``spec.storage.serviceAccountName``: workload identity, which GKE serves there)."""
+    return settings.allow_metadata_egress and bool(storage.service_account_name)
 
 
 def network_policy(parent: Manifest, experiment: str, peers: Peers, metrics_ports: list[int],

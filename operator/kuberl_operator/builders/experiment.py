@@ -37,7 +37,7 @@ from kuberl.api.support import unsupported_issues
 
 from ..accelerators import profile
 from ..settings import DEFAULT_BUILD, BuildSettings
-from .access import network_policy
+from .access import metadata_egress, network_policy
 from .agent import build_agent_children
 from .common import Manifest, child_metadata
 from .gang import pod_group
@@ -194,7 +194,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, settings: Bui
                           **profile(spec.trainer.accelerator, settings=settings).labels}
     group = pod_group(parent, name, gang.members, spec.scheduling, accelerator_labels) if gang else None
     policy = network_policy(parent, name, settings.peers, [spec.inference.port, PROGRESS_PORT],
-                            metadata=bool(spec.storage.service_account_name))  # workload identity (GKE)
+                            metadata=metadata_egress(spec.storage, settings))
     finished = (parent.get("status") or {}).get("phase") in FINISHED_PHASES
     agent = [] if spec.agent is None else build_agent_children(
         parent, name, spec.agent, spec.trainer.image or profile(spec.trainer.accelerator, settings=settings).image,

@@ -20,7 +20,7 @@ from kuberl.api.roles import inference_env
 
 from ..accelerators import profile
 from ..settings import DEFAULT_BUILD, BuildSettings
-from .access import network_policy
+from .access import metadata_egress, network_policy
 from .common import (
     Manifest,
     container_resources,
@@ -98,7 +98,7 @@ def build_inference_children(pool: InferencePool, parent: Manifest, token_versio
     spec = pool.spec
     if not spec.experiment:
         out.append(network_policy(parent, pool.metadata.name, settings.peers, [spec.port],
-                                  metadata=bool(spec.storage.service_account_name), standalone=True))
+                                  metadata=metadata_egress(spec.storage, settings), standalone=True))
     labels = profile(spec.accelerator, str(spec.engine), settings).labels
     group = None if spec.gang else pod_group(parent, pool.metadata.name, spec.replicas * spec.hosts_per_replica,
                                              spec.scheduling, labels)

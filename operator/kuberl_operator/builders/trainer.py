@@ -33,7 +33,7 @@ from kuberl.api.spec import TrainerRuntime
 
 from ..accelerators import profile
 from ..settings import DEFAULT_BUILD, BuildSettings
-from .access import network_policy
+from .access import metadata_egress, network_policy
 from .common import (
     Manifest,
     container_resources,
@@ -110,7 +110,7 @@ def build_trainer_children(job: TrainerJob, parent: Manifest, token_version: str
     rank0 = build_trainer_pod(job, parent, 0, token_version, settings)
     policy = [] if job.spec.experiment else [network_policy(
         parent, job.metadata.name, settings.peers, [PROGRESS_PORT],
-        metadata=bool(job.spec.storage.service_account_name), standalone=True)]
+        metadata=metadata_egress(job.spec.storage, settings), standalone=True)]
     if runtime == TrainerRuntime.TRAINJOB:  # JobSet makes the headless Service <job>; no gang (validated)
         return [*policy, build_trainjob(job, parent, rank0, job_selector(job))]
     out = [*policy, headless_service(parent, job.metadata.name, job_selector(job),

@@ -15,11 +15,11 @@ import asyncio
 import json
 import logging
 import math
-import os
 import sys
 from typing import Any, Protocol
 
 from ..api.contract import KUBERL_SECRET_ENV
+from ..settings import environment_without
 from . import INLINE, RewardFn, call_reward, load_reward
 
 log = logging.getLogger("kuberl.rewards")
@@ -158,7 +158,8 @@ class RewardPool(_Counted):
         while not self._closed:
             worker = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "kuberl.rewards.worker", self.function, json.dumps(sys.path),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=worker_environment())
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                env=environment_without(KUBERL_SECRET_ENV))  # a reward needs neither the pool's token nor the key
             self._all.add(worker)
             assert worker.stdout is not None
             try:
@@ -192,12 +193,6 @@ def parsed_reply(line: bytes) -> float | str | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return str(reply["error"])[:500] if "error" in reply and "reward" not in reply else None
-
-
-def worker_environment() -> dict[str, str]:
-    """This process's environment without KubeRL's own secrets (``KUBERL_SECRET_ENV``): a reward is the
-    user's code, scoring what the model wrote; it needs neither the pool's token nor the signing key."""
-    return {name: value for name, value in os.environ.items() if name not in KUBERL_SECRET_ENV}
 
 
 def make_scorer(function: str, workers: int, timeout: float, field: str = "spec.reward.function") -> Scorer:
