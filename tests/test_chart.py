@@ -296,7 +296,7 @@ def test_the_secret_reference_policy_admits_only_authors_who_may_get_every_secre
     doc["spec"] |= {
         "storage": {"credentialsSecret": "s3-keys", "hubTokenSecret": {"name": "hf", "key": "token"}},
         "logging": {"wandb": {"project": "p", "apiKeySecret": {"name": "wandb", "key": "k"}},
-                    "mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "mlflow"}},
+                    "mlflow": {"trackingUri": "https://mlflow:5000", "credentialsSecret": "mlflow"}},
         "agent": {"command": ["python", "agent.py"], "env": [
             {"name": "PLAIN", "value": "x"},
             {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}}

@@ -55,7 +55,8 @@ def manifest(path: Path, endpoint: str) -> tuple[Path, str]:
     spec["model"]["path"] = "s3://models/tiny/"
     spec["dataset"] = {"path": "s3://datasets/arith/train.jsonl", "promptKey": "question", "answerKey": "answer"}
     spec["checkpoint"] = {"uri": "s3://ckpt/cpu-tiny/", "everySteps": 10, "keep": 2}
-    spec["storage"] = {"credentialsSecret": "s3-credentials", "endpoint": endpoint, "region": "us-east-1"}
+    spec["storage"] = {"credentialsSecret": "s3-credentials", "endpoint": endpoint, "region": "us-east-1",
+                       "allowInsecureEndpoint": True}  # moto on loopback: as an in-cluster MinIO without TLS
     path.write_text(yaml.safe_dump_all(docs))
     return path, name
 

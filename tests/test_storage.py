@@ -6,6 +6,7 @@ account). `kuberl run` keeps accepting file:// paths: its processes share this m
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -46,7 +47,7 @@ VOLUME = {"volumes": [{"claimName": "shared-data", "mountPath": "/data"}]}
          "spec.storage.hubTokenSecret.name", "the experiment's API token"),
         ({"logging": {"wandb": {"project": "p", "apiKeySecret": {"name": "demo-api-token", "key": "token"}}}},
          "spec.logging.wandb.apiKeySecret.name", "the experiment's API token"),
-        ({"logging": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "demo-api-token"}}},
+        ({"logging": {"mlflow": {"trackingUri": "https://mlflow:5000", "credentialsSecret": "demo-api-token"}}},
          "spec.logging.mlflow.credentialsSecret", "the experiment's API token"),
         ({"logging": {"mlflow": {"trackingUri": "mlflow:5000"}}}, "spec.logging.mlflow.trackingUri", "pattern"),
         ({"agent": {"command": ["python", "agent.py"], "env": [{"name": "STOLEN", "valueFrom": {"secretKeyRef": {
@@ -118,3 +119,33 @@ def test_the_trainer_gets_its_trackers_credentials_by_reference_only_and_the_poo
         assert env["WANDB_BASE_URL"]["value"] == "https://wandb.example"
         for key in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             assert env[key]["valueFrom"] == {"secretKeyRef": {"name": "mlflow", "key": key, "optional": True}}
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"storage": {"endpoint": "http://minio.storage:9000", "credentialsSecret": "s3"}}, "spec.storage.endpoint"),
+    ({"storage": {"endpoint": "http://minio.storage:9000"},
+      "checkpoint": {"uri": "s3://c/", "credentialsSecret": "s3"}},
+     "spec.storage.endpoint"),
+    ({"storage": {"hubEndpoint": "http://mirror:8080", "hubTokenSecret": {"name": "hf", "key": "t"}}},
+     "spec.storage.hubEndpoint"),
+    ({"logging": {"wandb": {"project": "p", "baseUrl": "http://wandb:8080",
+                            "apiKeySecret": {"name": "w", "key": "k"}}}},
+     "spec.logging.wandb.baseUrl"),
+    ({"logging": {"mlflow": {"trackingUri": "http://mlflow:5000", "credentialsSecret": "m"}}},
+     "spec.logging.mlflow.trackingUri"),
+])
+def test_credentials_never_travel_to_a_plain_http_endpoint_unless_allowed(spec, field):
+    """Issue 69, item 8: whoever sits on the path of an http:// endpoint reads the credentials sent there.
+    Refused naming the endpoint's field; https://, no credential, or spec.storage.allowInsecureEndpoint
+    (an in-cluster MinIO without TLS) pass. A standalone TrainerJob is held to the same rule."""
+    doc = experiment(**spec)
+    _, issues = validate_document(doc)
+    assert [i.path for i in issues] == [field] and "allowInsecureEndpoint" in issues[0].message, issues
+    allowed = experiment(**{**spec, "storage": {**spec.get("storage", {}), "allowInsecureEndpoint": True}})
+    assert validate_document(allowed)[1] == []
+    secure = json.loads(json.dumps(doc).replace("http://", "https://"))
+    assert validate_document(secure)[1] == []
+    job = {"apiVersion": "kuberl.io/v1alpha1", "kind": "TrainerJob", "metadata": {"name": "j"},
+           "spec": {k: v for k, v in spec.items() if k in ("storage", "logging")}}
+    if "checkpoint" not in spec:
+        assert [i.path for i in validate_document(job)[1]] == [field]

@@ -348,7 +348,8 @@ class StorageSpec(ApiModel):
         None, pattern=DNS1123_SUBDOMAIN, max_length=253,
         description="ServiceAccount of the workload pods, for workload identity (IRSA, GKE/AKS workload identity) "
                     "instead of a credentials Secret; the pods may then reach the node's metadata address, where "
-                    "GKE serves their credentials (otherwise the NetworkPolicy blocks it)",
+                    "GKE serves their credentials, if the platform admin allows it (the chart's "
+                    "workloadNetworkPolicy.allowMetadataEgress; otherwise the NetworkPolicy blocks it)",
     )
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=8)
     hub_token_secret: SecretKeyRef | None = Field(
@@ -357,6 +358,10 @@ class StorageSpec(ApiModel):
     hub_endpoint: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=512,
                                      description="hf:// models and datasets: a hub mirror (HF_ENDPOINT); "
                                                  "huggingface.co if unset")
+    allow_insecure_endpoint: bool = Field(
+        False, description="let credentials travel to http:// endpoints (storage.endpoint, hubEndpoint, "
+                           "logging.wandb.baseUrl, logging.mlflow.trackingUri), e.g. an in-cluster MinIO without "
+                           "TLS; refused otherwise, since anyone on the path reads them")
 
 
 class CheckpointSpec(ApiModel):

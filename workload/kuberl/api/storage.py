@@ -85,6 +85,31 @@ def managed_secret_problem(name: str, own_token: str) -> str | None:
     return None
 
 
+def credential_endpoints(storage: StorageSpec, logging: LoggingSpec | None,
+                         checkpoint_secret: str | None = None) -> list[tuple[str, str | None, bool]]:
+    """(endpoint field, its URL, whether a credential is sent there) for every endpoint that may carry one."""
+    out = [("spec.storage.endpoint", storage.endpoint, bool(storage.credentials_secret or checkpoint_secret)),
+           ("spec.storage.hubEndpoint", storage.hub_endpoint, storage.hub_token_secret is not None)]
+    if logging is not None and logging.wandb is not None:
+        out.append(("spec.logging.wandb.baseUrl", logging.wandb.base_url, logging.wandb.api_key_secret is not None))
+    if logging is not None and logging.mlflow is not None:
+        out.append(("spec.logging.mlflow.trackingUri", logging.mlflow.tracking_uri,
+                    bool(logging.mlflow.credentials_secret)))
+    return out
+
+
+def insecure_endpoint_issues(storage: StorageSpec, logging: LoggingSpec | None,
+                             checkpoint_secret: str | None = None) -> list[FieldIssue]:
+    """An ``http://`` endpoint that would receive a credential, unless ``spec.storage.allowInsecureEndpoint``."""
+    if storage.allow_insecure_endpoint:
+        return []
+    return [FieldIssue(field, f"{url!r} is plain http:// and would receive this experiment's credentials; use "
+                              "https://, or set spec.storage.allowInsecureEndpoint: true (e.g. an in-cluster MinIO "
+                              "without TLS)")
+            for field, url, credentialed in credential_endpoints(storage, logging, checkpoint_secret)
+            if credentialed and url and url.startswith("http://")]
+
+
 def borrowed_secret_issues(refs: list[tuple[str, str]], owner: str) -> list[FieldIssue]:
     """One issue per Secret in ``refs`` that KubeRL manages (``owner``'s API token, or any object's
     API/agent token or checkpoint key): a manifest never hands one to its pods."""
@@ -94,14 +119,18 @@ def borrowed_secret_issues(refs: list[tuple[str, str]], owner: str) -> list[Fiel
 
 def standalone_issues(spec: InferencePoolSpec | TrainerJobSpec, name: str) -> list[FieldIssue]:
     """Rules for an InferencePool's or TrainerJob's pods on a cluster: it may not borrow another
-    object's managed Secrets, whether it stands alone or says it belongs to an experiment."""
-    return borrowed_secret_issues(pod_secret_references(spec.storage, getattr(spec, "logging", None)), name)
+    object's managed Secrets, whether it stands alone or says it belongs to an experiment, nor send
+    credentials to a plain http:// endpoint."""
+    logging = getattr(spec, "logging", None)
+    return (borrowed_secret_issues(pod_secret_references(spec.storage, logging), name)
+            + insecure_endpoint_issues(spec.storage, logging))
 
 
 def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
     """Rules for the pods of experiment ``experiment`` on a cluster (Secrets, claims, mounts)."""
     storage = spec.storage
     issues = borrowed_secret_issues(secret_references(spec), experiment)
+    issues += insecure_endpoint_issues(storage, spec.logging, spec.checkpoint.credentials_secret)
     if storage.credentials_secret and spec.checkpoint.credentials_secret \
             and storage.credentials_secret != spec.checkpoint.credentials_secret:
         issues.append(FieldIssue("spec.checkpoint.credentialsSecret",
