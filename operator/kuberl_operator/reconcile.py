@@ -30,7 +30,7 @@ from kuberl.api.validation import schema_issues
 from . import trainer_runtimes
 from .builders import build_experiment_children, build_inference_children, build_trainer_children
 from .builders.access import token_version
-from .builders.experiment import InvalidSpec, check_experiment
+from .builders.experiment import InvalidSpec, check_experiment, tenancy_issues
 from .builders.inference import pool_selector
 from .children import NotOurs, converge_pods, delete_owned, ensure_api_token, ensure_in_stages, write_status
 from .kube import Kube, Manifest
@@ -83,15 +83,17 @@ async def claim_problem(kube: Kube, body: Manifest, experiment: str | None) -> s
             f"{body['kind']} is not a child of it (leave spec.experiment unset for a standalone one)")
 
 
-async def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest) -> Any:
+async def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], body: Manifest,
+                     settings: BuildSettings) -> Any:
     """The pool or job as a model; None (with an InvalidSpec status naming the field) when its spec
     breaks the schema (a standalone object the CRD would have refused, or one from an older schema)
     or names an experiment it is not a child of (``claim_problem``) or another object's managed Secrets
-    (``standalone_issues``)."""
+    (``standalone_issues``), or a queue or PriorityClass its namespace may not use (``tenancy_issues``)."""
     try:
         model = kind.model_validate(body)
-        borrowed = standalone_issues(model.spec, model.metadata.name)
-        message = "; ".join(map(str, borrowed)) if borrowed else await claim_problem(kube, body, model.spec.experiment)
+        refused = standalone_issues(model.spec, model.metadata.name) + tenancy_issues(
+            model.spec.scheduling, model.metadata.namespace, settings)
+        message = "; ".join(map(str, refused)) if refused else await claim_problem(kube, body, model.spec.experiment)
     except ValidationError as err:
         model, message = None, "; ".join(str(i) for i in schema_issues(err))
     if message is None:
@@ -107,7 +109,7 @@ Converge = Callable[[Any, Manifest, str], Awaitable[None]]  # (the model, its bo
 
 
 async def _sync_child(kube: Kube, kind: type[InferencePool] | type[TrainerJob], namespace: str, name: str,
-                      converge: Converge) -> Manifest | None:
+                      converge: Converge, settings: BuildSettings) -> Manifest | None:
     """A pool's or job's sync, the steps they share: read it (None: gone or going), validate it (an
     InvalidSpec status and nothing else when it is not valid), its own API token when it stands
     alone (an experiment's child carries the experiment's in its configRevision), then ``converge``
@@ -115,7 +117,7 @@ async def _sync_child(kube: Kube, kind: type[InferencePool] | type[TrainerJob], 
     body = await kube.get(GROUP_VERSION, kind.KIND, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    model = await _validated(kube, kind, body)
+    model = await _validated(kube, kind, body, settings)
     if model is None:
         return body
     try:
@@ -133,7 +135,7 @@ async def sync_pool(kube: Kube, namespace: str, name: str, settings: BuildSettin
         status = pool_status(body["spec"], body["metadata"].get("generation"), pods, pool_selector(pool))
         await write_status(kube, body, status)
 
-    return await _sync_child(kube, InferencePool, namespace, name, converge)
+    return await _sync_child(kube, InferencePool, namespace, name, converge, settings)
 
 
 async def sync_job(kube: Kube, namespace: str, name: str, settings: BuildSettings = DEFAULT_BUILD) -> Manifest | None:
@@ -155,7 +157,7 @@ async def sync_job(kube: Kube, namespace: str, name: str, settings: BuildSetting
         else:
             await trainer_runtimes.sync_native_job(kube, body, job, children)
 
-    return await _sync_child(kube, TrainerJob, namespace, name, converge)
+    return await _sync_child(kube, TrainerJob, namespace, name, converge, settings)
 
 
 async def sync_experiment(kube: Kube, namespace: str, name: str, settings: BuildSettings = DEFAULT_BUILD,
@@ -168,7 +170,7 @@ async def sync_experiment(kube: Kube, namespace: str, name: str, settings: Build
     generation = body["metadata"].get("generation")
     try:
         exp = RLExperiment.model_validate(body)
-        check_experiment(exp)  # nothing is created for an invalid spec
+        check_experiment(exp, settings)  # nothing is created for an invalid spec
     except ValidationError as err:
         message = "; ".join(str(i) for i in schema_issues(err))
         await write_status(kube, body, invalid_spec_status(generation, message))

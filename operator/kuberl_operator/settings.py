@@ -10,6 +10,7 @@ chart's. This module imports nothing of the operator: the pure builders and the 
 | KUBERL_ASCEND_DEVICE_GID | ``build.ascend_device_gid`` | 1000 |
 | KUBERL_OPERATOR_NAMESPACE / _LABELS, KUBERL_METRICS_NAMESPACE_LABELS | ``build.peers`` | nobody |
 | KUBERL_ALLOW_METADATA_EGRESS | ``build.allow_metadata_egress`` | false |
+| KUBERL_ALLOWED_QUEUES / _PRIORITY_CLASSES (JSON: namespace → names) | ``build.tenancy`` | anything |
 | KUBERL_RESYNC_SECONDS | ``resync_seconds`` | 300 |
 | KUBERL_PROGRESS_SECONDS / KUBERL_PROGRESS_URL | ``progress_seconds`` / ``progress_url`` | 10 / rank 0's pod IP |
 | KUBERL_API_TIMEOUT_SECONDS / _MAX_IN_FLIGHT / _QPS / _BURST | ``api_*`` | 30 / 32 / 200 / 400 |
@@ -58,6 +59,27 @@ class WorkloadImages:
 
 
 @dataclass(frozen=True)
+class Tenancy:
+    """Which Volcano queues / Kueue LocalQueues and PriorityClasses each namespace may name (the chart's
+    ``tenancy``): namespace → allowed names, ``"*"`` for every namespace not listed; an empty map allows
+    anything (the default)."""
+
+    queues: dict[str, list[str]] = field(default_factory=dict)
+    priority_classes: dict[str, list[str]] = field(default_factory=dict)
+
+    def refused(self, namespace: str, queue: str | None, priority_class: str | None) -> list[tuple[str, str]]:
+        """(field, why) for each of ``queue`` and ``priority_class`` that ``namespace`` may not name."""
+        out = []
+        for field_name, value, table in (("spec.scheduling.queue", queue, self.queues),
+                                         ("spec.scheduling.priorityClassName", priority_class, self.priority_classes)):
+            allowed = table.get(namespace, table.get("*")) if table else None
+            if value and allowed is not None and value not in allowed:
+                out.append((field_name, f"{value!r} is not one namespace {namespace!r} may use; allowed: "
+                                        f"{', '.join(allowed) or 'none'} (the operator's tenancy settings)"))
+        return out
+
+
+@dataclass(frozen=True)
 class BuildSettings:
     """What the builders need from the operator's configuration."""
 
@@ -66,6 +88,7 @@ class BuildSettings:
     ascend_device_gid: int = 1000  # the group owning /dev/davinci* (the driver's HwHiAiUser)
     peers: Peers = field(default_factory=Peers)
     allow_metadata_egress: bool = False  # the chart's workloadNetworkPolicy.allowMetadataEgress
+    tenancy: Tenancy = field(default_factory=Tenancy)
 
 
 DEFAULT_BUILD = BuildSettings()
@@ -110,7 +133,9 @@ class OperatorSettings:
                       read("KUBERL_METRICS_NAMESPACE_LABELS", {}, dict))
         build = BuildSettings(images, read("KUBERL_ASCEND_RING_CONTROLLER", DEFAULT_BUILD.ascend_ring_controller, str),
                               read("KUBERL_ASCEND_DEVICE_GID", DEFAULT_BUILD.ascend_device_gid, int), peers,
-                              read("KUBERL_ALLOW_METADATA_EGRESS", False, bool))
+                              read("KUBERL_ALLOW_METADATA_EGRESS", False, bool),
+                              Tenancy(read("KUBERL_ALLOWED_QUEUES", {}, dict),
+                                      read("KUBERL_ALLOWED_PRIORITY_CLASSES", {}, dict)))
         return OperatorSettings(
             build=build,
             resync_seconds=read("KUBERL_RESYNC_SECONDS", base.resync_seconds, int),

@@ -31,7 +31,7 @@ from kuberl.api.contract import (
     trainer_rank0_host,
 )
 from kuberl.api.resources import GangMembership, Phase
-from kuberl.api.spec import GangScheduler, Parallelism, StorageSpec
+from kuberl.api.spec import GangScheduler, Parallelism, SchedulingSpec, StorageSpec
 from kuberl.api.storage import cluster_issues, credentials_secret
 from kuberl.api.support import unsupported_issues
 
@@ -64,20 +64,27 @@ def _run_config_text(run_config_json: str) -> str:
 SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def _resolved(exp: RLExperiment) -> tuple[InferencePlan, TrainerPlan]:
+def tenancy_issues(scheduling: SchedulingSpec, namespace: str | None, settings: BuildSettings) -> list[FieldIssue]:
+    """The queue and PriorityClass ``scheduling`` names that ``namespace`` may not use (``settings.tenancy``)."""
+    return [FieldIssue(field, why) for field, why in settings.tenancy.refused(
+        namespace or "default", scheduling.queue, scheduling.priority_class_name)]
+
+
+def _resolved(exp: RLExperiment, settings: BuildSettings = DEFAULT_BUILD) -> tuple[InferencePlan, TrainerPlan]:
     """The spec's resolved inference and trainer layouts; raises ``InvalidSpec`` naming every field
-    that breaks a cross-field rule."""
+    that breaks a cross-field rule or the operator's tenancy settings."""
     inference, trainer, issues = resolve(exp.spec)
     issues += unsupported_issues(exp.spec, trainer) + cluster_issues(exp.spec, exp.metadata.name)
+    issues += tenancy_issues(exp.spec.scheduling, exp.metadata.namespace, settings)
     if issues or inference is None or trainer is None:
         raise InvalidSpec(issues)
     return inference, trainer
 
 
-def check_experiment(exp: RLExperiment) -> None:
+def check_experiment(exp: RLExperiment, settings: BuildSettings = DEFAULT_BUILD) -> None:
     """Raise ``InvalidSpec`` naming every field that breaks a cross-field rule (what
     ``build_experiment_children`` checks first, without building anything)."""
-    _resolved(exp)
+    _resolved(exp, settings)
 
 
 PLACEMENT_KEYS = {"accelerator", "image", "resources", "node_selector", "tolerations"}
@@ -175,7 +182,7 @@ def build_experiment_children(exp: RLExperiment, parent: Manifest, settings: Bui
     ``token_version`` (``access.token_version`` of them) is part of the config revision, so every pod
     started with another token is replaced: configRevision = SHA-256(run config without
     ``spec.inference.replicas`` + token_version)[:16] — a resize replaces no pod (:func:`_run_config`)."""
-    inference, trainer = _resolved(exp)
+    inference, trainer = _resolved(exp, settings)
     name, spec = exp.metadata.name, exp.spec
     labels = {LABEL_EXPERIMENT: name}
     config_text, unsized = _run_config(exp, parent)
