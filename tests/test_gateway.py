@@ -417,3 +417,51 @@ def test_hostile_chat_bodies_get_a_4xx_never_a_500():
 
         asyncio.run(tried())
         assert gateway.table.get("scored") is not None and gateway.table.get("scored").reward == 0.5
+
+
+def test_refused_calls_leave_no_session_and_a_flooding_client_is_limited_before_its_body_is_read():
+    """Issue 69, item 9: an agent retrying a refused call in a tight loop, each call a new session, held
+    training for 9½ minutes: each refused first call left a session holding its group's staleness slot
+    until the session timeout. Now a refused first call leaves nothing (its slot reopens at once), and a
+    client refused ``burst`` times in a row gets 429 + Retry-After while other clients are served."""
+    from kuberl.models.tiny import tiny_qwen2
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    with gateway_over(model, tok, batch_size=2, max_staleness=0) as (gateway, client):
+        client = client.with_options(max_retries=0)
+        gateway.config.refusals.burst, gateway.config.refusals.rate = 5.0, 0.5
+        user = [{"role": "user", "content": "12*34="}]
+        statuses = []
+        for n in range(12):  # n=2 is refused after the session joined its group
+            try:
+                client.chat.completions.create(model="tiny-agent", max_tokens=4, messages=user, n=2,
+                                               extra_headers={"X-KubeRL-Session": f"flood-{n}",
+                                                              "X-KubeRL-Group": f"g{n}"})
+            except openai.APIStatusError as err:
+                statuses.append(err.status_code)
+                if err.status_code == 429:
+                    assert int(err.response.headers["Retry-After"]) >= 1
+        assert statuses == [400] * 5 + [429] * 7, statuses
+        assert gateway.table.sessions == {} and gateway.table.filling == {}  # no slot held by the refused
+        assert gateway.summary()["limited"] == 7
+        assert gateway.controller.manager.running == 0  # every refused group's slot reopened
+        time.sleep(gateway.config.refusals.retry_after("127.0.0.1") or 0.0)  # the bucket refills
+        for n in range(2):  # the budget's two groups are free: both admitted at once, no 429
+            ok = client.chat.completions.create(model="tiny-agent", max_tokens=4, messages=user,
+                                                extra_headers={"X-KubeRL-Session": f"real-{n}",
+                                                               "X-KubeRL-Group": f"r{n}"})
+            assert ok.choices[0].message.role == "assistant"
+
+
+def test_a_refusal_budget_refills_at_its_rate():
+    from kuberl.gateway.refusals import RefusalBudget
+
+    now = [0.0]
+    budget = RefusalBudget(rate=2.0, burst=3.0, clock=lambda: now[0])
+    for _ in range(3):
+        assert budget.retry_after("a") is None
+        budget.charge("a")
+    assert budget.retry_after("a") == pytest.approx(0.5) and budget.retry_after("b") is None
+    now[0] = 0.5
+    assert budget.retry_after("a") is None

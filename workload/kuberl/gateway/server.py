@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,7 @@ from ..rollout.controller import RolloutController
 from ..rollout.workflow import without_eos
 from . import chat
 from .params import RequestError, error, requested_tokens, reward_value, session_headers, stop_strings
+from .refusals import RefusalBudget
 from .sessions import Session, SessionGroup, SessionTable
 from .tasks import TaskDealer
 
@@ -69,6 +70,7 @@ class GatewayConfig:
     session_timeout: float
     admission_wait: float = ADMISSION_WAIT_SECONDS
     reward: Scorer | None = None  # spec.reward's: scores {"completion": ...} against the task's answer
+    refusals: RefusalBudget = field(default_factory=RefusalBudget)  # per client: refused calls before 429s
 
 
 @dataclass
@@ -106,8 +108,9 @@ class Gateway:
         self.controller.call(self._stop(), timeout=30)
 
     def summary(self) -> dict[str, int]:
-        """Sessions, completions, 429s, groups delivered, prefix breaks, sessions expired."""
-        return self.stats.as_dict(self.table.expired)
+        """Sessions, completions, 429s (the budget's; ``limited``: clients refused too often), groups
+        delivered, prefix breaks, sessions expired."""
+        return {**self.stats.as_dict(self.table.expired), "limited": self.config.refusals.limited}
 
     async def _start(self, port: int, host: str) -> None:
         # agents poll (counts are in summary()); calls still in flight when the run ends are cancelled
@@ -131,7 +134,7 @@ class Gateway:
                 await self._deliver(group)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[require_token(self.token, {"/health"})])
+        app = web.Application(middlewares=[self.config.refusals.middleware(), require_token(self.token, {"/health"})])
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -258,6 +261,10 @@ class Gateway:
         session.busy = True
         try:
             return await self._turn(session, prompt, body, cut_at_call)
+        except RequestError:  # a refused first call leaves no session behind to hold a group's slot
+            if (emptied := self.table.forget(session.id)) is not None:
+                await self._deliver(emptied)
+            raise
         finally:
             session.busy = False
 

@@ -166,6 +166,24 @@ class SessionTable:
             del self.filling[key]
         return session
 
+    def forget(self, session_id: str) -> SessionGroup | None:
+        """Take back a session that holds nothing yet (its first call was refused): its seat is free
+        again; its group when that is now empty — dropped, so the group's staleness slot reopens at
+        once instead of when the session times out. A session with a turn, or ended, is kept."""
+        found = self.sessions.get(session_id)
+        if found is None or found[0].segment is not None or found[0].ended:
+            return None
+        session, group = found
+        del self.sessions[session_id]
+        group.sessions.remove(session)
+        if not group.sessions:
+            if self.filling.get(group.key) is group:
+                del self.filling[group.key]
+            return group
+        if group.key not in self.filling and len(group.sessions) < group.seats:
+            self.filling[group.key] = group
+        return None
+
     def end(self, session_id: str, reward: float | None) -> SessionGroup | None:
         """End a session (``reward`` None: untrained); its group when that is now done."""
         session, group = self.sessions[session_id]
