@@ -1,6 +1,8 @@
 """Per-client refusal budgets: a client (one remote address: an agent pod) whose calls keep being
 refused — a bug retried in a tight loop, a flood — gets 429 with ``Retry-After`` before its request
-is even read, so a flood costs the rollout's event loop one dictionary lookup per call.
+is even read, and only once that wait has passed (at most ``TARPIT_SECONDS``): a client that ignores
+``Retry-After`` and calls again at once is slowed to one call per connection per wait, so a flood
+costs the rollout's event loop a few calls a second instead of thousands.
 
 A token bucket per client: each refused call (a 4xx other than the 429s this module sends) takes a
 token; tokens come back at ``rate`` per second up to ``burst``. A client with no token left is refused
@@ -10,6 +12,7 @@ until one comes back. Calls that succeed cost nothing: a well-behaved agent is n
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +23,7 @@ from aiohttp import web
 from .params import error
 
 MAX_CLIENTS = 4096
+TARPIT_SECONDS = 1.0  # the longest a limited call is held before its 429
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -55,6 +59,7 @@ class RefusalBudget:
             client = request.remote or ""
             if (wait := self.retry_after(client)) is not None:
                 self.limited += 1
+                await asyncio.sleep(min(wait, TARPIT_SECONDS))  # a sleeping call costs the loop nothing
                 seconds = max(1, math.ceil(wait))
                 return error(429, f"too many refused calls from this client; retry after {seconds} s",
                              "rate_limit_error", headers={"Retry-After": str(seconds),
