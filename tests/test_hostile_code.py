@@ -116,3 +116,23 @@ def test_a_program_cannot_shadow_the_builtins_its_tests_use():
     honest = "def unique(xs):\n    return list(set(xs))\n"
     assert code("", cheat, "", tests=tests) == 0.0
     assert code("", honest, "", tests=tests) == 1.0
+
+
+def test_the_code_rewards_sandboxes_end_before_its_call_does():
+    """Issue 69, item 1: no sandbox outlives its worker — the code reward's wall clock is below the call's
+    own limit, or the manifest is refused naming both."""
+    import copy
+
+    from kuberl.api import validate_document
+    from kuberl.api.rewards import CODE_WALL_SECONDS
+    from kuberl.rewards.code import LIMITS
+
+    from .conftest import MINIMAL
+
+    assert LIMITS.wall_seconds == CODE_WALL_SECONDS
+    doc = copy.deepcopy(MINIMAL)
+    doc["spec"]["reward"] = {"function": "kuberl.rewards:code", "timeoutSeconds": CODE_WALL_SECONDS}
+    _, issues = validate_document(doc)
+    assert [i.path for i in issues] == ["spec.reward"] and "timeoutSeconds" in issues[0].message, issues
+    doc["spec"]["reward"]["timeoutSeconds"] = 30
+    assert validate_document(doc)[1] == []

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 KUBERL_REWARDS_MODULE = "kuberl.rewards"
 KUBERL_REWARDS = ("exact_match", "digit_match", "math", "math_answer", "code")
+CODE_REWARD = f"{KUBERL_REWARDS_MODULE}:code"
+CODE_WALL_SECONDS = 10.0  # the code reward's sandboxes' wall clock: below spec.reward.timeoutSeconds
 
 
 def reward_issue(function: str) -> str | None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import ApiModel
+from .rewards import CODE_REWARD, CODE_WALL_SECONDS
 
 HUB_REVISION_PATTERN = r"[\w-]+([./][\w-]+)*"  # a hub branch, tag or commit: no "..", no "." segment
 
@@ -76,6 +77,13 @@ class RewardSpec(ApiModel):
     workers: int = Field(4, ge=1, le=256, description="reward worker processes of trainer rank 0")
     timeout_seconds: float = Field(30.0, gt=0, le=3600, description="a call past this scores 0 (counted: "
                                                                       "rewardTimeouts) and its worker is replaced")
+
+    @model_validator(mode="after")
+    def _sandbox_ends_first(self) -> RewardSpec:
+        if self.function == CODE_REWARD and self.timeout_seconds <= CODE_WALL_SECONDS:
+            raise ValueError(f"timeoutSeconds {self.timeout_seconds:g}: {CODE_REWARD} stops its sandboxes after "
+                             f"{CODE_WALL_SECONDS:g} s; give the call longer than that (e.g. 30)")
+        return self
 
 
 class ExportDtype(StrEnum):

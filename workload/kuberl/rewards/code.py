@@ -35,10 +35,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..api.rewards import CODE_WALL_SECONDS
 from ..sandbox import Limits, confined
 from . import code_harness
 
-LIMITS = Limits(cpu_seconds=5, memory_bytes=1024 * 2**20, wall_seconds=10.0, output_bytes=4096)
+LIMITS = Limits(cpu_seconds=5, memory_bytes=1024 * 2**20, wall_seconds=CODE_WALL_SECONDS, output_bytes=4096)
 HARNESS = Path(code_harness.__file__).read_text()
 _FENCED = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.DOTALL)
 
