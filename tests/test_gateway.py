@@ -468,3 +468,50 @@ def test_a_refusal_budget_refills_at_its_rate():
     assert budget.retry_after("a") == pytest.approx(0.5) and budget.retry_after("b") is None
     now[0] = 0.5
     assert budget.retry_after("a") is None
+
+
+def test_a_client_that_abandons_its_sessions_cannot_hold_the_budget_against_another():
+    """Issue 69, item 9: sessions opened with one valid call and never rewarded held every staleness slot
+    until they timed out (600 s by default), and another client's episodes got 429s meanwhile. Now a
+    client waiting for a slot takes back the idle groups of a client holding more than its share."""
+    import httpx
+
+    from kuberl.models.tiny import tiny_qwen2
+
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    with gateway_over(model, tok, batch_size=2, max_staleness=0, admission_wait=5.0) as (gateway, client):
+        gateway.config.reclaim_idle = 0.5
+        body = {"model": "tiny-agent", "max_tokens": 4, "messages": [{"role": "user", "content": "12*34="}]}
+        other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30,
+                             headers={"Authorization": f"Bearer {AGENT_TOKEN}"})
+        with other:
+            for n in range(2):  # the whole window (2 groups), then never a reward
+                answered = other.post(f"{client.base_url}chat/completions", json=body,
+                                      headers={"X-KubeRL-Session": f"gone-{n}", "X-KubeRL-Group": f"a{n}"})
+                assert answered.status_code == 200, answered.text
+        started = time.monotonic()
+        mine = client.with_options(max_retries=0).chat.completions.create(
+            **body, extra_headers={"X-KubeRL-Session": "mine", "X-KubeRL-Group": "b"})
+        assert mine.choices[0].message.role == "assistant" and time.monotonic() - started < 5.0
+        assert gateway.summary()["reclaimed"] == 1  # one group: a fair share of two clients is one each
+        assert gateway.table.get("gone-0") is None or gateway.table.get("gone-1") is None
+
+
+def test_reclaim_takes_only_idle_groups_beyond_a_fair_share_and_never_from_a_lone_client():
+    from kuberl.gateway.sessions import SessionTable
+
+    table = SessionTable(group_size=2, timeout=600)
+    slots = iter(range(100))
+    for n in range(4):
+        assert table.join(f"a{n}", f"ga{n}", now=0.0, admit=lambda: next(slots), client="a") is not None
+    assert table.reclaim("a", now=100.0, idle=10.0) is None  # a lone client: never
+    assert table.reclaim("b", now=5.0, idle=10.0) is None  # not idle long enough
+    table.get("a0").busy = True  # a call in flight: not idle
+    taken = table.reclaim("b", now=100.0, idle=10.0)  # fair share: 4 open ÷ 2 clients = 2; one at a time
+    assert taken is not None and taken.key == "ga1" and table.get("a1") is None and table.get("a0") is not None
+    assert table.join("b0", "gb0", now=100.0, admit=lambda: next(slots), client="b") is not None
+    assert table.reclaim("b", now=100.0, idle=10.0).key == "ga2"  # a: 3 of 4, b: 1
+    assert table.join("b1", "gb1", now=100.0, admit=lambda: next(slots), client="b") is not None
+    assert table.reclaim("b", now=100.0, idle=10.0) is None  # 2 and 2: the fair share
+    assert table.reclaimed == 2

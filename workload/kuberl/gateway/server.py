@@ -57,6 +57,8 @@ SHUTDOWN_SECONDS = 2.0  # how long stop() lets calls in flight finish before it 
 ADMISSION_WAIT_SECONDS = 20.0  # a new session's first call waits this long for a slot before its 429
 RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
 RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
+RECLAIM_CHECK_SECONDS = 1.0  # how often a held first call looks for a group to reclaim
+RECLAIM_IDLE_SECONDS = 15.0  # another client's idle group may be taken back for a waiting one after this
 TOKENIZE_AT_ONCE = 2  # requests rendered and tokenized at once (in worker threads)
 
 
@@ -69,6 +71,7 @@ class GatewayConfig:
     top_p: float
     session_timeout: float
     admission_wait: float = ADMISSION_WAIT_SECONDS
+    reclaim_idle: float = RECLAIM_IDLE_SECONDS  # a group idle this long may be reclaimed (SessionTable.reclaim)
     reward: Scorer | None = None  # spec.reward's: scores {"completion": ...} against the task's answer
     refusals: RefusalBudget = field(default_factory=RefusalBudget)  # per client: refused calls before 429s
 
@@ -109,8 +112,9 @@ class Gateway:
 
     def summary(self) -> dict[str, int]:
         """Sessions, completions, 429s (the budget's; ``limited``: clients refused too often), groups
-        delivered, prefix breaks, sessions expired."""
-        return {**self.stats.as_dict(self.table.expired), "limited": self.config.refusals.limited}
+        delivered, prefix breaks, sessions expired, groups reclaimed from a client holding too many."""
+        return {**self.stats.as_dict(self.table.expired), "limited": self.config.refusals.limited,
+                "reclaimed": self.table.reclaimed}
 
     async def _start(self, port: int, host: str) -> None:
         # agents poll (counts are in summary()); calls still in flight when the run ends are cancelled
@@ -235,13 +239,18 @@ class Gateway:
         """The request's session (joining its group). A new session with no staleness budget left
         waits up to ``admission_wait`` seconds for a slot (the trainer catching up), then gets a 429."""
         session_id, key = session_headers(request.headers)
+        client = request.remote or ""
         known = self.table.get(session_id) is not None
         deadline = time.monotonic() + self.config.admission_wait
         held = False
-        while (session := self.table.join(session_id, key, time.monotonic(), self.controller.admit)) is None:
+        while (session := self.table.join(session_id, key, time.monotonic(), self.controller.admit, client)) is None:
             if not held:
                 held, self.stats.held = True, self.stats.held + 1
-            if not await self.controller.room(deadline - time.monotonic()):
+            if (reclaimed := self.table.reclaim(client, time.monotonic(), self.config.reclaim_idle)) is not None:
+                await self._deliver(reclaimed)
+                continue
+            wait = min(deadline - time.monotonic(), RECLAIM_CHECK_SECONDS)  # another's group may turn idle
+            if not await self.controller.room(wait) and (time.monotonic() >= deadline or self.controller.stopping):
                 self.stats.rejected += 1
                 return error(429, "the staleness budget is used up: the trainer has not caught up yet; retry "
                                   f"after {RETRY_AFTER_SECONDS} s", "rate_limit_error",

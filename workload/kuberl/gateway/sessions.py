@@ -112,6 +112,13 @@ class SessionGroup:
     opened: float
     seats: int = 0  # size, until closed early
     sessions: list[Session] = field(default_factory=list)
+    client: str = ""  # who opened it (the remote address of its first session's call)
+
+    def idle_since(self) -> float | None:
+        """When its last call ended, if none is in flight and none of its sessions ended; else None."""
+        if any(s.busy or s.ended for s in self.sessions):
+            return None
+        return max(s.touched for s in self.sessions)
 
     def __post_init__(self) -> None:
         self.seats = self.seats or self.size
@@ -134,6 +141,7 @@ class SessionTable:
     sessions: dict[str, tuple[Session, SessionGroup]] = field(default_factory=dict)
     filling: dict[str, SessionGroup] = field(default_factory=dict)  # key → its group with free seats
     expired: int = 0
+    reclaimed: int = 0  # groups taken back from a client holding more than its share (``reclaim``)
 
     @property
     def stored_tokens(self) -> int:
@@ -147,8 +155,10 @@ class SessionTable:
     def group_of(self, session_id: str) -> SessionGroup:
         return self.sessions[session_id][1]
 
-    def join(self, session_id: str, key: str | None, now: float, admit: Callable[[], int | None]) -> Session | None:
-        """The session ``session_id`` (new ones join ``key``'s group); None: no staleness budget."""
+    def join(self, session_id: str, key: str | None, now: float, admit: Callable[[], int | None],
+             client: str = "") -> Session | None:
+        """The session ``session_id`` (new ones join ``key``'s group; a new group is ``client``'s);
+        None: no staleness budget."""
         if (found := self.sessions.get(session_id)) is not None:
             found[0].touched = now
             return found[0]
@@ -158,7 +168,7 @@ class SessionTable:
             group_id = admit()
             if group_id is None:
                 return None
-            group = self.filling[key] = SessionGroup(group_id, key, self.group_size, now)
+            group = self.filling[key] = SessionGroup(group_id, key, self.group_size, now, client=client)
         session = Session(session_id, now)
         group.sessions.append(session)
         self.sessions[session_id] = (session, group)
@@ -202,6 +212,31 @@ class SessionTable:
                 del self.filling[key]
         groups = {id(g): g for _, g in self.sessions.values() if g.done}
         return [self._release(g) for g in groups.values()]
+
+    def reclaim(self, asking: str, now: float, idle: float) -> SessionGroup | None:
+        """One group taken back so that ``asking`` (a client waiting for a slot) gets one: the oldest
+        group idle for ``idle`` seconds or more (no call in flight, none ended) of the client holding the
+        most open groups beyond its fair share (open groups ÷ clients holding or asking), so a client
+        whose sessions were abandoned cannot hold the staleness budget against the others until they time
+        out. A lone client is never reclaimed from. The group is ended unrewarded (dropped: its slot reopens)."""
+        groups = {id(g): g for _, g in self.sessions.values() if not g.done}.values()
+        held: dict[str, list[SessionGroup]] = {}
+        for group in groups:
+            held.setdefault(group.client, []).append(group)
+        fair = -(-len(groups) // len(held.keys() | {asking}))  # ceil
+        over = sorted(((len(owned), client) for client, owned in held.items()
+                       if client != asking and len(owned) > fair), reverse=True)
+        for _, client in over:
+            idle_ones = sorted((since, g.id, g) for g in held[client]
+                               if (since := g.idle_since()) is not None and now - since >= idle)
+            if idle_ones:
+                group = idle_ones[0][2]
+                for session in group.sessions:
+                    session.ended = True
+                group.seats = len(group.sessions)
+                self.reclaimed += 1
+                return self._release(group)
+        return None
 
     def _release(self, group: SessionGroup) -> SessionGroup:
         for session in group.sessions:

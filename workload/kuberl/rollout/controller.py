@@ -197,6 +197,10 @@ class RolloutController:
             self._changed.notify_all()
         self._fill()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     async def room(self, timeout: float) -> bool:
         """Wait until admission may have moved on (a version served, a group delivered or dropped:
         wherever ``_fill`` runs) or ``timeout`` seconds pass; False on the timeout or when stopping.
