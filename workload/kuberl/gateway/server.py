@@ -24,6 +24,7 @@ trained on what it sampled; each call gets at most what is left of the session's
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -49,7 +50,7 @@ from ..rollout.workflow import without_eos
 from . import chat
 from .params import RequestError, error, requested_tokens, reward_value, session_headers, stop_strings
 from .refusals import RefusalBudget
-from .sessions import Session, SessionGroup, SessionTable
+from .sessions import Session, SessionGroup, SessionTable, fair_share
 from .tasks import TaskDealer
 
 log = logging.getLogger("kuberl.gateway")
@@ -101,6 +102,7 @@ class Gateway:
         self._reaper: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._tokenizing: asyncio.Semaphore | None = None  # made on the controller's loop (``_tokenize``)
+        self._waiting: collections.Counter[str] = collections.Counter()  # client → first calls held for a slot
 
     # -- lifecycle (on the controller's loop) ---------------------------------------------------
     def start_in(self, port: int, host: str = "") -> None:
@@ -237,20 +239,20 @@ class Gateway:
 
     async def _session(self, request: web.Request) -> Session | web.Response:
         """The request's session (joining its group). A new session with no staleness budget left
-        waits up to ``admission_wait`` seconds for a slot (the trainer catching up), then gets a 429."""
+        waits up to ``admission_wait`` seconds for a slot (the trainer catching up, a group reclaimed
+        from a client holding more than its share), then gets a 429."""
         session_id, key = session_headers(request.headers)
         client = request.remote or ""
         known = self.table.get(session_id) is not None
-        deadline = time.monotonic() + self.config.admission_wait
-        held = False
-        while (session := self.table.join(session_id, key, time.monotonic(), self.controller.admit, client)) is None:
-            if not held:
-                held, self.stats.held = True, self.stats.held + 1
-            if (reclaimed := self.table.reclaim(client, time.monotonic(), self.config.reclaim_idle)) is not None:
-                await self._deliver(reclaimed)
-                continue
-            wait = min(deadline - time.monotonic(), RECLAIM_CHECK_SECONDS)  # another's group may turn idle
-            if not await self.controller.room(wait) and (time.monotonic() >= deadline or self.controller.stopping):
+        session = self.table.join(session_id, key, time.monotonic(), lambda: self._admit(client), client)
+        if session is None:
+            self.stats.held += 1
+            self._waiting[client] += 1
+            try:
+                session = await self._held(session_id, key, client)
+            finally:
+                self._waiting[client] -= 1
+            if session is None:
                 self.stats.rejected += 1
                 return error(429, "the staleness budget is used up: the trainer has not caught up yet; retry "
                                   f"after {RETRY_AFTER_SECONDS} s", "rate_limit_error",
@@ -259,6 +261,30 @@ class Gateway:
             raise RequestError(f"header {HEADER_SESSION}: this session has ended", HEADER_SESSION)
         self.stats.sessions += int(not known)
         return session
+
+    async def _held(self, session_id: str, key: str | None, client: str) -> Session | None:
+        """Join once a slot opens — the trainer moving on, or a group reclaimed for ``client`` — within
+        ``admission_wait`` seconds; None after that (or when the rollout stops)."""
+        deadline = time.monotonic() + self.config.admission_wait
+        while True:
+            if (reclaimed := self.table.reclaim(client, time.monotonic(), self.config.reclaim_idle)) is not None:
+                await self._deliver(reclaimed)
+            elif not await self.controller.room(min(deadline - time.monotonic(), RECLAIM_CHECK_SECONDS)) and (
+                    time.monotonic() >= deadline or self.controller.stopping):
+                return None
+            session = self.table.join(session_id, key, time.monotonic(), lambda: self._admit(client), client)
+            if session is not None:
+                return session
+
+    def _admit(self, client: str) -> int | None:
+        """A new group's slot for ``client`` (``controller.admit``), unless another client is waiting for
+        one while ``client`` holds its fair share of the open groups or more: then the next slot is theirs."""
+        others = {c for c, n in self._waiting.items() if n > 0 and c != client}
+        if others:
+            held = self.table.open_groups()
+            if len(held.get(client, [])) >= fair_share(held, others | {client}):
+                return None
+        return self.controller.admit()
 
     async def _complete(self, session: Session, prompt: list[int], body: dict[str, Any],
                         cut_at_call: bool) -> tuple[list[int], str, tuple[int, int]]:

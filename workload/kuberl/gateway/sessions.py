@@ -134,6 +134,12 @@ class SessionGroup:
         return Group(complete) if len(complete) == self.size else None
 
 
+def fair_share(held: dict[str, list[SessionGroup]], waiting: set[str]) -> int:
+    """⌈open groups ÷ clients holding one or waiting for one⌉."""
+    clients = held.keys() | waiting
+    return -(-sum(map(len, held.values())) // max(1, len(clients)))
+
+
 @dataclass
 class SessionTable:
     group_size: int
@@ -213,17 +219,21 @@ class SessionTable:
         groups = {id(g): g for _, g in self.sessions.values() if g.done}
         return [self._release(g) for g in groups.values()]
 
+    def open_groups(self) -> dict[str, list[SessionGroup]]:
+        """Each client's groups not yet done."""
+        held: dict[str, list[SessionGroup]] = {}
+        for group in {id(g): g for _, g in self.sessions.values() if not g.done}.values():
+            held.setdefault(group.client, []).append(group)
+        return held
+
     def reclaim(self, asking: str, now: float, idle: float) -> SessionGroup | None:
         """One group taken back so that ``asking`` (a client waiting for a slot) gets one: the oldest
         group idle for ``idle`` seconds or more (no call in flight, none ended) of the client holding the
         most open groups beyond its fair share (open groups ÷ clients holding or asking), so a client
         whose sessions were abandoned cannot hold the staleness budget against the others until they time
         out. A lone client is never reclaimed from. The group is ended unrewarded (dropped: its slot reopens)."""
-        groups = {id(g): g for _, g in self.sessions.values() if not g.done}.values()
-        held: dict[str, list[SessionGroup]] = {}
-        for group in groups:
-            held.setdefault(group.client, []).append(group)
-        fair = -(-len(groups) // len(held.keys() | {asking}))  # ceil
+        held = self.open_groups()
+        fair = fair_share(held, {asking})
         over = sorted(((len(owned), client) for client, owned in held.items()
                        if client != asking and len(owned) > fair), reverse=True)
         for _, client in over:
