@@ -27,6 +27,7 @@ import asyncio
 import collections
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
 RETRY_AFTER_MS = 100  # ... OpenAI clients honour retry-after-ms first: a slot reopens within a training step
 RECLAIM_CHECK_SECONDS = 1.0  # how often a held first call looks for a group to reclaim
 RECLAIM_IDLE_SECONDS = 15.0  # another client's idle group may be taken back for a waiting one after this
+RECLAIM_PENALTY_SECONDS = 60.0  # a client a group was reclaimed from is served after the others this long
 TOKENIZE_AT_ONCE = 2  # requests rendered and tokenized at once (in worker threads)
 
 
@@ -103,6 +105,7 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._tokenizing: asyncio.Semaphore | None = None  # made on the controller's loop (``_tokenize``)
         self._waiting: collections.Counter[str] = collections.Counter()  # client → first calls held for a slot
+        self._reclaimed_at: dict[str, float] = {}  # client → when a group of its was last reclaimed
 
     # -- lifecycle (on the controller's loop) ---------------------------------------------------
     def start_in(self, port: int, host: str = "") -> None:
@@ -268,6 +271,7 @@ class Gateway:
         deadline = time.monotonic() + self.config.admission_wait
         while True:
             if (reclaimed := self.table.reclaim(client, time.monotonic(), self.config.reclaim_idle)) is not None:
+                self._reclaimed_at[reclaimed.client] = time.monotonic()
                 await self._deliver(reclaimed)
             elif not await self.controller.room(min(deadline - time.monotonic(), RECLAIM_CHECK_SECONDS)) and (
                     time.monotonic() >= deadline or self.controller.stopping):
@@ -277,9 +281,17 @@ class Gateway:
                 return session
 
     def _admit(self, client: str) -> int | None:
-        """A new group's slot for ``client`` (``controller.admit``), unless another client is waiting for
-        one while ``client`` holds its fair share of the open groups or more: then the next slot is theirs."""
-        others = {c for c, n in self._waiting.items() if n > 0 and c != client}
+        """A new group's slot for ``client`` (``controller.admit``), unless another client waits for one
+        and either ``client`` had a group reclaimed within ``RECLAIM_PENALTY_SECONDS`` (it abandons its
+        sessions: it is served last) or holds its fair share of the open groups or more."""
+        now = time.monotonic()
+
+        def abandons(c: str) -> bool:
+            return now - self._reclaimed_at.get(c, -math.inf) < RECLAIM_PENALTY_SECONDS
+
+        others = {c for c, n in self._waiting.items() if n > 0 and c != client and not abandons(c)}
+        if others and abandons(client):
+            return None
         if others:
             held = self.table.open_groups()
             if len(held.get(client, [])) >= fair_share(held, others | {client}):
