@@ -97,6 +97,9 @@ def test_the_api_list_of_rewards_is_what_the_module_ships():
     assert set(KUBERL_REWARDS) == shipped
     assert reward_issue("kuberl.rewards:no_such_reward") is not None
     assert reward_issue("kuberl.rewards:math") is None and reward_issue("my.module:anything") is None
+    assert reward_issue("kuberl.rewards.code:code") is None  # a module of KubeRL's rewards: imported at start-up
+    for typo in ("kuberl.reward:math", "kuberl:math", "kuberl.sandbox:run_python"):  # KubeRL's, not its rewards
+        assert "KubeRL's rewards live in kuberl.rewards" in reward_issue(typo), typo
 
 
 def test_a_reward_gets_the_row_columns_it_names_or_all_with_kwargs():

@@ -4,15 +4,21 @@ operator can refuse ``kuberl.rewards:no_such_reward`` without importing the work
 
 from __future__ import annotations
 
-KUBERL_REWARDS_MODULE = "kuberl.rewards"
+KUBERL_PACKAGE = "kuberl"
+KUBERL_REWARDS_MODULE = f"{KUBERL_PACKAGE}.rewards"
 KUBERL_REWARDS = ("exact_match", "digit_match", "math", "math_answer", "code")
 CODE_REWARD = f"{KUBERL_REWARDS_MODULE}:code"
 CODE_WALL_SECONDS = 10.0  # the code reward's sandboxes' wall clock: below spec.reward.timeoutSeconds
 
 
 def reward_issue(function: str) -> str | None:
-    """Why ``function`` ('module:name') cannot be one of KubeRL's rewards, or None."""
+    """Why ``function`` ('module:name') cannot be one of KubeRL's rewards, or None: a name its module lacks,
+    or a module inside KubeRL's own package that is not its rewards module (``kuberl.reward:math``)."""
     module, _, name = function.partition(":")
+    allowed = ", ".join(KUBERL_REWARDS)
     if module == KUBERL_REWARDS_MODULE and name not in KUBERL_REWARDS:
-        return f"{function!r}: {module} has no reward {name!r}; allowed: {', '.join(KUBERL_REWARDS)}"
+        return f"{function!r}: {module} has no reward {name!r}; allowed: {allowed}"
+    if module.split(".")[0] == KUBERL_PACKAGE and module.split(".")[:2] != KUBERL_REWARDS_MODULE.split("."):
+        return f"{function!r}: KubeRL's rewards live in {KUBERL_REWARDS_MODULE} ({KUBERL_REWARDS_MODULE}:NAME); " \
+               f"allowed: {allowed}"
     return None
