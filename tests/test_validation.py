@@ -364,3 +364,12 @@ def test_a_model_that_fits_passes_and_one_whose_config_is_elsewhere_is_left_to_t
     path = write(tmp_path, moe, elsewhere)
     assert main(["validate", str(path)]) == 0
     assert capsys.readouterr().err == ""  # a pod's volume path: read where the run starts, not warned about
+
+
+def test_an_unquoted_on_that_yaml_made_a_boolean_is_explained(tmp_path, capsys):
+    """Issue 67: ``chatTemplate.mode: on`` unquoted is YAML's True; the error says so and how to write it."""
+    path = write(tmp_path, with_spec(model={"path": "builtin:tiny-qwen2", "chatTemplate": {"mode": True}}))
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "spec.model.chatTemplate.mode: got True; allowed: 'auto', 'on' or 'off'" in err
+    assert 'quote the value, e.g. "on"' in err

@@ -30,7 +30,9 @@ def _explain(err: dict[str, Any], model_fields: dict[str, Any] | None = None) ->
         return "is required"
     if kind in ("enum", "literal_error"):
         expected = err.get("ctx", {}).get("expected", "")
-        return f"got {shown(given)}; allowed: {expected}"
+        hint = (" (YAML reads an unquoted on, off, yes or no as a boolean: quote the value, e.g. \"on\")"
+                if isinstance(given, bool) else "")
+        return f"got {shown(given)}; allowed: {expected}{hint}"
     msg = err["msg"]
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
