@@ -373,3 +373,16 @@ def test_an_unquoted_on_that_yaml_made_a_boolean_is_explained(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "spec.model.chatTemplate.mode: got True; allowed: 'auto', 'on' or 'off'" in err
     assert 'quote the value, e.g. "on"' in err
+
+
+@pytest.mark.parametrize(("changes", "path", "hint"), [
+    ({"algorithm__maxNewTokens": 3}, "spec.algorithm.maxNewTokens", "it is a field of spec.rollout, spec.evaluation"),
+    ({"algorithm__learningrate": 1e-4}, "spec.algorithm.learningrate", "did you mean learningRate?"),
+    ({"rollout__maxStalenes": 2}, "spec.rollout.maxStalenes", "did you mean maxStaleness?"),
+])
+def test_an_unknown_field_says_where_it_belongs(changes, path, hint):
+    """Issue 67: an unknown field names where that field lives, or the spelling it may stand for."""
+    _, issues = validate_document(with_spec(**changes))
+    assert [(i.path, i.message) for i in issues] == [(path, f"unknown field; {hint}")]
+    _, issues = validate_document(with_spec(algorithm__noSuchThingAnywhere=1))
+    assert [i.message for i in issues] == ["unknown field"]

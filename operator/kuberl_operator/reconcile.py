@@ -95,7 +95,7 @@ async def _validated(kube: Kube, kind: type[InferencePool] | type[TrainerJob], b
             model.spec.scheduling, model.metadata.namespace, settings)
         message = "; ".join(map(str, refused)) if refused else await claim_problem(kube, body, model.spec.experiment)
     except ValidationError as err:
-        model, message = None, "; ".join(str(i) for i in schema_issues(err))
+        model, message = None, "; ".join(str(i) for i in schema_issues(err, kind))
     if message is None:
         return model
     await write_status(kube, body, invalid_spec_status(body["metadata"].get("generation"), message))
@@ -172,7 +172,7 @@ async def sync_experiment(kube: Kube, namespace: str, name: str, settings: Build
         exp = RLExperiment.model_validate(body)
         check_experiment(exp, settings)  # nothing is created for an invalid spec
     except ValidationError as err:
-        message = "; ".join(str(i) for i in schema_issues(err))
+        message = "; ".join(str(i) for i in schema_issues(err, RLExperiment))
         await write_status(kube, body, invalid_spec_status(generation, message))
         log.warning("RLExperiment %s/%s is invalid: %s", namespace, name, message)
         return None

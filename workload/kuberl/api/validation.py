@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .base import GROUP_VERSION, shown
+from .fields import where_it_belongs
 from .resolve import FieldIssue, resolve
 from .resources import KINDS, InferencePool, Resource, RLExperiment, TrainerJob
 from .storage import cluster_issues, standalone_issues
@@ -41,8 +42,16 @@ def _explain(err: dict[str, Any], model_fields: dict[str, Any] | None = None) ->
     return msg
 
 
-def schema_issues(err: ValidationError) -> list[FieldIssue]:
-    return [FieldIssue(_path(e["loc"]) or "<document>", _explain(e)) for e in err.errors()]
+def schema_issues(err: ValidationError, model: type[BaseModel] | None = None) -> list[FieldIssue]:
+    """One issue per schema error; an unknown field also says where that name belongs in ``model``'s
+    schema, or the close spellings it may stand for."""
+    issues = []
+    for e in err.errors():
+        path, message = _path(e["loc"]) or "<document>", _explain(e)
+        if e["type"] == "extra_forbidden" and model is not None and (hint := where_it_belongs(model, path)):
+            message = f"{message}; {hint}"
+        issues.append(FieldIssue(path, message))
+    return issues
 
 
 def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, list[FieldIssue]]:
@@ -59,7 +68,7 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
     try:
         obj = KINDS[kind].model_validate(doc)
     except ValidationError as err:
-        return None, schema_issues(err)
+        return None, schema_issues(err, KINDS[kind])
     if isinstance(obj, RLExperiment):
         _, trainer, issues = resolve(obj.spec)
         issues += unsupported_issues(obj.spec, trainer)
