@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kuberl.api import FieldIssue, RLExperiment
-from kuberl.api.rewards import KUBERL_PACKAGE
+from kuberl.api.rewards import in_kuberl_package
 from kuberl.api.spec import RLExperimentSpec
 
 
@@ -53,7 +53,7 @@ def preflight(spec: RLExperimentSpec, architecture: bool = True, import_rewards:
     warnings = [FieldIssue(field, f"{message.removeprefix(field + ' ')} (fine if it is in your image; the trainer "
                                   "imports it at start-up)")
                 for field, function in rewards
-                if function.split(".")[0].split(":")[0] != KUBERL_PACKAGE  # the manifest's own check names those
+                if not in_kuberl_package(function)  # the manifest's own check names those
                 and (message := import_warning(function, field, import_rewards))]
     model_errors, model_warnings = model_checks(spec) if architecture else ([], [])
     return errors + model_errors, warnings + tracker_warnings(spec) + model_warnings

@@ -96,7 +96,7 @@ class Confined:
 
 @contextmanager
 def confined(code: str, limits: Limits, args: Sequence[str] = (), files: dict[str, str] | None = None,
-             pass_fds: Sequence[int] = (), stdin: int = subprocess.DEVNULL) -> Iterator[Confined]:
+             pass_fds: Sequence[int] = ()) -> Iterator[Confined]:
     """Start ``code`` in a sandbox, in a scratch directory of its own holding ``files``; killed and
     cleaned up on leaving. Its output (stdout and stderr) goes to a file, cut at 4 × the output limit."""
     with tempfile.TemporaryDirectory(prefix="kuberl-tool-") as cwd:
@@ -108,7 +108,7 @@ def confined(code: str, limits: Limits, args: Sequence[str] = (), files: dict[st
             process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER, str(limits.cpu_seconds),
                  str(limits.memory_bytes), str(limits.output_bytes * 4), str(os.getpid()), CODE_FILE, *args],
-                cwd=cwd, env={}, stdin=stdin, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds,
+                cwd=cwd, env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds,
                 start_new_session=True)
         sandbox = Confined(process, output_path)
         try:

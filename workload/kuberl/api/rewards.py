@@ -11,6 +11,11 @@ CODE_REWARD = f"{KUBERL_REWARDS_MODULE}:code"
 CODE_WALL_SECONDS = 10.0  # the code reward's sandboxes' wall clock: below spec.reward.timeoutSeconds
 
 
+def in_kuberl_package(function: str) -> bool:
+    """Whether ``function`` ('module:name') names a module of KubeRL's own package."""
+    return function.partition(":")[0].split(".")[0] == KUBERL_PACKAGE
+
+
 def reward_issue(function: str) -> str | None:
     """Why ``function`` ('module:name') cannot be one of KubeRL's rewards, or None: a name its module lacks,
     or a module inside KubeRL's own package that is not its rewards module (``kuberl.reward:math``)."""
@@ -18,7 +23,7 @@ def reward_issue(function: str) -> str | None:
     allowed = ", ".join(KUBERL_REWARDS)
     if module == KUBERL_REWARDS_MODULE and name not in KUBERL_REWARDS:
         return f"{function!r}: {module} has no reward {name!r}; allowed: {allowed}"
-    if module.split(".")[0] == KUBERL_PACKAGE and module.split(".")[:2] != KUBERL_REWARDS_MODULE.split("."):
+    if in_kuberl_package(function) and module.split(".")[:2] != KUBERL_REWARDS_MODULE.split("."):
         return f"{function!r}: KubeRL's rewards live in {KUBERL_REWARDS_MODULE} ({KUBERL_REWARDS_MODULE}:NAME); " \
                f"allowed: {allowed}"
     return None

@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,7 +76,6 @@ class GatewayConfig:
     admission_wait: float = ADMISSION_WAIT_SECONDS
     reclaim_idle: float = RECLAIM_IDLE_SECONDS  # a group idle this long may be reclaimed (SessionTable.reclaim)
     reward: Scorer | None = None  # spec.reward's: scores {"completion": ...} against the task's answer
-    refusals: RefusalBudget = field(default_factory=RefusalBudget)  # per client: refused calls before 429s
 
 
 @dataclass
@@ -104,6 +103,7 @@ class Gateway:
         self._reaper: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._tokenizing: asyncio.Semaphore | None = None  # made on the controller's loop (``_tokenize``)
+        self.refusals = RefusalBudget()  # per client: refused calls before its 429s
         self._waiting: collections.Counter[str] = collections.Counter()  # client → first calls held for a slot
         self._reclaimed_at: dict[str, float] = {}  # client → when a group of its was last reclaimed
 
@@ -118,7 +118,7 @@ class Gateway:
     def summary(self) -> dict[str, int]:
         """Sessions, completions, 429s (the budget's; ``limited``: clients refused too often), groups
         delivered, prefix breaks, sessions expired, groups reclaimed from a client holding too many."""
-        return {**self.stats.as_dict(self.table.expired), "limited": self.config.refusals.limited,
+        return {**self.stats.as_dict(self.table.expired), "limited": self.refusals.limited,
                 "reclaimed": self.table.reclaimed}
 
     async def _start(self, port: int, host: str) -> None:
@@ -143,7 +143,7 @@ class Gateway:
                 await self._deliver(group)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.config.refusals.middleware(), require_token(self.token, {"/health"})])
+        app = web.Application(middlewares=[self.refusals.middleware(), require_token(self.token, {"/health"})])
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)

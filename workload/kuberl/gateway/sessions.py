@@ -193,9 +193,7 @@ class SessionTable:
         del self.sessions[session_id]
         group.sessions.remove(session)
         if not group.sessions:
-            if self.filling.get(group.key) is group:
-                del self.filling[group.key]
-            return group
+            return self._release(group)
         if group.key not in self.filling and len(group.sessions) < group.seats:
             self.filling[group.key] = group
         return None
