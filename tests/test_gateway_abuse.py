@@ -146,10 +146,9 @@ def test_a_client_that_abandons_its_sessions_cannot_hold_the_budget_against_anot
                 answered = other.post(f"{client.base_url}chat/completions", json=body,
                                       headers={"X-KubeRL-Session": f"gone-{n}", "X-KubeRL-Group": f"a{n}"})
                 assert answered.status_code == 200, answered.text
-        started = time.monotonic()
-        mine = client.with_options(max_retries=0).chat.completions.create(
+        mine = client.with_options(max_retries=0).chat.completions.create(  # a 429 after 5 s would raise
             **body, extra_headers={"X-KubeRL-Session": "mine", "X-KubeRL-Group": "b"})
-        assert mine.choices[0].message.role == "assistant" and time.monotonic() - started < 5.0
+        assert mine.choices[0].message.role == "assistant"
         assert gateway.summary()["reclaimed"] == 1  # one group: a fair share of two clients is one each
         assert gateway.table.get("gone-0") is None or gateway.table.get("gone-1") is None
 
