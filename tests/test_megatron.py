@@ -424,29 +424,27 @@ def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_paral
 def test_the_trainer_refuses_a_megatron_layout_it_cannot_train_naming_the_field():
     """Should a spec reach the trainer unvalidated, it stops with the same field-naming message as
     ``kuberl validate`` (here: expert tensor parallelism, which this build's Megatron backend does not train)."""
-    from types import SimpleNamespace
-
     import yaml
 
     from kuberl.api.resources import RLExperiment
+    from kuberl.runconfig import RunConfig
     from kuberl.trainer.loop import make_actor
 
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron.yaml").read_text())
     doc["spec"]["trainer"] |= {"parallelism": {"tensor": 2, "expert": 2, "expertTensor": 2}, "acceleratorsPerNode": 4}
     obj = RLExperiment.model_validate(doc)  # the schema admits it; kuberl.api.support refuses it
     with pytest.raises(SystemExit, match=r"invalid spec: spec\.trainer\.parallelism\.expertTensor: is 2: backend"):
-        make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))
+        make_actor(RunConfig("t", obj.spec), qwen2(), torch.device("cpu"))
 
 
 def test_a_layout_that_does_not_fit_the_model_is_refused_by_the_trainer_naming_the_field():
     """Expert parallelism needs experts, and experts that split evenly over its ranks. ``kuberl
     validate`` does not load the model; the trainer does, and stops before it forms any group."""
-    from types import SimpleNamespace
-
     import yaml
 
     from kuberl.api.resources import RLExperiment
     from kuberl.megatron.model import layout_issues
+    from kuberl.runconfig import RunConfig
     from kuberl.trainer.loop import make_actor
 
     assert layout_issues(qwen3_moe().config, expert=2) == layout_issues(qwen3_moe().config, expert=4) == []
@@ -457,4 +455,4 @@ def test_a_layout_that_does_not_fit_the_model_is_refused_by_the_trainer_naming_t
     doc = yaml.safe_load((Path(__file__).parent.parent / "examples/cpu-megatron-moe.yaml").read_text())
     obj = RLExperiment.model_validate(doc)
     with pytest.raises(SystemExit, match=r"spec\.trainer\.parallelism\.expert: is 2: the model has no experts"):
-        make_actor(SimpleNamespace(spec=obj.spec), qwen2(), torch.device("cpu"))
+        make_actor(RunConfig("t", obj.spec), qwen2(), torch.device("cpu"))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .api.resolve import InferencePlan, resolve
+from .api.resolve import FieldIssue, InferencePlan, TrainerPlan, resolve
 from .api.spec import RLExperimentSpec
 from .settings import run_config_section
 
@@ -26,11 +27,16 @@ class RunConfig:
     settings: Mapping[str, Any] = field(default_factory=dict)  # kuberl.settings.RUN_CONFIG_FIELDS
     source: Path | None = None  # the file it was read from (the trainer follows the pool's size in it)
 
+    @cached_property
+    def resolved(self) -> tuple[InferencePlan | None, TrainerPlan | None, list[FieldIssue]]:
+        """``resolve(spec)``, once per run config: both pools' plans and the spec's cross-field issues."""
+        return resolve(self.spec)
+
     @property
     def inference(self) -> InferencePlan:
         """The pool as resolved: engine, replicas and parallel degrees from the spec, the
         allocation string or the accelerator's defaults."""
-        plan, _, issues = resolve(self.spec)
+        plan, _, issues = self.resolved
         if plan is None:
             raise ValueError("; ".join(map(str, issues)) or "no inference pool")
         return plan

@@ -9,6 +9,7 @@ with the adapter merged (exports, the critic's start).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,8 +34,15 @@ from ..data.datasets import Example
 from ..models import lora
 from ..models.meta import is_meta, materialize
 from ..models.text import TextCodec
-from ..policy.actor import Actor, packed_token_logprobs_and_entropy, token_logprobs_and_entropy
+from ..policy.actor import (
+    Actor,
+    ChunkReader,
+    packed_token_logprobs_and_entropy,
+    plain_loop,
+    token_logprobs_and_entropy,
+)
 from ..policy.algorithms import AlgorithmConfig
+from ..policy.batch import Batch
 from ..policy.critic import VALUE_HEAD, Critic, CriticConfig, packed_values, padded_values, value_model
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, fsdp2_holdings
@@ -140,6 +148,20 @@ class FSDPActor(Actor):
         scorer = packed_token_logprobs_and_entropy if packing else token_logprobs_and_entropy
         return cls(model, optimizer, config, temperature, mini_batches, reference=reference, device=device,
                    scorer=scorer, packing=packing, critic=value_critic, adapter=adapter)
+
+    def forward_backward(self, model: torch.nn.Module, chunks: list[Batch], on_scores: ChunkReader,
+                         forward_only: bool) -> list[Any]:
+        """Chunk after chunk (:func:`~kuberl.policy.actor.plain_loop`): FSDP2 gathers each block's
+        shards in the forward and reduces its gradients in the backward."""
+        return plain_loop(self.scorer, self.temperature, model, chunks, on_scores, forward_only)
+
+    def compute_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """None: torch's own device handling."""
+        return contextlib.nullcontext()
+
+    def as_reported(self, stats: dict[str, float]) -> dict[str, float]:
+        """This rank's own: every rank computes the loss."""
+        return stats
 
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's index, how many) among the ranks that split a batch's rows: every rank (FSDP2)."""

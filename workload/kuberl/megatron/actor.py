@@ -49,12 +49,13 @@ from ..data.datasets import Example
 from ..devices import placed
 from ..models.meta import FileState, is_meta, materialize
 from ..models.text import TextCodec
-from ..policy.actor import TOKEN_SUMS, Actor
+from ..policy.actor import TOKEN_SUMS, Actor, ChunkReader, plain_loop
 from ..policy.algorithms import AlgorithmConfig
 from ..policy.batch import TOKEN_BUDGET, Batch
-from ..policy.critic import Critic, ValueTargets
+from ..policy.critic import Critic
 from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
+from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
 from . import checkpoint, optimizer
 from .cpu import on_device
@@ -246,12 +247,6 @@ class MegatronActor(Actor):
                    clip_gradients=reduce_and_clip_gradients, packing=packing, critic=critic, hf_model=hf_model,
                    hf_files=weights if on_meta else None, compute_dtype=compute_dtype)
 
-    def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
-        """The actor's step where megatron-core can run on this device: the backward of its token
-        exchange between expert-parallel ranks allocates on the device too, not only the forward."""
-        with on_device(self.device):
-            return super().train_step(batch, global_rows)
-
     @property
     def stages(self) -> int:
         """The pipeline-parallel size."""
@@ -259,45 +254,29 @@ class MegatronActor(Actor):
 
         return parallel_state.get_pipeline_model_parallel_world_size()
 
-    def logprobs(self, model: torch.nn.Module, chunks: list[Batch]) -> list[torch.Tensor]:
-        """log π(target) for each chunk; with pipeline parallelism through the pipeline, forward
-        only — on the last stage (the only one that reads them), an empty list elsewhere."""
+    def forward_backward(self, model: torch.nn.Module, chunks: list[Batch], on_scores: ChunkReader,
+                         forward_only: bool) -> list[Any]:
+        """Chunk after chunk on one stage (:func:`~kuberl.policy.actor.plain_loop`); with pipeline
+        parallelism through Megatron's 1F1B schedule (:func:`.schedule.through_pipeline`: what
+        ``on_scores`` keeps on the last stage, an empty list elsewhere). After a backward, a tied
+        embedding's two copies' gradients summed."""
         if self.stages == 1:
-            return super().logprobs(model, chunks)
-
-        def read(_: int, chunk: Batch, logp: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.zeros(()), logp
-
-        with torch.no_grad():
-            return through_pipeline(model, chunks, read, self.temperature, self.compute_dtype, forward_only=True,
-                                    packed=self.packing)
-
-    def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
-                             normalizer: float) -> list[dict[str, torch.Tensor]]:
-        """The actor's per-chunk loss and backward — with pipeline parallelism through Megatron's 1F1B
-        schedule (:func:`.schedule.through_pipeline`), the loss on the last stage (stats there, empty
-        elsewhere) — then a tied embedding's two copies' gradients summed."""
-        if self.stages == 1:
-            stats = super().accumulate_gradients(chunks, prox, normalizer)
+            kept = plain_loop(self.scorer, self.temperature, model, chunks, on_scores, forward_only)
         else:
-            ref = self.logprobs(self.reference, chunks) if self.reference is not None else None
+            kept = through_pipeline(model, chunks, on_scores, self.temperature, self.compute_dtype,
+                                    forward_only=forward_only, packed=self.packing)
+        if not forward_only:
+            sum_shared_embedding_gradients(model)
+        return kept
 
-            def loss(i: int, chunk: Batch, logp: torch.Tensor,
-                     entropy: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-                return self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
-                                       None if ref is None else ref[i], normalizer)
+    def compute_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """Where megatron-core can run on this device (:func:`.cpu.on_device`): the backward of its token
+        exchange between expert-parallel ranks allocates on the device too, not only the forward."""
+        return on_device(self.device)
 
-            stats = through_pipeline(self.model, chunks, loss, self.temperature, self.compute_dtype,
-                                     forward_only=False, packed=self.packing)
-            stats = stats or [{} for _ in chunks]
-        sum_shared_embedding_gradients(self.model)
-        return stats
-
-    def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
-                local_tokens: float, targets: list[ValueTargets] | None = None) -> dict[str, float]:
-        """The actor's update; with pipeline parallelism every stage reports the last stage's stats
-        (the loss is there), but the token sums only the last stage counts."""
-        stats = super()._update(chunks, prox, global_rows, local_tokens, targets)
+    def as_reported(self, stats: dict[str, float]) -> dict[str, float]:
+        """With pipeline parallelism every stage reports the last stage's stats (the loss is there),
+        but the token sums only the last stage counts."""
         if self.stages == 1:
             return stats
         from megatron.core import parallel_state
@@ -307,12 +286,9 @@ class MegatronActor(Actor):
                                    group=parallel_state.get_pipeline_model_parallel_group())
         return stats | {k: v for k, v in last[0].items() if k not in TOKEN_SUMS}
 
-    def freeze_reference(self) -> None:
-        """π_ref := the current policy (each rank copies its own pieces)."""
-        if self.reference is not None:
-            with torch.no_grad():
-                for ref, param in zip(self.reference.parameters(), self.model.parameters(), strict=True):
-                    ref.copy_(param)
+    def weight_source(self) -> WeightSource:
+        """The whole policy: this actor (Megatron trains no adapter)."""
+        return self
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter under its HF name with its whole shape (the HF twin's: a tied output layer once)."""

@@ -21,15 +21,13 @@ from typing import Any
 
 import torch
 
+from ..policy.actor import ChunkReader
 from ..policy.batch import Batch
 from .inputs import model_inputs
 from .logprobs import scores, vocab_parallel_logits
 
-ScoresReader = Callable[[int, Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]]
-"""(chunk index, chunk, its log π(target) and H(π) [B, L−1]) → (loss, what to keep)."""
 
-
-def through_pipeline(model: Any, chunks: list[Batch], on_scores: ScoresReader, temperature: float,
+def through_pipeline(model: Any, chunks: list[Batch], on_scores: ChunkReader, temperature: float,
                      compute_dtype: torch.dtype, forward_only: bool, packed: bool = False) -> list[Any]:
     """Every chunk forward (and, unless ``forward_only``, backward: gradients add up in the
     parameters) through the pipeline; on the last stage, what ``on_scores`` kept of each chunk, in

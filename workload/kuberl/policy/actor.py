@@ -28,16 +28,20 @@ more forward pass, for log π_ref.
 
 Backends are siblings below this module (verl's ``dp_actor`` / ``megatron_actor``): the FSDP2 actor
 (:mod:`kuberl.fsdp.actor`) and the Megatron-core actor (:mod:`kuberl.megatron.actor`) implement how a
-model is read (``scorer``), clipped, split over data-parallel ranks, checkpointed and gathered.
+model is read (``scorer``) and scheduled (``forward_backward``: chunk after chunk, or a pipeline's 1F1B),
+clipped, split over data-parallel ranks, checkpointed and gathered — the abstract hooks of :class:`Actor`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -122,6 +126,23 @@ Scorer = Callable[[torch.nn.Module, Batch, float], tuple[torch.Tensor, torch.Ten
 """(model, batch, temperature) → (log π(target), H(π)) per position: how a backend reads its model."""
 GradientClipper = Callable[[list[torch.nn.Parameter], float], torch.Tensor]
 """(parameters, max norm) → the global gradient norm before clipping; clips in place."""
+ChunkReader = Callable[[int, Batch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]]
+"""(index, chunk, log π(target), H(π)) → (the chunk's loss, what to keep of it): what a schedule does
+with each chunk's scores."""
+
+
+def plain_loop(scorer: Scorer, temperature: float, model: torch.nn.Module, chunks: list[Batch],
+               on_scores: ChunkReader, forward_only: bool) -> list[Any]:
+    """The schedule of a model held whole on every rank of its data-parallel group: each chunk
+    forward (``scorer``), ``on_scores``, then, unless ``forward_only``, its loss's backward (gradients
+    add up in the parameters); what ``on_scores`` kept of each chunk, in order."""
+    kept = []
+    for i, chunk in enumerate(chunks):
+        loss, keep = on_scores(i, chunk, *scorer(model, chunk, temperature))
+        if not forward_only:
+            loss.backward()
+        kept.append(keep)
+    return kept
 
 
 def batch_stats(chunk_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -140,10 +161,11 @@ def batch_stats(chunk_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
 
 
 @dataclass
-class Actor:
+class Actor(ABC):
     """The decoupled-PPO step of every backend. A backend sets ``scorer`` and ``clip_gradients``
-    and implements the methods below that raise NotImplementedError (FSDP2: :class:`kuberl.fsdp.actor.FSDPActor`;
-    Megatron: :class:`kuberl.megatron.actor.MegatronActor`)."""
+    and implements the abstract hooks below, overriding nothing else (FSDP2:
+    :class:`kuberl.fsdp.actor.FSDPActor`; Megatron: :class:`kuberl.megatron.actor.MegatronActor`;
+    ``tests/test_backends.py`` holds them to it). Its builder is in :mod:`kuberl.trainer.backends`."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -198,7 +220,11 @@ class Actor:
     def train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         """One batch (host memory; moved to ``device`` micro-batch by micro-batch): ``mini_batches``
         optimizer updates; stats are averaged over the updates, but ``mismatch/*`` covers the whole
-        batch of every rank."""
+        batch of every rank. Runs inside the backend's :meth:`compute_scope`."""
+        with self.compute_scope():
+            return self._train_step(batch, global_rows)
+
+    def _train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         start = time.perf_counter()
         parts = split(batch, self.mini_batches)
         chunks = [[c.to(self.device) for c in self._micro_batches(part)] for part in parts]
@@ -226,9 +252,15 @@ class Actor:
         return stats
 
     def logprobs(self, model: torch.nn.Module, chunks: list[Batch]) -> list[torch.Tensor]:
-        """log π(target) of ``model`` (the policy before an update, or π_ref) for each chunk, no grad."""
+        """log π(target) of ``model`` (the policy before an update, or π_ref) for each chunk, no grad,
+        through the backend's schedule (where it holds the loss: an empty list on a pipeline stage that
+        does not)."""
+
+        def keep_logprobs(_: int, chunk: Batch, logp: torch.Tensor, entropy: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            return torch.zeros(()), logp
+
         with torch.no_grad():
-            return [self.scorer(model, chunk, self.temperature)[0] for chunk in chunks]
+            return self.forward_backward(model, chunks, keep_logprobs, forward_only=True)
 
     def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
                 local_tokens: float, targets: list[ValueTargets] | None = None) -> dict[str, float]:
@@ -251,20 +283,20 @@ class Actor:
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         if self.critic is not None and targets is not None:
             stats |= self.critic.update(chunks, targets, normalizer)
-        return host_floats(stats)
+        return self.as_reported(host_floats(stats))
 
     def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
                              normalizer: float) -> list[dict[str, torch.Tensor]]:
-        """The loss's backward for each chunk in turn (gradients add up); each chunk's stats."""
+        """The loss's backward for each chunk through the backend's schedule (gradients add up); each
+        chunk's stats (empty dicts where a rank holds no loss: a pipeline stage before the last)."""
         ref = self.logprobs(self.reference, chunks) if self.reference is not None else None
-        stats = []
-        for i, chunk in enumerate(chunks):
-            logp, entropy = self.scorer(self.model, chunk, self.temperature)
-            loss, chunk_stats = self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
-                                                None if ref is None else ref[i], normalizer)
-            loss.backward()
-            stats.append(chunk_stats)
-        return stats
+
+        def loss(i: int, chunk: Batch, logp: torch.Tensor,
+                 entropy: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            return self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
+                                   None if ref is None else ref[i], normalizer)
+
+        return self.forward_backward(self.model, chunks, loss, forward_only=False) or [{} for _ in chunks]
 
     def chunk_loss(self, chunk: Batch, logp: torch.Tensor, entropy: torch.Tensor, prox_logp: torch.Tensor | None,
                    ref_logp: torch.Tensor | None, normalizer: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -280,50 +312,81 @@ class Actor:
                 "entropy/tokens": chunk.loss_mask.sum()}
         return out.loss, {**out.stats, **sums}
 
+    # The backend's hooks: every one is abstract, so a backend reads as the list of what it decides.
+
+    @abstractmethod
+    def forward_backward(self, model: torch.nn.Module, chunks: list[Batch], on_scores: ChunkReader,
+                         forward_only: bool) -> list[Any]:
+        """The schedule: every chunk through ``model`` (``scorer``), ``on_scores`` on its scores, and unless
+        ``forward_only`` the loss's backward; what ``on_scores`` kept of each chunk where this rank
+        computes the loss, an empty list where it does not (:func:`plain_loop`, or a pipeline's)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def compute_scope(self) -> AbstractContextManager[Any]:
+        """What a step runs inside (e.g. a library's device shim); ``contextlib.nullcontext()`` for none."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def as_reported(self, stats: dict[str, float]) -> dict[str, float]:
+        """An update's stats as every rank reports them: where only some ranks compute the loss (a
+        pipeline's last stage), theirs — but this rank's own :data:`TOKEN_SUMS`."""
+        raise NotImplementedError
+
+    @abstractmethod
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's index, how many) among the ranks that split a batch's rows."""
         raise NotImplementedError
 
+    @abstractmethod
     def save_shards(self, directory: Path) -> None:
         """Every rank writes its part of the model, optimizer and reference into ``directory``."""
         raise NotImplementedError
 
+    @abstractmethod
     def load_shards(self, directory: Path) -> None:
         """Every rank reads its part back from what :meth:`save_shards` wrote."""
         raise NotImplementedError
 
     @property
+    @abstractmethod
     def checkpoint_layout(self) -> dict[str, str | int]:
         """What a resume must share with the run that saved."""
         raise NotImplementedError
 
+    @abstractmethod
     def supervised_warm_up(self, codec: TextCodec, data: Iterator[Example], steps: int,
                            batch_size: int, lr: float) -> list[float]:
         """``spec.model.sftWarmup``: the losses of ``steps`` supervised steps."""
         raise NotImplementedError
 
+    @abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded HF-named weights on rank 0 (an empty dict on other ranks); every rank must call it."""
         raise NotImplementedError
 
+    @abstractmethod
     def weight_source(self) -> WeightSource:
         """What the weight exchange sends after each step: the whole policy (the actor itself), or
         only what the replicas lack (an adapter)."""
-        return self
+        raise NotImplementedError
 
     def critic_state_dict(self) -> dict[str, torch.Tensor]:
         """The critic's unsharded HF-named weights on rank 0 (an empty dict elsewhere, and without a
         critic); every rank must call it."""
         return {} if self.critic is None else self.critic.full_state_dict()
 
+    @abstractmethod
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter by name, as this backend holds it."""
         raise NotImplementedError
 
+    @abstractmethod
     def local_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's piece of every parameter."""
         raise NotImplementedError
 
+    @abstractmethod
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
         """Which rank holds which piece of each weight (the weight exchange's plan reads it)."""
         raise NotImplementedError

@@ -21,16 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..api.algorithm import CorrectionLevel, CorrectionMode, RatioLevel
+from ..api.algorithm import AlgorithmName, CorrectionLevel, CorrectionMode, LearningRateSchedule, RatioLevel
 from ..rollout.types import Group, Trajectory
 
-ADVANTAGE = {"grpo": "group_norm", "dapo": "group_norm", "drgrpo": "group_center", "rloo": "rloo",
-             "reinforce_pp": "batch_whiten", "ppo": "critic"}
+ADVANTAGE = {AlgorithmName.GRPO: "group_norm", AlgorithmName.DAPO: "group_norm", AlgorithmName.DRGRPO: "group_center",
+             AlgorithmName.RLOO: "rloo", AlgorithmName.REINFORCE_PP: "batch_whiten", AlgorithmName.PPO: "critic"}
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    name: str
+    name: AlgorithmName
     group_size: int
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -38,19 +38,19 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     behavior_imp_cap: float | None = 5.0  # the upper bound on w (algorithm.behaviorImpCap)
     max_new_tokens: int = 1024
-    correction: str = CorrectionMode.MASK  # how w enters the loss (loss.py)
-    correction_level: str = CorrectionLevel.TOKEN
+    correction: CorrectionMode = CorrectionMode.MASK  # how w enters the loss (loss.py)
+    correction_level: CorrectionLevel = CorrectionLevel.TOKEN
     behavior_imp_low: float | None = None  # mask: the lower bound on w
-    ratio_level: str = RatioLevel.TOKEN  # token (PPO) or sequence (GSPO)
+    ratio_level: RatioLevel = RatioLevel.TOKEN  # token (PPO) or sequence (GSPO)
 
     def __post_init__(self) -> None:
-        if self.name not in ADVANTAGE:
-            raise ValueError(f"algorithm.name {self.name!r}; allowed: {', '.join(ADVANTAGE)}")
-        for field, value, allowed in (("correction", self.correction, CorrectionMode),
-                                      ("correction_level", self.correction_level, CorrectionLevel),
-                                      ("ratio_level", self.ratio_level, RatioLevel)):
+        """The spec's enums as they are; their values (a test's, a benchmark's) become them."""
+        for field, allowed in (("name", AlgorithmName), ("correction", CorrectionMode),
+                               ("correction_level", CorrectionLevel), ("ratio_level", RatioLevel)):
+            value = getattr(self, field)
             if value not in {m.value for m in allowed}:
                 raise ValueError(f"{field} {value!r}; allowed: {', '.join(m.value for m in allowed)}")
+            object.__setattr__(self, field, allowed(value))
 
     @property
     def loss_agg(self) -> str:
@@ -102,7 +102,7 @@ def build_batch(groups: list[Group], config: AlgorithmConfig) -> tuple[list[Traj
     return trajs, advantages(rewards[kept], config).flatten().tolist(), len(groups) - len(kept)
 
 
-def learning_rate_at(step: int, total_steps: int, base: float, schedule: str, min_ratio: float,
+def learning_rate_at(step: int, total_steps: int, base: float, schedule: LearningRateSchedule, min_ratio: float,
                      warmup_steps: int = 0) -> float:
     """The learning rate of training step ``step`` (0-based) of ``total_steps``:
     base · min(1, (step + 1) / W) · (m + (1 − m) · d(x)), W = ``warmup_steps``, x = (step − W) / (total_steps − W)
@@ -112,7 +112,8 @@ def learning_rate_at(step: int, total_steps: int, base: float, schedule: str, mi
     step alone, so a resumed run continues the schedule exactly where the checkpoint left it."""
     ramp = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
     x = min(max((step - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0), 1.0)
-    decay = {"constant": 1.0, "linear": 1.0 - x, "cosine": (1.0 + math.cos(math.pi * x)) / 2}
+    decay = {LearningRateSchedule.CONSTANT: 1.0, LearningRateSchedule.LINEAR: 1.0 - x,
+             LearningRateSchedule.COSINE: (1.0 + math.cos(math.pi * x)) / 2}
     if schedule not in decay:
         raise ValueError(f"algorithm.learningRateSchedule {schedule!r}; allowed: {', '.join(decay)}")
     return base * ramp * (min_ratio + (1.0 - min_ratio) * decay[schedule])

@@ -18,25 +18,25 @@ from typing import Any
 
 import torch
 
-from ..api import resolve
-from ..api.spec import Backend
 from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
-from ..fsdp.actor import FSDPActor, build_critic
+from ..fsdp.actor import build_critic
 from ..heap import freeze_set_up_heap
 from ..inference.contract import ReplyLimits
 from ..models.loading import load_model, load_skeleton
 from ..policy.actor import Actor
 from ..policy.algorithms import AlgorithmConfig, learning_rate_at
+from ..policy.backend import BackendInputs
 from ..policy.batch import collate
-from ..policy.critic import CriticConfig
+from ..policy.critic import Critic, CriticConfig
 from ..policy.loss import BehaviourGapMonitor
 from ..rollout.types import Trajectory
 from ..runconfig import RunConfig
 from ..settings import Settings
 from ..weights.sync import WeightSync, make_weight_sync, update_bytes
+from .backends import builder
 from .checkpointing import Checkpointer, TrainerState
 from .export import describe_model, export_due, export_policy, hf_config
 from .model_fit import model_issues
@@ -75,11 +75,11 @@ class Session:
 def algorithm_config(run: RunConfig) -> AlgorithmConfig:
     spec, algo = run.spec, run.spec.algorithm
     return AlgorithmConfig(
-        name=str(algo.name), group_size=algo.group_size, clip_low=algo.clip.low, clip_high=algo.clip.high,
+        name=algo.name, group_size=algo.group_size, clip_low=algo.clip.low, clip_high=algo.clip.high,
         dual_clip=algo.clip.dual, kl_coef=algo.kl_coef, behavior_imp_cap=algo.behavior_imp_cap,
-        max_new_tokens=spec.rollout.max_new_tokens, correction=str(algo.importance_sampling.mode),
-        correction_level=str(algo.importance_sampling.level), behavior_imp_low=algo.importance_sampling.low,
-        ratio_level=str(algo.ratio),
+        max_new_tokens=spec.rollout.max_new_tokens, correction=algo.importance_sampling.mode,
+        correction_level=algo.importance_sampling.level, behavior_imp_low=algo.importance_sampling.low,
+        ratio_level=algo.ratio,
     )
 
 
@@ -92,40 +92,26 @@ def critic_config(run: RunConfig) -> CriticConfig | None:
 
 
 def make_actor(run: RunConfig, model: torch.nn.Module, device: torch.device, weights: Path | None = None) -> Actor:
-    """The actor of ``spec.trainer.backend``: FSDP2 over every rank, or Megatron-core with tensor,
-    expert and data parallelism (``kuberl.api.support`` says which Megatron layouts this build trains,
-    :func:`.model_fit.model_issues` what the model's architecture refuses; the trainer refuses them,
-    should a spec reach it unvalidated). ``weights``: where a ``meta`` model's files are (FSDP2 reads
-    each rank's shards after sharding, Megatron each rank's pieces a layer at a time)."""
+    """The actor of ``spec.trainer.backend`` (:mod:`.backends`: FSDP2 over every rank, or Megatron-core with
+    tensor, pipeline, context, expert and data parallelism), after the checks a spec that reached the
+    trainer unvalidated would fail: ``kuberl.api.support`` (which layouts this build trains) and
+    :func:`.model_fit.model_issues` (what the model's architecture refuses). ``weights``: where a
+    ``meta`` model's files are (each rank reads only its own pieces)."""
     spec = run.spec
-    _, plan, issues = resolve(spec)
-    issues += unsupported_issues(spec, plan)
+    _, plan, issues = run.resolved
+    issues = issues + unsupported_issues(spec, plan)
     if not issues:
         issues += model_issues(spec, model)
     if issues or plan is None:
         raise SystemExit("invalid spec: " + "; ".join(map(str, issues)))
-    config, dtype = algorithm_config(run), compute_dtype(spec.model.dtype, spec.trainer.accelerator)
-    if plan.backend == Backend.MEGATRON:
-        from megatron.core import parallel_state
+    dtype, critic = compute_dtype(spec.model.dtype, spec.trainer.accelerator), critic_config(run)
 
-        from ..megatron.actor import MegatronActor
+    def hf_critic() -> Critic:
+        assert critic is not None
+        return build_critic(model, critic, device, dtype, weights)
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=plan.tensor,  # data: world ÷ (tp·pp·cp)
-                                                 pipeline_model_parallel_size=plan.pipeline,
-                                                 context_parallel_size=plan.context,
-                                                 expert_model_parallel_size=plan.expert,
-                                                 expert_tensor_parallel_size=plan.expert_tensor)
-        critic = critic_config(run)
-        return MegatronActor.from_hf(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                                     spec.algorithm.mini_batches, device, spec.seed, dtype,
-                                     critic=build_critic(model, critic, device, dtype, weights) if critic else None,
-                                     distributed_optimizer=spec.trainer.distributed_optimizer,
-                                     packing=spec.trainer.packing, weights=weights)
-    return FSDPActor.create(model, config, spec.algorithm.learning_rate, spec.rollout.temperature,
-                            spec.algorithm.mini_batches, device, dtype, weights=weights,
-                            activation_checkpointing=spec.trainer.activation_checkpointing,
-                            packing=spec.trainer.packing, critic=critic_config(run), adapter=spec.trainer.lora,
-                            seed=spec.seed)  # LoRA targets the model lacks: refused above (model_issues)
+    inputs = BackendInputs(spec, plan, model, device, weights, algorithm_config(run), dtype, critic, hf_critic)
+    return builder(plan.backend)(inputs)
 
 
 def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: torch.device,
@@ -137,7 +123,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     spec = run.spec
     rollout = RolloutProcess.launch(settings.rollout_cores) if rank == 0 else None
     torch.manual_seed(spec.seed)
-    _, plan, _ = resolve(spec)
+    _, plan, _ = run.resolved
     if plan is not None:  # built on meta; each rank reads only its own pieces of the files
         model, tokenizer, weights = load_skeleton(spec.model, spec.seed, settings)
     else:
@@ -167,7 +153,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     max_steps = settings.max_steps if settings.max_steps is not None else spec.algorithm.max_steps
     services = (RankZeroServices.start(run, settings, tokenizer, first_step, resumed, max_steps, urls, rollout,
                                        limits) if rollout is not None else NoServices())
-    sync = make_weight_sync(str(spec.weight_sync.mode), services.control, settings, rank, world,
+    sync = make_weight_sync(spec.weight_sync.mode, services.control, settings, rank, world,
                             spec.weight_sync.directory, spec.weight_sync.relay)
     sync.push(actor.weight_source(), first_step)  # the pool gets the (resumed) weights before rollout starts
     sync.wait()
@@ -196,7 +182,7 @@ def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]
         log.warning("step %d: every group was filtered out (no reward variance); skipping", step)
         return None
     algo = s.run.spec.algorithm
-    lr = learning_rate_at(step, s.max_steps, algo.learning_rate, str(algo.learning_rate_schedule),
+    lr = learning_rate_at(step, s.max_steps, algo.learning_rate, algo.learning_rate_schedule,
                           algo.min_learning_rate_ratio, algo.warmup_steps)
     s.actor.set_learning_rate(lr, share=lr / algo.learning_rate)
     data_rank, data_ranks = s.actor.data_parallel()

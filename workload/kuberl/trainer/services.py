@@ -17,8 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import Progress, resolve
-from ..api.spec import RLExperimentSpec
+from ..api import Progress
 from ..devices import compute_dtype, dtype_name
 from ..inference.contract import ReplyLimits
 from ..models.loading import model_origin
@@ -79,12 +78,12 @@ class Tally:
         return self.trained_tokens / max(time.perf_counter() - self.start, 1e-9)
 
 
-def trainer_layout(spec: RLExperimentSpec) -> dict[str, Any]:
+def trainer_layout(run: RunConfig) -> dict[str, Any]:
     """Which backend trained, over which layout, computing in which dtype (the summary's ``trainer``)."""
-    _, plan, _ = resolve(spec)
+    spec, (_, plan, _) = run.spec, run.resolved
     if plan is None:
-        return {"backend": str(spec.trainer.backend)}
-    return {"backend": str(plan.backend), "data": plan.data, "tensor": plan.tensor, "pipeline": plan.pipeline,
+        return {"backend": spec.trainer.backend.value}
+    return {"backend": plan.backend.value, "data": plan.data, "tensor": plan.tensor, "pipeline": plan.pipeline,
             "expert": plan.expert, "dtype": dtype_name(compute_dtype(spec.model.dtype, spec.trainer.accelerator))}
 
 
@@ -307,7 +306,7 @@ class RankZeroServices(NoServices):
             "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
             "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
             "world_size": world,
-            "trainer": trainer_layout(spec),
+            "trainer": trainer_layout(self.run),
             "replicas": rollout.replicas,
             "rewards": [round(r, 4) for r in tally.rewards],
             "entropies": [round(h, 4) for h in tally.entropies],
