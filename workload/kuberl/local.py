@@ -47,7 +47,7 @@ from .api.contract import (
 )
 from .api.resolve import InferencePlan, TrainerPlan
 from .api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
-from .api.spec import restart_limit
+from .api.spec import Engine, restart_limit
 from .display import ProgressDisplay
 from .local_autoscale import LocalAutoscaler
 from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
@@ -142,10 +142,10 @@ def _progress(port: int) -> Progress | None:
         return None
 
 
-def inference_python(engine: str) -> str:
+def inference_python(engine: Engine) -> str:
     """The interpreter for inference replicas: this one for the torch engine; for vLLM
     ``$KUBERL_VLLM_PYTHON`` or the repository's ``.venv-vllm`` (``scripts/setup --vllm``)."""
-    if engine != "vllm":
+    if engine != Engine.VLLM:
         return sys.executable
     candidates = [inherited_environment().get("KUBERL_VLLM_PYTHON", ""),
                   str(REPO_ROOT / ".venv-vllm" / "bin" / "python")]
@@ -234,7 +234,7 @@ class LocalRun:
     restarts: dict[str, int] = field(default_factory=lambda: {"trainer": 0, "inference": 0, "agent": 0})
 
     def __post_init__(self) -> None:
-        self.python = inference_python(str(self.inference.engine))
+        self.python = inference_python(self.inference.engine)
 
     @property
     def spec(self) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..api.spec import Engine, WeightSyncMode
 from ..auth import MissingToken, checked_token
 from ..devices import set_compute_threads
 from ..heap import freeze_set_up_heap
@@ -58,9 +59,9 @@ def main() -> None:
     set_compute_threads(settings.threads)
     host, port = args.host or settings.bind_host or "0.0.0.0", args.port or settings.inference_port
     sync = run.spec.weight_sync
-    weights_dir = disk_directory(sync.directory, settings) if str(sync.mode) == "disk" else None
+    weights_dir = disk_directory(sync.directory, settings) if sync.mode == WeightSyncMode.DISK else None
     engine_for = torch_engine_for
-    if str(run.inference.engine) == "vllm":
+    if run.inference.engine == Engine.VLLM:
         from .vllm_engine import require_vllm, vllm_engine_for
 
         require_vllm()  # fail before binding the port

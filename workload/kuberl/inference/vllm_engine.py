@@ -42,6 +42,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..api.lora import LoraSpec
+from ..api.spec import Accelerator
 from ..api.support import VLLM_LORA_RANKS
 from ..settings import Settings
 from .contract import EngineDown, Generation, SamplingParams
@@ -389,7 +390,7 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
         model_dir = str(weights_dir(spec.model, settings))
         with torch.device("meta"):  # the trainer's layout (load_model: float32), without the memory
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=WIRE_DTYPE)
-    on_cpu = str(spec.inference.accelerator) == "cpu"
+    on_cpu = spec.inference.accelerator == Accelerator.CPU
     layout, aliases = hf_parameter_layout(model), tied_aliases(model)
     engine = build_vllm_engine(
         model_dir, tokenizer.eos_token_id, layout, aliases,

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from ..api.sources import ExportDtype
 from ..api.spec import ExportSpec
 from ..checkpoint import CheckpointManager, open_store
 from ..models.hf_dir import describe_model, write_hf_dir
@@ -36,7 +37,7 @@ EXPORT_DIR = "hf/"
 VALUE_DIR = "value"
 ADAPTER_DIR = "adapter"
 KEEP_ALL = 10**9  # exports are never pruned: each is a model someone may serve
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {ExportDtype.BFLOAT16: torch.bfloat16, ExportDtype.FLOAT32: torch.float32}
 __all__ = ["describe_model", "export_due", "export_policy", "write_hf_dir"]
 
 
@@ -60,16 +61,16 @@ def export_policy(actor: Actor, tokenizer: PreTrainedTokenizerBase, step: int, l
     where = staging / f"hf-{step}"
     shutil.rmtree(where, ignore_errors=True)
     if merged:
-        write_hf_dir(state, hf_config(actor), tokenizer, where, DTYPES[str(spec.dtype)])
+        write_hf_dir(state, hf_config(actor), tokenizer, where, DTYPES[spec.dtype])
     if actor.adapter is not None:
         peft_files(adapter, actor.adapter, base_model, where / ADAPTER_DIR)
     if values and actor.critic is not None:
-        write_hf_dir(values, actor.critic.model.config, tokenizer, where / VALUE_DIR, DTYPES[str(spec.dtype)])
+        write_hf_dir(values, actor.critic.model.config, tokenizer, where / VALUE_DIR, DTYPES[spec.dtype])
     size = sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
     manager = CheckpointManager(open_store(location.rstrip("/") + "/" + EXPORT_DIR, endpoint=s3_endpoint),
                                 KEEP_ALL, run_id)
     kind = "huggingface" if merged else "peft-adapter"
-    uri = manager.save(where, step, {"kind": kind, "dtype": str(spec.dtype)})
+    uri = manager.save(where, step, {"kind": kind, "dtype": spec.dtype.value})
     shutil.rmtree(where, ignore_errors=True)
     seconds = round(time.perf_counter() - started, 3)
     log.info("exported the policy of step %d as a Hugging Face model: %s (%.1f MiB, %.2f s)", step, uri,

@@ -42,7 +42,8 @@ class WandbTracker:
         self.run = wandb.init(
             project=spec.project, entity=spec.entity, name=spec.name or run.experiment, group=spec.group,
             tags=spec.tags or None, config={"experiment": run.experiment, **run.spec.to_wire()}, dir=str(directory),
-            mode=str(spec.mode), settings=wandb.Settings(silent=True, console="off", save_code=False, disable_git=True))
+            mode=spec.mode.value,
+            settings=wandb.Settings(silent=True, console="off", save_code=False, disable_git=True))
         self.run.define_metric(WANDB_STEP)
         self.run.define_metric("*", step_metric=WANDB_STEP)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from safetensors.torch import save as save_safetensors
 
+from ..api.spec import WeightSyncMode
 from ..settings import Settings
-from .p2p import P2PSync, WeightSource
+from .p2p import P2PSync, ReplicaControl, WeightSource
 
 
 def update_bytes(source: WeightSource) -> int:
@@ -98,15 +99,20 @@ def disk_directory(directory: str | None, settings: Settings) -> Path:
     return settings.weights_dir or Path(directory or "/tmp/kuberl-weights")
 
 
-def make_weight_sync(mode: str, controller: Any | None, settings: Settings, rank: int = 0, world: int = 1,
-                     directory: str | None = None, relay: bool = False) -> WeightSync:
-    """``controller`` is rank 0's rollout controller (None on the other ranks). ``directory``:
-    ``spec.weightSync.directory`` (see ``disk_directory``); ``relay``: ``spec.weightSync.relay`` (p2p)."""
+class RolloutControl(Publisher, ReplicaControl, Protocol):
+    """What every weight-sync mode needs from rank 0's rollout controller."""
+
+
+def make_weight_sync(mode: WeightSyncMode, controller: RolloutControl | None, settings: Settings, rank: int = 0,
+                     world: int = 1, directory: str | None = None, relay: bool = False) -> WeightSync:
+    """``spec.weightSync.mode``'s sync. ``controller`` is rank 0's rollout controller (None on the other
+    ranks). ``directory``: ``spec.weightSync.directory`` (see ``disk_directory``); ``relay``:
+    ``spec.weightSync.relay`` (p2p)."""
     broadcast = BroadcastSync(controller)
-    if mode == "p2p":
-        return P2PSync(controller, rank, world, broadcast, settings, relay)
-    if mode == "disk":
-        return DiskSync(controller, disk_directory(directory, settings))
-    if mode != "broadcast":
-        raise ValueError(f"spec.weightSync.mode {mode!r}: allowed 'p2p', 'broadcast' or 'disk'")
-    return broadcast
+    match WeightSyncMode(mode):
+        case WeightSyncMode.P2P:
+            return P2PSync(controller, rank, world, broadcast, settings, relay)
+        case WeightSyncMode.DISK:
+            return DiskSync(controller, disk_directory(directory, settings))
+        case WeightSyncMode.BROADCAST:
+            return broadcast
