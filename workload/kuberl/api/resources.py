@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -205,10 +205,6 @@ class Resource(ApiModel):
     api_version: Literal["kuberl.io/v1alpha1"] = GROUP_VERSION
     kind: str
     metadata: ObjectMeta
-
-    @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> Resource:
-        return cls.model_validate(body)
 
 
 EXPERIMENT_NAME_MAX = 40 - len("-inference")  # children are <name>-inference / <name>-trainer, at most 40

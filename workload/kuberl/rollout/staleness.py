@@ -24,7 +24,6 @@ class StalenessManager:
     version: int = 0
     accepted: int = 0
     running: int = 0
-    rejected: int = 0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_staleness < 0 or self.max_concurrent < 1:
@@ -60,8 +59,6 @@ class StalenessManager:
         self.running -= 1
         if accepted:
             self.accepted += 1
-        else:
-            self.rejected += 1
 
     def drop_accepted(self) -> None:
         """An accepted rollout was dropped before training (too stale): its slot reopens."""
