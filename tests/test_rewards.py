@@ -93,7 +93,7 @@ def test_the_table_is_large_and_both_ways():
 
 def test_the_api_list_of_rewards_is_what_the_module_ships():
     shipped = {name for name in rewards.__all__ if callable(getattr(rewards, name)) and name not in
-               ("call_reward", "load_reward", "import_warning")} - {"RewardFn"}
+               ("call_reward", "load_reward")} - {"RewardFn"}
     assert set(KUBERL_REWARDS) == shipped
     assert reward_issue("kuberl.rewards:no_such_reward") is not None
     assert reward_issue("kuberl.rewards:math") is None and reward_issue("my.module:anything") is None

@@ -26,7 +26,7 @@ def test_digit_match_partial_credit_aligned_from_the_right():
 
 def test_load_reward_errors_name_the_field():
     assert load_reward("kuberl.rewards:exact_match") is exact_match
-    with pytest.raises(ValueError, match=r"spec\.reward\.function.*KubeRL's rewards: exact_match"):
+    with pytest.raises(ValueError, match=r"spec\.reward\.function.*defines no 'nope'; KubeRL's rewards: exact_match"):
         load_reward("kuberl.rewards:nope")
     with pytest.raises(ValueError, match="cannot import"):
         load_reward("no_such_module:f")

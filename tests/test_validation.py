@@ -300,8 +300,12 @@ def test_validate_and_render_run_no_reward_code_unless_asked(tmp_path, capsys, m
     assert main(["validate", "--import-rewards", str(path)]) == 0
     assert marker.exists()
     wrong = write(tmp_path, with_spec(reward={"function": "team_rewards.math:nope"}))
-    assert main(["validate", "--import-rewards", str(wrong)]) == 0
-    assert "team_rewards.math has no function 'nope'" in capsys.readouterr().err
+    assert main(["validate", "--import-rewards", str(wrong)]) == 1  # the module is here: its lack is an error
+    assert "spec.reward.function: 'team_rewards.math:nope': team_rewards.math defines no 'nope'" \
+        in capsys.readouterr().err
+    marker.unlink()
+    assert main(["validate", str(wrong)]) == 1 and not marker.exists()  # read from its source, not run
+    assert "team_rewards.math (" in capsys.readouterr().err
 
 
 def test_a_tracker_whose_library_is_missing_here_is_a_warning(tmp_path, capsys, monkeypatch):

@@ -1,10 +1,10 @@
 """What ``kuberl validate`` checks on this machine beyond the manifest itself (the operator cannot: it
 has neither the files nor the user's code): a local dataset file's columns, whether the reward
-function imports, and what the model's architecture refuses of the spec (routing replay without
-experts, a Megatron layout its layers or experts do not split over, LoRA targets it lacks; read from
-its config alone: :mod:`kuberl.trainer.model_fit`). A missing column or a refused field is an error;
-a reward module that does not import here is a warning, since it may live only in the user's image;
-so is a tracker (``spec.logging``) whose library is not installed here, and an ``hf://`` model whose
+functions and the workflow exist, and what the model's architecture refuses of the spec (routing replay
+without experts, a Megatron layout its layers or experts do not split over, LoRA targets it lacks; read
+from its config alone: :mod:`kuberl.trainer.model_fit`). A missing column or a refused field is an error,
+and so is a user module here that does not define the name the spec gives; a module that is not here at
+all is a warning, since it may live only in the user's image; so is a tracker (``spec.logging``) whose library is not installed here, and an ``hf://`` model whose
 config cannot be fetched from here (offline, gated). An ``s3://`` model's config, or a path that is
 not a directory here (a volume in the pods), is read where the run starts: the trainer checks it then."""
 
@@ -38,25 +38,38 @@ def preflight(spec: RLExperimentSpec, architecture: bool = True, import_rewards:
     their code) to check the function too; else only their files are looked for."""
     try:
         from kuberl.data.tables import local_file_issues
-        from kuberl.rewards import import_warning
     except ImportError as err:  # an operator-only install: nothing to check the files with
         return [], [FieldIssue("spec", f"local checks skipped: the workload packages are not installed ({err})")]
     sources = [("spec.dataset", spec.dataset)]
-    rewards = [("spec.reward.function", spec.reward.function)]
-    if spec.evaluation is not None:
-        if spec.evaluation.dataset is not None:
-            sources.append(("spec.evaluation.dataset", spec.evaluation.dataset))
-        if spec.evaluation.reward is not None:
-            rewards.append(("spec.evaluation.reward.function", spec.evaluation.reward.function))
+    if spec.evaluation is not None and spec.evaluation.dataset is not None:
+        sources.append(("spec.evaluation.dataset", spec.evaluation.dataset))
     errors = [FieldIssue(path, message)
               for field, source in sources for path, message in local_file_issues(source, field)]
-    warnings = [FieldIssue(field, f"{message.removeprefix(field + ' ')} (fine if it is in your image; the trainer "
-                                  "imports it at start-up)")
-                for field, function in rewards
-                if not in_kuberl_package(function)  # the manifest's own check names those
-                and (message := import_warning(function, field, import_rewards))]
+    code_errors, code_warnings = user_code_checks(spec, import_rewards)
     model_errors, model_warnings = model_checks(spec) if architecture else ([], [])
-    return errors + model_errors, warnings + tracker_warnings(spec) + model_warnings
+    return errors + code_errors + model_errors, code_warnings + tracker_warnings(spec) + model_warnings
+
+
+def user_code_checks(spec: RLExperimentSpec, import_it: bool) -> tuple[list[FieldIssue], list[FieldIssue]]:
+    """(errors, warnings) for the user code the spec names (reward functions, the workflow): a module
+    not on this machine's path is a warning (it may be in the image only), one that lacks the name an
+    error (:func:`kuberl.imports.lookup_issue`). Names in KubeRL's package: the manifest's own checks."""
+    from kuberl.imports import lookup_issue
+
+    named = [("spec.reward.function", spec.reward.function), ("spec.rollout.workflow", spec.rollout.workflow)]
+    if spec.evaluation is not None and spec.evaluation.reward is not None:
+        named.append(("spec.evaluation.reward.function", spec.evaluation.reward.function))
+    errors, warnings = [], []
+    for field, path in named:
+        if path is None or in_kuberl_package(path):
+            continue
+        error, warning = lookup_issue(path, field, import_it)
+        if error:
+            errors.append(FieldIssue(field, error.removeprefix(field + " ")))
+        if warning:
+            warnings.append(FieldIssue(field, f"{warning.removeprefix(field + ' ')} (fine if it is in your image; "
+                                              "the trainer imports it at start-up)"))
+    return errors, warnings
 
 
 def model_checks(spec: RLExperimentSpec) -> tuple[list[FieldIssue], list[FieldIssue]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .allocation import Allocation, AllocationError, Dims, parse_allocation
+from .rewards import in_kuberl_package
 from .spec import KUEUE_FIXED_SIZE, MAX_PODS, Accelerator, Backend, Engine, RLExperimentSpec
 
 EXTENDED_RESOURCE = {Accelerator.NVIDIA: "nvidia.com/gpu", Accelerator.ASCEND: "huawei.com/Ascend910"}
@@ -101,9 +102,17 @@ def _check_admission(spec: RLExperimentSpec, issues: _Issues) -> None:
 
 
 def _check_agent(spec: RLExperimentSpec, issues: _Issues) -> None:
-    """With ``spec.agent`` the user's agent drives every episode (and runs its own tools)."""
+    """With ``spec.agent`` the user's agent drives every episode (and runs its own tools); a workflow
+    (``spec.rollout.workflow``) is the user's own module, not one of KubeRL's."""
+    workflow = spec.rollout.workflow
+    if workflow is not None and in_kuberl_package(workflow):
+        issues.add("spec.rollout.workflow", f"{workflow!r}: KubeRL's own workflows are chosen by spec.rollout.tools "
+                                            "(none: single-turn; tools: multi-turn); name your own module here")
     if spec.agent is None:
         return
+    if workflow is not None:
+        issues.add("spec.rollout.workflow", "spec.agent drives every episode, so no workflow runs; "
+                                            "remove one of the two")
     if spec.rollout.tools:
         issues.add("spec.rollout.tools", "the built-in tool workflow does not run when spec.agent drives the "
                                          "episodes (the agent runs its own tools); remove one of the two")

@@ -5,6 +5,7 @@ operator can refuse ``kuberl.rewards:no_such_reward`` without importing the work
 from __future__ import annotations
 
 KUBERL_PACKAGE = "kuberl"
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # 'package.module:Name': user code a manifest names
 KUBERL_REWARDS_MODULE = f"{KUBERL_PACKAGE}.rewards"
 KUBERL_REWARDS = ("exact_match", "digit_match", "math", "math_answer", "code")
 CODE_REWARD = f"{KUBERL_REWARDS_MODULE}:code"

@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from .base import ApiModel
-from .rewards import CODE_REWARD, CODE_WALL_SECONDS
+from .rewards import CODE_REWARD, CODE_WALL_SECONDS, IMPORT_PATH_PATTERN
 
 HUB_REVISION_PATTERN = r"[\w-]+([./][\w-]+)*"  # a hub branch, tag or commit: no "..", no "." segment
 
@@ -69,7 +69,7 @@ class DatasetSource(ApiModel):
 
 class RewardSpec(ApiModel):
     function: str = Field(
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=IMPORT_PATH_PATTERN,
         description="import path of the reward function, 'package.module:function': "
                     "fn(prompt, completion, answer, **row) -> float, plain or async; KubeRL's: "
                     "kuberl.rewards:math (math-verify), exact_match, digit_match",

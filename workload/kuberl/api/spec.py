@@ -17,6 +17,7 @@ from .algorithm import AlgorithmSpec
 from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel, shown
 from .contract import TrainerRuntime
 from .lora import LoraSpec
+from .rewards import IMPORT_PATH_PATTERN
 from .sources import HUB_REVISION_PATTERN, ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
 from .tracking import LoggingSpec
 
@@ -177,6 +178,12 @@ class RolloutSpec(ApiModel):
         description="tools the policy may call (kuberl.agent.tools): episodes become multi-turn, tool output is "
                     "context, never trained on")
     max_turns: int = Field(4, ge=1, le=16, description="model turns per episode when tools are given")
+    workflow: str | None = Field(
+        None, pattern=IMPORT_PATH_PATTERN, max_length=256,
+        description="your episode logic, 'package.module:Name': Name(context) (a kuberl.rollout.workflow."
+                    "WorkflowContext) returns an object with async run_episode(client, example, group_id) -> "
+                    "Group | None, used for training and evaluation; default: KubeRL's (single-turn, or "
+                    "multi-turn with spec.rollout.tools)")
 
 
 class ResourceRequirements(ApiModel):

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ..api.rewards import KUBERL_REWARDS, KUBERL_REWARDS_MODULE
+from ..imports import imported
 from .code import code
 from .math_answers import math
 
@@ -54,14 +54,13 @@ INLINE = frozenset({exact_match, digit_match})  # pure string comparisons: cheap
 def load_reward(path: str, field: str = "spec.reward.function") -> RewardFn:
     """Import ``package.module:function``; errors name the spec field."""
     module_name, _, fn_name = path.partition(":")
+    hint = f"; KubeRL's rewards: {', '.join(KUBERL_REWARDS)}" if module_name == KUBERL_REWARDS_MODULE else ""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{field} {path!r}: cannot import {module_name!r} ({err})") from err
-    fn = getattr(module, fn_name, None)
+        fn = imported(path, field)
+    except ValueError as err:
+        raise ValueError(f"{err}{hint}") from err
     if not callable(fn):
-        hint = f"; KubeRL's rewards: {', '.join(KUBERL_REWARDS)}" if module_name == KUBERL_REWARDS_MODULE else ""
-        raise ValueError(f"{field} {path!r}: {module_name} has no function {fn_name!r}{hint}")
+        raise ValueError(f"{field} {path!r}: {module_name}.{fn_name} is not a function{hint}")
     return fn
 
 
@@ -99,32 +98,3 @@ def call_reward(fn: RewardFn, prompt: str, completion: str, answer: str, row: di
 
 async def _awaited(value: Any) -> Any:
     return await value
-
-
-def module_found(module_name: str) -> bool:
-    """Whether ``module_name`` lies on ``sys.path``, found without running any of its code (nor its
-    parent packages' ``__init__``: ``importlib.util.find_spec`` would import those)."""
-    from importlib.machinery import PathFinder
-
-    locations: list[str] | None = None
-    for part in module_name.split("."):
-        spec = PathFinder.find_spec(part, locations)
-        if spec is None:
-            return False
-        locations = list(spec.submodule_search_locations or [])
-    return True
-
-
-def import_warning(function: str, field: str = "spec.reward.function", import_it: bool = False) -> str | None:
-    """Why ``function`` cannot be used on this machine (a user's module may live only in their image:
-    ``kuberl validate`` warns, the trainer fails at start-up), or None. Without ``import_it`` only the
-    module's file is looked for — a manifest under review runs none of its code on the reviewer's machine."""
-    if not import_it:
-        module_name = function.partition(":")[0]
-        return None if module_found(module_name) else (
-            f"{field} {function!r}: no module {module_name!r} on this machine's Python path")
-    try:
-        load_reward(function, field)
-    except ValueError as err:
-        return str(err)
-    return None

@@ -40,6 +40,35 @@ class RolloutWorkflow(Protocol):
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None: ...
 
 
+@dataclass(frozen=True)
+class WorkflowContext:
+    """What a workflow named by ``spec.rollout.workflow`` ('package.module:Name') is built from:
+    ``Name(context)`` returns a :class:`RolloutWorkflow`, used for training and evaluation alike (an
+    evaluation's context has its own group size, token budget, temperature and reward).
+
+    ``encode_prompt``/``prompt_text``: a dataset prompt as the policy reads it (token ids / text,
+    through ``spec.model.chatTemplate``); ``encode_text``: any text (a user or tool turn) as ids;
+    ``decode``: ids → text; ``eos_id``: the end-of-sequence id; ``reward``: ``spec.reward`` as a scorer
+    (:func:`score` calls it); ``group_size``: trajectories to return per example (GRPO's G);
+    ``max_new_tokens``: the episode's budget of generated tokens (all turns); ``temperature``/``top_p``:
+    the sampling the trainer's log-probs assume; ``tools``/``max_turns``: ``spec.rollout``'s, for a
+    workflow that offers tools. A trajectory's ``loss_mask`` marks which output tokens the policy wrote
+    (trained) and which are context (a user or tool turn: 0)."""
+
+    encode_prompt: Callable[[Prompt], list[int]]
+    prompt_text: Callable[[Prompt], str]
+    encode_text: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    eos_id: int
+    reward: Scorer
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    tools: tuple[str, ...] = ()
+    max_turns: int = 4
+
+
 @dataclass
 class RLVRWorkflow:
     """G samples of one prompt, each scored by ``reward(prompt, completion, answer, **row)``; the G

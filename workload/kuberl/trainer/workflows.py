@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,23 +11,28 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import sandbox
 from ..agent.workflow import ToolWorkflow
-from ..api.spec import RLExperimentSpec
+from ..api.spec import RLExperimentSpec, ToolName
 from ..data.datasets import DropCount, Example
+from ..imports import imported
 from ..models.text import TextCodec
 from ..rewards.pool import Scorer, make_scorer
-from ..rollout.workflow import RLVRWorkflow
+from ..rollout.workflow import RLVRWorkflow, RolloutWorkflow, WorkflowContext
 
 log = logging.getLogger("kuberl.trainer")
 
 
+WORKFLOW_FIELD = "spec.rollout.workflow"
+
+
 def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *, group_size: int, temperature: float,
-                  max_new_tokens: int, reward: Scorer) -> RLVRWorkflow | ToolWorkflow:
-    """Single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools;
+                  max_new_tokens: int, reward: Scorer) -> RolloutWorkflow:
+    """The user's workflow (``spec.rollout.workflow``: built from a :class:`WorkflowContext`), else
+    single-turn RLVR, or multi-turn tool-using episodes when ``spec.rollout.tools`` names tools;
     prompts rendered as ``spec.model.chatTemplate`` says. Raises ValueError (naming the field) when the
-    python tool is asked for on a host where its sandbox cannot run: the run would otherwise train on
-    nothing but the tool's refusals."""
+    python tool is asked for on a host where its sandbox cannot run (the run would otherwise train on
+    nothing but the tool's refusals), or the workflow cannot be imported or built."""
     rollout, codec = spec.rollout, TextCodec(tokenizer, spec.model.chat_template)
-    if "python" in [str(t) for t in rollout.tools]:
+    if ToolName.PYTHON in rollout.tools:
         if (reason := sandbox.available()) is not None:
             raise ValueError(f"spec.rollout.tools: python cannot run here: {reason}")
         if not sandbox.reads_confined():
@@ -38,10 +44,30 @@ def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *,
         "reward": reward, "group_size": group_size, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "top_p": rollout.top_p,
     }
+    if rollout.workflow is not None:
+        return user_workflow(rollout.workflow, WorkflowContext(
+            encode_prompt=codec.encode_prompt, encode_text=codec.encode_text, tools=tuple(rollout.tools),
+            max_turns=rollout.max_turns, **common))
     if not rollout.tools:
         return RLVRWorkflow(encode=codec.encode_prompt, **common)
     return ToolWorkflow(encode_prompt=codec.encode_prompt, encode_text=codec.encode_text,
-                        tools=[str(t) for t in rollout.tools], max_turns=rollout.max_turns, **common)
+                        tools=rollout.tools, max_turns=rollout.max_turns, **common)
+
+
+def user_workflow(path: str, context: WorkflowContext) -> RolloutWorkflow:
+    """``path``'s object called with ``context``; ValueError naming the field when it cannot be imported,
+    fails to build, or what it builds has no ``async def run_episode``."""
+    factory = imported(path, WORKFLOW_FIELD)
+    if not callable(factory):
+        raise ValueError(f"{WORKFLOW_FIELD} {path!r}: not a class or function (it is {type(factory).__name__})")
+    try:
+        workflow = factory(context)
+    except Exception as err:
+        raise ValueError(f"{WORKFLOW_FIELD} {path!r}: building it from a WorkflowContext failed: {err!r}") from err
+    if not inspect.iscoroutinefunction(getattr(workflow, "run_episode", None)):
+        raise ValueError(f"{WORKFLOW_FIELD} {path!r}: what it returns has no async run_episode(client, example, "
+                         "group_id) (kuberl.rollout.workflow.RolloutWorkflow)")
+    return workflow
 
 
 def make_reward(spec: RLExperimentSpec, function: str | None = None, field: str = "spec.reward.function") -> Scorer:
