@@ -18,6 +18,8 @@ from moto.server import ThreadedMotoServer
 
 from kuberl.local_processes import free_port
 
+from .tiers import pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401  (the slow marker's guard)
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -99,7 +101,7 @@ share_cores_among_xdist_workers()
 LONG_FIRST = ("test_an_openai_client_agent", "test_the_cpu_agent_learns", "test_the_users_agent_deployment",
               "test_vllm_local.py", "test_the_cpu_example_learns", "test_s3_model_data_and_checkpoints",
               "test_killed_processes", "test_kubectl_apply_trains", "test_local_run.py", "test_curves.py",
-              "test_after_the_run.py", "test_gateway.py", "test_actor.py",
+              "test_after_the_run.py", "test_workflow_door.py", "test_gateway.py", "test_actor.py",
               "test_weight_transport.py", "test_multiturn.py", "test_fuzz.py")
 
 

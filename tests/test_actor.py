@@ -115,6 +115,7 @@ def test_micro_batches_fit_the_budget_keep_every_row_and_pay_the_least_padding_t
     assert cost(count) <= cost(fits)
 
 
+@pytest.mark.slow
 def test_rows_of_very_different_lengths_train_in_length_sorted_micro_batches_as_in_one(world_of_one):
     """128 rows of mean length ~30 and one of 95 (the gateway's multi-turn episodes): several
     trimmed micro-batches instead of one padded to 95 — under half the padded tokens — and the
@@ -327,6 +328,7 @@ def _train(world: int, budget: int, out: str, files: str | None = None) -> dict[
     return torch.load(out)
 
 
+@pytest.mark.slow
 def test_data_parallel_matches_single_process(tmp_path):
     """2 FSDP2 ranks with a token budget that gives them different micro-batch counts train to the
     same weights as one process (gradients are the global token mean either way); so do 2 ranks that
@@ -366,6 +368,7 @@ def _load_from_files(rank: int, world: int, port: int, files: str, out: str) -> 
     exit_without_teardown(0)
 
 
+@pytest.mark.slow
 def test_a_mixture_of_experts_loads_from_its_files_shard_by_shard(tmp_path):
     """transformers stacks a Qwen3-MoE's per-expert tensors as it loads them and writes them back one
     per expert; 2 FSDP2 ranks building the model on ``meta`` read each expert's rows from the files
@@ -383,6 +386,7 @@ def test_a_mixture_of_experts_loads_from_its_files_shard_by_shard(tmp_path):
     assert torch.equal(last_rows, expected["model.layers.0.mlp.experts.gate_up_proj"][2:])
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_is_exact(world_of_one, tmp_path, uri):
     """2K steps straight == K steps, checkpoint (through the manifest store, on a directory and on
     S3), fresh actor, resume, K more: identical weights, optimizer moments and counters."""
@@ -450,6 +454,7 @@ def _two_node_main(rank: int, port: int, uri: str, root: str, resume: bool, step
     exit_without_teardown(0)
 
 
+@pytest.mark.slow
 def test_checkpoints_from_nodes_without_shared_storage_resume_exactly(tmp_path, uri):
     """Two ranks on two "nodes" (separate staging dirs): each uploads its own shards, rank 0 writes
     the manifest; a fresh gang resumes from it and ends where an uninterrupted run ends."""

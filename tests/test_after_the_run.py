@@ -18,6 +18,7 @@ from .test_tracking import wandb_records
 EXAMPLE = ROOT / "examples/cpu-tiny.yaml"
 
 
+@pytest.mark.slow
 def test_a_runs_export_scores_offline_as_in_the_run_and_its_curves_reach_wandb_and_mlflow(tmp_path: Path, capfd,
                                                                                            monkeypatch):
     """A short run of the main example evaluates greedily (one sample of 64 prompts: no sampling noise)

@@ -65,6 +65,8 @@ def test_the_rule_stays_in_bounds_and_moves_one_step_at_most(replicas, wait, sin
         assert abs(decision.replicas - replicas) == 1 and (since is None or since >= SPEC["windowSeconds"])
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_the_window(tmp_path, monkeypatch):
     from .test_chart import VARIANTS, _rules, render
 

@@ -17,6 +17,8 @@ from kuberl_operator.kube import PLURALS
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.slow  # every test starts processes (helm, checkov)
+
 CHART = ROOT / "charts/kuberl"
 HELM = ROOT / ".venv/bin/helm"
 TOOLS = ROOT / ".venv-tools/bin"

@@ -183,6 +183,7 @@ def test_bad_uri_names_the_field():
         open_store("gs://bucket/x")
 
 
+@pytest.mark.slow
 def test_writer_killed_during_a_real_upload_leaves_nothing_usable(uri, tmp_path, caplog):
     """A separate process uploads a checkpoint of several 20 MiB shards and is SIGKILLed as soon as
     the first shard has landed: the store then holds a step without a manifest, and it is skipped."""

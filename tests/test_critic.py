@@ -153,6 +153,7 @@ def test_the_policy_update_uses_the_critics_gae_advantages(world_of_one):
     assert distance(one, wrong) > 0.1 * update
 
 
+@pytest.mark.slow
 def test_the_critic_learns_the_returns_and_survives_a_checkpoint(world_of_one, tmp_path: Path):
     batch = rewarded_batch(16, seed=1)
     actor = ppo_actor(lr=1e-6)  # the policy barely moves: the critic's target stays put
@@ -234,6 +235,7 @@ def _one_ppo_step(rank: int, world: int, port: int, layout: str | None, out: str
 
 
 @pytest.mark.parametrize("layout", list(PPO_LAYOUTS))
+@pytest.mark.slow
 def test_megatron_trains_ppo_with_its_critic_as_fsdp_does(tmp_path: Path, layout: str):
     """The same two ppo steps on both backends: the policy's loss, the critic's value loss and both
     models' weights after them (Megatron: tensor-parallel pieces, or two pipeline stages, and an FSDP2 critic over

@@ -64,6 +64,7 @@ def run(tmp_path: Path, name: str, model: str, layout: str, world: int, distribu
     ("qwen2", ALL_DATA_PARALLEL, 2, 1 / 2),  # every parameter over 2 data-parallel ranks
     ("qwen3-moe", "ep2-dp2", 4, 0.35),  # dense layers (60 %) over 4 ranks, each expert (40 %) over the 2 holding it
 ])  # fmt: skip
+@pytest.mark.slow
 def test_data_parallel_ranks_keep_their_share_take_adamws_steps_and_resume_in_any_layout(tmp_path, model, layout,
                                                                                           world, share):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (the dev extra installs it)")

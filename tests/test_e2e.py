@@ -85,6 +85,7 @@ def processes_under(path: Path) -> list[int]:
 
 
 @pytest.mark.usefixtures("host_node")
+@pytest.mark.slow
 async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
@@ -118,6 +119,7 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
 
 
 @pytest.mark.usefixtures("host_node")
+@pytest.mark.slow
 async def test_the_operators_autoscaler_grows_the_pool_of_a_training_run_whose_trainer_waits(tmp_path, monkeypatch):
     """spec.inference.autoscale on the emulated cluster with real pods: the replica is given a quarter of
     the capacity the trainer needs (injected by the kubelet stand-in: 4 requests at once, each held
@@ -159,6 +161,7 @@ AGENT_STEPS = 8
 
 
 @pytest.mark.usefixtures("host_node")
+@pytest.mark.slow
 async def test_the_users_agent_deployment_trains_the_policy_through_the_gateway_service(tmp_path, monkeypatch):
     """spec.agent on the emulator: the operator makes the agent's Deployment and the gateway's
     Service; the Deployment's pod (examples/agents/calculator_agent.py, the openai client) reaches the

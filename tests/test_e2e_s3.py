@@ -62,6 +62,7 @@ def manifest(path: Path, endpoint: str) -> tuple[Path, str]:
 
 
 @pytest.mark.usefixtures("host_node")
+@pytest.mark.slow
 async def test_s3_model_data_and_checkpoints_survive_a_deleted_trainer_pod(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
     for key in (*KEYS, "AWS_SESSION_TOKEN", "AWS_PROFILE", "KUBERL_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3"):

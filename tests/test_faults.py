@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from .harness import GROUP, emulated_cluster, eventually, pods, running_operator
 from .kube_emulator import Fault
 from .test_operator import experiment, get_rlx
@@ -31,6 +33,8 @@ def degraded_reasons_seen(api, plural: str, name: str) -> set[str]:
     return reasons
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 async def test_the_operator_converges_through_api_faults_without_duplicates_or_orphans(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBERL_API_TIMEOUT_SECONDS", "1")
     monkeypatch.setenv("KUBERL_BACKOFF_BASE_SECONDS", "0.2")
@@ -81,6 +85,8 @@ async def test_the_operator_converges_through_api_faults_without_duplicates_or_o
         assert all(not items for items in objects_of(api, "team-a").values())
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 async def test_the_progress_poller_works_when_only_watched_namespaces_may_be_listed(tmp_path, monkeypatch):
     """watchNamespaces mode: the operator may not list experiments cluster-wide (403 here, as
     RBAC would answer); the poller reads its indices instead, so team-a's progress still arrives."""
@@ -118,6 +124,7 @@ async def test_the_progress_poller_works_when_only_watched_namespaces_may_be_lis
         await runner.cleanup()
 
 
+@pytest.mark.integration
 async def test_a_401_logs_in_again_once_then_the_call_goes_through(tmp_path):
     """A rotated service-account token: the API server answers 401 to the old one. The client reads
     its credentials again and repeats the call, once; a second 401 is the caller's error."""
@@ -150,6 +157,8 @@ async def test_a_401_logs_in_again_once_then_the_call_goes_through(tmp_path):
             await kube.close()
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 async def test_a_transient_error_that_persists_is_reported_and_cleared_once_it_heals(tmp_path, monkeypatch):
     """The API server answers 500 to the ConfigMap's create 8 times in a row (a broken admission
     webhook): from the 6th failed sync on the experiment says so (Degraded, ApiError500, how many

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_fuzzing_every_input_door_finds_no_traceback():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/fuzz.py"), "--cases", "600", "--seed", "7"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -177,6 +177,7 @@ def run_episodes(agent: Any, client: openai.OpenAI, n: int) -> list[float]:
         return [r for rs in pool.map(lambda _: agent.work(client, "tiny-agent", 1), range(n)) for r in rs]
 
 
+@pytest.mark.slow
 def test_agent_episodes_become_a_rewarded_group_the_trainer_trains_on(served, world_of_one):
     from kuberl.fsdp.actor import FSDPActor
     from kuberl.policy.algorithms import AlgorithmConfig, build_batch
@@ -245,6 +246,7 @@ def test_a_call_without_budget_is_held_and_served_once_the_trainer_catches_up_wi
         assert gateway.stats.rejected == 0 and gateway.stats.sessions == 3
 
 
+@pytest.mark.slow
 def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(served):
     gateway, _, model, client = served
     ask = {"model": "tiny-agent", "messages": [{"role": "user", "content": "12*34="}]}
@@ -299,6 +301,7 @@ def test_an_exhausted_budget_answers_429_and_the_client_retry_gets_through(serve
         pool.post("/update_weights?version=99", body={}, cast_to=object)
 
 
+@pytest.mark.slow
 def test_stopping_the_gateway_with_calls_in_flight_ends_them_at_once():
     """The end of a run with agents still calling (issue 23): a completion waiting on a replica that
     does not answer must not hold the gateway's stop (the trainer's last act) past a few seconds."""

@@ -75,6 +75,7 @@ def test_hostile_chat_bodies_get_a_4xx_never_a_500():
         assert gateway.table.get("scored") is not None and gateway.table.get("scored").reward == 0.5
 
 
+@pytest.mark.slow
 def test_refused_calls_leave_no_session_and_a_flooding_client_is_limited_before_its_body_is_read():
     """Issue 69, item 9: an agent retrying a refused call in a tight loop, each call a new session, held
     training for 9½ minutes: each refused first call left a session holding its group's staleness slot

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT
 
 
@@ -19,6 +21,7 @@ def dry_run(wheels: Path, out: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_the_gpu_check_dry_run_accepts_the_pinned_wheels_and_refuses_others(tmp_path: Path):
     wheels = tmp_path / "wheels"
     fetched = subprocess.run([str(ROOT / "scripts/gpu-wheels")], env={**os.environ, "KUBERL_GPU_WHEELS": str(wheels)},

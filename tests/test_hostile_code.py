@@ -12,6 +12,8 @@ import pytest
 from kuberl.rewards.code import code
 from kuberl.sandbox import run_python
 
+pytestmark = pytest.mark.slow  # every test runs programs in sandbox processes
+
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
 WRONG = "def add(a, b):\n    return 0\n"
 

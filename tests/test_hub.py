@@ -71,6 +71,7 @@ def test_hub_paths_parse_with_and_without_a_revision():
     assert parse_hub_path("s3://bucket/model/") is None
 
 
+@pytest.mark.slow
 def test_a_hub_dataset_in_verls_format_streams_its_rows(tmp_path):
     """hf://datasets/ORG/NAME through the ``datasets`` library, in a process whose HF_ENDPOINT names the
     hub (as the operator sets it in pods from spec.storage.hubEndpoint; the libraries read it once)."""

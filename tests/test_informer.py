@@ -137,6 +137,7 @@ async def test_after_a_410_the_informer_lists_again_and_misses_nothing(tmp_path)
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_the_watch_ends_every_resync_and_every_object_is_delivered_again(tmp_path):
     async with emulated_cluster(tmp_path) as cluster:
         await new_pod(cluster.api, "idle")
@@ -147,6 +148,7 @@ async def test_the_watch_ends_every_resync_and_every_object_is_delivered_again(t
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_a_kind_not_served_yet_is_watched_once_its_crd_appears(tmp_path):
     """No PyTorchJob CRD (Kubeflow not installed): the informer's list gets 404, it says so and tries
     again every resync; the kind served, its objects arrive."""
@@ -164,6 +166,7 @@ async def test_a_kind_not_served_yet_is_watched_once_its_crd_appears(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_look_alikes_of_a_megabyte_come_a_few_per_page_and_none_is_held(tmp_path):
     """30 pods with a 1 MiB annotation and the operator's role label, none controlled by anything held:
     listed in pages of about ``PAGE_BYTES`` (4 MiB: 3 or 4 of them a page, so 30 MiB take 8 to 11
@@ -187,6 +190,7 @@ async def test_look_alikes_of_a_megabyte_come_a_few_per_page_and_none_is_held(tm
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_objects_idle_for_several_resyncs_stay_held_and_are_still_reconciled(tmp_path, monkeypatch):
     """Resync every second; the experiment Running, nothing changes for 4.5 s (over two cache
     lifetimes of two resyncs). Then the trainer pod is deleted: the operator still knows its

@@ -52,6 +52,7 @@ def served() -> Iterator[tuple[Caller, subprocess.Popen[bytes]]]:
     process.wait()
 
 
+@pytest.mark.slow
 def test_calls_run_in_the_other_process_and_errors_come_back(served: tuple[Caller, subprocess.Popen[bytes]]) -> None:
     caller, process = served
     assert caller.call("pid").result(30) == process.pid
@@ -65,6 +66,7 @@ def test_calls_run_in_the_other_process_and_errors_come_back(served: tuple[Calle
     assert caller.call("add", 2, 3).result(30) == 5
 
 
+@pytest.mark.slow
 def test_a_blocked_call_holds_up_no_other(served: tuple[Caller, subprocess.Popen[bytes]]) -> None:
     caller, _ = served
     blocked = caller.call("block")
@@ -74,6 +76,7 @@ def test_a_blocked_call_holds_up_no_other(served: tuple[Caller, subprocess.Popen
     assert not blocked.done()
 
 
+@pytest.mark.slow
 def test_a_process_that_dies_fails_every_call(served: tuple[Caller, subprocess.Popen[bytes]]) -> None:
     caller, process = served
     blocked = caller.call("block")
@@ -85,6 +88,7 @@ def test_a_process_that_dies_fails_every_call(served: tuple[Caller, subprocess.P
     assert process.wait(30) == 3
 
 
+@pytest.mark.slow
 def test_closing_ends_the_serving_side_even_while_a_call_blocks(served: tuple[Caller, subprocess.Popen[bytes]]
                                                                 ) -> None:
     caller, process = served

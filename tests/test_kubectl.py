@@ -34,6 +34,7 @@ async def kubectl(config: Path, *args: str, check: bool = True) -> str:
     return out.decode()
 
 
+@pytest.mark.slow
 async def test_kubectl_apply_get_and_delete(tmp_path):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api, cfg = cluster.api, cluster.kubeconfig

@@ -210,6 +210,7 @@ async def test_trainjob_runtime_reaches_running_and_succeeded_through_the_trainj
         assert exp["status"]["progress"]["step"] == 500  # rank 0's termination message, not another pod's
 
 
+@pytest.mark.slow
 def test_the_operator_loads_no_kubernetes_client_until_it_builds_a_kubeflow_job():
     """kopf imports the ``kubernetes`` package whenever it is installed (47 MiB, here for the Kubeflow
     SDK): the operator's process keeps it out while kopf and the handlers load, and a PyTorchJob built

@@ -32,6 +32,7 @@ EXAMPLE = ROOT / "examples/cpu-tiny.yaml"
 NO_EVAL = "evaluation=null"  # the evaluation (1,024 samples at the start and the end): test_curves.py tests it
 
 
+@pytest.mark.slow
 def test_zero_staleness_is_synchronous(tmp_path):
     summary = run_local(EXAMPLE, ["rollout.maxStaleness=0", "model.sftWarmup.steps=0", NO_EVAL], 12, None,
                         workdir=tmp_path, quiet=True)
@@ -64,6 +65,7 @@ def test_a_max_steps_inside_the_warm_up_is_said():
     assert warmup_cut_short(algorithm, None) is None  # the spec's maxSteps: refused by validation if inside
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_process(tmp_path):
     """SIGINT, as a terminal's Ctrl-C sends it, stops the run and every process it started. (The
     run starts with SIGINT's default action: a background job of a non-interactive shell, as some CI
@@ -102,6 +104,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
      {"data": 1, "tensor": 1, "pipeline": 2, "expert": 1}),
     ("cpu-megatron-moe.yaml", [], {"data": 2, "tensor": 1, "pipeline": 1, "expert": 2})],
     ids=["tensor-parallel", "pipeline-parallel", "mixture-of-experts"])
+@pytest.mark.slow
 def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(tmp_path, example, settings, layout):
     """examples/cpu-megatron.yaml (a GPTModel split by tensor parallelism; or into two pipeline
     stages, one layer each) and cpu-megatron-moe.yaml (a Qwen3-MoE-shaped model, each rank holding
@@ -123,6 +126,7 @@ def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(t
     assert "received weights version 6 over p2p" in (logs / "inference-0.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
     work = tmp_path / "run"
     settings = ["checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5", NO_EVAL]
@@ -170,6 +174,7 @@ def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> I
             proc.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     """Kill the inference replica: it is replaced while training goes on and gets the newest weights
     before it takes requests (weightSync broadcast; in p2p mode the group is re-formed with it, see the
@@ -216,6 +221,7 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     assert processes_mentioning(str(work)) == [] and not alive(orphan)
 
 
+@pytest.mark.slow
 def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rejoins(tmp_path):
     """Both FSDP2 ranks send their own shard to both replicas every step. Replica 1 hangs (SIGSTOP):
     it misses a weight version, leaves rotation as a straggler and the exchange goes on with replica 0
@@ -249,6 +255,7 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
         assert f"received weights version {steps} over p2p" in (work / f"inference-{r}.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_again(tmp_path):
     """weightSync.relay with one trainer rank and three replicas: the planner relays (each piece goes
     to one replica, which forwards it to the others) and every replica serves the trainer's weights
@@ -284,6 +291,7 @@ def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_agai
         assert f"received weights version {steps} over p2p" in (work / f"inference-{r}.log").read_text()
 
 
+@pytest.mark.slow
 def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
     work = tmp_path / "run"
     summary = run_local(EXAMPLE, ["weightSync.mode=disk", "model.sftWarmup.steps=5", NO_EVAL], 8, None, quiet=True,
@@ -294,6 +302,7 @@ def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
     assert "loaded weights version 8" in (work / "inference-0.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_lora_run_sends_only_its_adapter_serves_the_trainers_policy_and_resumes(tmp_path):
     """examples/cpu-tiny-lora.yaml, shortened, on two FSDP2 ranks (each holds half of the adapter):
     each update carries < 5 % of the model's bytes over p2p, and the engine's log-probs of tokens
@@ -315,6 +324,7 @@ def test_a_lora_run_sends_only_its_adapter_serves_the_trainers_policy_and_resume
     assert (export / "adapter" / "adapter_model.safetensors").is_file() and (export / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_losing_a_prompt(tmp_path):
     """kuberl scale on a running kuberl run: 1 → 3 replicas once training runs, then → 2 once both
     joiners serve. Each joiner's first weights come over the p2p exchange re-formed with it (no
@@ -352,6 +362,7 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
         assert re.search(r"received weights version \d+ over p2p", joiner) and "POST /generate" in joiner, r
 
 
+@pytest.mark.slow
 def test_the_autoscaler_grows_a_local_pool_whose_trainer_waits(tmp_path, monkeypatch):
     """spec.inference.autoscale in kuberl run: one replica of fixed capacity (injected: 4 requests at once,
     each held 0.1 s — a quarter of what the trainer needs) leaves the trainer waiting; after its 10
@@ -380,6 +391,7 @@ def _wait_until(condition: Callable[[], bool], timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):
     """examples/cpu-agent.yaml, shortened: multi-turn episodes with a calculator tool; the share of
     right final answers rises, and the episodes keep calling the tool."""
@@ -393,6 +405,7 @@ def test_the_cpu_agent_learns_to_use_its_calculator(tmp_path):
     assert statistics.fmean(calls[-10:]) >= 0.8  # it still asks the calculator
 
 
+@pytest.mark.slow
 def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
     """examples/cpu-agent-gateway.yaml, shortened: kuberl run starts the agent (the openai package,
     examples/agents/calculator_agent.py) against the run's gateway; every trained episode came
@@ -434,6 +447,7 @@ def test_free_ports_leave_torchruns_well_known_ones_alone():
         assert {MASTER_PORT - 1, MASTER_PORT + 2} <= candidates  # only they are left out
 
 
+@pytest.mark.slow
 def test_the_cli_and_local_modes_supervisor_import_no_torch():
     """`kuberl run`'s own process only reads the manifest, pod topology and /progress: torch and
     transformers (3–4 CPU-s to import) belong in the processes it starts. A package ``__init__`` on
@@ -444,6 +458,7 @@ def test_the_cli_and_local_modes_supervisor_import_no_torch():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_chat_math_example_trains_on_its_parquet_table_through_the_chat_template(tmp_path):
     """examples/cpu-chat-math.yaml, shortened: a verl-format Parquet table (chat-list prompts, the answer
     nested), rendered through the tiny model's chat template, rewarded by math-verify in reward worker

@@ -271,6 +271,7 @@ def test_targets_that_match_no_layer_are_refused_naming_the_field():
         lora.add_adapter(tiny_qwen2(40, seed=1), LoraSpec(rank=4, target_modules=["no_such_proj"]))
 
 
+@pytest.mark.slow
 def test_the_pretrained_builtin_is_the_same_every_build_and_already_knows_its_task():
     tok = char_tokenizer()
     first, second = tiny_qwen2_arithmetic(len(tok), 0), tiny_qwen2_arithmetic(len(tok), 0)

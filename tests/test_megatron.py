@@ -347,6 +347,7 @@ def test_a_megatron_actor_reads_its_model_from_the_files_and_warms_up_from_them(
     assert any(not torch.equal(t, expected[n]) for n, t in warmed.items())
 
 
+@pytest.mark.slow
 def test_in_bfloat16_the_kl_reference_is_held_in_bfloat16_and_reads_as_the_policy_does(megatron_parallel_state,
                                                                                       tmp_path):
     """π_ref is held in the compute dtype (half the memory of float32), as FSDP2 holds its own: the
@@ -400,6 +401,7 @@ def test_files_that_lack_weights_are_refused_up_front_naming_them(megatron_paral
         materialize(skeleton, weights, torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_only_into_the_backend_that_wrote_it(megatron_parallel_state, tmp_path):
     """FSDP2's DCP shards and Megatron's sharded tensors do not load into each other: refused before
     anything is read, naming the field and what differs."""

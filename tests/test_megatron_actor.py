@@ -257,6 +257,7 @@ def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start:
         assert torch.equal(megatron["resumed"][name], megatron["state"][name]), name
 
 
+@pytest.mark.slow
 def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_path):
     """Megatron with tensor parallelism 2 × data parallelism 2 (four processes over gloo,
     vocabulary-parallel logits, each data-parallel pair on half the rows) against
@@ -278,6 +279,7 @@ def test_the_megatron_actor_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_
     assert_computes_in_bfloat16_as_fsdp(fsdp["bf16"], megatron["bf16"], megatron["first"], first)
 
 
+@pytest.mark.slow
 def test_context_parallelism_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp_path):
     """Context parallelism 2 × data parallelism 2 (four processes over gloo): each rank of a
     context-parallel pair holds two of the four chunks of every row (Megatron's load-balanced order,
@@ -293,6 +295,7 @@ def test_context_parallelism_reads_trains_and_resumes_as_the_fsdp_actor_does(tmp
 
 
 @pytest.mark.parametrize("layout", ["cp2-tp2", "cp2-ep2"])
+@pytest.mark.slow
 def test_context_parallelism_trains_a_mixture_of_experts_as_the_fsdp_actor_does(tmp_path, layout):
     """Context parallelism 2 on Qwen3-MoE (four processes): each rank of a context-parallel pair takes
     its two chunks of every row, and within them — with tensor parallelism 2, under sequence
@@ -306,6 +309,7 @@ def test_context_parallelism_trains_a_mixture_of_experts_as_the_fsdp_actor_does(
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
+@pytest.mark.slow
 def test_context_parallelism_through_the_pipeline_trains_as_the_fsdp_actor_does(tmp_path):
     """Pipeline 2 × context 2 (four processes, tied embeddings): each stage's p2p buffers carry a
     rank's half of every row; the FSDP actor's two steps, gradient norms and KL stats with π_prox and
@@ -335,6 +339,7 @@ def assert_computes_in_bfloat16_as_fsdp(fsdp: dict[str, Any], megatron: dict[str
     assert difference < 0.03, difference
 
 
+@pytest.mark.slow
 def test_the_megatron_actor_with_expert_parallelism_trains_a_mixture_of_experts_as_the_fsdp_actor_does(tmp_path):
     """Qwen3-MoE (4 experts, top 2) with expert parallelism 2 — two processes, each holding two of
     every layer's experts, tokens exchanged between them by Megatron's all-gather dispatcher — and
@@ -347,6 +352,7 @@ def test_the_megatron_actor_with_expert_parallelism_trains_a_mixture_of_experts_
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
+@pytest.mark.slow
 def test_a_mixture_of_experts_with_tensor_and_sequence_parallelism_trains_as_the_fsdp_actor_does(tmp_path):
     """Qwen3-MoE with tensor parallelism 2, which Megatron runs with sequence parallelism: each rank
     holds half the attention heads and takes half of each row's tokens through its norms, router and
@@ -358,6 +364,7 @@ def test_a_mixture_of_experts_with_tensor_and_sequence_parallelism_trains_as_the
     assert_trains_as_fsdp(fsdp, megatron, qwen3_moe().state_dict())
 
 
+@pytest.mark.slow
 def test_pipeline_parallelism_trains_a_tied_model_as_the_fsdp_actor_does(tmp_path):
     """Pipeline parallelism 2 (two processes, one layer each; the first holds the embedding, the last
     the final norm and its own copy of the tied embedding as the output layer) through Megatron's
@@ -382,6 +389,7 @@ def assert_exports_equal(fsdp: Path, megatron: Path) -> None:
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
 
 
+@pytest.mark.slow
 def test_a_mixture_of_experts_in_pipeline_stages_with_expert_parallelism_trains_as_the_fsdp_actor_does(tmp_path):
     """The shape of the Ascend Qwen3-MoE layout (``ffn:d1p4e8``) in small: pipeline 2 × expert 2 ×
     data 2 in four processes — each stage one layer, each of its ranks two of its four experts and
@@ -423,6 +431,7 @@ def _read_in_bfloat16(rank: int, world: int, port: int, out: str) -> None:
     exit_without_teardown(0)
 
 
+@pytest.mark.slow
 def test_with_expert_parallelism_the_bfloat16_forward_still_rounds_as_the_hf_model_does(tmp_path):
     """Qwen3-MoE, top 3 of 4 experts, expert parallelism 2: a token's experts sit on both ranks, each
     rank sums its own and the combine adds the two sums — in float32, rounded once as the HF model

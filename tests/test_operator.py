@@ -120,6 +120,7 @@ async def quiet_requests(api) -> dict[str, int]:
             return seen
 
 
+@pytest.mark.slow
 async def test_a_new_experiment_reaches_running_without_one_api_read(tmp_path):
     """The operator reads what its watches delivered, creates a new experiment's token Secret without
     looking first and looks for no agent the first spec never had: from create to Running it sends no
@@ -148,6 +149,7 @@ async def test_a_new_experiment_reaches_running_without_one_api_read(tmp_path):
         ("inference", ("CrashLoopBackOff", "back-off 5m0s restarting failed container"), "Initializing"),
     ],
 )
+@pytest.mark.slow
 async def test_child_failures_surface_on_the_experiment(tmp_path, role, waiting, phase):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api

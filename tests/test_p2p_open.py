@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from kuberl.local_processes import free_port
 from kuberl.weights.p2p import await_group, in_background
 from kuberl.weights.transport import open_group
@@ -13,6 +15,7 @@ from kuberl.weights.transport import open_group
 ABANDONED_OPEN_SECONDS = 8  # a given-up open's own timeout: it ends within the test, not in the interpreter's exit
 
 
+@pytest.mark.slow
 def test_a_group_whose_member_never_connects_is_given_up_once_the_member_left():
     port, started = free_port(), time.monotonic()
     opening = in_background(lambda: open_group("127.0.0.1", port, 0, 2, bind_host="127.0.0.1",
@@ -22,6 +25,7 @@ def test_a_group_whose_member_never_connects_is_given_up_once_the_member_left():
     assert opening.exception(timeout=60) is not None  # until its own timeout
 
 
+@pytest.mark.slow
 def test_the_next_group_opens_at_once_while_one_given_up_still_waits():
     """The abandoned open keeps waiting on its own store connection, not on one the next group needs."""
     port, started = free_port(), time.monotonic()

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kuberl.api.spec import RLExperimentSpec
@@ -28,6 +29,7 @@ def write_config(path: Path, replicas: int) -> None:
     os.utime(path, ns=(later, later))
 
 
+@pytest.mark.slow
 async def test_the_trainer_follows_the_pool_size_in_its_mounted_run_config(tmp_path: Path):
     path = tmp_path / "config.yaml"
     write_config(path, 1)

@@ -27,6 +27,7 @@ GRANTED_NOT_CALLED = {
 }
 
 
+@pytest.mark.slow
 async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_path):
     """A tour of everything the operator does — two experiments (an agent and a Volcano gang; a
     Kubeflow runtime and a coscheduling gang), both resized, a node's topology, a tampered policy, a failure that

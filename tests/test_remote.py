@@ -82,6 +82,7 @@ print(local_copy(sys.argv[1], Settings(cache_dir=Path(sys.argv[2]), s3_endpoint=
 """
 
 
+@pytest.mark.slow
 def test_several_processes_starting_together_download_once(bucket, settings, tmp_path):
     upload_dir(bucket, write_hf_model(tmp_path / "model"), "m/")
     procs = [subprocess.Popen([sys.executable, "-c", DOWNLOADER, f"s3://{bucket}/m/", str(settings.cache_dir),

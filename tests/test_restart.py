@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 WRITES = ("create", "patch", "update", "delete")
 
 
+@pytest.mark.slow
 async def test_a_restart_beside_running_experiments_writes_nothing_and_no_status_flaps(tmp_path):
     names = [f"run-{i}" for i in range(4)]
     async with emulated_cluster(tmp_path) as cluster:

@@ -74,6 +74,7 @@ MATH_TABLE = [
 ]
 
 
+@pytest.mark.slow
 async def test_math_reward_pays_exactly_the_right_answers():
     """The table through the reward's worker pool, where the trainer runs it (math-verify's parsers,
     run in this interpreter, leave CPython 3.11.7's AST validator in a state that breaks later imports)."""
@@ -167,6 +168,7 @@ def user_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "user_rewards"
 
 
+@pytest.mark.slow
 async def test_a_reward_that_hangs_on_one_prompt_in_20_costs_its_timeout_and_stalls_nothing(user_rewards: str):
     """One call in 20 sleeps forever, one raises: both score 0 and are counted; the other 18 are scored
     while the hung worker waits out its limit; the hung worker is replaced and the pool keeps scoring."""
@@ -186,6 +188,7 @@ async def test_a_reward_that_hangs_on_one_prompt_in_20_costs_its_timeout_and_sta
         await pool.aclose()
 
 
+@pytest.mark.slow
 async def test_reward_workers_hold_none_of_kuberls_secrets_and_a_malformed_reply_is_an_error(
         user_rewards: str, monkeypatch: pytest.MonkeyPatch):
     """Issue 69, item 8: a reward (the user's code, scoring model-written text) gets the pod's
@@ -211,6 +214,7 @@ async def test_reward_workers_hold_none_of_kuberls_secrets_and_a_malformed_reply
         await pool.aclose()
 
 
+@pytest.mark.slow
 async def test_async_rewards_and_row_columns_through_the_pool(user_rewards: str):
     pool = make_scorer(f"{user_rewards}:judged", workers=1, timeout=30.0)
     try:
@@ -229,6 +233,7 @@ def test_kuberls_string_rewards_run_in_place_and_a_missing_function_names_the_fi
 
 
 
+@pytest.mark.slow
 async def test_the_code_reward_runs_the_program_against_the_rows_tests_in_the_sandbox():
     pool = make_scorer("kuberl.rewards:code", workers=2, timeout=60.0)
     right = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```"

@@ -27,6 +27,7 @@ async def all_ready(api, namespace: str = "team-a") -> None:
             await set_pod(api, pod, "Running", ready=True)
 
 
+@pytest.mark.slow
 async def test_kubectl_scale_resizes_an_experiments_inference_and_its_scale_reads_back(tmp_path):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api, cfg = cluster.api, cluster.kubeconfig
@@ -61,6 +62,7 @@ async def test_kubectl_scale_resizes_an_experiments_inference_and_its_scale_read
         await eventually(lambda: get_rlx(api, "cpu-tiny").get("status", {}).get("replicas") == 1, what="status 1")
 
 
+@pytest.mark.slow
 async def test_a_standalone_pool_scales_with_kubectl_scale_rlpool(tmp_path):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api, cfg = cluster.api, cluster.kubeconfig
@@ -74,6 +76,7 @@ async def test_a_standalone_pool_scales_with_kubectl_scale_rlpool(tmp_path):
         assert pool["status"]["selector"] == "kuberl.io/inference-pool=evals,kuberl.io/role=inference"
 
 
+@pytest.mark.slow
 async def test_a_gang_scheduled_experiment_resizes_its_pod_group_with_it(tmp_path):
     """Volcano's PodGroup counts every pod of the experiment: its minMember follows a scale (else a
     gang restart after a scale-down would wait for pods that are never coming back)."""
@@ -105,6 +108,7 @@ def horizontal_pod_autoscaler(kind: str, name: str) -> dict:
                                                                               "averageUtilization": 80}}}]}}
 
 
+@pytest.mark.slow
 async def test_an_hpa_can_drive_an_experiment_through_its_scale_subresource(tmp_path):
     """What the HPA controller does with its scaleTargetRef — read the target's /scale, measure the pods
     its status.selector selects, write spec.replicas — done by the test (no controller-manager here);

@@ -58,6 +58,7 @@ def test_an_inference_pool_rolls_one_replica_at_a_time(pool, expected):
     assert pods_to_replace({"r0": "new", "r1": "new"}, pool, gang=False) == expected
 
 
+@pytest.mark.integration
 async def test_a_spec_edit_reaches_the_children_and_replaces_their_pods(tmp_path):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
@@ -107,6 +108,7 @@ def trainer_gangs(api) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.integration
 async def test_a_runtime_switch_ends_with_one_gang_and_never_runs_two(tmp_path):
     """native → kubeflow → native: the old runtime's gang (our rank pods, or the PyTorchJob and its
     pods) goes before the new one starts; the test plays the Kubeflow operator (it makes the master
@@ -131,6 +133,7 @@ async def test_a_runtime_switch_ends_with_one_gang_and_never_runs_two(tmp_path):
         assert api.list("kubeflow.org", "pytorchjobs", "team-a") == []
 
 
+@pytest.mark.integration
 async def test_removing_the_agent_removes_its_deployment_service_and_token(tmp_path):
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         api = cluster.api
@@ -150,6 +153,8 @@ async def test_removing_the_agent_removes_its_deployment_service_and_token(tmp_p
         assert api.get("", "secrets", "team-a", "cpu-agent-gateway-api-token")  # the experiment's own stays
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 async def test_a_recreated_token_secret_replaces_every_pod_that_holds_the_old_token(tmp_path, monkeypatch):
     """Deleting the API token Secret makes a new token; pods started with the old one would get 401
     from each other until their backoff runs out. They are replaced (the trainer gang whole, the

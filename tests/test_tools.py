@@ -54,6 +54,7 @@ def test_unknown_tools_and_bad_arguments_are_messages():
     assert run_tool(ToolCall("calculator", {"expression": 5})).startswith("error: calculator needs a string")
 
 
+@pytest.mark.slow
 def test_the_python_tool_runs_code_and_reports_its_failures():
     assert run_python("print(6*7)").output == "42\n"
     crashed = run_python("raise ValueError('nope')")
@@ -68,6 +69,7 @@ def test_the_python_tool_runs_code_and_reports_its_failures():
     ("print('x' * 10**6)", "[output cut at 4096 bytes]"),
     ("import os; print(sorted(os.environ))", "LC_CTYPE"),  # nothing of the parent's environment but the locale
 ])
+@pytest.mark.slow
 def test_the_python_tool_stops_at_its_limits(code, expected):
     """Each limit on its own: the wall-clock limit is far away except for the sleeper (on a loaded
     machine a busy loop may get less than a CPU second in a few wall seconds: a CI run saw that)."""
@@ -76,6 +78,7 @@ def test_the_python_tool_stops_at_its_limits(code, expected):
     assert expected in outcome.output, outcome
 
 
+@pytest.mark.slow
 def test_the_python_tool_has_no_network():
     """A server listening on this host's loopback cannot be reached from inside the tool."""
     server = socket.socket()
@@ -91,6 +94,7 @@ def test_the_python_tool_has_no_network():
     assert "Error" in outcome.output
 
 
+@pytest.mark.slow
 def test_the_python_tool_cannot_signal_write_or_spawn_anything(tmp_path):
     """Tool code runs next to the trainer, as its user: it must not be able to kill it, overwrite
     its files or leave processes behind (issue 24, item 7)."""
@@ -133,6 +137,7 @@ def landlock_abi() -> int:
 
 
 @pytest.mark.skipif(landlock_abi() < 1, reason="the kernel has no Landlock: file reads are not confined here")
+@pytest.mark.slow
 def test_the_python_tool_reads_nothing_but_the_standard_library(tmp_path):
     """Tool code runs as the trainer's user: without more, it could read the trainer's files and
     /proc/<trainer>/environ, which holds the API token. Landlock confines its reads to Python's own
@@ -148,6 +153,7 @@ def test_the_python_tool_reads_nothing_but_the_standard_library(tmp_path):
     assert libraries.ok and libraries.output == '"1/3"\n', libraries
 
 
+@pytest.mark.slow
 def test_the_python_tool_runs_where_unshare_is_refused():
     """A pod under the RuntimeDefault seccomp profile (capabilities dropped) may not create
     namespaces: the tool ran nothing there before. A parent that refuses unshare and clone's
@@ -186,6 +192,7 @@ def sigio_attempt(route: str, victim: int) -> str:
 
 
 @pytest.mark.parametrize("route", sorted(SIGIO_ROUTES))
+@pytest.mark.slow
 def test_tool_code_cannot_have_the_kernel_signal_another_process(route):
     """Issue 69, item 1: ``F_SETOWN`` (or its twins) + ``O_ASYNC`` on a pipe makes the kernel send SIGIO
     to any same-uid pid or group — a gang restart from one completion. The owner cannot be set."""
@@ -205,6 +212,7 @@ def in_child(script: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("route", ["F_SETOWN", "FIOSETOWN"])
+@pytest.mark.slow
 def test_the_seccomp_filter_alone_refuses_the_signal_routes(route):
     """Seccomp holds on every kernel (Landlock's signal scope needs 6.12): the launcher's filter alone,
     installed in a child, refuses setting an fd's owner; the victim lives."""
@@ -222,6 +230,7 @@ def test_the_seccomp_filter_alone_refuses_the_signal_routes(route):
 
 
 @pytest.mark.skipif(landlock_abi() < 6, reason="the kernel's Landlock has no signal scope (ABI 6, Linux 6.12)")
+@pytest.mark.slow
 def test_landlocks_signal_scope_alone_stops_sigio_to_another_process():
     """Where the kernel has it, Landlock's signal scope stops the SIGIO at delivery, whatever set the
     owner: the launcher's ``confine`` alone (no seccomp filter), and F_SETOWN succeeds yet the victim lives."""
@@ -241,6 +250,7 @@ def test_landlocks_signal_scope_alone_stops_sigio_to_another_process():
         victim.kill()
 
 
+@pytest.mark.slow
 def test_a_sandbox_dies_with_its_parent_and_is_the_oom_killers_first_choice():
     """No sandbox outlives the worker that waits for it (PR_SET_PDEATHSIG), and under memory pressure
     the kernel kills a sandbox before the trainer (oom_score_adj 1000)."""
@@ -280,6 +290,7 @@ def test_a_sandbox_dies_with_its_parent_and_is_the_oom_killers_first_choice():
             os.kill(child, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_code_travels_by_file_and_every_death_is_reported():
     """Code larger than the kernel's 128 KiB per argument, or holding a NUL byte, is run or refused
     with a message, never an exception in the caller; a death by a real-time signal has no name in

@@ -25,6 +25,7 @@ except BaseException as err:
 '''
 
 
+@pytest.mark.slow
 def test_a_failed_rank_exits_at_once_with_its_traceback():
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", FAILING_RANK], capture_output=True, text=True, timeout=60)

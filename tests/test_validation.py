@@ -190,6 +190,7 @@ def test_vllm_on_cpu_is_valid():
     assert issues == [] and obj is not None
 
 
+@pytest.mark.slow
 def test_a_reader_that_leaves_early_is_not_an_error():
     """`kuberl render x.yaml | head`: the closed pipe ends the command quietly (exit 141, as a shell
     reports SIGPIPE), without a traceback."""

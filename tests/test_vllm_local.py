@@ -18,6 +18,7 @@ REQUIRED = os.environ.get("KUBERL_REQUIRE_VLLM") == "1"  # scripts/test built .v
 
 
 @pytest.mark.skipif(not HAVE_VLLM and not REQUIRED, reason="no Python with vLLM here: scripts/setup --vllm")
+@pytest.mark.slow
 def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     steps = 6
     scratch_before = set(Path("/dev/shm").glob("kuberl-*"))

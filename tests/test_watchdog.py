@@ -8,10 +8,13 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from kuberl.local_processes import free_port
 from kuberl.trainer.watchdog import EXIT_CODE, StepWatchdog
 
 
+@pytest.mark.slow
 def test_the_watchdog_fires_only_when_beats_stop():
     fired: list[float] = []
     dog = StepWatchdog(0.3, fired.append, poll=0.05).start()
@@ -42,6 +45,7 @@ RANK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_hung_rank_and_its_peer_both_exit_non_zero():
     port = str(free_port())
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), port], stderr=subprocess.PIPE, text=True)

@@ -128,6 +128,7 @@ def execute(params: list[ParamMeta], holdings, needs, p: Plan) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(layouts())
+@pytest.mark.slow
 def test_schedule_delivers_every_needed_byte_once_from_a_nearest_holder_and_balances_links(case):
     params, holdings, needs, ranks, bw = case
     p = plan(holdings, needs, ranks, {m.name: m.itemsize for m in params}, bw)
@@ -172,6 +173,7 @@ def test_a_need_nobody_holds_is_an_error_naming_the_parameter():
         plan([], inference_needs(params, [[2]]), {r: RankTopology(f"n{r}") for r in range(3)}, {"w": 4})
 
 
+@pytest.mark.slow
 def test_megatron_moe_layout_of_qwen3_30b_reaches_the_receiver_bound():
     """The shipped Ascend example's layout at full scale, restricted to 4 layers to stay fast."""
     shape = QWEN3_30B_A3B

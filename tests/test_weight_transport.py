@@ -67,6 +67,7 @@ def _worker(rank: int, train_port: int, exchange_port: int, out: str, relayed: b
     exit_without_teardown(0)
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     start_workers(_worker, TRAINERS + REPLICAS, (FREE_PORT, FREE_PORT, str(tmp_path), False))
@@ -81,6 +82,7 @@ def test_fsdp2_shards_reach_every_replica_bit_identical(tmp_path):
     assert max(sent) < 0.5 * REPLICAS * total  # the trainer ranks share the sending
 
 
+@pytest.mark.slow
 def test_a_schedule_relayed_through_the_replicas_reaches_every_replica_bit_identical(tmp_path):
     """Stage 1 sends each piece from the shards to one replica; stage 2 that replica forwards it from
     its own received tensors: the trainer sends the model once, and every replica still gets all of it."""
@@ -156,6 +158,7 @@ def _megatron_worker(rank: int, train_port: int, exchange_port: int, layout: str
 
 
 @pytest.mark.parametrize("layout", sorted(MEGATRON_LAYOUTS))
+@pytest.mark.slow
 def test_megatron_tensor_expert_and_pipeline_parallel_pieces_reach_a_replica_as_the_gathered_hf_weights(
         tmp_path, layout):
     """p2p from Megatron: each tensor-parallel rank sends its own pieces under HF names (q/k/v out of
