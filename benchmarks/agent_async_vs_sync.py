@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator"), str(ROOT / "benchmarks")]
 
 from async_vs_sync import tail_stats  # noqa: E402
+from common import add_out, report  # noqa: E402
 
 from kuberl.local import run_local  # noqa: E402
 
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=2, help="η of the asynchronous run (≥ 1)")
     parser.add_argument("--workers", type=int, default=128, help="the agent's episodes in flight")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/agent_async_vs_sync.json")
+    add_out(parser, "agent_async_vs_sync")
     args = parser.parse_args()
     if args.staleness < 1:
         parser.error("--staleness must be ≥ 1 (η = 0 is the synchronous baseline)")
@@ -81,8 +82,7 @@ def main() -> None:
               "settings": {"steps": args.steps, "latency_ms": args.latency_ms, "staleness": args.staleness,
                            "workers": args.workers, "seed": args.seed, "manifest": str(MANIFEST.relative_to(ROOT))}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

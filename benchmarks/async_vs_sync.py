@@ -28,7 +28,6 @@ Progress goes to stderr; the last stdout line is the JSON result.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -37,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
+
+from common import add_out, report  # noqa: E402
 
 from kuberl.local import apply_overrides, run_local  # noqa: E402
 from kuberl.local_processes import RunError  # noqa: E402
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting in both runs (repeatable)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/async_vs_sync.json")
+    add_out(parser, "async_vs_sync")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be ≥ 1")
@@ -163,8 +164,7 @@ def main() -> None:
                                      else args.manifest)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 
+from common import add_out, report  # noqa: E402
+
 from kuberl.api.contract import ENV_FAULT_INJECTION  # noqa: E402
 from kuberl.local import run_local  # noqa: E402
 from kuberl.local_autoscale import TRACE_FILE  # noqa: E402
@@ -103,7 +105,7 @@ def main() -> None:
     parser.add_argument("--max-replicas", type=int, default=4)
     parser.add_argument("--slots", type=int, default=8, help="each replica's /generate requests at once")
     parser.add_argument("--seconds", type=float, default=0.1, help="each /generate held at least this long")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/autoscale.json")
+    add_out(parser, "autoscale")
     args = parser.parse_args()
     os.environ[ENV_FAULT_INJECTION] = f"generate-slots={args.slots},generate-seconds={args.seconds}"
     result = {
@@ -116,8 +118,7 @@ def main() -> None:
                                      else args.manifest)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

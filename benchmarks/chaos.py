@@ -56,6 +56,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from common import add_out, report
+
 from kuberl.api.contract import ENV_FAULT_INJECTION
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,7 +319,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to cycle through")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/chaos.json")
+    add_out(parser, "chaos")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the run's logs here (default: a temp dir)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kuberl-chaos-") as tmp:
@@ -325,8 +327,7 @@ def main() -> None:
         log(f"kuberl run with {args.faults} faults (seed {args.seed}), {args.steps} steps; work dir {work}")
         result = run(args, work)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

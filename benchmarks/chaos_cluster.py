@@ -46,6 +46,7 @@ from moto.server import ThreadedMotoServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from common import add_out, report  # noqa: E402
 from e2e import scenario  # noqa: E402
 from tests.harness import emulated_cluster, running_operator  # noqa: E402
 from tests.test_e2e import kubectl_for, kubelet_stand_in  # noqa: E402
@@ -178,7 +179,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/chaos_cluster.json")
+    add_out(parser, "chaos_cluster")
     args = parser.parse_args()
     log(f"the example on the emulator, {args.steps} steps, a pod deleted every {args.every} steps "
         f"({args.faults} in all, seed {args.seed})")
@@ -186,8 +187,7 @@ def main() -> None:
     with lock, tempfile.TemporaryDirectory(prefix="kuberl-chaos-cluster-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import add_out, report
+
 ROOT = Path(__file__).resolve().parent.parent
 
 MEASURE = """
@@ -53,7 +55,7 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/export_memory.json")
+    add_out(parser, "export_memory")
     args = parser.parse_args()
     env_path = f"{ROOT / 'workload'}:{ROOT / 'operator'}"
     with tempfile.TemporaryDirectory() as scratch:
@@ -65,8 +67,7 @@ def main() -> None:
     result = {"command": f"python benchmarks/export_memory.py --experts {args.experts} --top-k {args.top_k} "
                          f"--layers {args.layers} --hidden {args.hidden}", **measured}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Progress goes to stderr; the last stdout line is the JSON result.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -27,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import add_out, report
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
@@ -126,7 +127,7 @@ def _cmdline(proc: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saves", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/recovery.json")
+    add_out(parser, "recovery")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         log("checkpointing the CPU example's model + optimizer to S3 (moto):")
@@ -134,8 +135,7 @@ def main() -> None:
         log("killing the trainer of a running `kuberl run`:")
         result |= restart_numbers(Path(tmp))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

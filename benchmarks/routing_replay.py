@@ -38,6 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 
+from common import add_out, report  # noqa: E402
+
 from kuberl.local import run_local  # noqa: E402
 
 EXAMPLE = ROOT / "examples/cpu-megatron-moe.yaml"
@@ -105,7 +107,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1, help="seeds seed, seed + 1, …: one off/on pair each")
     parser.add_argument("--set", dest="sets", action="append", default=[], help="another manifest override")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/routing_replay.json")
+    add_out(parser, "routing_replay")
     args = parser.parse_args()
     if args.experts % 2 or not 1 <= args.top_k <= args.experts:
         parser.error("--experts must be even (expert parallel 2) and --top-k within 1..experts")
@@ -119,8 +121,7 @@ def main() -> None:
         "settings": SETTINGS, **over_seeds(pairs), "pairs": pairs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

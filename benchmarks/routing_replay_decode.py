@@ -40,6 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 
+from common import add_out, report  # noqa: E402
+
 from kuberl.devices import placed  # noqa: E402
 from kuberl.inference.contract import Generation, SamplingParams  # noqa: E402
 from kuberl.inference.engine import TorchEngine, generate_all  # noqa: E402
@@ -115,7 +117,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 … N − 1: one policy draw and one sample each")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/routing_replay_decode.json")
+    add_out(parser, "routing_replay_decode")
     args = parser.parse_args()
     print(f"{args.experts} experts, top {args.top_k}, {args.layers} layers, {args.new_tokens} new tokens",
           file=sys.stderr, flush=True)
@@ -133,8 +135,7 @@ def main() -> None:
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ functions and the workflow exist, and what the model's architecture refuses of t
 without experts, a Megatron layout its layers or experts do not split over, LoRA targets it lacks; read
 from its config alone: :mod:`kuberl.trainer.model_fit`). A missing column or a refused field is an error,
 and so is a user module here that does not define the name the spec gives; a module that is not here at
-all is a warning, since it may live only in the user's image; so is a tracker (``spec.logging``) whose library is not installed here, and an ``hf://`` model whose
-config cannot be fetched from here (offline, gated). An ``s3://`` model's config, or a path that is
+all is a warning, since it may live only in the user's image; so is a tracker (``spec.logging``) whose
+library is not installed here, and an ``hf://`` model whose config cannot be fetched from here (offline,
+gated). An ``s3://`` model's config, or a path that is
 not a directory here (a volume in the pods), is read where the run starts: the trainer checks it then."""
 
 from __future__ import annotations
