@@ -40,7 +40,7 @@ sys.path[:0] = [str(ROOT / "workload"), str(ROOT / "operator")]
 from common import add_out, report  # noqa: E402
 
 from kuberl.local import apply_overrides, run_local  # noqa: E402
-from kuberl.local_processes import RunError  # noqa: E402
+from kuberl.local.processes import RunError  # noqa: E402
 
 SETTINGS = {
     "dataset.path": "builtin:arithmetic-3digit",

@@ -39,7 +39,7 @@ from common import add_out, report  # noqa: E402
 
 from kuberl.api.contract import ENV_FAULT_INJECTION  # noqa: E402
 from kuberl.local import run_local  # noqa: E402
-from kuberl.local_autoscale import TRACE_FILE  # noqa: E402
+from kuberl.local.autoscale import TRACE_FILE  # noqa: E402
 
 STEP_LINE = re.compile(r"trainer INFO step (\d+)/\d+ .*? wait ([\d.]+)s")
 TIME_OF_STEP = re.compile(r"^\S+ (\d\d):(\d\d):(\d\d),(\d{3}) trainer INFO step (\d+)/", re.M)

@@ -52,7 +52,7 @@ from tests.harness import emulated_cluster, running_operator  # noqa: E402
 from tests.test_e2e import kubectl_for, kubelet_stand_in  # noqa: E402
 
 from kuberl.api.contract import LABEL_EXPERIMENT, LABEL_ROLE, trainer_job_name  # noqa: E402
-from kuberl.local_processes import free_port  # noqa: E402
+from kuberl.local.processes import free_port  # noqa: E402
 
 KINDS = ("inference-pod", "trainer-pod")
 BUCKET, SECRET = "ckpt", "s3-credentials"

@@ -94,7 +94,7 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    from kuberl.local_processes import free_port
+    from kuberl.local.processes import free_port
 
     result: dict[str, object] = {"length": args.length, "rows": args.rows,
                                  "model": {"hidden": args.hidden, "layers": args.layers, "heads": 4,

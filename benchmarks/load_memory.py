@@ -123,7 +123,7 @@ def rank_main(mode: str, backend: str, directory: Path, rank: int, world: int, p
 
 
 def measure(mode: str, backend: str, directory: Path, world: int) -> list[dict[str, Any]]:
-    from kuberl.local_processes import free_port
+    from kuberl.local.processes import free_port
 
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world), "--mode", mode,

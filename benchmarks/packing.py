@@ -55,7 +55,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from kuberl.fsdp.actor import FSDPActor
-    from kuberl.local_processes import free_port
+    from kuberl.local.processes import free_port
     from kuberl.megatron.actor import MegatronActor
     from kuberl.models.tiny import tiny_qwen2
     from kuberl.policy.algorithms import AlgorithmConfig

@@ -43,7 +43,7 @@ def checkpoint_numbers(saves: int, tmp: Path) -> dict[str, float]:
     from moto.server import ThreadedMotoServer
 
     from kuberl.fsdp.actor import FSDPActor
-    from kuberl.local_processes import free_port
+    from kuberl.local.processes import free_port
     from kuberl.models.tiny import char_tokenizer, tiny_qwen2
     from kuberl.policy.algorithms import AlgorithmConfig
     from kuberl.trainer.checkpointing import Checkpointer

@@ -16,7 +16,7 @@ import yaml
 from filelock import FileLock
 from moto.server import ThreadedMotoServer
 
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 
 from .tiers import pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401  (the slow marker's guard)
 

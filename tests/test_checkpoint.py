@@ -14,7 +14,7 @@ import pytest
 
 from kuberl.checkpoint import CheckpointError, CheckpointManager, ForeignCheckpoint, open_store
 from kuberl.checkpoint.manager import step_dir
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 
 
 def staging(tmp_path: Path, step: int, big: bool = False) -> Path:

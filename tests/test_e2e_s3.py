@@ -19,7 +19,7 @@ import yaml
 from e2e import scenario
 from moto.server import ThreadedMotoServer
 
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
 from .harness import emulated_cluster, running_operator

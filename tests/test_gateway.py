@@ -19,7 +19,7 @@ import pytest
 
 from kuberl.api.spec import DatasetSource
 from kuberl.data.datasets import examples
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.models.tiny import char_tokenizer
 from kuberl.weights.sync import BroadcastSync, to_safetensors
 

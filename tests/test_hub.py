@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kuberl.api.spec import ModelSource
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.models.hub import parse_hub_path, resolved_revision
 from kuberl.models.loading import ModelLoadError, load_model, model_origin
 from kuberl.settings import Settings

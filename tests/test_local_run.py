@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.local import load_experiment, rollout_cores, run_local, warmup_cut_short
-from kuberl.local_processes import RunError, free_port
+from kuberl.local.processes import RunError, free_port
 
 from .run_processes import alive, pid_of, processes_mentioning, replica_pid, rollout_pid, stopped
 
@@ -330,7 +330,7 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
     joiners serve. Each joiner's first weights come over the p2p exchange re-formed with it (no
     version by broadcast), then it serves requests; the drained one leaves the next group; every step
     trains its batch exactly once from the ledger's prompts (none skipped), within the staleness bound."""
-    from kuberl.local_workdir import request_replicas
+    from kuberl.local.workdir import request_replicas
 
     work, steps, failures = tmp_path / "run", 300, []  # ≈ 25 s of training: joiners start in ≈ 7 s
 
@@ -425,7 +425,7 @@ def test_an_openai_client_agent_trains_the_policy_through_the_gateway(tmp_path):
 def test_free_ports_come_from_outside_the_range_the_kernel_gives_outgoing_connections():
     """A port from ``bind(0)`` is one the kernel also gives outgoing connections, so another socket
     could take it before the process meant to listen there binds it (a CI run saw EADDRINUSE)."""
-    from kuberl.local_processes import kernel_ephemeral_ports
+    from kuberl.local.processes import kernel_ephemeral_ports
 
     ephemeral = kernel_ephemeral_ports()
     ports = [free_port() for _ in range(20)]
@@ -439,7 +439,7 @@ def test_free_ports_leave_torchruns_well_known_ones_alone():
     """29500 and 29501 are where a torchrun job on the host binds whenever it starts (the e2e tests'
     pods too): a local run that took one first made such a job fail, EADDRINUSE."""
     from kuberl.api.contract import MASTER_PORT
-    from kuberl.local_processes import candidate_ports, kernel_ephemeral_ports
+    from kuberl.local.processes import candidate_ports, kernel_ephemeral_ports
 
     candidates = set(candidate_ports())
     assert MASTER_PORT not in candidates and MASTER_PORT + 1 not in candidates

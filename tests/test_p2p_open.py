@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.weights.p2p import await_group, in_background
 from kuberl.weights.transport import open_group
 

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from kuberl.inference.engine import TorchEngine
 from kuberl.inference.server import build_app
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.client import InferenceClient, Rejected, ReplicaFault
 from kuberl.weights.sync import to_safetensors

@@ -16,7 +16,7 @@ from kuberl.api.spec import DatasetSource
 from kuberl.data.datasets import Example, examples
 from kuberl.inference.engine import TorchEngine
 from kuberl.inference.server import build_app
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 from kuberl.rollout.client import InferenceClient
 from kuberl.rollout.controller import RolloutController

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 from kuberl.trainer.watchdog import EXIT_CODE, StepWatchdog
 
 

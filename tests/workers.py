@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from kuberl.local_processes import free_port
+from kuberl.local.processes import free_port
 
 PRELOADED = [
     "torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "transformers",
@@ -46,7 +46,7 @@ class _FreePort:
 
 
 FREE_PORT = _FreePort()
-"""An argument :func:`start_workers` replaces with a fresh :func:`~kuberl.local_processes.free_port`
+"""An argument :func:`start_workers` replaces with a fresh :func:`~kuberl.local.processes.free_port`
 on each attempt."""
 
 

@@ -138,7 +138,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from kuberl.local import run_local
-    from kuberl.local_processes import RunError
+    from kuberl.local.processes import RunError
 
     try:
         summary = run_local(Path(args.file), args.set or [], args.max_steps,
@@ -217,7 +217,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from kuberl.local_workdir import request_replicas
+    from kuberl.local.workdir import request_replicas
 
     try:
         request_replicas(Path(args.workdir), args.replicas)

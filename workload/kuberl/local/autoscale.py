@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .api import Progress
-from .api.autoscale import Decision, decide
+from ..api import Progress
+from ..api.autoscale import Decision, decide
 
 TRACE_FILE = "autoscale.jsonl"
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .api.contract import MASTER_PORT
+from ..api.contract import MASTER_PORT
 
 KINDS = {"inference": "inference replica", "agent": "agent"}
 REPLICA_RESTARTS = 5  # per replica (or agent), before the run fails

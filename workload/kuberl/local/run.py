@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from .api import Accelerator, Progress, RLExperiment, resolve, validate_document
-from .api.algorithm import AlgorithmSpec
-from .api.contract import (
+from ..api import Accelerator, Progress, RLExperiment, resolve, validate_document
+from ..api.algorithm import AlgorithmSpec
+from ..api.contract import (
     ENV_AGENT_TOKEN,
     ENV_API_TOKEN,
     ENV_CHECKPOINT_KEY,
@@ -45,13 +45,16 @@ from .api.contract import (
     LABEL_RANK,
     LABEL_ROLE,
 )
-from .api.resolve import InferencePlan, TrainerPlan
-from .api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
-from .api.spec import Engine, restart_limit
-from .display import ProgressDisplay
-from .local_autoscale import LocalAutoscaler
-from .local_processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
-from .local_workdir import (
+from ..api.resolve import InferencePlan, TrainerPlan
+from ..api.roles import gang_may_restart, inference_env, torchrun_process_env, trainer_node_env
+from ..api.spec import Engine, restart_limit
+from ..display import ProgressDisplay
+from ..runconfig import write_run_config
+from ..settings import inherited_environment
+from ..weights.discovery import format_labels
+from .autoscale import LocalAutoscaler
+from .processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
+from .workdir import (
     POOL_FILE,
     PROMPTS_LOG,
     SCALE_FILE,
@@ -63,11 +66,8 @@ from .local_workdir import (
     requested_replicas,
     write_whole,
 )
-from .runconfig import write_run_config
-from .settings import inherited_environment
-from .weights.discovery import format_labels
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout (pip install -e)
+REPO_ROOT = Path(__file__).resolve().parents[3]  # a source checkout (pip install -e)
 # How a local process's environment differs from its pod's (tests/test_roles.py checks both ways):
 # hosts and ports that are this machine's; what the pod gets from elsewhere.
 LOCAL_MAPPINGS = {
