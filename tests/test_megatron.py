@@ -148,7 +148,8 @@ def test_pipeline_stages_hold_every_layer_once_and_give_it_back_under_its_own_nu
     last stage's copy of the embedding, which it holds as its output layer, dropped); and every HF
     parameter's stage is the one that holds it."""
     from kuberl.megatron.convert import global_tensors
-    from kuberl.megatron.pipeline import EMBEDDING, OUTPUT_LAYER, global_state, hf_stage, stage_globals, stage_state
+    from kuberl.megatron.pipeline import EMBEDDING, OUTPUT_LAYER, global_state, stage_globals, stage_state
+    from kuberl.weights.layouts import hf_stage  # the planner's rule: the stages above hold what it says
 
     layers = stages * per_stage
     hf = {"model.embed_tokens.weight": torch.randn(3), "model.norm.weight": torch.randn(3),

@@ -54,7 +54,7 @@ from ..policy.algorithms import AlgorithmConfig
 from ..policy.batch import TOKEN_BUDGET, Batch
 from ..policy.critic import Critic
 from ..policy.sft import sft_warmup
-from ..weights.layouts import ParamMeta, ep_box, is_stacked_expert, tp_box
+from ..weights.layouts import ParamMeta, ep_box, hf_stage, is_stacked_expert, tp_box
 from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
 from . import checkpoint, optimizer
@@ -69,7 +69,6 @@ from .model import (
     sum_partial_gradients,
     sum_shared_embedding_gradients,
 )
-from .pipeline import hf_stage
 from .schedule import through_pipeline
 
 
@@ -300,7 +299,8 @@ class MegatronActor(Actor):
         return {n: t for n, t in local_hf_state(self.model, self.hf_config).items() if n in names}
 
     def holdings(self, metas: list[ParamMeta]) -> list[Holding]:
-        """Rank g holds, of its pipeline stage's parameters (:func:`.pipeline.hf_stage`),
+        """Rank g holds, of its pipeline stage's parameters (:func:`~kuberl.weights.layouts.hf_stage`: the
+        planner's rule),
         :func:`~kuberl.weights.layouts.tp_box` of its tensor-parallel index and
         :func:`~kuberl.weights.layouts.ep_box` of its expert-parallel index (all-gathered: Megatron's
         rank order decides them); data-parallel replicas hold the same boxes, so the planner spreads

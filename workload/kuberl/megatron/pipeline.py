@@ -19,7 +19,6 @@ EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT_LAYER = "output_layer.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
-_HF_LAYER = re.compile(r"model\.layers\.(\d+)\..+")
 
 
 def layers_per_stage(layers: int, stages: int) -> int:
@@ -72,10 +71,3 @@ def global_state(state: dict[str, torch.Tensor], layers: int, stage: int, stages
             if not (tied and name == OUTPUT_LAYER and stage > 0)}  # fmt: skip
 
 
-def hf_stage(name: str, layers: int, stages: int) -> int:
-    """The stage that holds HF parameter ``name``: a layer's, its layer's stage; the embedding, the
-    first; the final norm and a separate ``lm_head``, the last."""
-    match = _HF_LAYER.fullmatch(name)
-    if match is not None:
-        return int(match[1]) // layers_per_stage(layers, stages)
-    return 0 if name == "model.embed_tokens.weight" else stages - 1

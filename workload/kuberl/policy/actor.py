@@ -58,7 +58,7 @@ from ..weights.transport import local_tensor
 from .algorithms import AlgorithmConfig
 from .batch import TOKEN_BUDGET, Batch, micro_batch_count, split
 from .critic import Critic, ValueTargets
-from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, ppo_loss
+from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, loss_normalizer, ppo_loss
 from .packing import pack
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
@@ -269,13 +269,10 @@ class Actor(ABC):
         rank's loss tokens in ``chunks``. The stats (each chunk's weighted by its rows) include this
         rank's sums in :data:`TOKEN_SUMS`."""
         _, data_ranks = self.data_parallel()
-        if self.config.loss_agg == "seq_sum_const":
-            normalizer = global_rows * self.config.max_new_tokens / data_ranks
-        elif self.config.loss_agg == "seq_mean":  # every sequence weighs alike (GSPO)
-            normalizer = max(global_rows, 1.0) / data_ranks
-        else:  # every rank's tokens, each row counted once (ranks that share rows count them alike)
-            global_tokens = all_reduce(local_tokens) * data_ranks / world_size()
-            normalizer = max(global_tokens, 1.0) / data_ranks
+        # N over every rank's rows and tokens (ranks that share rows count them alike), ÷ the data-parallel
+        # ranks: their gradients are averaged, so the sum is the global mean
+        normalizer = loss_normalizer(self.config, global_rows,
+                                     lambda: all_reduce(local_tokens) * data_ranks / world_size()) / data_ranks
         self.optimizer.zero_grad(set_to_none=True)
         stats = batch_stats(self.accumulate_gradients(chunks, prox, normalizer))
         grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +54,17 @@ SUMMED_STATS = ("ppo_actor/loss", "ppo_actor/kl", VALID_TOKENS)
 """Stats of one micro-batch that add up over a batch's micro-batches (the loss and the KL term are
 already divided by the whole batch's ``normalizer``); the other stats are means over the
 micro-batch's valid tokens, so a batch's is their mean weighted by ``ppo_actor/valid_tokens``."""
+
+
+def loss_normalizer(config: AlgorithmConfig, rows: float, tokens: Callable[[], float]) -> float:
+    """N, the loss's denominator (module docstring), of a batch of ``rows`` sequences: rows × max new
+    tokens (``seq_sum_const``, Dr.GRPO), rows (``seq_mean``, GSPO) or ``tokens()`` valid tokens
+    (``token_mean``: asked only then, as counting them may be a collective); at least 1."""
+    if config.loss_agg == "seq_sum_const":
+        return max(rows, 1.0) * config.max_new_tokens
+    if config.loss_agg == "seq_mean":
+        return max(rows, 1.0)
+    return max(tokens(), 1.0)
 
 
 def ppo_loss(
@@ -84,13 +96,9 @@ def ppo_loss(
     per_token = per_token * weight
     if config.loss_agg == "seq_mean":  # each sequence's mean over its tokens
         per_token = per_token / given.sum(dim=-1, keepdim=True).clamp(min=1.0)
-    if normalizer is None:
-        if config.loss_agg == "seq_sum_const":
-            normalizer = float(logp.shape[0] * config.max_new_tokens)
-        elif config.loss_agg == "seq_mean":
-            normalizer = float((given.sum(dim=-1) > 0).sum().clamp(min=1.0))
-        else:
-            normalizer = float(mask.sum().clamp(min=1.0))
+    if normalizer is None:  # this batch alone: its rows (those with a token, for seq_mean) and tokens
+        rows = float((given.sum(dim=-1) > 0).sum()) if config.loss_agg == "seq_mean" else float(logp.shape[0])
+        normalizer = loss_normalizer(config, rows, lambda: float(mask.sum()))
     loss = (per_token * mask).sum() / normalizer
     kl_value = torch.zeros((), device=logp.device)
     if config.kl_coef > 0:

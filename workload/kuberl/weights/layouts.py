@@ -101,11 +101,15 @@ def fsdp2_holdings(params: list[ParamMeta], ranks: list[int], replicate: int = 1
     return out
 
 
-def _stage(name: str, layers: int, pp: int, last: bool) -> int:
+def hf_stage(name: str, layers: int, stages: int) -> int:
+    """The pipeline stage that holds HF parameter ``name`` — the one rule for the trainer's holdings
+    (``kuberl.megatron``) and the planner's: layer i of n on stage ⌊i·p / n⌋ (i ÷ (n/p) when p divides n,
+    which the trainer requires); the embedding on the first stage; the final norm and a separate
+    ``lm_head`` on the last."""
     match = _LAYER.search(name)
     if match:
-        return int(match.group(1)) * pp // layers
-    return pp - 1 if last else 0
+        return int(match.group(1)) * stages // layers
+    return 0 if name.startswith("model.embed_tokens") else stages - 1
 
 
 def megatron_holdings(
@@ -126,8 +130,7 @@ def megatron_holdings(
     tp, pp, dp = attn.tensor, attn.pipeline, attn.data
     out = []
     for meta in params:
-        last = not meta.name.startswith("model.embed_tokens")
-        stage = _stage(meta.name, layers, pp, last)
+        stage = hf_stage(meta.name, layers, pp)
         expert = _EXPERT.search(meta.name)
         if expert:
             e_rank = int(expert.group(1)) * ffn.expert // experts
