@@ -11,11 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kuberl.api.autoscale import decide
+from kuberl.api.spec import AutoscaleSpec
 
 from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
 from .test_operator import experiment, get_rlx, trainer_progress
 
-SPEC = {"minReplicas": 1, "maxReplicas": 4, "targetWaitFraction": 0.2, "windowSeconds": 60}
+SPEC = AutoscaleSpec(min_replicas=1, max_replicas=4, target_wait_fraction=0.2, window_seconds=60)
 
 
 @pytest.mark.parametrize(("replicas", "wait", "since", "expected"), [
@@ -56,13 +57,13 @@ def test_a_scale_up_remembers_the_count_it_left():
 @given(st.integers(1, 8), st.floats(0, 1), st.none() | st.floats(0, 1000), st.integers(1, 4), st.integers(0, 4),
        st.none() | st.integers(0, 8))
 def test_the_rule_stays_in_bounds_and_moves_one_step_at_most(replicas, wait, since, low, extra, too_few):
-    spec = {**SPEC, "minReplicas": low, "maxReplicas": low + extra}
+    spec = SPEC.model_copy(update={"min_replicas": low, "max_replicas": low + extra})
     decision = decide(replicas, wait, spec, since, too_few)
     if decision is None:
         return
     assert low <= decision.replicas <= low + extra
     if low <= replicas <= low + extra:
-        assert abs(decision.replicas - replicas) == 1 and (since is None or since >= SPEC["windowSeconds"])
+        assert abs(decision.replicas - replicas) == 1 and (since is None or since >= SPEC.window_seconds)
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
 
 from kuberl.api import API_GROUP, API_VERSION, Progress, RLExperiment
 from kuberl.api.autoscale import Decision, decide
@@ -38,6 +39,7 @@ from kuberl.api.contract import (
     trainer_rank0_pod,
     trainer_rank0_selector,
 )
+from kuberl.api.spec import AutoscaleSpec
 
 from .children import post_event
 from .kube import ApiError, Kube
@@ -165,10 +167,19 @@ class Target:
     name: str
     runtime: TrainerRuntime
     progress: Manifest | None  # status.progress as last seen
-    autoscale: Manifest | None = None  # spec.inference.autoscale
+    autoscale: AutoscaleSpec | None = None  # spec.inference.autoscale
     replicas: int | None = None  # spec.inference.replicas, else the pool's (status.replicas)
     last_scale: str | None = None  # status.autoscale.lastScaleTime
     too_few: int | None = None  # status.autoscale.tooFew
+
+
+def autoscale_of(inference: Manifest) -> AutoscaleSpec | None:
+    """``spec.inference.autoscale`` as its model; None when unset — or invalid: a spec the reconcile
+    refuses (and reports on the experiment's conditions) is never autoscaled."""
+    try:
+        return AutoscaleSpec.model_validate(inference["autoscale"]) if inference.get("autoscale") else None
+    except ValidationError:
+        return None
 
 
 def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) -> Target | None:
@@ -178,7 +189,7 @@ def running_target(namespace: str, name: str, spec: Manifest, status: Manifest) 
         return None
     inference = (spec or {}).get("inference") or {}
     autoscaled = status.get("autoscale") or {}
-    return Target(namespace, name, trainer_runtime(spec), status.get("progress"), inference.get("autoscale"),
+    return Target(namespace, name, trainer_runtime(spec), status.get("progress"), autoscale_of(inference),
                   inference.get("replicas") or status.get("replicas"), autoscaled.get("lastScaleTime"),
                   autoscaled.get("tooFew"))
 

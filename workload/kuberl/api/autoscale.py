@@ -27,7 +27,8 @@ replicas, and the trainer's wait says only which way to go.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from .spec import AutoscaleSpec
 
 RECALL_WINDOWS = 6  # a count found too few is not returned to for this many windows
 
@@ -39,12 +40,12 @@ class Decision:
     too_few: int | None = None  # f after the change (``status.autoscale.tooFew``)
 
 
-def decide(replicas: int, wait_fraction: float | None, spec: dict[str, Any], seconds_since_last: float | None,
+def decide(replicas: int, wait_fraction: float | None, spec: AutoscaleSpec, seconds_since_last: float | None,
            too_few: int | None = None) -> Decision | None:
-    """The new replica count, or None to stay (``spec``: ``spec.inference.autoscale`` in wire form;
+    """The new replica count, or None to stay (``spec``: ``spec.inference.autoscale``, its defaults its own;
     ``seconds_since_last``: since the last change, None if there was none; ``too_few``: f, None if none)."""
-    low, high = int(spec.get("minReplicas", 1)), int(spec["maxReplicas"])
-    target, window = float(spec.get("targetWaitFraction", 0.1)), float(spec.get("windowSeconds", 300))
+    low, high = spec.min_replicas, spec.max_replicas
+    target, window = spec.target_wait_fraction, spec.window_seconds
     if replicas < low or replicas > high:
         bound = low if replicas < low else high
         return Decision(bound, f"{replicas} replicas are outside [{low}, {high}]", too_few)

@@ -10,17 +10,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..api import Progress
 from ..api.autoscale import Decision, decide
+from ..api.spec import AutoscaleSpec, RLExperimentSpec
 
 TRACE_FILE = "autoscale.jsonl"
 
 
 @dataclass
 class LocalAutoscaler:
-    spec: dict[str, Any]  # spec.inference.autoscale in wire form (camelCase)
+    spec: AutoscaleSpec  # spec.inference.autoscale
     trace: Path
     clock: Callable[[], float] = time.monotonic
     started: float = field(init=False)
@@ -32,10 +32,10 @@ class LocalAutoscaler:
         self.started = self.clock()
 
     @classmethod
-    def of(cls, spec: Any, work: Path) -> LocalAutoscaler | None:
+    def of(cls, spec: RLExperimentSpec, work: Path) -> LocalAutoscaler | None:
         """The run's autoscaler, None without ``spec.inference.autoscale``."""
         autoscale = spec.inference.autoscale
-        return None if autoscale is None else cls(autoscale.model_dump(by_alias=True), work / TRACE_FILE)
+        return None if autoscale is None else cls(autoscale, work / TRACE_FILE)
 
     def observe(self, replicas: int, progress: Progress | None) -> Decision | None:
         """A change of the pool's ``replicas``, decided on a step not seen before; None to stay."""
