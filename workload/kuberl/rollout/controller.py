@@ -29,7 +29,7 @@ from .client import InferenceClient
 from .evaluation import EvalResult, evaluate
 from .ledger import PromptLedger
 from .staleness import StalenessManager
-from .types import Group
+from .types import Group, version_lag
 from .workflow import RolloutWorkflow
 
 log = logging.getLogger("kuberl.rollout")
@@ -266,8 +266,8 @@ class RolloutController:
                     raise RuntimeError(f"rollout failed: {self._error}") from self._error
                 batch = self.buffer.take_batch(groups, version)
                 if batch is not None:
-                    self.observed_staleness = max([self.observed_staleness,
-                                                   *(version - g.oldest_version for g in batch)])
+                    self.observed_staleness = max(self.observed_staleness,
+                                                  version_lag(version, (t for g in batch for t in g.trajectories)))
                     return batch
                 self._fill()  # dropped stale groups reopen slots
                 with contextlib.suppress(TimeoutError):  # wake up now and then to notice a starved pool

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,12 @@ class Trajectory:
         positions = len(self.prompt_ids) + len(self.output_ids) - 1
         if self.routes is not None and (self.routes.dim() != 3 or self.routes.shape[0] != positions):
             raise ValueError(f"routes must be [{positions} positions, layers, k]; got {tuple(self.routes.shape)}")
+
+
+def version_lag(version: int, trajectories: Iterable[Trajectory]) -> int:
+    """The largest version lag among ``trajectories`` trained at ``version``: max over them of
+    version − :attr:`Trajectory.oldest_version` (0 for none) — what the staleness bound η caps."""
+    return max((version - t.oldest_version for t in trajectories), default=0)
 
 
 @dataclass

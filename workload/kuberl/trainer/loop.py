@@ -32,7 +32,7 @@ from ..policy.backend import BackendInputs
 from ..policy.batch import collate
 from ..policy.critic import Critic, CriticConfig
 from ..policy.loss import BehaviourGapMonitor
-from ..rollout.types import Trajectory
+from ..rollout.types import Trajectory, version_lag
 from ..runconfig import RunConfig
 from ..settings import Settings
 from ..weights.sync import WeightSync, make_weight_sync, update_bytes
@@ -210,7 +210,7 @@ def count(tally: Tally, step: int, trajs: list[Trajectory], stats: dict[str, flo
     """Add one step's batch and training statistics to the tally."""
     tally.timeperf["wait_rollout"].append(wait_s)
     tally.dropped_groups += filtered
-    tally.token_staleness = max([tally.token_staleness, *(step - v for t in trajs for v in t.trained_versions)])
+    tally.token_staleness = max(tally.token_staleness, version_lag(step, trajs))
     if stats is not None:
         tally.gaps.observe(step, stats)
         tally.timeperf["train_step"].append(stats["timeperf/train_step"])
