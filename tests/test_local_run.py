@@ -33,13 +33,20 @@ NO_EVAL = "evaluation=null"  # the evaluation (1,024 samples at the start and th
 
 
 @pytest.mark.slow
-def test_zero_staleness_is_synchronous(tmp_path):
-    summary = run_local(EXAMPLE, ["rollout.maxStaleness=0", "model.sftWarmup.steps=0", NO_EVAL], 12, None,
-                        workdir=tmp_path, quiet=True)
+def test_zero_staleness_is_synchronous_and_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
+    """One run for two checks: η = 0 trains every token with the version that wrote it, and
+    ``weightSync.mode: disk`` sends each version through the work dir's shared directory."""
+    work = tmp_path / "run"
+    summary = run_local(EXAMPLE, ["rollout.maxStaleness=0", "weightSync.mode=disk", "model.sftWarmup.steps=0",
+                                  NO_EVAL], 12, None, workdir=work, quiet=True)
     assert summary["max_token_staleness_trained"] == 0  # every token written by the version trained on
     assert summary["stale_groups_dropped"] == 0
     # the rollout thread's own CPU per step: some (it generated every batch), far from the whole step
     assert 0 < summary["timeperf/rollout_cpu_mean"] < 0.5 * summary["timeperf/step_mean"]
+    assert summary["final_version"] == 12
+    files = sorted(p.name for p in (work / "weights").iterdir())
+    assert files == ["weights-v00000011.safetensors", "weights-v00000012.safetensors"]  # the two newest
+    assert "loaded weights version 12" in (work / "inference-0.log").read_text()
 
 
 def test_the_rollout_process_runs_beside_the_replicas_when_every_process_has_a_core():
@@ -289,17 +296,6 @@ def test_a_relayed_exchange_loses_one_version_to_a_hung_replica_then_relays_agai
     assert caught_between or "its peers were" in text
     for r in range(3):
         assert f"received weights version {steps} over p2p" in (work / f"inference-{r}.log").read_text()
-
-
-@pytest.mark.slow
-def test_disk_weight_exchange_goes_through_the_shared_directory(tmp_path):
-    work = tmp_path / "run"
-    summary = run_local(EXAMPLE, ["weightSync.mode=disk", "model.sftWarmup.steps=5", NO_EVAL], 8, None, quiet=True,
-                        workdir=work)  # fmt: skip
-    assert summary["final_version"] == 8
-    files = sorted(p.name for p in (work / "weights").iterdir())
-    assert files == ["weights-v00000007.safetensors", "weights-v00000008.safetensors"]  # the two newest
-    assert "loaded weights version 8" in (work / "inference-0.log").read_text()
 
 
 @pytest.mark.slow
