@@ -68,16 +68,17 @@ async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answe
     from kuberl.rewards.pool import InlineScorer
     from kuberl.rollout.client import InferenceClient
     from kuberl.rollout.evaluation import evaluate
+    from kuberl.rollout.workflow import WorkflowContext
 
     model, tok = tool_warmed_model
     engine = TorchEngine(model.eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     server = TestServer(build_app(engine, tok, "test-token-0123456789"))
     await server.start_server()
     codec = TextCodec(tok)
-    workflow = ToolWorkflow(encode_prompt=codec.encode_prompt, prompt_text=codec.prompt_text,
-                            encode_text=codec.encode_text, decode=codec.decode, eos_id=codec.eos_id,
-                            reward=InlineScorer(exact_match),
-                            tools=["calculator"], group_size=8, max_new_tokens=24, max_turns=3, temperature=0.5)
+    workflow = ToolWorkflow(WorkflowContext(
+        encode_prompt=codec.encode_prompt, prompt_text=codec.prompt_text, encode_text=codec.encode_text,
+        decode=codec.decode, eos_id=codec.eos_id, reward=InlineScorer(exact_match), tools=("calculator",),
+        group_size=8, max_new_tokens=24, max_turns=3, temperature=0.5, top_p=1.0))
     try:
         async with InferenceClient([str(server.make_url("/"))], "test-token-0123456789") as client:
             group = await workflow.run_episode(client, Example("37*12=", "444"), group_id=0)

@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.datasets import Example
-from ..data.example import Prompt
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
 from ..models import moe_routing
-from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient
 from ..rollout.types import Group, Trajectory
-from ..rollout.workflow import score
+from ..rollout.workflow import WorkflowContext, score
 from .tools import ToolCall, first_call_end, parse_tool_calls, run_tool
 
 TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" → "=444="
@@ -102,56 +100,49 @@ class Episode:
 
 @dataclass
 class ToolWorkflow:
-    encode_prompt: Callable[[Prompt], list[int]]
-    prompt_text: Callable[[Prompt], str]
-    encode_text: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    eos_id: int
-    reward: Scorer
-    tools: Collection[str]
-    group_size: int
-    max_new_tokens: int
-    max_turns: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
+    """Multi-turn episodes with ``context.tools`` (at most ``context.max_turns`` model turns): built from a
+    :class:`~kuberl.rollout.workflow.WorkflowContext`, as a user's workflow is."""
+
+    context: WorkflowContext
 
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
-        prompt = self.encode_prompt(example.prompt)
-        episodes = await asyncio.gather(*(self._episode(client, prompt) for _ in range(self.group_size)))
-        text = self.prompt_text(example.prompt)
+        prompt = self.context.encode_prompt(example.prompt)
+        episodes = await asyncio.gather(*(self._episode(client, prompt) for _ in range(self.context.group_size)))
+        text = self.context.prompt_text(example.prompt)
         return Group(list(await asyncio.gather(*(self._trajectory(prompt, text, ep, final, example, group_id)
                                                  for ep, final in episodes))))
 
     async def _episode(self, client: InferenceClient, prompt: list[int]) -> tuple[Episode, Generation]:
         """(the episode, the generation of its last turn: finish "stop" = a final answer)."""
         episode, unfinished = Episode(), Generation(finish_reason=FINISH_LENGTH)
-        for turn in range(self.max_turns):
-            budget = self.max_new_tokens - len(episode.output_ids)
+        c = self.context
+        for turn in range(c.max_turns):
+            budget = c.max_new_tokens - len(episode.output_ids)
             if budget <= 0:
                 return episode, unfinished
-            (gen,) = await client.generate(prompt + episode.output_ids, 1, budget, self.temperature, self.top_p)
-            ids, _ = cut_turn(gen.output_ids, self.decode)
+            (gen,) = await client.generate(prompt + episode.output_ids, 1, budget, c.temperature, c.top_p)
+            ids, _ = cut_turn(gen.output_ids, self.context.decode)
             episode.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], gen.routes)
-            calls = parse_tool_calls(self.decode(ids))[:1]
+            calls = parse_tool_calls(self.context.decode(ids))[:1]
             if not calls:
                 return episode, gen  # a final answer (or the budget ran out)
             episode.tool_calls += 1
-            if turn < self.max_turns - 1:  # a tool may take seconds (the python sandbox): off the event loop
+            if turn < self.context.max_turns - 1:  # a tool may take seconds (the python sandbox): off the event loop
                 answer = await asyncio.to_thread(self._answer, calls[0])
-                episode.context(self.encode_text(TOOL_MESSAGE.format(answer)))
+                episode.context(self.context.encode_text(TOOL_MESSAGE.format(answer)))
         return episode, unfinished  # out of turns while still calling tools
 
     def _answer(self, call: ToolCall) -> str:
-        if call.name not in self.tools and call.error is None:
-            return f"error: tool {call.name[:40]!r} is not enabled; tools: {', '.join(self.tools)}"
+        if call.name not in self.context.tools and call.error is None:
+            return f"error: tool {call.name[:40]!r} is not enabled; tools: {', '.join(self.context.tools)}"
         return run_tool(call)[:MAX_TOOL_MESSAGE_CHARS]
 
     async def _trajectory(self, prompt: list[int], text: str, ep: Episode, final: Generation, example: Example,
                           group_id: int) -> Trajectory:
         """The episode as a trajectory, rewarded on its last turn's text if it finished with an answer."""
         finished = final.finish_reason == FINISH_STOP and ep.mask[-1:] == [1]
-        reward = await score(text, self._final_turn(ep) if finished else None, example, self.decode, self.eos_id,
-                             self.reward)
+        c = self.context
+        reward = await score(text, self._final_turn(ep) if finished else None, example, c.decode, c.eos_id, c.reward)
         return Trajectory(prompt, ep.output_ids, ep.logprobs, ep.versions, reward, group_id,
                           final.finish_reason or FINISH_LENGTH, info={"tool_calls": str(ep.tool_calls)},
                           loss_mask=ep.mask, routes=ep.routes_of(prompt))

@@ -39,19 +39,18 @@ def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *,
             log.warning("python tool: this kernel offers no Landlock, so tool code can read what the trainer's "
                         "user can (its /proc environ holds the API token); it still has no network, processes, "
                         "signals or writes")
-    common: dict[str, Any] = {
-        "prompt_text": codec.prompt_text, "decode": codec.decode, "eos_id": codec.eos_id,
-        "reward": reward, "group_size": group_size, "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "top_p": rollout.top_p,
-    }
+    context = WorkflowContext(
+        encode_prompt=codec.encode_prompt, prompt_text=codec.prompt_text, encode_text=codec.encode_text,
+        decode=codec.decode, eos_id=codec.eos_id, reward=reward, group_size=group_size,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=rollout.top_p, tools=tuple(rollout.tools),
+        max_turns=rollout.max_turns)
     if rollout.workflow is not None:
-        return user_workflow(rollout.workflow, WorkflowContext(
-            encode_prompt=codec.encode_prompt, encode_text=codec.encode_text, tools=tuple(rollout.tools),
-            max_turns=rollout.max_turns, **common))
-    if not rollout.tools:
-        return RLVRWorkflow(encode=codec.encode_prompt, **common)
-    return ToolWorkflow(encode_prompt=codec.encode_prompt, encode_text=codec.encode_text,
-                        tools=rollout.tools, max_turns=rollout.max_turns, **common)
+        return user_workflow(rollout.workflow, context)
+    if rollout.tools:
+        return ToolWorkflow(context)
+    return RLVRWorkflow(encode=codec.encode_prompt, prompt_text=codec.prompt_text, decode=codec.decode,
+                        eos_id=codec.eos_id, reward=reward, group_size=group_size, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=rollout.top_p)
 
 
 def user_workflow(path: str, context: WorkflowContext) -> RolloutWorkflow:
