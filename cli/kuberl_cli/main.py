@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint to spec.checkpoint.uri (e.g. s3:// on MinIO) instead of the work dir")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("scale", help="resize the inference pool of a running kuberl run (on a cluster: kubectl "
-                       "scale rlpool)")
+                       "scale rlx NAME --replicas N)")
     p.add_argument("workdir", metavar="WORKDIR", help="the run's work dir (kuberl run prints it)")
     p.add_argument("--replicas", type=int, required=True)
     p.set_defaults(func=cmd_scale)
