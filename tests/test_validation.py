@@ -22,6 +22,13 @@ def write(tmp_path: Path, *docs, name: str = "x.yaml") -> Path:
     return path
 
 
+def kept(doc: dict) -> dict:
+    """``doc`` with a place for its trained model (spec.checkpoint.uri), as a cluster run needs: without
+    one, validate warns (test_a_cluster_run_with_nowhere_to_keep_its_model_is_warned)."""
+    doc["spec"].setdefault("checkpoint", {}).setdefault("uri", "s3://ckpt/demo/")
+    return doc
+
+
 def with_spec(**changes):
     doc = copy.deepcopy(MINIMAL)
     for dotted, value in changes.items():
@@ -84,7 +91,7 @@ def test_examples_are_valid(capsys):
     ],
 )
 def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
-    path = write(tmp_path, with_spec(**changes))
+    path = write(tmp_path, kept(with_spec(**changes)))
     assert main(["validate", str(path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -345,8 +352,8 @@ def test_what_the_models_architecture_refuses_is_refused_before_any_pod_starts(t
     from .hf_model import write_hf_model
 
     dense = write_hf_model(tmp_path / "dense")  # a tiny Qwen2: 2 layers, no experts
-    doc = with_spec(**{key: yaml.safe_load(yaml.safe_dump(value).replace("{dense}", str(dense)))
-                       for key, value in changes.items()})
+    doc = kept(with_spec(**{key: yaml.safe_load(yaml.safe_dump(value).replace("{dense}", str(dense)))
+                            for key, value in changes.items()}))
     if doc["spec"]["model"]["path"].startswith("file://"):  # a local run's path (a cluster's: on a volume)
         assert validate_document(doc, cluster=False)[1] == []  # the manifest alone is fine
         errors, warnings = preflight(RLExperiment.model_validate(doc).spec)  # what validate adds on this machine
@@ -366,9 +373,18 @@ def test_a_model_that_fits_passes_and_one_whose_config_is_elsewhere_is_left_to_t
     elsewhere = with_spec(model={"path": "file:///data/models/qwen3-8b"}, algorithm={"routingReplay": True},
                           inference={"engine": "torch"},
                           storage={"volumes": [{"claimName": "models", "mountPath": "/data/models"}]})
-    path = write(tmp_path, moe, elsewhere)
+    path = write(tmp_path, kept(moe), kept(elsewhere))
     assert main(["validate", str(path)]) == 0
     assert capsys.readouterr().err == ""  # a pod's volume path: read where the run starts, not warned about
+
+
+def test_a_cluster_run_with_nowhere_to_keep_its_model_is_warned(tmp_path, capsys):
+    """Issue 67: without spec.checkpoint.uri a cluster run writes no checkpoint and no export."""
+    assert main(["validate", str(write(tmp_path, with_spec()))]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "spec.checkpoint.uri: is unset: on a cluster this run writes no checkpoint" in err
+    assert main(["validate", str(write(tmp_path, with_spec(checkpoint={"uri": "s3://ckpt/run/"})))]) == 0
+    assert "spec.checkpoint.uri" not in capsys.readouterr().err
 
 
 def test_an_unquoted_on_that_yaml_made_a_boolean_is_explained(tmp_path, capsys):
