@@ -2,7 +2,9 @@
 
 Per seed, and over all seeds: first-10 and last-10 training reward (mean over steps), peak and
 final held-out evaluation reward, the policy's token entropy at the start and the end, RL wall
-seconds. A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
+seconds, and the worst drawdowns after the learning-rate warm-up (``worst_drawdown_train10``: the largest
+fall of the 10-step training-reward mean below its running best; ``worst_drawdown_eval``: of the held-out
+reward below its best evaluation so far). A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
 
     python benchmarks/example_seeds.py [--example examples/cpu-tiny.yaml] [--seeds 0 1 2 3 4] [--set KEY=VALUE]...
                                        [--max-steps N] [--keep DIR]
@@ -25,9 +27,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kuberl.local import load_experiment
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"
 STABLE_MARGIN = 0.05  # eval_final ≥ eval_peak − this: the run ends where it peaked
+DRAWDOWN_WINDOW = 10  # steps per training-reward mean in worst_drawdown_train10
 
 
 def log(msg: str) -> None:
@@ -47,13 +52,29 @@ def run_seed(seed: int, settings: list[str], max_steps: int | None, workdir: Pat
     done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise SystemExit(f"seed {seed}: kuberl run exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return seed_numbers(seed, json.loads(summary_path.read_text()))
+    warmup = load_experiment(example, settings).spec.algorithm.warmup_steps
+    return seed_numbers(seed, json.loads(summary_path.read_text()), warmup)
 
 
-def seed_numbers(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """The per-seed record: rewards, evaluation peak/final, entropy start/end, RL wall seconds."""
+def worst_drawdown(values: list[float]) -> float:
+    """The largest fall of ``values`` below their running best: max over i of max(values[:i + 1]) − values[i]
+    (0 when they never fall)."""
+    best, worst = float("-inf"), 0.0
+    for value in values:
+        best = max(best, value)
+        worst = max(worst, best - value)
+    return worst
+
+
+def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[str, Any]:
+    """The per-seed record: rewards, evaluation peak/final, entropy start/end, RL wall seconds, and the worst
+    drawdowns after the learning-rate warm-up (``warmup`` steps): of the training reward's 10-step mean
+    (windows starting at step ``warmup`` or later) and of the held-out reward (evaluations after step
+    ``warmup``) — a run that collapses mid-way and recovers ends well but shows here."""
     evals = [e["reward"] for e in summary.get("eval") or []]
     entropies = summary.get("entropies") or []
+    rewards = summary.get("rewards") or []
+    late_evals = [e["reward"] for e in summary.get("eval") or [] if e["step"] > warmup]
     return {
         "seed": seed,
         "reward_first10_mean": _round(summary["reward_first10_mean"]),
@@ -67,6 +88,8 @@ def seed_numbers(seed: int, summary: dict[str, Any]) -> dict[str, Any]:
         "entropy_min": _round(min(entropies, default=None)),
         "rl_seconds": _round(summary["wall_seconds"], 1),
         "weight_update_fraction": summary.get("weight_update_fraction"),
+        "worst_drawdown_train10": _round(worst_drawdown(_windows(rewards[warmup:], DRAWDOWN_WINDOW))),
+        "worst_drawdown_eval": _round(worst_drawdown(late_evals)),
     }
 
 
@@ -94,6 +117,8 @@ def overall(seeds: list[dict[str, Any]]) -> dict[str, Any]:
         "ends_where_it_peaks": all(s["eval_final"] is None or s["eval_final"] >= s["eval_peak"] - STABLE_MARGIN
                                    for s in seeds),
         "rl_seconds_mean": _round(statistics.fmean(numbers("rl_seconds")), 1),
+        "worst_drawdown_train10": _round(max(numbers("worst_drawdown_train10"), default=0.0)),
+        "worst_drawdown_eval": _round(max(numbers("worst_drawdown_eval"), default=0.0)),
     }
 
 
@@ -117,7 +142,8 @@ def main() -> None:
                 result = run_seed(seed, args.settings, args.max_steps, Path(tmp), args.example)
         log(f"seed {seed}: reward first10 {result['reward_first10_mean']} last10 {result['reward_last10_mean']} "
             f"(peak10 {result['reward_peak10_mean']}), eval peak {result['eval_peak']} final {result['eval_final']}, "
-            f"entropy {result['entropy_first10_mean']} → {result['entropy_last10_mean']}, RL {result['rl_seconds']} s")
+            f"entropy {result['entropy_first10_mean']} → {result['entropy_last10_mean']}, drawdown train10 "
+            f"{result['worst_drawdown_train10']} eval {result['worst_drawdown_eval']}, RL {result['rl_seconds']} s")
         results.append(result)
     summary = overall(results)
     log(f"all: reward last10 mean {summary['reward_last10_mean']} (min {summary['reward_last10_min']}), "
