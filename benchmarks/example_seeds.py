@@ -80,6 +80,7 @@ def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[st
         "reward_first10_mean": _round(summary["reward_first10_mean"]),
         "reward_last10_mean": _round(summary["reward_last10_mean"]),
         "reward_peak10_mean": _round(max(_windows(summary.get("rewards") or [], 10), default=None)),
+        "eval_steps": [e["step"] for e in summary.get("eval") or []],  # the evaluations that ran (due ones may not)
         "eval_first": _round(evals[0] if evals else None),
         "eval_peak": _round(max(evals, default=None)),
         "eval_final": _round(evals[-1] if evals else None),
