@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from kuberl.api import InferencePool, RLExperiment, TrainerJob
+from kuberl.api.agent import AgentSpec
 from kuberl.api.contract import GATEWAY_PORT, LABEL_EXPERIMENT, MASTER_PORT, PROGRESS_PORT
-from kuberl.api.spec import AgentSpec
 from kuberl_cli.main import main
 from kuberl_operator.builders.agent import agent_resources
 from kuberl_operator.builders.experiment import InvalidSpec, build_experiment_children

@@ -8,6 +8,7 @@ non-root, without privilege escalation or a service-account token, with a writab
 
 from __future__ import annotations
 
+from kuberl.api.agent import AgentSpec
 from kuberl.api.contract import (
     ANNOTATION_TOKEN_VERSION,
     API_TOKEN_KEY,
@@ -23,7 +24,6 @@ from kuberl.api.contract import (
     gateway_service_name,
     trainer_rank0_selector,
 )
-from kuberl.api.spec import AgentSpec
 
 from .common import RUN_AS_USER, Manifest, child_metadata, secret_env, with_defaults
 

@@ -24,7 +24,8 @@ from kuberl.api.contract import (
     PODINFO_MOUNT,
     api_token_secret_name,
 )
-from kuberl.api.spec import PodPlacement, ResourceRequirements, SchedulingSpec, StorageSpec
+from kuberl.api.pods import ResourceRequirements
+from kuberl.api.spec import PodPlacement, SchedulingSpec, StorageSpec
 from kuberl.api.tracking import LoggingSpec
 
 from ..accelerators import AcceleratorProfile

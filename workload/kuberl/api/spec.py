@@ -11,12 +11,14 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from .agent import AgentSpec
 from .algorithm import AlgorithmSpec
-from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel, shown
+from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel
 from .contract import TrainerRuntime
 from .lora import LoraSpec
+from .pods import ABSOLUTE_PATH, ImageRef, LabelKey, LabelValue, ResourceRequirements, Toleration
 from .rewards import IMPORT_PATH_PATTERN
 from .sources import HUB_REVISION_PATTERN, ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
 from .tracking import LoggingSpec
@@ -57,26 +59,6 @@ class ModelDtype(StrEnum):
     FLOAT32 = "float32"
 
 
-ABSOLUTE_PATH = r"^/[A-Za-z0-9._/-]*$"
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|m)?$")
-
-
-def _quantity(value: object) -> str:
-    """A Kubernetes quantity such as 2, "500m" or "16Gi", kept as a string."""
-    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not _QUANTITY.match(text):
-        raise ValueError(f"{shown(value)} is not a Kubernetes quantity (e.g. 2, 500m, 16Gi)")
-    return text
-
-
-Quantity = Annotated[
-    str, BeforeValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
-]
-# Free text that reaches pod specs: bounded like the Kubernetes fields it fills.
-LabelKey = Annotated[str, Field(min_length=1, max_length=317)]  # prefix (253) + "/" + name (63)
-LabelValue = Annotated[str, Field(max_length=63)]
-ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
-ImageRef = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
 # Upper bounds: one object must not make the operator build an unbounded number of pods in memory.
 MAX_PODS = 1024
 MAX_DEVICES_PER_NODE = 64
@@ -184,19 +166,6 @@ class RolloutSpec(ApiModel):
                     "WorkflowContext) returns an object with async run_episode(client, example, group_id) -> "
                     "Group | None, used for training and evaluation; default: KubeRL's (single-turn, or "
                     "multi-turn with spec.rollout.tools)")
-
-
-class ResourceRequirements(ApiModel):
-    requests: dict[ResourceName, Quantity] | None = Field(None, max_length=16)
-    limits: dict[ResourceName, Quantity] | None = Field(None, max_length=16)
-
-
-class Toleration(ApiModel):
-    key: LabelKey | None = None
-    operator: Annotated[str, Field(pattern="^(Exists|Equal)$")] | None = None
-    value: LabelValue | None = None
-    effect: Annotated[str, Field(pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = None
-    toleration_seconds: int | None = Field(None, ge=0, le=10**9)
 
 
 class PodPlacement(ApiModel):
@@ -434,50 +403,6 @@ def trainjob_problems(scheduling: SchedulingSpec, backoff_limit: int | None,
                          "failurePolicy.maxRestarts; the chart's trainJobRuntime.maxRestarts): leave it unset with "
                          "trainer.runtime trainjob"))
     return problems
-
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-RESERVED_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY")  # set by KubeRL: the gateway and the experiment's token
-
-
-class EnvSource(ApiModel):
-    secret_key_ref: SecretKeyRef
-
-
-class EnvVar(ApiModel):
-    """An environment variable of the agent: a value, or a key of a Secret (never written here)."""
-
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": cel(("has(self.value) != has(self.valueFrom)", "give exactly one of value and valueFrom"))
-    }
-    name: str = Field(pattern=ENV_NAME, max_length=128)
-    value: str | None = Field(None, max_length=4096)
-    value_from: EnvSource | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EnvVar:
-        if (self.value is None) == (self.value_from is None):
-            raise ValueError(f"env {self.name}: give exactly one of value and valueFrom")
-        if self.name in RESERVED_ENV or self.name.startswith("KUBERL_"):
-            raise ValueError(f"env {self.name}: set by KubeRL ({', '.join(RESERVED_ENV)}, KUBERL_*)")
-        return self
-
-
-class AgentSpec(ApiModel):
-    """The user's agent (``kuberl.gateway``): it talks to the policy through the experiment's
-    OpenAI-compatible gateway (``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` are set for it) and ends each
-    episode with a reward; its sessions are what the trainer trains on."""
-
-    image: ImageRef | None = Field(None, description="default: the trainer's image")
-    command: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=64)
-    working_dir: str | None = Field(None, pattern=ABSOLUTE_PATH, max_length=256,
-                                    description="the container's working directory (kuberl run: the manifest's "
-                                                "directory)")
-    replicas: int = Field(1, ge=1, le=256)
-    env: list[EnvVar] = Field(default_factory=list, max_length=64)
-    resources: ResourceRequirements | None = None
-    session_timeout_seconds: int = Field(600, ge=10, le=86400,
-                                         description="an episode idle this long ends untrained")
 
 
 def _replicas_cel(obj: str) -> str:
