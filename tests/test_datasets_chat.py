@@ -24,7 +24,7 @@ from kuberl.models.text import TextCodec
 from kuberl.models.tiny import tiny_qwen2
 from kuberl.rewards.pool import InlineScorer
 from kuberl.rollout.client import InferenceClient
-from kuberl.rollout.workflow import RLVRWorkflow
+from kuberl.rollout.workflow import RLVRWorkflow, WorkflowContext
 from kuberl.settings import DEFAULTS, Settings
 
 from .hf_model import write_hf_model
@@ -174,8 +174,10 @@ async def test_the_policy_is_sampled_and_rewarded_on_the_templates_token_ids(cha
     engine = TorchEngine(tiny_qwen2(len(tok), seed=1).eval(), tok.eos_token_id, tok.pad_token_id, seed=0)
     server = TestServer(build_app(engine, tok, TOKEN))
     await server.start_server()
-    workflow = RLVRWorkflow(encode=codec.encode_prompt, prompt_text=codec.prompt_text, decode=codec.decode,
-                            eos_id=codec.eos_id, reward=InlineScorer(reward), group_size=2, max_new_tokens=4)
+    workflow = RLVRWorkflow(WorkflowContext(
+        encode_prompt=codec.encode_prompt, prompt_text=codec.prompt_text, encode_text=codec.encode_text,
+        decode=codec.decode, eos_id=codec.eos_id, reward=InlineScorer(reward), group_size=2, max_new_tokens=4,
+        temperature=1.0, top_p=1.0))
     from kuberl.data.example import Example
 
     example = Example(({"role": "user", "content": "3+4="},), "7", row={"extra_info": {"index": 7}})

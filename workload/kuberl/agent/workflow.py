@@ -121,15 +121,15 @@ class ToolWorkflow:
             if budget <= 0:
                 return episode, unfinished
             (gen,) = await client.generate(prompt + episode.output_ids, 1, budget, c.temperature, c.top_p)
-            ids, _ = cut_turn(gen.output_ids, self.context.decode)
+            ids, _ = cut_turn(gen.output_ids, c.decode)
             episode.policy(ids, gen.logprobs[:len(ids)], gen.versions[:len(ids)], gen.routes)
-            calls = parse_tool_calls(self.context.decode(ids))[:1]
+            calls = parse_tool_calls(c.decode(ids))[:1]
             if not calls:
                 return episode, gen  # a final answer (or the budget ran out)
             episode.tool_calls += 1
-            if turn < self.context.max_turns - 1:  # a tool may take seconds (the python sandbox): off the event loop
+            if turn < c.max_turns - 1:  # a tool may take seconds (the python sandbox): off the event loop
                 answer = await asyncio.to_thread(self._answer, calls[0])
-                episode.context(self.context.encode_text(TOOL_MESSAGE.format(answer)))
+                episode.context(c.encode_text(TOOL_MESSAGE.format(answer)))
         return episode, unfinished  # out of turns while still calling tools
 
     def _answer(self, call: ToolCall) -> str:

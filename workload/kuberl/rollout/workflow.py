@@ -72,25 +72,19 @@ class WorkflowContext:
 @dataclass
 class RLVRWorkflow:
     """G samples of one prompt, each scored by ``reward(prompt, completion, answer, **row)``; the G
-    rewards are computed concurrently, off the event loop (``kuberl.rewards.pool``)."""
+    rewards are computed concurrently, off the event loop (``kuberl.rewards.pool``). Built from a
+    :class:`WorkflowContext`, as a user's workflow is."""
 
-    encode: Callable[[Prompt], list[int]]
-    prompt_text: Callable[[Prompt], str]
-    decode: Callable[[list[int]], str]
-    eos_id: int
-    reward: Scorer
-    group_size: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    context: WorkflowContext
 
     async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
-        ids, text = self.encode(example.prompt), self.prompt_text(example.prompt)
-        outs = await client.generate(ids, self.group_size, self.max_new_tokens, self.temperature, self.top_p)
-        scores = (score(text, out.output_ids if out.finish_reason == FINISH_STOP else None, example, self.decode,
-                        self.eos_id, self.reward) for out in outs)
+        c = self.context
+        ids, text = c.encode_prompt(example.prompt), c.prompt_text(example.prompt)
+        outs = await client.generate(ids, c.group_size, c.max_new_tokens, c.temperature, c.top_p)
+        scores = (score(text, out.output_ids if out.finish_reason == FINISH_STOP else None, example, c.decode,
+                        c.eos_id, c.reward) for out in outs)
         # one task per sample only where the scores run side by side (reward workers)
-        rewards = await asyncio.gather(*scores) if self.reward.concurrent else [await s for s in scores]
+        rewards = await asyncio.gather(*scores) if c.reward.concurrent else [await s for s in scores]
         return Group([Trajectory(ids, out.output_ids, out.logprobs, out.versions, reward, group_id,
                                  out.finish_reason or FINISH_STOP, routes=out.routes)
                       for out, reward in zip(outs, rewards, strict=True)])

@@ -48,9 +48,7 @@ def make_workflow(spec: RLExperimentSpec, tokenizer: PreTrainedTokenizerBase, *,
         return user_workflow(rollout.workflow, context)
     if rollout.tools:
         return ToolWorkflow(context)
-    return RLVRWorkflow(encode=codec.encode_prompt, prompt_text=codec.prompt_text, decode=codec.decode,
-                        eos_id=codec.eos_id, reward=reward, group_size=group_size, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=rollout.top_p)
+    return RLVRWorkflow(context)
 
 
 def user_workflow(path: str, context: WorkflowContext) -> RolloutWorkflow:
