@@ -13,15 +13,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from .staleness import StalenessManager
-
-
-class Versioned(Protocol):
-    @property
-    def oldest_version(self) -> int: ...
-
+from .types import Versioned
 
 T = TypeVar("T", bound=Versioned)
 

@@ -266,8 +266,7 @@ class RolloutController:
                     raise RuntimeError(f"rollout failed: {self._error}") from self._error
                 batch = self.buffer.take_batch(groups, version)
                 if batch is not None:
-                    self.observed_staleness = max(self.observed_staleness,
-                                                  version_lag(version, (t for g in batch for t in g.trajectories)))
+                    self.observed_staleness = max(self.observed_staleness, version_lag(version, batch))
                     return batch
                 self._fill()  # dropped stale groups reopen slots
                 with contextlib.suppress(TimeoutError):  # wake up now and then to notice a starved pool

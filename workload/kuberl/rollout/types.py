@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -60,10 +61,17 @@ class Trajectory:
             raise ValueError(f"routes must be [{positions} positions, layers, k]; got {tuple(self.routes.shape)}")
 
 
-def version_lag(version: int, trajectories: Iterable[Trajectory]) -> int:
-    """The largest version lag among ``trajectories`` trained at ``version``: max over them of
-    version − :attr:`Trajectory.oldest_version` (0 for none) — what the staleness bound η caps."""
-    return max((version - t.oldest_version for t in trajectories), default=0)
+class Versioned(Protocol):
+    """A trajectory, or a group of them: the version of the oldest policy that wrote a trained token."""
+
+    @property
+    def oldest_version(self) -> int: ...
+
+
+def version_lag(version: int, items: Iterable[Versioned]) -> int:
+    """The largest version lag among ``items`` (trajectories or groups) trained at ``version``: max over
+    them of version − ``oldest_version`` (0 for none) — what the staleness bound η caps."""
+    return max((version - item.oldest_version for item in items), default=0)
 
 
 @dataclass
