@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -133,24 +132,3 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     assert any("checkpoints to file://" in line for line in lines)
     assert any(f"training curves in {work / 'tensorboard'}" in line for line in lines)
     assert any(f"as a Hugging Face model: file://{export}/" in line for line in lines)
-
-
-@pytest.mark.slow
-def test_local_mode_checkpoints_to_the_manifests_s3_uri_when_asked(tmp_path, aws_env):
-    """``kuberl run --spec-checkpoints``: checkpoints land at spec.checkpoint.uri (a real HTTP S3 here),
-    and the start-up line says so."""
-    import boto3
-
-    from kuberl.checkpoint import CheckpointManager, open_store
-
-    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
-    done = subprocess.run(
-        [sys.executable, "-m", "kuberl_cli", "run", str(ROOT / "examples/cpu-tiny.yaml"), "--max-steps", "10",
-         "--set", "checkpoint.uri=s3://local-run/tiny/", "--set", "checkpoint.everySteps=5", "--set", "evaluation=null",
-         "--spec-checkpoints",
-         "--workdir", str(tmp_path / "run")], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "checkpoints to s3://local-run/tiny/" in done.stderr
-    latest = CheckpointManager(open_store("s3://local-run/tiny/")).latest()
-    assert latest is not None and latest.step == 10
-    assert not (tmp_path / "run" / "checkpoints").exists()

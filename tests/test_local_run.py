@@ -134,14 +134,27 @@ def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(t
 
 
 @pytest.mark.slow
-def test_a_run_resumes_from_its_newest_checkpoint(tmp_path):
-    work = tmp_path / "run"
-    settings = ["checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5", NO_EVAL]
-    first = run_local(EXAMPLE, settings, 10, None, workdir=work, quiet=True)
-    assert first["resumed_from_step"] == 0
-    complete = sorted(p.parent.name for p in (work / "checkpoints").glob("step-*/MANIFEST.json"))
-    assert complete == ["step-00000004", "step-00000008"]  # keep 2
-    second = run_local(EXAMPLE, settings, 14, None, workdir=work, quiet=True)
+def test_a_run_checkpoints_to_the_manifests_s3_uri_keeps_two_and_resumes_from_the_newest(tmp_path, aws_env):
+    """``kuberl run --spec-checkpoints``: checkpoints land at spec.checkpoint.uri (a real HTTP S3 here, the
+    start-up line says so), only the newest ``keep`` stay, and a second run in the same work dir resumes
+    from the newest one there (steps 9..14 only)."""
+    import boto3
+
+    from kuberl.checkpoint import CheckpointManager, open_store
+
+    work, uri = tmp_path / "run", "s3://local-run/tiny/"
+    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
+    settings = [f"checkpoint.uri={uri}", "checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5",
+                NO_EVAL]
+    done = subprocess.run(
+        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "10", "--spec-checkpoints",
+         "--workdir", str(work), *(a for s in settings for a in ("--set", s))],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"checkpoints to {uri}" in done.stderr
+    assert [m.step for m in CheckpointManager(open_store(uri)).complete()] == [8, 4]  # keep 2, newest first
+    assert not (work / "checkpoints").exists()
+    second = run_local(EXAMPLE, settings, 14, None, workdir=work, quiet=True, spec_checkpoints=True)
     assert second["resumed_from_step"] == 8 and second["final_version"] == 14
     assert len(second["rewards"]) == 6  # steps 9..14 only
     assert "resumed from the checkpoint of step 8" in (work / "trainer-0.log").read_text()
