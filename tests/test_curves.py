@@ -82,7 +82,8 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     """The README's main job, shortened (120 steps, :mod:`.reference`) through the CLI in a pipe: its
     training-reward and evaluation curve lies inside the seeds' reference band (tests/reference/cpu_tiny.json:
     a change that moves the curve fails with a table of the points outside), per-token versions never exceed
-    η = 2 (and the run is asynchronous), held-out evaluations at 0/60/120, TensorBoard curves, plain
+    η = 2 (and the run is asynchronous), held-out evaluations at 0/60/120 each of one policy version and
+    recorded by the next step, TensorBoard curves, plain
     progress lines, no process left."""
     work = tmp_path / "run"
     done = subprocess.run(reference.command(work, tmp_path / "summary.json"),  # 1,024 samples per evaluation
@@ -90,7 +91,9 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     evals = summary["eval"]
-    assert [e["step"] for e in evals] == [0, 60, 120]
+    assert [e["step"] for e in evals] == [0, 60, 120] and summary["eval_skipped"] == []
+    assert [(e["version"], e["version_span"]) for e in evals] == [(0, 1), (60, 1), (120, 1)]  # one policy each
+    assert [e["reported_after_step"] for e in evals] == [1, 61, 120]  # the next step holds its update for it
     assert all(0 <= e["pass@16"] <= 1 and e["pass@16"] >= e["reward"] - 1e-9 for e in evals)
 
     events = EventAccumulator(str(work / "tensorboard"))

@@ -150,3 +150,18 @@ def test_a_take_ahead_called_off_before_it_had_a_batch_takes_nothing(rollout):
     assert state["trained"] + len(state["pending"]) == state["cursor"]
 
 
+
+
+@pytest.mark.parametrize("rollout", [2], indirect=True)
+def test_an_evaluation_due_at_a_version_starts_once_every_replica_serves_it_and_measures_that_version(rollout):
+    """The evaluation due after step 2 is started as the trainer starts pushing version 2: it waits for
+    the replicas to serve it, so no token of it comes from version 0 or 1."""
+    controller, serve = rollout
+    prompts = [Example(f"{i}+1=", str(i + 1)) for i in range(4)]
+    due = controller.start_evaluation(prompts, TwoSamples(char_tokenizer()), 2, step=2)
+    serve(1)
+    time.sleep(0.3)  # rollout goes on at version 1 meanwhile
+    assert not due.done()
+    serve(2)
+    result = due.result(60)
+    assert (result.step, result.version, result.version_span, result.prompts) == (2, 2, 1, 4)

@@ -78,7 +78,12 @@ class Progress(ApiModel):
                                                                     "(spec.model.initFrom)")
     last_export: str | None = Field(None, max_length=MAX_CHECKPOINT_URI,
                                     description="the newest Hugging Face export of the policy (spec.export)")
-    eval_step: Count | None = Field(None, description="training steps before the last held-out evaluation")
+    eval_step: Count | None = Field(None, description="training steps before the last held-out evaluation (the "
+                                                      "step it was due after)")
+    eval_version: Count | None = Field(None, description="the policy version the last held-out evaluation measured "
+                                                         "(the oldest of its tokens')")
+    eval_version_span: Count | None = Field(None, description="how many policy versions wrote the last held-out "
+                                                              "evaluation's tokens (1: one policy, as due)")
     eval_reward: Number | None = Field(None, description="mean reward of the last held-out evaluation")
     eval_pass_at_k: Number | None = Field(None, description="pass@k of the last held-out evaluation")
 

@@ -47,6 +47,7 @@ class RolloutController:
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._room = asyncio.Event()  # set (and replaced) by ``_fill``: ``room``'s callers wake up
+        self._served = asyncio.Event()  # set (and replaced) when the replicas serve a new version
         self._error: BaseException | None = None
         self.episodes = 0
         self.generated_tokens = 0
@@ -129,18 +130,12 @@ class RolloutController:
         holds the seconds spent."""
         return asyncio.run_coroutine_threadsafe(self._update_weights(payload, version), self.loop)
 
-    def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int, step: int,
-                         concurrency: int | None = None) -> Future[EvalResult]:
-        """Start a held-out evaluation on this loop, next to rollout: one group at a time, up to
-        ``concurrency`` while :meth:`ahead` (rollout yields the pool only when it has a batch to spare);
-        the future holds its result."""
-        return asyncio.run_coroutine_threadsafe(
-            evaluate(self.client, examples, workflow, k, step, concurrency=concurrency, widen=self.ahead), self.loop)
-
-    def ahead(self) -> bool:
-        """A whole batch is ready in the buffer beyond the one the trainer takes next (taken ahead):
-        rollout keeps up, and has pool capacity to spare."""
-        return len(self.buffer) >= self.manager.batch_size
+    def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int,
+                         step: int) -> Future[EvalResult]:
+        """Start the held-out evaluation due after ``step`` steps on this loop, next to rollout: once every
+        replica serves version ``step``, every prompt at once (the trainer holds its next weight update
+        until the future is done, so one policy writes it); the future holds its result."""
+        return asyncio.run_coroutine_threadsafe(self._evaluate(examples, workflow, k, step), self.loop)
 
     def replica_topologies(self) -> list[dict[str, str]]:
         return self.call(self.client.topologies())
@@ -293,6 +288,11 @@ class RolloutController:
             self.buffer.items.extendleft(reversed(batch or []))
             self._changed.notify_all()
 
+    async def _evaluate(self, examples: list[Example], workflow: RolloutWorkflow, k: int, step: int) -> EvalResult:
+        while self.manager.version < step and not self._stopping:
+            await self._served.wait()
+        return await evaluate(self.client, examples, workflow, k, step)
+
     async def _update_weights(self, payload: bytes | str, version: int) -> float:
         """Every replica swaps weights between its engine steps; requests in flight go on (their
         tokens carry the version that wrote them), so generation never stops for an update."""
@@ -308,13 +308,16 @@ class RolloutController:
         return time.perf_counter() - start
 
     def _serving(self, version: int) -> None:
-        """Every replica serves ``version``: admission may move on."""
+        """Every replica serves ``version``: admission may move on, an evaluation due at it may start."""
         self.manager.set_version(version)
+        served, self._served = self._served, asyncio.Event()
+        served.set()
         self._fill()
 
     async def _stop(self) -> None:
         self._stopping = True
         self._wake_room_waiters()
+        self._served.set()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -2,11 +2,13 @@
 own episode workflow (single-turn, or multi-turn with its tools), through the inference pool at the
 current version, scored by its reward, never trained on.
 
-It runs on the rollout loop next to training (``RolloutController.start_evaluation``), so training
-does not wait for it; if a weight update lands while it runs, its tokens carry two versions, and
-``version`` reports the oldest. Metrics: ``reward`` (mean over every sample), ``pass_at_k`` (share
-of prompts with at least one sample rewarded > 0: the unbiased pass@k estimator with n = k),
-``length`` (mean tokens the policy wrote per episode).
+It runs on the rollout loop next to rollout (``RolloutController.start_evaluation``): the one due after
+step N starts once every replica serves version N, with every prompt at once, and the trainer holds its
+next weight update until it is done (``kuberl.trainer.evaluations``), so every token it scores was
+written by the policy of version N: ``version`` and ``newest_version`` say so (the oldest and newest
+version of its tokens). Metrics: ``reward`` (mean over every sample), ``pass_at_k`` (share of prompts
+with at least one sample rewarded > 0: the unbiased pass@k estimator with n = k), ``length`` (mean
+tokens the policy wrote per episode).
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from .client import InferenceClient
 from .types import Group
 from .workflow import RolloutWorkflow
 
-WIDEN_POLL_SECONDS = 0.05  # how often a narrowed evaluation asks whether it may widen again
-
 
 @dataclass(frozen=True)
 class EvalResult:
-    step: int
-    version: int
+    step: int  # the training steps it was due after
+    version: int  # the oldest policy version of its tokens
+    newest_version: int
     reward: float
     pass_at_k: float
     k: int
@@ -35,10 +36,16 @@ class EvalResult:
     prompts: int
     seconds: float
 
+    @property
+    def version_span(self) -> int:
+        """How many policy versions wrote its tokens: newest − oldest + 1 (1: one policy, as due)."""
+        return self.newest_version - self.version + 1
+
     def metrics(self) -> dict[str, float]:
         """``eval/*`` as the logs, TensorBoard and Prometheus name them."""
         return {"eval/reward": self.reward, f"eval/pass@{self.k}": self.pass_at_k, "eval/length": self.length,
-                "eval/version": float(self.version), "eval/seconds": self.seconds}
+                "eval/version": float(self.version), "eval/version_span": float(self.version_span),
+                "eval/seconds": self.seconds}
 
 
 def summarize(step: int, rewards: list[list[float]], lengths: list[int], versions: list[int], k: int,
@@ -46,24 +53,20 @@ def summarize(step: int, rewards: list[list[float]], lengths: list[int], version
     """``rewards[i]``: the k rewards of prompt i."""
     flat = [r for per_prompt in rewards for r in per_prompt]
     return EvalResult(
-        step=step, version=min(versions, default=0), reward=sum(flat) / max(len(flat), 1),
+        step=step, version=min(versions, default=0), newest_version=max(versions, default=0),
+        reward=sum(flat) / max(len(flat), 1),
         pass_at_k=sum(any(r > 0 for r in per_prompt) for per_prompt in rewards) / max(len(rewards), 1), k=k,
         length=sum(lengths) / max(len(lengths), 1), prompts=len(rewards), seconds=round(seconds, 3),
     )
 
 
 async def evaluate(client: InferenceClient, examples: list[Example], workflow: RolloutWorkflow, k: int,
-                   step: int, progress: Callable[[int, int], None] | None = None,
-                   concurrency: int | None = None, widen: Callable[[], bool] | None = None) -> EvalResult:
+                   step: int, progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Every example as one group of k episodes of ``workflow`` (the run's own: single-turn or with
-    tools), scored by its reward; lengths count the tokens the policy wrote. ``progress(done, total)``
-    is called as each example's group finishes. ``concurrency``: at most that many groups at once (None:
-    all of them); with ``widen``, more than one only while ``widen()`` says so (checked every
-    :data:`WIDEN_POLL_SECONDS` and as groups finish) — during training, so that rollout keeps the pool
-    it needs: the evaluation always moves on, one group at a time, and takes more while the pool has
-    capacity to spare."""
+    tools), all at once, scored by its reward; lengths count the tokens the policy wrote (their
+    versions: ``Trajectory.trained_versions``). ``progress(done, total)`` is called as each example's group
+    finishes."""
     started, done = time.monotonic(), 0
-    limit = concurrency or len(examples) or 1
 
     async def one(index: int, example: Example) -> Group | None:
         nonlocal done
@@ -73,20 +76,13 @@ async def evaluate(client: InferenceClient, examples: list[Example], workflow: R
             progress(done, len(examples))
         return group
 
-    tasks: list[asyncio.Task[Group | None]] = []
-    running: set[asyncio.Task[Group | None]] = set()
+    tasks = [asyncio.create_task(one(index, example)) for index, example in enumerate(examples)]
     try:
-        for index, example in enumerate(examples):
-            while running and (len(running) >= limit or (widen is not None and not widen())):
-                _, running = await asyncio.wait(running, timeout=WIDEN_POLL_SECONDS,
-                                                return_when=asyncio.FIRST_COMPLETED)
-            tasks.append(asyncio.create_task(one(index, example)))
-            running.add(tasks[-1])
         groups = await asyncio.gather(*tasks)
     finally:  # cancelled, or a group failed: none is left running
         for task in tasks:
             task.cancel()
-    trajectories = [g.trajectories for g in groups if g is not None]
-    return summarize(step, [[t.reward for t in ts] for ts in trajectories],
-                     [t.trained_tokens for ts in trajectories for t in ts],
-                     [t.oldest_version for ts in trajectories for t in ts], k, time.monotonic() - started)
+    episodes = [t for g in groups if g is not None for t in g.trajectories]
+    per_prompt = [[t.reward for t in g.trajectories] for g in groups if g is not None]
+    versions = [v for t in episodes for v in (t.trained_versions or t.versions)]
+    return summarize(step, per_prompt, [t.trained_tokens for t in episodes], versions, k, time.monotonic() - started)

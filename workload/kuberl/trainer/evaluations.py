@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any
 
 from ..api.spec import EvaluationSpec, RLExperimentSpec
@@ -44,52 +44,77 @@ def evaluation_parts(spec: RLExperimentSpec, ev: EvaluationSpec, tokenizer: Any,
     return examples, workflow, reward
 
 
-def evaluation_concurrency(batch_size: int, samples_per_prompt: int) -> int:
-    """Groups an evaluation keeps in flight during training: max(1, ⌊B ÷ k⌋), one training batch's
-    samples. Rollout keeps up to η + 1 batches in flight, so an evaluation holds at most 1 ÷ (η + 2)
-    of the pool's work instead of flooding it (all its prompts at once stalled the trainer for the
-    whole evaluation: 0.25–0.33 s at each one in the main example, 9 of its 94 ms per step)."""
-    return max(1, batch_size // samples_per_prompt)
-
-
 class Evaluations:
-    def __init__(self, every: int, start: Callable[[int], Future[EvalResult]]):
+    """The schedule: the evaluation due after step N starts then (on the rollout loop, every prompt at
+    once, once the replicas serve version N) and the weight update of version N + 1 waits for it
+    (:meth:`hold`), so version N alone writes it and it is recorded after step N + 1. An evaluation
+    still running when the next is due (possible only past :attr:`hold_seconds`) makes that one be
+    skipped, said in the log and in :attr:`skipped`."""
+
+    def __init__(self, every: int, start: Callable[[int], Future[EvalResult]], hold_seconds: float):
         """Every ``every`` steps ``start(steps done)`` (the rollout's evaluation after that step, whose
-        future holds its result: :meth:`.rollout_side.RolloutSide.start_evaluation`)."""
-        self.every, self.start = every, start
+        future holds its result: :meth:`.rollout_side.RolloutSide.start_evaluation`); a weight update
+        waits at most ``hold_seconds`` for it."""
+        self.every, self.start, self.hold_seconds = every, start, hold_seconds
         self.history: list[EvalResult] = []
+        self.reported_after: dict[int, int] = {}  # the step an evaluation was due after → steps done when recorded
+        self.skipped: list[int] = []  # the steps whose evaluation was skipped
         self._reported = 0
-        self._pending: Future[EvalResult] | None = None
+        self._pending: tuple[int, Future[EvalResult]] | None = None  # (due after step, its result)
 
     def maybe_start(self, steps_done: int, last: bool = False) -> None:
-        """After ``steps_done`` steps: start one if it is due (or ``last``) and none is running."""
-        if (steps_done % self.every == 0 or last) and (self._pending is None or self._pending.done()):
-            self._collect()
-            self._pending = self.start(steps_done)
+        """After ``steps_done`` steps: start one if it is due (or ``last``); skip it, loudly, while one runs."""
+        if steps_done % self.every != 0 and not last:
+            return
+        if self._pending is not None and not self._pending[1].done():
+            log.warning("the evaluation due after step %d is skipped: the one due after step %d is still running",
+                        steps_done, self._pending[0])
+            self.skipped.append(steps_done)
+            return
+        self._collect(steps_done)
+        self._pending = steps_done, self.start(steps_done)
 
-    def finished(self) -> list[EvalResult]:
-        """Results that came in since the last call (never blocks)."""
-        if self._pending is not None and self._pending.done():
-            self._collect()
+    def hold(self, version: int) -> None:
+        """Before the weight update of ``version``: wait (at most :attr:`hold_seconds`) for the running
+        evaluation of an older version to finish, so that one policy writes it. Past that, the update
+        goes on — the evaluation's version span says what it measured — and the log says so."""
+        if self._pending is None or self._pending[0] >= version:
+            return
+        due, future = self._pending
+        if not wait([future], timeout=self.hold_seconds).not_done:
+            return
+        log.warning("the evaluation due after step %d has run %.0f s; weight version %d goes out anyway, so it will "
+                    "measure more than one version (its version span says how many)", due, self.hold_seconds, version)
+
+    def finished(self, steps_done: int) -> list[EvalResult]:
+        """Results that came in since the last call, recorded as of ``steps_done`` steps (never blocks)."""
+        if self._pending is not None and self._pending[1].done():
+            self._collect(steps_done)
         return self._new()
 
-    def wait(self, timeout: float) -> list[EvalResult]:
+    def wait(self, timeout: float, steps_done: int) -> list[EvalResult]:
         """At the end of the run: the running evaluation's result too."""
         if self._pending is not None:
-            self._pending.result(timeout)
-            self._collect()
+            self._pending[1].result(timeout)
+            self._collect(steps_done)
         return self._new()
 
     def _new(self) -> list[EvalResult]:
         new, self._reported = self.history[self._reported:], len(self.history)
         return new
 
-    def _collect(self) -> None:
+    def _collect(self, steps_done: int) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        result = pending.result()  # an evaluation that failed fails the run, loudly
+        result = pending[1].result()  # an evaluation that failed fails the run, loudly
         self.history.append(result)
-        log.info("eval after step %d (version %d): reward %.3f pass@%d %.3f length %.1f (%d prompts, %.1fs)",
-                 result.step, result.version, result.reward, result.k, result.pass_at_k, result.length,
+        self.reported_after[result.step] = steps_done
+        log.info("eval after step %d (version %s): reward %.3f pass@%d %.3f length %.1f (%d prompts, %.1fs)",
+                 result.step, version_range(result), result.reward, result.k, result.pass_at_k, result.length,
                  result.prompts, result.seconds)
+
+
+def version_range(result: EvalResult) -> str:
+    """``7``, or ``7–8`` when two versions wrote its tokens."""
+    return str(result.version) if result.version_span == 1 else f"{result.version}–{result.newest_version}"

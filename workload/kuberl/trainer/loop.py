@@ -194,12 +194,13 @@ def train_step(s: Session, step: int, trajs: list[Trajectory], advs: list[float]
 
 
 def push_weights(s: Session, step: int, tally: Tally) -> float:
-    """Wait for the previous exchange (it overlapped this step), then start pushing version step + 1;
-    returns the previous exchange's seconds."""
+    """Wait for the previous exchange (it overlapped this step) and for a running evaluation (it measures
+    one version), then start pushing version step + 1; returns the previous exchange's seconds."""
     push_start = time.perf_counter()
     previous = s.sync.wait()
     if step > s.first_step:  # the first push of this process was waited for in set_up
         tally.timeperf["weight_sync"].append(previous)
+    s.services.before_push(step + 1)  # an evaluation of an older version finishes first
     s.sync.push(s.actor.weight_source(), step + 1)
     tally.timeperf["weight_push"].append(time.perf_counter() - push_start)
     return previous

@@ -33,7 +33,7 @@ from ..rollout.staleness import StalenessManager
 from ..rollout.types import Group
 from ..runconfig import RunConfig
 from ..settings import Settings
-from .evaluations import evaluation_concurrency, evaluation_parts
+from .evaluations import evaluation_parts
 from .pool import follow_pool, pool_source
 from .workflows import PromptCheck, make_reward, make_workflow
 
@@ -124,11 +124,10 @@ class RolloutSide:
         if (source := pool_source(run, settings)) is not None:
             asyncio.run_coroutine_threadsafe(follow_pool(client, *source), self.controller.loop)
         self.gateway = start_gateway(recipe, self.controller, self.reward, tasks) if spec.agent else None
-        self.evaluation, self.eval_k, self.eval_concurrency = None, 0, 0
+        self.evaluation, self.eval_k = None, 0
         if (ev := spec.evaluation) is not None:
             self.evaluation = evaluation_parts(spec, ev, tokenizer, settings, self.check.keep, self.reward)
             self.eval_k = ev.samples_per_prompt
-            self.eval_concurrency = evaluation_concurrency(algo.batch_size, ev.samples_per_prompt)
             log.info("evaluation: %d prompts × %d samples every %d steps", len(self.evaluation[0]), self.eval_k,
                      ev.every_steps)
 
@@ -175,7 +174,7 @@ class RolloutSide:
         if self.evaluation is None:
             raise RuntimeError("spec.evaluation is not set: there is no evaluation to start")
         examples_, workflow, _ = self.evaluation
-        return self.controller.start_evaluation(examples_, workflow, self.eval_k, step, self.eval_concurrency)
+        return self.controller.start_evaluation(examples_, workflow, self.eval_k, step)
 
     def stop(self) -> None:
         """The gateway, the reward workers (reaped on the loop they were started on), then the loop."""

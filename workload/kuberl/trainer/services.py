@@ -121,6 +121,9 @@ class NoServices:
     def evaluate(self, steps_done: int, last: bool = False) -> None:
         return None
 
+    def before_push(self, version: int) -> None:
+        return None
+
     def finish(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any] | None:
         return None
 
@@ -152,7 +155,8 @@ class RankZeroServices(NoServices):
         server.serve_in_thread(settings.progress_port, settings.bind_host)
         curves = Curves.for_run(run, settings)
         ev = run.spec.evaluation
-        evaluations = Evaluations(ev.every_steps, rollout.start_evaluation) if ev is not None else None
+        hold = min(EVAL_WAIT_SECONDS, run.spec.trainer.step_timeout_seconds / 2)  # the watchdog never fires on it
+        evaluations = Evaluations(ev.every_steps, rollout.start_evaluation, hold) if ev is not None else None
         return cls(run, settings, rollout, server, curves, evaluations, max_steps, tokenizer)
 
     def data_state(self) -> tuple[int, dict[str, Any] | None]:
@@ -252,18 +256,25 @@ class RankZeroServices(NoServices):
         """Start the held-out evaluation when due; report those that finished."""
         if self.evaluations is not None:
             self.evaluations.maybe_start(steps_done, last)
-            self._record(self.evaluations.finished())
+            self._record(self.evaluations.finished(steps_done))
+
+    def before_push(self, version: int) -> None:
+        """Before the weight update of ``version``: a running evaluation of an older version finishes
+        first (:meth:`.evaluations.Evaluations.hold`)."""
+        if self.evaluations is not None:
+            self.evaluations.hold(version)
 
     def _record(self, results: list[EvalResult]) -> None:
         for result in results:
-            self.server.update(eval_step=result.step, eval_reward=result.reward, eval_pass_at_k=result.pass_at_k)
+            self.server.update(eval_step=result.step, eval_reward=result.reward, eval_pass_at_k=result.pass_at_k,
+                               eval_version=result.version, eval_version_span=result.version_span)
             self.curves.log(result.step, result.metrics())
 
     def finish(self, tally: Tally, first_step: int, sft_losses: list[float], world: int) -> dict[str, Any]:
         """After the last step: the last evaluation, the curves closed, the summary and the final progress
         (the termination message the operator reads), then every service stopped. Returns the summary."""
         if self.evaluations is not None:
-            self._record(self.evaluations.wait(timeout=EVAL_WAIT_SECONDS))
+            self._record(self.evaluations.wait(EVAL_WAIT_SECONDS, tally.steps_done))
         self.curves.close()
         log.info("training curves: %s (tensorboard --logdir %s)", self.curves.location, self.curves.location)
         summary = self.summarize(tally, first_step, sft_losses, world)
@@ -311,9 +322,19 @@ class RankZeroServices(NoServices):
             "rewards": [round(r, 4) for r in tally.rewards],
             "entropies": [round(h, 4) for h in tally.entropies],
             "tool_calls_per_episode": [round(x, 3) for x in tally.tool_calls] if tally.tool_calls else None,
-            "eval": [{"step": e.step, "version": e.version, "reward": round(e.reward, 4),
-                      f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2)}
-                     for e in (self.evaluations.history if self.evaluations else [])],
+            "eval": self.evaluation_summary(),
+            "eval_skipped": self.evaluations.skipped if self.evaluations else [],
             "tensorboard": self.curves.location,
             "gateway": rollout.gateway,
         }
+
+    def evaluation_summary(self) -> list[dict[str, Any]]:
+        """Each evaluation: the step it was due after, the policy versions that wrote it (the oldest and
+        how many), the step after which it was recorded, its metrics."""
+        evaluations = self.evaluations
+        if evaluations is None:
+            return []
+        return [{"step": e.step, "version": e.version, "version_span": e.version_span,
+                 "reported_after_step": evaluations.reported_after[e.step], "reward": round(e.reward, 4),
+                 f"pass@{e.k}": round(e.pass_at_k, 4), "length": round(e.length, 2), "seconds": e.seconds}
+                for e in evaluations.history]
