@@ -1,7 +1,7 @@
 """Rank 0's share of ``spec.evaluation``: start a held-out evaluation every N steps on the rollout
-loop (never two at once; training does not wait), collect the finished ones for the log, the
-progress endpoint, TensorBoard and the summary; and what an evaluation is (``evaluation_parts``),
-for the rollout process and ``kuberl eval`` alike."""
+loop (never two at once), hold the next weight update until it is done so that one policy version
+writes it, collect the finished ones for the log, the progress endpoint, TensorBoard and the summary;
+and what an evaluation is (``evaluation_parts``), for the rollout process and ``kuberl eval`` alike."""
 
 from __future__ import annotations
 
