@@ -5,6 +5,11 @@ final held-out evaluation reward, the policy's token entropy at the start and th
 seconds, and the worst drawdowns after the learning-rate warm-up (``worst_drawdown_train10``: the largest
 fall of the 10-step training-reward mean below its running best; ``worst_drawdown_eval``: of the held-out
 reward below its best evaluation so far). A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
+Whether the numbers mean what they say: each evaluation's version span (``eval_version_span_max``: 1 when one
+policy wrote each), how many steps after it was due it was recorded (``eval_late_steps_max``) and those skipped;
+whether the trust region acted (``clip_active_share``: the share of steps on which the PPO clip clipped any
+token; ``clip_ratio_mean``) and how far the policy moved from its samples (``k3_kl_max``: the largest
+``mismatch/k3_kl`` of a step).
 
     python benchmarks/example_seeds.py [--example examples/cpu-tiny.yaml] [--seeds 0 1 2 3 4] [--set KEY=VALUE]...
                                        [--max-steps N] [--keep DIR]
@@ -80,7 +85,7 @@ def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[st
         "reward_first10_mean": _round(summary["reward_first10_mean"]),
         "reward_last10_mean": _round(summary["reward_last10_mean"]),
         "reward_peak10_mean": _round(max(_windows(summary.get("rewards") or [], 10), default=None)),
-        "eval_steps": [e["step"] for e in summary.get("eval") or []],  # the evaluations that ran (due ones may not)
+        "eval_steps": [e["step"] for e in summary.get("eval") or []],
         "eval_first": _round(evals[0] if evals else None),
         "eval_peak": _round(max(evals, default=None)),
         "eval_final": _round(evals[-1] if evals else None),
@@ -91,6 +96,13 @@ def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[st
         "weight_update_fraction": summary.get("weight_update_fraction"),
         "worst_drawdown_train10": _round(worst_drawdown(_windows(rewards[warmup:], DRAWDOWN_WINDOW))),
         "worst_drawdown_eval": _round(worst_drawdown(late_evals)),
+        "eval_version_span_max": max((e.get("version_span", 1) for e in summary.get("eval") or []), default=None),
+        "eval_late_steps_max": max((e["reported_after_step"] - e["step"] for e in summary.get("eval") or []
+                                    if "reported_after_step" in e), default=None),
+        "eval_skipped": summary.get("eval_skipped"),
+        "clip_active_share": summary.get("clip_active_share"),
+        "clip_ratio_mean": summary.get("clip_ratio_mean"),
+        "k3_kl_max": summary.get("k3_kl_max"),
     }
 
 
@@ -120,6 +132,9 @@ def overall(seeds: list[dict[str, Any]]) -> dict[str, Any]:
         "rl_seconds_mean": _round(statistics.fmean(numbers("rl_seconds")), 1),
         "worst_drawdown_train10": _round(max(numbers("worst_drawdown_train10"), default=0.0)),
         "worst_drawdown_eval": _round(max(numbers("worst_drawdown_eval"), default=0.0)),
+        "clip_active_share_min": _round(min(numbers("clip_active_share"), default=None), 4)
+        if numbers("clip_active_share") else None,
+        "k3_kl_max": _round(max(numbers("k3_kl_max"), default=0.0), 4),
     }
 
 

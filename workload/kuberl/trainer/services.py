@@ -63,6 +63,8 @@ class Tally:
     start: float = field(default_factory=time.perf_counter)
     rewards: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)  # ppo_actor/entropy of each step that trained
+    clip_ratios: list[float] = field(default_factory=list)  # ppo_actor/clip_ratio of each step that trained
+    k3_kls: list[float] = field(default_factory=list)  # mismatch/k3_kl (KL(π_behav ‖ π_prox)) of each step
     trained_tokens: int = 0
     token_staleness: int = 0
     dropped_groups: int = 0
@@ -93,6 +95,16 @@ def prompt_summary(state: dict[str, Any] | None) -> dict[str, int] | None:
         return None
     return {"cursor": state["cursor"], "trained": state["trained"], "reissued": state["reissued"],
             "skipped": state["skipped"], "pending": len(state["pending"])}
+
+
+def trust_region_summary(tally: Tally) -> dict[str, float | None]:
+    """How much the PPO clip acted: the mean share of tokens it clipped per step, the share of steps on
+    which it clipped any; and the largest KL(π_behav ‖ π_prox) a step trained on (``mismatch/k3_kl``:
+    how far the policy had moved since its samples were drawn)."""
+    clips = tally.clip_ratios
+    return {"clip_ratio_mean": round(mean(clips), 5) if clips else None,
+            "clip_active_share": round(sum(c > 0 for c in clips) / len(clips), 4) if clips else None,
+            "k3_kl_max": round(max(tally.k3_kls), 5) if tally.k3_kls else None}
 
 
 class NoServices:
@@ -194,9 +206,11 @@ class RankZeroServices(NoServices):
         tools = mean([float(t.info.get("tool_calls", 0)) for t in trajs]) if multi_turn else None
         if tools is not None:
             tally.tool_calls.append(tools)
-        entropy = stats.get("ppo_actor/entropy") if stats else None
-        if entropy is not None and not math.isnan(entropy):
-            tally.entropies.append(entropy)
+        for key, kept in (("ppo_actor/entropy", tally.entropies), ("ppo_actor/clip_ratio", tally.clip_ratios),
+                          ("mismatch/k3_kl", tally.k3_kls)):
+            value = stats.get(key) if stats else None
+            if value is not None and not math.isnan(value):
+                kept.append(value)
         staleness, prompts = rollout.observed_staleness, rollout.prompt_counts
         self.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                            reward_last10=mean(tally.rewards[-10:]), observed_staleness=staleness,
@@ -295,6 +309,7 @@ class RankZeroServices(NoServices):
             "reward_last10_mean": mean(tally.rewards[-10:]),
             "entropy_first10_mean": mean(tally.entropies[:10]),
             "entropy_last10_mean": mean(tally.entropies[-10:]),
+            **trust_region_summary(tally),
             "observed_staleness": rollout.observed_staleness,
             "max_token_staleness_trained": tally.token_staleness,
             "final_version": rollout.version,  # what every replica confirmed it serves
