@@ -291,8 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="default: the experiment's rollout temperature (1.0)")
     p.add_argument("--max-new-tokens", type=int, help="default: the experiment's rollout.maxNewTokens")
     p.set_defaults(func=cmd_eval)
-    p = sub.add_parser("crds", help="regenerate the CRD YAML from the API models")
-    p.add_argument("out", nargs="?", default=None, help="default: crds/ and charts/kuberl/crds/")
+    p = sub.add_parser("crds", help="regenerate the CRD YAML and docs/reference.md from the API models")
+    p.add_argument("out", nargs="?", default=None,
+                   help="only the CRDs, into this directory (default: crds/, charts/kuberl/crds/ and the reference)")
     p.set_defaults(func=cmd_crds)
     p = sub.add_parser("argocd", help="regenerate the ArgoCD health checks (deploy/argocd/argocd-cm-health.yaml)")
     p.add_argument("out", nargs="?", default="deploy/argocd/argocd-cm-health.yaml", help="default: %(default)s")

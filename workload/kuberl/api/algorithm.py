@@ -42,6 +42,8 @@ class LearningRateSchedule(StrEnum):
 
 
 class ClipSpec(ApiModel):
+    """The PPO trust region: the ratio π_θ / π_prox is clipped to [1 − low, 1 + high]."""
+
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(("self.high >= self.low", "clip.high must be >= clip.low"))
     }
@@ -94,6 +96,9 @@ class CriticSpec(ApiModel):
 
 
 class AlgorithmSpec(ApiModel):
+    """The RL algorithm and its optimisation: advantages, batch, learning rate and schedule, the PPO objective's clip,
+    corrections and critic."""
+
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
             ("self.batchSize % self.groupSize == 0", "batchSize must be a multiple of groupSize"),
@@ -106,10 +111,13 @@ class AlgorithmSpec(ApiModel):
              "ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token"),
         )
     }
-    name: AlgorithmName = AlgorithmName.GRPO
+    name: AlgorithmName = Field(AlgorithmName.GRPO, description="how advantages are computed: grpo (reward minus its "
+                                                                "group's mean, over the group's std), dr_grpo (minus "
+                                                                "the mean only), rloo (minus the others' mean), ppo "
+                                                                "(GAE over a critic)")
     group_size: Positive = Field(8, description="samples per prompt")
     batch_size: Positive = Field(256, description="trajectories per training step")
-    learning_rate: float = Field(1.0e-6, gt=0)
+    learning_rate: float = Field(1.0e-6, gt=0, description="the policy's AdamW learning rate (the schedule's peak)")
     learning_rate_schedule: LearningRateSchedule = Field(
         LearningRateSchedule.CONSTANT,
         description="the learning rate at step s of S = maxSteps, after W = warmupSteps: learningRate · (m + "
@@ -121,11 +129,13 @@ class AlgorithmSpec(ApiModel):
         0, ge=0, description="W: over the first W steps the rate rises linearly, step s at (s + 1) / W of the "
                              "schedule's; AdamW's first updates, its moments fresh, move every weight by about the "
                              "full rate whatever its gradient (with stale batches that set the reward back)")
-    clip: ClipSpec = Field(default_factory=ClipSpec)
+    clip: ClipSpec = Field(default_factory=ClipSpec, description="the PPO ratio's clip range (clip-higher when high > "
+                                                                 "low) and dual clip")
     kl_coef: float = Field(
         0.0, ge=0, description="weight of KL(π_θ ‖ π_ref) in the loss; π_ref is the policy RL starts from"
     )
-    max_steps: Positive = 1000
+    max_steps: Positive = Field(1000, description="training steps (optimizer steps over batchSize trajectories); the "
+                                                  "run succeeds after the last")
     mini_batches: Positive = Field(
         1, description="optimizer updates per batch; above 1, π_prox is recomputed by an extra forward pass"
     )

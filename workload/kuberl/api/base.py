@@ -33,8 +33,8 @@ class ApiModel(BaseModel):
 class SecretKeyRef(ApiModel):
     """One key of a Secret in the experiment's namespace, handed to pods only as ``secretKeyRef`` env."""
 
-    name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253)
-    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253)
+    name: str = Field(pattern=DNS1123_SUBDOMAIN, max_length=253, description="the Secret's name")
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", max_length=253, description="the key in the Secret")
 
 
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:

@@ -149,6 +149,12 @@ SCALE = {  # kubectl scale / an HPA / KEDA resize inference through these (autos
 }
 
 
+# Kubernetes' own texts for every object's first three fields (as controller-gen writes them, shortened).
+API_VERSION_TEXT = "the versioned schema of this representation of an object: kuberl.io/v1alpha1"
+KIND_TEXT = "the REST resource this object represents"
+METADATA_TEXT = "standard object metadata: name, namespace, labels, annotations"
+
+
 def subresources(kind: str) -> dict[str, Any]:
     """Every kind's ``status``; ``scale`` where inference can be resized (``SCALE``)."""
     return {"status": {}, **({"scale": SCALE[kind]} if kind in SCALE else {})}
@@ -185,9 +191,9 @@ def build_crd(model: type[Resource]) -> dict[str, Any]:
                             **({"x-kubernetes-validations": NAME_RULES[model.KIND]}
                                if model.KIND in NAME_RULES else {}),
                             "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "apiVersion": {"type": "string", "description": API_VERSION_TEXT},
+                                "kind": {"type": "string", "description": KIND_TEXT},
+                                "metadata": {"type": "object", "description": METADATA_TEXT},
                                 "spec": spec_schema,
                                 "status": openapi_schema(model, "status"),
                             },
@@ -212,13 +218,19 @@ CHART_CRDS = Path("charts/kuberl/crds")  # Helm installs these before the chart'
 
 
 def main(argv: list[str]) -> int:
-    """Write the CRDs to ``argv[0]`` (default ``crds/``, and then also the chart's copy)."""
+    """Write the CRDs to ``argv[0]`` (default ``crds/``, and then also the chart's copy and the field
+    reference, ``docs/reference.md``)."""
+    from .reference import REFERENCE_PATH, render_reference
+
     outs = [Path(argv[0])] if argv else [Path("crds"), CHART_CRDS]
     for out in outs:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in render_crds().items():
             (out / name).write_text(text)
             print(f"wrote {out / name}")
+    if not argv:
+        Path(REFERENCE_PATH).write_text(render_reference())
+        print(f"wrote {REFERENCE_PATH}")
     return 0
 
 

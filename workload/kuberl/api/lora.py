@@ -20,6 +20,8 @@ ModuleName = Annotated[str, Field(min_length=1, max_length=64, pattern=MODULE_NA
 
 
 class LoraSpec(ApiModel):
+    """A low-rank adapter trained on the frozen policy."""
+
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel((f"!('{ALL_LINEAR}' in self.targetModules) || size(self.targetModules) == 1",
                                   f"lora.targetModules: '{ALL_LINEAR}' names every linear layer; give it alone"))

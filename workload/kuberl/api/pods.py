@@ -33,13 +33,22 @@ ImageRef = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$
 
 
 class ResourceRequirements(ApiModel):
-    requests: dict[ResourceName, Quantity] | None = Field(None, max_length=16)
-    limits: dict[ResourceName, Quantity] | None = Field(None, max_length=16)
+    """A container's compute resources, as in a pod spec."""
+
+    requests: dict[ResourceName, Quantity] | None = Field(
+        None, max_length=16, description='what the scheduler reserves, e.g. cpu: "4", memory: 32Gi')
+    limits: dict[ResourceName, Quantity] | None = Field(
+        None, max_length=16, description="the most the container may use (over its memory limit it is killed)")
 
 
 class Toleration(ApiModel):
-    key: LabelKey | None = None
-    operator: Annotated[str, Field(pattern="^(Exists|Equal)$")] | None = None
-    value: LabelValue | None = None
-    effect: Annotated[str, Field(pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = None
-    toleration_seconds: int | None = Field(None, ge=0, le=10**9)
+    """A taint the pods tolerate, as in a pod spec."""
+
+    key: LabelKey | None = Field(None, description="the taint's key (empty with operator Exists: every taint)")
+    operator: Annotated[str, Field(pattern="^(Exists|Equal)$")] | None = Field(
+        None, description="Equal (default: the value must match) or Exists")
+    value: LabelValue | None = Field(None, description="the taint's value (operator Equal)")
+    effect: Annotated[str, Field(pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = Field(
+        None, description="the taint effect to tolerate (empty: all)")
+    toleration_seconds: int | None = Field(None, ge=0, le=10**9, description="NoExecute: how long a pod stays after "
+                                                                             "the taint appears")

@@ -61,7 +61,8 @@ class Progress(ApiModel):
         None, description="(accepted + running − version·B) ÷ ((maxStaleness + 1)·B) rollouts: 1 = generation is as "
                           "far ahead as rollout.maxStaleness allows (inference to spare), ≈ 0 = the trainer waits")
     phase: TrainerPhase | None = Field(None, description="the trainer's own phase")
-    last_checkpoint: str | None = Field(None, max_length=MAX_CHECKPOINT_URI)
+    last_checkpoint: str | None = Field(None, max_length=MAX_CHECKPOINT_URI,
+                                        description="the newest complete checkpoint's URI")
     prompts_trained: Count | None = Field(None, description="dataset prompts trained so far, each exactly once")
     prompts_reissued: Count | None = Field(
         None, description="prompts handed out again: their group was too stale, their episode failed, or a "

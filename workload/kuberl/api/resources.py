@@ -45,19 +45,22 @@ class Phase(StrEnum):
 class Condition(ApiModel):
     """metav1.Condition."""
 
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    type: str = Field(description="what the condition is about, e.g. Ready, Admitted, Progressing")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown")
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+                        description="why, in one CamelCase word (for programs)")
+    message: str = Field("", description="why, in words (for people)")
+    last_transition_time: str | None = Field(None, description="when status last changed (RFC 3339)")
+    observed_generation: int | None = Field(None, description="the metadata.generation it was set for")
 
 
 class BaseStatus(ApiModel):
+    """What the operator observed, written only by it (the status subresource)."""
+
     model_config = ApiModel.model_config | {"extra": "ignore"}
-    phase: Phase | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
+    phase: Phase | None = Field(None, description="Pending, Running, Suspended, Succeeded or Failed")
+    conditions: list[Condition] = Field(default_factory=list, description="the latest observations, one per type")
+    observed_generation: int | None = Field(None, description="the metadata.generation this status describes")
 
 
 SELECTOR_TEXT = Field(None, max_length=512, description="the inference pods' label selector, as text: the scale "
@@ -76,28 +79,35 @@ class AutoscaleStatus(ApiModel):
 
 
 class RLExperimentStatus(BaseStatus):
+    """What the operator observed of the experiment: phase, conditions, training progress, autoscaling, its
+    children and replicas."""
+
     progress: Progress | None = None
     autoscale: AutoscaleStatus | None = None
-    inference_pool: str | None = None
-    trainer_job: str | None = None
+    inference_pool: str | None = Field(None, description="the InferencePool this experiment owns")
+    trainer_job: str | None = Field(None, description="the TrainerJob this experiment owns")
     replicas: int | None = Field(None, description="inference replicas that have pods (its pool's; the scale "
                                                    "subresource's current count — spec.inference.replicas the wish)")
-    ready_replicas: int | None = None
+    ready_replicas: int | None = Field(None, description="replicas whose every pod is ready")
     selector: str | None = SELECTOR_TEXT
 
 
 class InferencePoolStatus(BaseStatus):
+    """What the operator observed of the pool: phase, conditions, replicas and pods."""
+
     replicas: int | None = Field(None, description="replicas that have pods (the scale subresource's current "
                                                    "count; spec.replicas is the wish)")
-    ready_replicas: int | None = None
-    pods: int | None = None
-    ready_pods: int | None = None
+    ready_replicas: int | None = Field(None, description="replicas whose every pod is ready")
+    pods: int | None = Field(None, description="the pool's pods")
+    ready_pods: int | None = Field(None, description="those ready")
     selector: str | None = SELECTOR_TEXT
 
 
 class TrainerJobStatus(BaseStatus):
-    nodes: int | None = None
-    ready_nodes: int | None = None
+    """What the operator observed of the trainer gang: phase, conditions, pods, restarts and preemptions."""
+
+    nodes: int | None = Field(None, description="the gang's pods")
+    ready_nodes: int | None = Field(None, description="those running and ready")
     restarts: int | None = Field(None, description="gang restarts after a rank failed (bounded by backoffLimit)")
     preemptions: int | None = Field(None, description="gang restarts after the cluster took a rank (preemption, "
                                                       "eviction, drain): not failures, not bounded")
@@ -110,8 +120,8 @@ class GangMembership(ApiModel):
     experiment's PodGroup (Volcano, coscheduling) or Kueue pod group, of ``members`` pods in all (the
     pool's and the trainer's), so neither holds accelerators while the other waits."""
 
-    group: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
-    members: int = Field(ge=1, le=2 * MAX_PODS)
+    group: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, description="the pod group's name")
+    members: int = Field(ge=1, le=2 * MAX_PODS, description="pods in the whole group (pool and trainer)")
 
 
 CONFIG_REVISION = ("hash of the run config in the ConfigMap (set by the RLExperiment): pods started with another "
@@ -133,13 +143,13 @@ class InferencePoolSpec(PodPlacement):
     }
     experiment: str | None = Field(None, description="owning RLExperiment, if any")
     config_map: str | None = Field(None, description="ConfigMap with the rendered run config")
-    engine: Engine = Engine.VLLM
-    replicas: int = Field(1, ge=1, le=MAX_PODS)
-    tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1)
-    hosts_per_replica: int = Field(1, ge=1, le=MAX_PODS)
+    engine: Engine = Field(Engine.VLLM, description="vllm, vllm-ascend or torch (the embedded CPU engine)")
+    replicas: int = Field(1, ge=1, le=MAX_PODS, description="model replicas, each serving the whole policy")
+    tensor_parallel: int = Field(1, ge=1, description="devices each replica splits every layer over")
+    pipeline_parallel: int = Field(1, ge=1, description="stages each replica splits its layers into")
+    hosts_per_replica: int = Field(1, ge=1, le=MAX_PODS, description="pods each replica spans")
     accelerators_per_host: int = Field(1, ge=1, description="devices per pod")
-    port: int = Field(8000, ge=1024, le=65535)
+    port: int = Field(8000, ge=1024, le=65535, description="the port each replica serves on")
     trainer_address: str | None = Field(
         None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="trainer rank 0's DNS name, where the p2p weight exchange's store listens (set by the "
@@ -149,7 +159,7 @@ class InferencePoolSpec(PodPlacement):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     gang: GangMembership | None = Field(None, description="set by the RLExperiment: its one gang; a standalone "
                                                           "pool is its own")
-    suspend: bool = False
+    suspend: bool = Field(False, description="true: the pods go until it is false again")
 
     @model_validator(mode="after")
     def _bounded_pods(self) -> InferencePoolSpec:
@@ -160,11 +170,13 @@ class InferencePoolSpec(PodPlacement):
 
 
 class TrainerJobSpec(PodPlacement):
-    experiment: str | None = None
-    config_map: str | None = None
-    backend: Backend = Backend.FSDP
+    """The trainer gang of ``nodes`` pods, ``procsPerNode`` ranks each, started from the run config in a ConfigMap."""
+
+    experiment: str | None = Field(None, description="owning RLExperiment, if any")
+    config_map: str | None = Field(None, description="ConfigMap with the rendered run config")
+    backend: Backend = Field(Backend.FSDP, description="fsdp (FSDP2) or megatron (megatron-core)")
     runtime: TrainerRuntime = TrainerRuntime.NATIVE
-    nodes: int = Field(1, ge=1, le=MAX_PODS)
+    nodes: int = Field(1, ge=1, le=MAX_PODS, description="trainer pods")
     procs_per_node: int = Field(1, ge=1, le=MAX_DEVICES_PER_NODE, description="ranks (and devices) per pod")
     parallelism: Parallelism = Field(default_factory=Parallelism)
     backoff_limit: int | None = Field(None, ge=0, description="the RLExperiment's trainer.backoffLimit")
@@ -176,7 +188,7 @@ class TrainerJobSpec(PodPlacement):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     gang: GangMembership | None = Field(None, description="set by the RLExperiment: its one gang; a standalone "
                                                           "job is its own")
-    suspend: bool = False
+    suspend: bool = Field(False, description="true: the pods go until it is false again")
 
     @model_validator(mode="after")
     def _trainjob_scheduling(self) -> TrainerJobSpec:

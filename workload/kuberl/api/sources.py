@@ -68,6 +68,8 @@ class DatasetSource(ApiModel):
 
 
 class RewardSpec(ApiModel):
+    """How an episode is scored: a Python function, run in reward worker processes."""
+
     function: str = Field(
         pattern=IMPORT_PATH_PATTERN,
         description="import path of the reward function, 'package.module:function': "

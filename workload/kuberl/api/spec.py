@@ -74,8 +74,8 @@ class SftWarmup(ApiModel):
     """A short supervised warm start on the task's prompt → answer pairs before RL begins."""
 
     steps: int = Field(0, ge=0, description="0 disables the warm start")
-    learning_rate: float = Field(1.0e-3, gt=0)
-    batch_size: Positive = 64
+    learning_rate: float = Field(1.0e-3, gt=0, description="AdamW learning rate of the warm start")
+    batch_size: Positive = Field(64, description="prompt → answer pairs per warm-start step")
 
 
 HUB_PREFIX = "hf://"
@@ -84,6 +84,9 @@ MODEL_PATH_PATTERN = (r"^(builtin:[a-z0-9-]+|file://.+|s3://.+|hf://[A-Za-z0-9][
 
 
 class ModelSource(ApiModel):
+    """The policy: its weights and tokenizer, the dtype it computes in, an optional supervised warm start and how
+    prompts are rendered (chat template). It cannot change in a running experiment."""
+
     model_config = ApiModel.model_config | {
         # a transition rule (the API server checks it on update): the run's checkpoints hold this model
         "json_schema_extra": cel(("self.path == oldSelf.path", "model.path cannot change in a running experiment "
@@ -150,11 +153,16 @@ class ToolName(StrEnum):
 
 
 class RolloutSpec(ApiModel):
+    """How episodes are generated: staleness bound, concurrency, sampling, tools, and the episode workflow."""
+
     max_staleness: int = Field(4, ge=0, description="η: 0 is synchronous RL")
-    max_concurrent: Positive = 512
+    max_concurrent: Positive = Field(512, description="samples generated at once across the pool (in whole groups: "
+                                                      "⌊maxConcurrent ÷ groupSize⌋ groups), besides the staleness "
+                                                      "bound")
     max_new_tokens: Positive = Field(1024, description="per episode (all turns together)")
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of the rollout (0: greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens whose "
+                                                      "probabilities add up to topP (1: all)")
     tools: list[ToolName] = Field(
         default_factory=list, max_length=4,
         description="tools the policy may call (kuberl.agent.tools): episodes become multi-turn, tool output is "
@@ -171,11 +179,16 @@ class RolloutSpec(ApiModel):
 class PodPlacement(ApiModel):
     """Where and how a pool's pods run; shared by the inference and trainer sections."""
 
-    accelerator: Accelerator = Accelerator.NVIDIA
+    accelerator: Accelerator = Field(Accelerator.NVIDIA, description="the device the pods get: nvidia "
+                                                                     "(nvidia.com/gpu), ascend (huawei.com/Ascend910) "
+                                                                     "or cpu; picks the default image and engine")
     image: ImageRef | None = Field(None, description="defaults to the operator's image for the accelerator")
-    resources: ResourceRequirements | None = None
-    node_selector: dict[LabelKey, LabelValue] | None = Field(None, max_length=32)
-    tolerations: list[Toleration] | None = Field(None, max_length=32)
+    resources: ResourceRequirements | None = Field(None, description="each pod's requests and limits (the device count "
+                                                                     "comes from acceleratorsPerNode)")
+    node_selector: dict[LabelKey, LabelValue] | None = Field(
+        None, max_length=32, description="node labels the pods must match (e.g. a GPU product or node pool)")
+    tolerations: list[Toleration] | None = Field(None, max_length=32, description="taints the pods tolerate (e.g. a "
+                                                                                  "dedicated accelerator pool's)")
 
 
 class AutoscaleSpec(ApiModel):
@@ -188,8 +201,8 @@ class AutoscaleSpec(ApiModel):
         "json_schema_extra": cel(("self.maxReplicas >= self.minReplicas",
                                   "autoscale.maxReplicas must be >= autoscale.minReplicas"))
     }
-    min_replicas: int = Field(1, ge=1, le=MAX_PODS)
-    max_replicas: int = Field(ge=1, le=MAX_PODS)
+    min_replicas: int = Field(1, ge=1, le=MAX_PODS, description="the fewest replicas it scales down to")
+    max_replicas: int = Field(ge=1, le=MAX_PODS, description="the most replicas it scales up to")
     target_wait_fraction: float = Field(
         0.1, gt=0, lt=1, description="the share of each training step the trainer may wait for rollouts: above it "
                                      "the pool grows by one replica, below half of it shrinks by one")
@@ -205,16 +218,24 @@ class AutoscaleSpec(ApiModel):
 
 
 class InferenceSpec(PodPlacement):
+    """The inference pool that generates rollouts: engine, replicas, each replica's parallel layout, placement and
+    autoscaling."""
+
     engine: Engine | None = Field(None, description="vllm on accelerators, torch on cpu by default")
     replicas: int | None = Field(None, ge=1, le=MAX_PODS, description=(
         "number of server replicas (default: the allocation's inference d, else 1); what `kubectl scale "
         "rlexperiment` and an HPA change, at run time too"))
-    tensor_parallel: int | None = Field(None, ge=1, le=MAX_DEVICES_PER_NODE)
-    pipeline_parallel: int | None = Field(None, ge=1, le=MAX_DEVICES_PER_NODE)
+    tensor_parallel: int | None = Field(
+        None, ge=1, le=MAX_DEVICES_PER_NODE, description="devices each replica splits every layer over; default 1, or "
+                                                         "the allocation's")
+    pipeline_parallel: int | None = Field(
+        None, ge=1, le=MAX_DEVICES_PER_NODE, description="stages each replica splits its layers into; default 1, or "
+                                                         "the allocation's")
     accelerators_per_node: Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_NODE)] = Field(
         8, description="devices per host; a replica larger than this spans several hosts"
     )
-    port: int = Field(8000, ge=1024, le=65535)
+    port: int = Field(8000, ge=1024, le=65535, description="the port each replica serves on (its pool's headless "
+                                                           "Service)")
     autoscale: AutoscaleSpec | None = Field(
         None, description="let the operator set replicas from the trainer's wait for rollouts (it writes "
                           "spec.inference.replicas, as kubectl scale does); every change is an Event and "
@@ -222,13 +243,19 @@ class InferenceSpec(PodPlacement):
 
 
 class Parallelism(ApiModel):
+    """How the trainer's ranks split the model (backend megatron; fsdp uses data only): unset sizes are derived from
+    the device count and the allocation."""
+
     data: int | None = Field(None, ge=1, description="derived from the device count if unset")
-    tensor: int | None = Field(None, ge=1)
-    pipeline: int | None = Field(None, ge=1)
+    tensor: int | None = Field(None, ge=1, description="ranks every layer's matrices are split over (tensor "
+                                                       "parallelism)")
+    pipeline: int | None = Field(None, ge=1, description="stages the layers are split into (pipeline parallelism)")
     context: int | None = Field(None, ge=1, description="split each sequence's positions over this many ranks, "
                                                         "attention gathering keys and values (backend megatron)")
-    expert: int | None = Field(None, ge=1)
-    expert_tensor: int | None = Field(None, ge=1)
+    expert: int | None = Field(None, ge=1, description="ranks a mixture of experts' experts are spread over (expert "
+                                                       "parallelism)")
+    expert_tensor: int | None = Field(None, ge=1, description="ranks each expert's matrices are split over (default: "
+                                                              "tensor)")
 
 
 DEFAULT_BACKOFF_LIMIT = 3  # gang restarts before a TrainerJob fails, unless trainer.backoffLimit says
@@ -240,6 +267,8 @@ def restart_limit(backoff_limit: int | None) -> int:
 
 
 class TrainerSpec(PodPlacement):
+    """The trainer gang: backend, runtime, nodes and devices, parallel layout, memory savers, LoRA, restarts."""
+
     backend: Backend | None = Field(None, description="fsdp unless the allocation says otherwise")
     runtime: TrainerRuntime = Field(
         TrainerRuntime.NATIVE,
@@ -249,7 +278,8 @@ class TrainerSpec(PodPlacement):
     accelerators_per_node: Annotated[int, Field(ge=1, le=MAX_DEVICES_PER_NODE)] = Field(
         8, description="devices per pod; for accelerator cpu, trainer processes per pod"
     )
-    parallelism: Parallelism = Field(default_factory=Parallelism)
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="tensor, pipeline, context and expert "
+                                                                              "parallel sizes (backend megatron)")
     backoff_limit: int | None = Field(
         None, ge=0, description=f"gang restarts before the job fails (default {DEFAULT_BACKOFF_LIMIT}); runtime "
                                 "trainjob: the ClusterTrainingRuntime's failurePolicy decides, leave it unset")
@@ -274,12 +304,17 @@ class TrainerSpec(PodPlacement):
 
 
 class WeightSyncSpec(ApiModel):
+    """How each new policy version reaches the inference replicas."""
+
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(("!(has(self.relay) && self.relay) || !has(self.mode) || self.mode == 'p2p'",
                                   "weightSync.relay needs weightSync.mode p2p"))
     }
 
-    mode: WeightSyncMode = WeightSyncMode.P2P
+    mode: WeightSyncMode = Field(WeightSyncMode.P2P, description="p2p: each trainer rank sends its own shards to the "
+                                                                 "replicas over planned links (topology-aware); "
+                                                                 "broadcast: rank 0 gathers and sends the whole policy "
+                                                                 "(the baseline); disk: through a shared directory")
     directory: str | None = Field(
         None, pattern=ABSOLUTE_PATH, max_length=256,
         description="mode disk on a cluster: a directory on a ReadWriteMany volume of spec.storage.volumes "
@@ -305,7 +340,7 @@ class VolumeMount(ApiModel):
                             description="PersistentVolumeClaim in the experiment's namespace; ReadWriteMany when "
                                         "pods on several nodes share it")  # fmt: skip
     mount_path: str = Field(pattern=ABSOLUTE_PATH, max_length=256, description="where the pods see it")
-    read_only: bool = False
+    read_only: bool = Field(False, description="mount it read-only (a dataset or model nobody writes)")
 
 
 class StorageSpec(ApiModel):
@@ -319,7 +354,8 @@ class StorageSpec(ApiModel):
     )
     endpoint: str | None = Field(None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=512,
                                  description="S3-compatible endpoint (MinIO, Ceph RGW, Huawei OBS); AWS if unset")
-    region: str | None = Field(None, pattern=r"^[a-z0-9-]+$", max_length=64)
+    region: str | None = Field(None, pattern=r"^[a-z0-9-]+$", max_length=64,
+                               description="the S3 region (AWS_REGION); the SDK's default if unset")
     service_account_name: str | None = Field(
         None, pattern=DNS1123_SUBDOMAIN, max_length=253,
         description="ServiceAccount of the workload pods, for workload identity (IRSA, GKE/AKS workload identity) "
@@ -327,7 +363,8 @@ class StorageSpec(ApiModel):
                     "GKE serves their credentials, if the platform admin allows it (the chart's "
                     "workloadNetworkPolicy.allowMetadataEgress; otherwise the NetworkPolicy blocks it)",
     )
-    volumes: list[VolumeMount] = Field(default_factory=list, max_length=8)
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=8,
+                                       description="claims mounted into every workload pod, for file:// URIs")
     hub_token_secret: SecretKeyRef | None = Field(
         None, description="hf:// models and datasets: a Secret key holding a Hugging Face token (gated or private "
                           "repositories), given to the pods as HF_TOKEN by secretKeyRef only")
@@ -341,10 +378,13 @@ class StorageSpec(ApiModel):
 
 
 class CheckpointSpec(ApiModel):
+    """Where and how often the run saves itself (weights, optimizer, data position, prompt ledger) to resume after a
+    failure."""
+
     uri: str | None = Field(
         None, pattern=r"^(s3|file)://.+", description="s3://bucket/prefix/ or file:///path"
     )
-    every_steps: Positive = 50
+    every_steps: Positive = Field(50, description="save a checkpoint after every N training steps (and the last)")
     keep: int = Field(3, ge=2, le=1000, description="complete checkpoints kept (≥ 2: a restore that fails "
                       "verification falls back to the previous one)")
     credentials_secret: str | None = Field(
@@ -355,12 +395,20 @@ class CheckpointSpec(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
+    """How the experiment's pods are admitted: one gang (Kueue, Volcano or coscheduling), a priority."""
+
     queue: str | None = Field(
         None, pattern=DNS1123_SUBDOMAIN, max_length=253,
         description="gang volcano: the Volcano Queue of the experiment's PodGroup; otherwise the Kueue LocalQueue, "
                     "which admits the experiment's pods as one pod group (never both)")
-    gang: GangScheduler = GangScheduler.NONE
-    priority_class_name: str | None = Field(None, pattern=DNS1123_SUBDOMAIN, max_length=253)
+    gang: GangScheduler = Field(GangScheduler.NONE, description="a gang scheduler that places every pod of the "
+                                                                "experiment together or none: volcano (a PodGroup; "
+                                                                "with queue, its Volcano Queue) or coscheduling (the "
+                                                                "scheduler-plugins PodGroup); none: none, or Kueue "
+                                                                "when queue is set")
+    priority_class_name: str | None = Field(
+        None, pattern=DNS1123_SUBDOMAIN, max_length=253,
+        description="the PriorityClass of every pod (preemption order among tenants)")
 
     @property
     def kueue_queue(self) -> str | None:
@@ -445,5 +493,7 @@ class RLExperimentSpec(ApiModel):
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="W&B and MLflow, besides TensorBoard")
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-    suspend: bool = False
-    seed: int = 0
+    suspend: bool = Field(False, description="true: the pods go (the checkpoint stays) until it is false again; the "
+                                             "run resumes from its newest checkpoint")
+    seed: int = Field(0, description="seeds the model's initialisation, the data order, sampling and the evaluation "
+                                     "set")

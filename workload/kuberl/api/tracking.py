@@ -22,11 +22,13 @@ class WandbMode(StrEnum):
 
 
 class WandbSpec(ApiModel):
+    """Weights & Biases: the run's curves, config and export URI."""
+
     project: Name = Field(description="the W&B project")
     entity: Name | None = Field(None, description="team or user; default: the API key's default entity")
     name: Name | None = Field(None, description="the run's name; default: the experiment's name")
-    group: Name | None = None
-    tags: list[Name] = Field(default_factory=list, max_length=16)
+    group: Name | None = Field(None, description="W&B run group (e.g. a sweep's runs together)")
+    tags: list[Name] = Field(default_factory=list, max_length=16, description="W&B run tags")
     base_url: str | None = Field(None, pattern=HTTP_URL, max_length=512,
                                  description="a self-hosted W&B server (WANDB_BASE_URL); wandb.ai if unset")
     api_key_secret: SecretKeyRef | None = Field(
@@ -38,6 +40,8 @@ class WandbSpec(ApiModel):
 
 
 class MlflowSpec(ApiModel):
+    """MLflow: the run's metrics, parameters and export URI."""
+
     tracking_uri: str = Field(pattern=r"^(https?://[^\s/]+(/[^\s]*)?|file://.+|databricks(://\S*)?)$",
                               max_length=512, description="the MLflow tracking server, e.g. http://mlflow.mlops:5000")
     experiment: Name | None = Field(None, description="the MLflow experiment; default: kuberl")
