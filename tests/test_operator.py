@@ -106,6 +106,9 @@ async def test_status_goes_running_then_succeeded(tmp_path):
         exp = await running_experiment(api, experiment(), pod_count=2)
         assert condition(exp, "Ready")["status"] == "True"
         assert exp["status"]["observedGeneration"] == exp["metadata"]["generation"]
+        valid = condition(exp, "SpecValid")  # the example keeps no checkpoint on a cluster: its model would be lost
+        assert (valid["status"], valid["reason"]) == ("True", "ValidWithWarnings")
+        assert valid["message"].startswith("spec.checkpoint.uri: is unset: on a cluster this run writes no checkpoint")
         trainer = pods(api, "team-a", "kuberl.io/role=trainer")[0]
         await set_pod(api, trainer, "Succeeded", exit_code=0)
         await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["phase"] == "Succeeded", what="Succeeded")

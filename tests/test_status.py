@@ -136,6 +136,24 @@ def test_child_degraded_condition_climbs_with_its_reason():
     assert degraded["observedGeneration"] == 4
 
 
+def test_a_valid_spec_that_would_lose_its_model_says_so_in_spec_valid():
+    from kuberl.api import RLExperiment
+    from kuberl.api.resolve import cluster_warnings
+
+    from .conftest import MINIMAL
+
+    spec = RLExperiment.model_validate(MINIMAL).spec
+    warnings = tuple(str(w) for w in cluster_warnings(spec))
+    assert len(warnings) == 1 and warnings[0].startswith("spec.checkpoint.uri: is unset")
+    st = experiment_status(2, False, ("p", {"phase": "Running"}), ("j", {"phase": "Running"}), warnings)
+    valid = next(c for c in st["conditions"] if c["type"] == "SpecValid")
+    assert (valid["status"], valid["reason"], valid["message"]) == ("True", "ValidWithWarnings", warnings[0])
+    kept = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": "s3://b/run/"})})
+    assert cluster_warnings(kept) == []
+    st = experiment_status(2, False, ("p", {"phase": "Running"}), ("j", {"phase": "Running"}))
+    assert next(c for c in st["conditions"] if c["type"] == "SpecValid")["reason"] == "Valid"
+
+
 def test_transition_time_kept_while_status_unchanged():
     old = [{"type": "Ready", "status": "False", "reason": "Pending", "lastTransitionTime": "T0"}]
     same = merge_conditions(old, [{"type": "Ready", "status": "False", "reason": "Initializing"}], "T1")

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kuberl.api import FieldIssue, RLExperiment
+from kuberl.api.resolve import cluster_warnings
 from kuberl.api.rewards import in_kuberl_package
 from kuberl.api.spec import RLExperimentSpec
 
@@ -49,17 +50,7 @@ def preflight(spec: RLExperimentSpec, architecture: bool = True, import_rewards:
     code_errors, code_warnings = user_code_checks(spec, import_rewards)
     model_errors, model_warnings = model_checks(spec) if architecture else ([], [])
     return (errors + code_errors + model_errors,
-            code_warnings + tracker_warnings(spec) + model_warnings + lost_model_warnings(spec))
-
-
-def lost_model_warnings(spec: RLExperimentSpec) -> list[FieldIssue]:
-    """A cluster run with nowhere to put what it trains: without ``spec.checkpoint.uri`` the trainer writes no
-    checkpoint and no export, and the model goes with the pods (``kuberl run`` keeps its own in its work dir)."""
-    if spec.checkpoint.uri is not None:
-        return []
-    return [FieldIssue("spec.checkpoint.uri", "is unset: on a cluster this run writes no checkpoint and no export, so "
-                                              "the trained model is lost when its pods go; set s3://bucket/prefix/ "
-                                              "or a claim's file:///path (kuberl run checkpoints to its work dir)")]
+            code_warnings + tracker_warnings(spec) + model_warnings + cluster_warnings(spec))
 
 
 def user_code_checks(spec: RLExperimentSpec, import_it: bool) -> tuple[list[FieldIssue], list[FieldIssue]]:

@@ -23,6 +23,7 @@ from kuberl.api.contract import (
     inference_pool_name,
     trainer_job_name,
 )
+from kuberl.api.resolve import cluster_warnings
 from kuberl.api.spec import TrainerRuntime
 from kuberl.api.storage import standalone_issues
 from kuberl.api.validation import schema_issues
@@ -225,6 +226,7 @@ async def _roll_up(kube: Kube, body: Manifest, exp: RLExperiment, pool: Manifest
         body["metadata"].get("generation"), exp.spec.suspend,
         (pool["metadata"]["name"], pool.get("status")),
         (job["metadata"]["name"], job.get("status")),
+        tuple(str(w) for w in cluster_warnings(exp.spec)),
     )
     if status["phase"] == "Succeeded" and (body.get("status") or {}).get("phase") != "Succeeded":
         # The trainer has exited, so there is no endpoint left to poll: the final step and reward

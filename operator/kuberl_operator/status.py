@@ -323,8 +323,11 @@ def experiment_status(
     suspend: bool,
     pool: tuple[str, Manifest | None],
     job: tuple[str, Manifest | None],
+    warnings: tuple[str, ...] = (),
 ) -> Manifest:
-    """RLExperiment status from its children's (name, status) pairs; the trainer decides the end."""
+    """RLExperiment status from its children's (name, status) pairs; the trainer decides the end.
+    ``warnings`` (``kuberl.api.resolve.cluster_warnings``): the spec is valid but would lose something;
+    ``SpecValid`` says so (reason ``ValidWithWarnings``)."""
     pool_name, pool_st = pool
     job_name, job_st = job
     pool_phase = (pool_st or {}).get("phase")
@@ -354,7 +357,8 @@ def experiment_status(
         "trainerJob": job_name,
         **scale,  # the inference pool's: the experiment's scale subresource scales it
         "conditions": [
-            condition("SpecValid", True, "Valid", "", generation),
+            condition("SpecValid", True, "ValidWithWarnings" if warnings else "Valid", "; ".join(warnings),
+                      generation),
             condition("Ready", phase == Phase.RUNNING,
                       "Running" if phase == Phase.RUNNING else QUEUED if queued else phase.value,
                       f"inference {pool_phase or 'Pending'}, trainer {job_phase or 'Pending'}"

@@ -31,6 +31,18 @@ class FieldIssue:
         return f"{self.path}: {self.message}"
 
 
+def cluster_warnings(spec: RLExperimentSpec) -> list[FieldIssue]:
+    """What a cluster run of ``spec`` would regret without failing: no ``spec.checkpoint.uri`` means the
+    trainer writes no checkpoint and no export, and the trained model goes with the pods (``kuberl run``
+    keeps its own in its work dir). ``kuberl validate`` prints these; the operator puts them in the
+    experiment's ``SpecValid`` condition."""
+    if spec.checkpoint.uri is not None:
+        return []
+    return [FieldIssue("spec.checkpoint.uri", "is unset: on a cluster this run writes no checkpoint and no export, so "
+                                              "the trained model is lost when its pods go; set s3://bucket/prefix/ "
+                                              "or a claim's file:///path (kuberl run checkpoints to its work dir)")]
+
+
 @dataclass(frozen=True)
 class InferencePlan:
     engine: Engine
