@@ -33,6 +33,10 @@ VOLUME = {"volumes": [{"claimName": "shared-data", "mountPath": "/data"}]}
         ({"checkpoint": {"uri": "file:///tmp/ckpt/"}}, "spec.checkpoint.uri", "gone when the pod is replaced"),
         ({"dataset": {"path": "file:///srv/train.jsonl"}, "storage": VOLUME}, "spec.dataset.path",
          "mount a PersistentVolumeClaim"),
+        ({"dataset": {"path": "/srv/train.jsonl"}}, "spec.dataset.path", "/srv/train.jsonl on a cluster"),  # plain
+        ({"model": {"path": "/models/qwen"}}, "spec.model.path", "/models/qwen on a cluster"),
+        ({"evaluation": {"dataset": {"path": "/srv/test.jsonl"}}}, "spec.evaluation.dataset.path",
+         "gone when the pod is replaced"),
         ({"checkpoint": {"uri": "file:///data/ckpt/"},
           "storage": {"volumes": [{"claimName": "ro", "mountPath": "/data", "readOnly": True}]}},
          "spec.checkpoint.uri", "mounted readOnly"),

@@ -35,16 +35,20 @@ def _volume_for(path: str, volumes: list[VolumeMount]) -> VolumeMount | None:
     return None
 
 
-def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, bool]]:
-    """(field path, local path, written to?) of every file:// URI the pods use."""
+def _file_uris(spec: RLExperimentSpec) -> list[tuple[str, str, str, bool]]:
+    """(field path, the value, its local path, written to?) of every file the pods use: a file:// URI or a
+    plain absolute path (the same thing to a pod)."""
     out = []
     for field, uri, written in (("spec.model.path", spec.model.path, False),
                                 ("spec.model.initFrom", spec.model.init_from, False),
                                 ("spec.model.tokenizer", spec.model.tokenizer, False),
                                 ("spec.dataset.path", spec.dataset.path, False),
+                                ("spec.evaluation.dataset.path",
+                                 spec.evaluation.dataset.path if spec.evaluation and spec.evaluation.dataset else None,
+                                 False),
                                 ("spec.checkpoint.uri", spec.checkpoint.uri, True)):  # fmt: skip
-        if uri and uri.startswith("file://"):
-            out.append((field, uri.removeprefix("file://"), written))
+        if uri and (uri.startswith("file://") or uri.startswith("/")):
+            out.append((field, uri, uri.removeprefix("file://"), written))
     return out
 
 
@@ -145,12 +149,13 @@ def cluster_issues(spec: RLExperimentSpec, experiment: str) -> list[FieldIssue]:
                                      f"{str(mount)!r} overlaps a path the pods need ({', '.join(RESERVED_MOUNTS)})"))
         if mount in mounts[:i]:
             issues.append(FieldIssue(f"spec.storage.volumes[{i}].mountPath", f"{str(mount)!r} is mounted twice"))
-    for field, path, written in _file_uris(spec):
+    for field, uri, path, written in _file_uris(spec):
         volume = _volume_for(path, storage.volumes)
         if volume is None:
-            issues.append(FieldIssue(field, f"file://{path} on a cluster would be inside a pod's own filesystem, "
-                                            "gone when the pod is replaced: mount a PersistentVolumeClaim that holds "
-                                            "it (spec.storage.volumes: claimName, mountPath) or use s3://"))
+            issues.append(FieldIssue(field, f"{uri} on a cluster would be inside a pod's own filesystem, gone when "
+                                            "the pod is replaced: mount a PersistentVolumeClaim that holds it "
+                                            "(spec.storage.volumes: claimName, mountPath) or use s3:// (kuberl run "
+                                            "reads this machine's files as they are)"))
         elif written and volume.read_only:
             issues.append(FieldIssue(field, f"is written by the trainer but volume {volume.claim_name!r} is "
                                             "mounted readOnly"))
