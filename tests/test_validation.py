@@ -407,3 +407,25 @@ def test_an_unknown_field_says_where_it_belongs(changes, path, hint):
     assert [(i.path, i.message) for i in issues] == [(path, f"unknown field; {hint}")]
     _, issues = validate_document(with_spec(algorithm__noSuchThingAnywhere=1))
     assert [i.message for i in issues] == ["unknown field"]
+
+
+def test_one_validate_says_every_mistake_with_its_fix(tmp_path, capsys):
+    """A misspelt and a misnested field, an enum value with a better place, an enum typo, YAML's boolean
+    `on`, a kuberl.rewards typo and a column the table lacks: all in one run, each with its suggestion
+    (the schema's errors no longer hide the reward's and the data's)."""
+    table = tmp_path / "train.jsonl"
+    table.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    doc = with_spec(algorithm__maxStep=10, rollout__groupSize=4, scheduling__gang="kueue",
+                    model__dtype="bfloat61", model__chatTemplate={"mode": True},
+                    reward__function="kuberl.rewards:exact_mach",
+                    dataset={"path": f"file://{table}", "answerKey": "solution"})
+    assert main(["validate", str(write(tmp_path, doc))]) == 1
+    err = capsys.readouterr().err
+    for fragment in ("spec.algorithm.maxStep: unknown field; did you mean maxSteps?",
+                     "spec.rollout.groupSize: unknown field; it is a field of spec.algorithm",
+                     "spec.scheduling.gang: got 'kueue'", "leave gang unset (none) and set scheduling.queue",
+                     "spec.model.dtype: got 'bfloat61'", "did you mean 'bfloat16'?",
+                     "spec.model.chatTemplate.mode: got True", "quote the value",
+                     "spec.reward.function: 'kuberl.rewards:exact_mach'", "did you mean kuberl.rewards:exact_match?",
+                     "spec.dataset.answerKey: the table has no column 'solution'; it has: answer, prompt"):
+        assert fragment in err, (fragment, err)

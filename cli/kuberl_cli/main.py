@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
-from kuberl.api import FieldIssue, Resource, validate_document
+from kuberl.api import FieldIssue, Resource, RLExperiment, validate_document
 
-from .preflight import experiment_spec, preflight
+from .preflight import data_preflight, experiment_spec, preflight
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: linear where PyYAML's scanner is not
 
@@ -80,6 +80,8 @@ def check_file(path: Path, warnings: list[str] | None = None, architecture: bool
             obj = None if local_errors else obj
             if warnings is not None:
                 warnings += [_line(path, label, w) for w in local_warnings]
+        elif obj is None and isinstance(doc, dict) and doc.get("kind") == RLExperiment.KIND:
+            issues += data_preflight(doc)  # the schema failed elsewhere: its data is still worth a look
         errors += [_line(path, label, issue) for issue in issues]
         if obj is not None:
             objects.append(obj)

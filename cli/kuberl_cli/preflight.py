@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from kuberl.api import FieldIssue, RLExperiment
 from kuberl.api.resolve import cluster_warnings
 from kuberl.api.rewards import in_kuberl_package
+from kuberl.api.sources import DatasetSource
 from kuberl.api.spec import RLExperimentSpec
 
 
@@ -29,6 +30,26 @@ def experiment_spec(doc: Any) -> RLExperimentSpec | None:
         return RLExperiment.model_validate(doc).spec
     except ValidationError:
         return None
+
+
+def data_preflight(doc: dict[str, Any]) -> list[FieldIssue]:
+    """For an RLExperiment whose schema failed elsewhere: the local data checks of each dataset section that
+    parses on its own (``spec.dataset``, ``spec.evaluation.dataset``), so that one ``kuberl validate``
+    says everything."""
+    try:
+        from kuberl.data.tables import local_file_issues
+    except ImportError:  # an operator-only install: the full preflight says so once the schema is right
+        return []
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    evaluation = spec.get("evaluation") if isinstance(spec.get("evaluation"), dict) else {}
+    issues = []
+    for field, raw in (("spec.dataset", spec.get("dataset")), ("spec.evaluation.dataset", evaluation.get("dataset"))):
+        try:
+            source = DatasetSource.model_validate(raw)
+        except ValidationError:
+            continue  # the schema's issues name it
+        issues += [FieldIssue(path, message) for path, message in local_file_issues(source, field)]
+    return issues
 
 
 def preflight(spec: RLExperimentSpec, architecture: bool = True, import_rewards: bool = False

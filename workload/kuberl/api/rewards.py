@@ -4,6 +4,8 @@ operator can refuse ``kuberl.rewards:no_such_reward`` without importing the work
 
 from __future__ import annotations
 
+import difflib
+
 KUBERL_PACKAGE = "kuberl"
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # 'package.module:Name': user code a manifest names
 KUBERL_REWARDS_MODULE = f"{KUBERL_PACKAGE}.rewards"
@@ -23,7 +25,9 @@ def reward_issue(function: str) -> str | None:
     module, _, name = function.partition(":")
     allowed = ", ".join(KUBERL_REWARDS)
     if module == KUBERL_REWARDS_MODULE and name not in KUBERL_REWARDS:
-        return f"{function!r}: {module} has no reward {name!r}; allowed: {allowed}"
+        close = difflib.get_close_matches(name, KUBERL_REWARDS, n=1, cutoff=0.6)
+        hint = f"did you mean {module}:{close[0]}? " if close else ""
+        return f"{function!r}: {module} has no reward {name!r}; {hint}allowed: {allowed}"
     if in_kuberl_package(function) and module.split(".")[:2] != KUBERL_REWARDS_MODULE.split("."):
         return f"{function!r}: KubeRL's rewards live in {KUBERL_REWARDS_MODULE} ({KUBERL_REWARDS_MODULE}:NAME); " \
                f"allowed: {allowed}"

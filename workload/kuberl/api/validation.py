@@ -6,6 +6,8 @@ YAML (camelCase) names and whose messages name what is allowed.
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -14,8 +16,17 @@ from .base import GROUP_VERSION, shown
 from .fields import where_it_belongs
 from .resolve import FieldIssue, resolve
 from .resources import KINDS, InferencePool, Resource, RLExperiment, TrainerJob
+from .rewards import reward_issue
+from .sources import RewardSpec
 from .storage import cluster_issues, standalone_issues
 from .support import unsupported_issues
+
+# A value people write for a field that has a better place: (field path suffix, value) → the hint.
+VALUE_HINTS = {
+    ("scheduling.gang", "kueue"): "Kueue is not a gang scheduler here: leave gang unset (none) and set "
+                                  "scheduling.queue to the LocalQueue (Kueue then admits the experiment's pods "
+                                  "as one group)",
+}
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -31,15 +42,43 @@ def _explain(err: dict[str, Any], model_fields: dict[str, Any] | None = None) ->
         return "is required"
     if kind in ("enum", "literal_error"):
         expected = err.get("ctx", {}).get("expected", "")
-        hint = (" (YAML reads an unquoted on, off, yes or no as a boolean: quote the value, e.g. \"on\")"
-                if isinstance(given, bool) else "")
-        return f"got {shown(given)}; allowed: {expected}{hint}"
+        return f"got {shown(given)}; allowed: {expected}{_value_hint(_path(err['loc']), given, expected)}"
     msg = err["msg"]
     if kind == "value_error":
         msg = msg.removeprefix("Value error, ")
     if isinstance(given, str | int | float | bool) and kind != "value_error":
         return f"got {shown(given)}: {msg}"
     return msg
+
+
+def _value_hint(path: str, given: Any, expected: str) -> str:
+    """What to say after the allowed values: YAML's booleans, a value with a better place
+    (:data:`VALUE_HINTS`), or the closest allowed spelling."""
+    if isinstance(given, bool):
+        return " (YAML reads an unquoted on, off, yes or no as a boolean: quote the value, e.g. \"on\")"
+    text = str(given).lower()
+    for (suffix, value), hint in VALUE_HINTS.items():
+        if path.endswith(suffix) and text == value:
+            return f" ({hint})"
+    close = difflib.get_close_matches(text, re.findall(r"'([^']*)'", expected), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def section_issues(doc: dict[str, Any]) -> list[FieldIssue]:
+    """Checks of an RLExperiment's sections that stand alone, for a document whose schema failed
+    elsewhere: so that one run of ``kuberl validate`` says everything (today: a ``kuberl.rewards`` name
+    KubeRL does not ship, in ``spec.reward`` and ``spec.evaluation.reward``)."""
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    evaluation = spec.get("evaluation") if isinstance(spec.get("evaluation"), dict) else {}
+    issues = []
+    for field, raw in (("spec.reward", spec.get("reward")), ("spec.evaluation.reward", evaluation.get("reward"))):
+        try:
+            reward = RewardSpec.model_validate(raw)
+        except ValidationError:
+            continue  # the schema's issues name it
+        if message := reward_issue(reward.function):
+            issues.append(FieldIssue(f"{field}.function", message))
+    return issues
 
 
 def schema_issues(err: ValidationError, model: type[BaseModel] | None = None) -> list[FieldIssue]:
@@ -68,7 +107,7 @@ def validate_document(doc: Any, cluster: bool = True) -> tuple[Resource | None, 
     try:
         obj = KINDS[kind].model_validate(doc)
     except ValidationError as err:
-        return None, schema_issues(err, KINDS[kind])
+        return None, schema_issues(err, KINDS[kind]) + (section_issues(doc) if kind == RLExperiment.KIND else [])
     if isinstance(obj, RLExperiment):
         _, trainer, issues = resolve(obj.spec)
         issues += unsupported_issues(obj.spec, trainer)
