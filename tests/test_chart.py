@@ -405,3 +405,17 @@ def test_the_image_digest_policy_admits_only_images_pinned_by_digest():
     pool = {"apiVersion": "kuberl.io/v1alpha1", "kind": "InferencePool", "metadata": {"name": "p"},
             "spec": {"image": "img:latest"}}
     assert verdict(pool) == (False, "images must be pinned by digest (name@sha256:...): img:latest")
+
+
+@pytest.mark.parametrize(("extra", "namespace", "volcano_hint"), [
+    ([], "kuberl-system", True),  # the default watches the release's own namespace, not the cluster
+    (["--set", "watchNamespaces={team-a,team-b}", "--set", "integrations.volcano=true"], "team-a", False),
+    (["--set", "clusterWide=true"], "default", True),
+])
+def test_the_install_notes_run_the_example_where_the_operator_watches(extra, namespace, volcano_hint):
+    done = helm("install", "kuberl", str(CHART), "--namespace", "kuberl-system", "--dry-run", *extra)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout[done.stdout.index("NOTES:"):]
+    assert f"kubectl apply -n {namespace} -f " in notes and f"kubectl get rlexperiments -n {namespace} -w" in notes
+    assert ("watches every namespace" in notes) == ("clusterWide=true" in extra)
+    assert ("--set integrations.volcano=true" in notes) == volcano_hint
