@@ -77,3 +77,21 @@ def test_succeeded_degraded_and_invalid_spec():
     invalid = {"phase": "Pending", "observedGeneration": 2,
                "conditions": [cond("SpecValid", "False", "InvalidSpec", "spec.trainer.nodes: must be ≥ 1")]}
     assert health("RLExperiment", invalid) == ("Degraded", "InvalidSpec: spec.trainer.nodes: must be ≥ 1")
+
+
+def test_the_shipped_application_leaves_resizes_to_the_scale_subresource():
+    """Autoscaling, `kubectl scale` and an HPA write the replicas through the scale subresource: the
+    Application ignores exactly those fields (from the CRDs' specReplicasPath) and keeps them on sync
+    (RespectIgnoreDifferences), so self-heal does not undo a resize; and it deploys where an operator
+    installed as the README says watches."""
+    from kuberl.api.crd import SCALE
+
+    app = yaml.safe_load((ROOT / "deploy/argocd/application.yaml").read_text())["spec"]
+    ignored = {(d["group"], d["kind"]): d["jsonPointers"] for d in app["ignoreDifferences"]}
+    written = {("kuberl.io", kind): ["/" + scale["specReplicasPath"].lstrip(".").replace(".", "/")]
+               for kind, scale in SCALE.items()}
+    assert ignored == written
+    sync = app["syncPolicy"]
+    assert "RespectIgnoreDifferences=true" in sync["syncOptions"] and sync["automated"]["selfHeal"]
+    readme = (ROOT / "README.md").read_text()
+    assert f"watchNamespaces={{{app['destination']['namespace']}}}" in readme
