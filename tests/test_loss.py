@@ -227,3 +227,36 @@ def test_a_warm_up_ramps_the_rate_then_the_schedule_runs_over_the_steps_left():
     assert learning_rate_at(110, 110, 1e-3, "cosine", 0.1, warmup_steps=10) == pytest.approx(1e-4)  # ends at m
     constant = [learning_rate_at(s, 50, 1.0, "constant", 0.1, warmup_steps=5) for s in range(50)]
     assert constant[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0]) and set(constant[5:]) == {1.0}
+
+
+def test_a_behavior_anchored_clip_binds_with_one_mini_batch_and_leaves_the_rest_of_the_gradient_alone():
+    """One mini-batch: π_prox = sg(π_θ), so a proximal clip never binds and each token's gradient is
+    w·A·∇log π. Anchored to π_behav, the ratio π_θ / π_behav = w: the same gradient where w lies inside
+    the clip, none where the policy already moved the token past it in the advantage's direction (w = 1.5
+    with A > 0; w = 0.6 with A < 0), and the weight the cap masks (w = 6) stays masked."""
+    behav = torch.log(t([1 / 1.5, 1 / 1.1, 1 / 0.6, 1 / 6.0]))  # w = π_θ / π_behav = 1.5, 1.1, 0.6, 6 at θ
+    adv = t([1.0, 1.0, -1.0, 1.0])
+    mask = torch.ones(1, 4, dtype=torch.float64)
+
+    def grads(anchor: str) -> tuple[list[float], float]:
+        logp = torch.zeros(1, 4, dtype=torch.float64, requires_grad=True)
+        out = ppo_loss(logp, logp.detach(), behav, adv, mask, cfg(clip_anchor=anchor, behavior_imp_cap=5.0))
+        out.loss.backward()
+        return [round(g, 6) for g in logp.grad[0].tolist()], float(out.stats["ppo_actor/clip_ratio"])
+
+    proximal, proximal_clipped = grads("proximal")
+    behavior, behavior_clipped = grads("behavior")
+    assert proximal == [round(-1.5 / 3, 6), round(-1.1 / 3, 6), round(0.6 / 3, 6), 0.0] and proximal_clipped == 0
+    assert behavior == [0.0, round(-1.1 / 3, 6), 0.0, 0.0]  # clipped: 1.5 > 1.28 with A > 0, 0.6 < 0.8 with A < 0
+    assert behavior_clipped == pytest.approx(2 / 3)
+
+
+def test_the_anchor_resolves_to_behavior_only_where_a_proximal_clip_cannot_bind():
+    from kuberl.api.algorithm import AlgorithmSpec, ClipAnchor
+
+    assert AlgorithmSpec().clip_anchor == ClipAnchor.BEHAVIOR  # one mini-batch
+    assert AlgorithmSpec(mini_batches=4).clip_anchor == ClipAnchor.PROXIMAL
+    assert AlgorithmSpec(ratio="sequence").clip_anchor == ClipAnchor.PROXIMAL  # GSPO's ratio is per sequence
+    assert AlgorithmSpec(mini_batches=4, clip={"anchor": "behavior"}).clip_anchor == ClipAnchor.BEHAVIOR
+    with pytest.raises(ValueError, match=r"clip.anchor behavior .* needs ratio token"):
+        AlgorithmSpec(ratio="sequence", clip={"anchor": "behavior"})

@@ -35,6 +35,14 @@ class RatioLevel(StrEnum):
     SEQUENCE = "sequence"  # GSPO: s = exp(mean_t log(π_θ / π_prox)) per sequence, clipped as a whole
 
 
+class ClipAnchor(StrEnum):
+    """What the PPO ratio is taken against (``kuberl.policy.loss``)."""
+
+    AUTO = "auto"  # behavior with one mini-batch and token-level ratio and correction, else proximal
+    PROXIMAL = "proximal"  # decoupled PPO: r = π_θ / π_prox, the weights at the start of the step
+    BEHAVIOR = "behavior"  # coupled PPO: r = π_θ / π_behav, the weights that sampled the token
+
+
 class LearningRateSchedule(StrEnum):
     CONSTANT = "constant"
     LINEAR = "linear"
@@ -50,6 +58,13 @@ class ClipSpec(ApiModel):
     low: float = Field(0.2, ge=0, le=1, description="ε: ratio clipped below at 1 − low")
     high: float = Field(0.28, ge=0, description="ε_high: ratio clipped above at 1 + high")
     dual: float | None = Field(None, gt=1, description="dual-clip constant c (> 1); off if unset")
+    anchor: ClipAnchor = Field(
+        ClipAnchor.AUTO,
+        description="the policy the ratio is taken against: proximal (π_prox, the weights at the start of the step: "
+                    "decoupled PPO, whose clip binds only from the second mini-batch on) or behavior (π_behav, the "
+                    "weights that sampled the token: the clip stops pushing tokens the policy already moved by more "
+                    "than the clip since sampling); auto: behavior when miniBatches is 1 (π_prox = π_θ there, so "
+                    "a proximal clip never binds) and ratio and importanceSampling.level are token, else proximal")
 
     @model_validator(mode="after")
     def _high_not_below_low(self) -> ClipSpec:
@@ -109,11 +124,17 @@ class AlgorithmSpec(ApiModel):
             ("!has(self.critic) || self.name == 'ppo'", "critic: only algorithm.name ppo trains a critic"),
             ("self.name != 'ppo' || !has(self.ratio) || self.ratio == 'token'",
              "ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token"),
+            ("!has(self.clip) || !has(self.clip.anchor) || self.clip.anchor != 'behavior' || ((!has(self.ratio) || "
+             "self.ratio == 'token') && (!has(self.importanceSampling) || !has(self.importanceSampling.level) || "
+             "self.importanceSampling.level == 'token'))",
+             "clip.anchor behavior needs ratio token and importanceSampling.level token"),
         )
     }
     name: AlgorithmName = Field(AlgorithmName.GRPO, description="how advantages are computed: grpo (reward minus its "
-                                                                "group's mean, over the group's std), dr_grpo (minus "
-                                                                "the mean only), rloo (minus the others' mean), ppo "
+                                                                "group's mean, over the group's std), drgrpo (minus "
+                                                                "the mean only), dapo (grpo, groups without reward "
+                                                                "variance left out), rloo (minus the other samples' "
+                                                                "mean), reinforce_pp (whitened over the batch), ppo "
                                                                 "(GAE over a critic)")
     group_size: Positive = Field(8, description="samples per prompt")
     batch_size: Positive = Field(256, description="trajectories per training step")
@@ -154,6 +175,15 @@ class AlgorithmSpec(ApiModel):
                                                         "(defaults apply when ppo leaves it out)")
 
     @property
+    def clip_anchor(self) -> ClipAnchor:
+        """``clip.anchor`` resolved: ``auto`` is behavior with one mini-batch and token-level ratio and
+        correction (where a proximal clip never binds), else proximal."""
+        if self.clip.anchor != ClipAnchor.AUTO:
+            return self.clip.anchor
+        token_level = self.ratio == RatioLevel.TOKEN and self.importance_sampling.level == CorrectionLevel.TOKEN
+        return ClipAnchor.BEHAVIOR if self.mini_batches == 1 and token_level else ClipAnchor.PROXIMAL
+
+    @property
     def value_model(self) -> CriticSpec | None:
         """The critic ``ppo`` trains (the spec's, or the defaults); None for the critic-free algorithms."""
         return (self.critic or CriticSpec()) if self.name == AlgorithmName.PPO else None
@@ -173,6 +203,10 @@ class AlgorithmSpec(ApiModel):
             raise ValueError("ratio: sequence (GSPO) with ppo: a critic's advantages are per token; use ratio token")
         if self.warmup_steps >= self.max_steps:
             raise ValueError(f"warmupSteps ({self.warmup_steps}) must be < maxSteps ({self.max_steps})")
+        if self.clip.anchor == ClipAnchor.BEHAVIOR and (self.ratio != RatioLevel.TOKEN or
+                                                        self.importance_sampling.level != CorrectionLevel.TOKEN):
+            raise ValueError("clip.anchor behavior takes each token's ratio against the policy that sampled it: it "
+                             "needs ratio token and importanceSampling.level token (or clip.anchor proximal)")
         low = self.importance_sampling.low
         if low is not None and self.behavior_imp_cap is not None and low >= self.behavior_imp_cap:
             raise ValueError(f"importanceSampling.low ({low}) must be < behaviorImpCap ({self.behavior_imp_cap})")

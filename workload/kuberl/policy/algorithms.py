@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..api.algorithm import AlgorithmName, CorrectionLevel, CorrectionMode, LearningRateSchedule, RatioLevel
+from ..api.algorithm import (
+    AlgorithmName,
+    ClipAnchor,
+    CorrectionLevel,
+    CorrectionMode,
+    LearningRateSchedule,
+    RatioLevel,
+)
 from ..rollout.types import Group, Trajectory
 
 ADVANTAGE = {AlgorithmName.GRPO: "group_norm", AlgorithmName.DAPO: "group_norm", AlgorithmName.DRGRPO: "group_center",
@@ -42,11 +49,13 @@ class AlgorithmConfig:
     correction_level: CorrectionLevel = CorrectionLevel.TOKEN
     behavior_imp_low: float | None = None  # mask: the lower bound on w
     ratio_level: RatioLevel = RatioLevel.TOKEN  # token (PPO) or sequence (GSPO)
+    clip_anchor: ClipAnchor = ClipAnchor.PROXIMAL  # what the ratio is taken against (resolved: never auto)
 
     def __post_init__(self) -> None:
         """The spec's enums as they are; their values (a test's, a benchmark's) become them."""
         for field, allowed in (("name", AlgorithmName), ("correction", CorrectionMode),
-                               ("correction_level", CorrectionLevel), ("ratio_level", RatioLevel)):
+                               ("correction_level", CorrectionLevel), ("ratio_level", RatioLevel),
+                               ("clip_anchor", ClipAnchor)):
             value = getattr(self, field)
             if value not in {m.value for m in allowed}:
                 raise ValueError(f"{field} {value!r}; allowed: {', '.join(m.value for m in allowed)}")

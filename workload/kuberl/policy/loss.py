@@ -6,6 +6,10 @@ weights at the start of this step, recomputed by the trainer) and π_behav the b
 
     r = π_θ / π_prox                                     (trust-region ratio, per token)
         or, ratio "sequence" (GSPO), s = exp(mean_t log(π_θ / π_prox)) of the token's sequence
+        or, clip anchor "behavior", r = π_θ / π_behav with w replaced by what the correction leaves of
+        it: 1 (mask) or min(w, high) / w (truncate) — the same gradient where nothing is clipped, and a
+        trust region around the sampling policy when π_prox = π_θ (one mini-batch), where the ratio to
+        π_prox is 1 and its clip never binds
     w = π_prox / π_behav, detached                       (off-policy correction, per token)
         or the sequence's Π_t w_t ("sequence") or exp(mean_t log w_t) ("geometric")
     ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))     (clip-higher when ε_high > ε_low)
@@ -37,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..api.algorithm import CorrectionLevel, CorrectionMode, RatioLevel
+from ..api.algorithm import ClipAnchor, CorrectionLevel, CorrectionMode, RatioLevel
 from .algorithms import AlgorithmConfig
 
 log = logging.getLogger("kuberl.trainer")
@@ -85,7 +89,11 @@ def ppo_loss(
     given = mask.to(logp.dtype)
     log_w = (prox_logp - behav_logp).detach()
     weight, mask, truncated = behaviour_weight(log_w, given, config)
-    ratio = trust_ratio(logp, prox_logp, given, config.ratio_level)
+    if config.clip_anchor == ClipAnchor.BEHAVIOR:  # r already carries w: what the correction left of it stays
+        ratio = trust_ratio(logp, behav_logp, given, config.ratio_level)
+        weight = weight * torch.exp(-log_w)
+    else:
+        ratio = trust_ratio(logp, prox_logp, given, config.ratio_level)
     adv = advantages if advantages.dim() == logp.dim() else advantages.unsqueeze(-1).expand_as(logp)
     surrogate = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)

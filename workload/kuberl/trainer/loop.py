@@ -79,7 +79,7 @@ def algorithm_config(run: RunConfig) -> AlgorithmConfig:
         dual_clip=algo.clip.dual, kl_coef=algo.kl_coef, behavior_imp_cap=algo.behavior_imp_cap,
         max_new_tokens=spec.rollout.max_new_tokens, correction=algo.importance_sampling.mode,
         correction_level=algo.importance_sampling.level, behavior_imp_low=algo.importance_sampling.low,
-        ratio_level=algo.ratio,
+        ratio_level=algo.ratio, clip_anchor=algo.clip_anchor,
     )
 
 
