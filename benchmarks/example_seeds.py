@@ -5,6 +5,10 @@ final held-out evaluation reward, the policy's token entropy at the start and th
 seconds, and the worst drawdowns after the learning-rate warm-up (``worst_drawdown_train10``: the largest
 fall of the 10-step training-reward mean below its running best; ``worst_drawdown_eval``: of the held-out
 reward below its best evaluation so far). A run that ends where it peaked has ``eval_final ≥ eval_peak − 0.05``.
+A 10-step window of the training reward is noisy (16 prompts a step), so each seed also gets the drawdown its
+own noise would make (``drawdown_noise_train10``: median and 90th percentile over simulated runs of its
+smoothed curve plus its residual noise), and ``drawdowns_beyond_noise`` lists the seeds whose drawdown exceeds
+that 90th percentile: a fall the noise does not explain.
 Whether the numbers mean what they say: each evaluation's version span (``eval_version_span_max``: 1 when one
 policy wrote each), how many steps after it was due it was recorded (``eval_late_steps_max``) and those skipped;
 whether the trust region acted (``clip_active_share``: the share of steps on which the PPO clip clipped any
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -38,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"
 STABLE_MARGIN = 0.05  # eval_final ≥ eval_peak − this: the run ends where it peaked
 DRAWDOWN_WINDOW = 10  # steps per training-reward mean in worst_drawdown_train10
+TREND_HALF_WIDTH = 20  # the smoothed curve a run's noise is measured around: a centred 41-step mean
+NOISE_RUNS = 200  # simulated runs per noise floor
 
 
 def log(msg: str) -> None:
@@ -71,6 +78,28 @@ def worst_drawdown(values: list[float]) -> float:
     return worst
 
 
+def smoothed(values: list[float], half: int = TREND_HALF_WIDTH) -> list[float]:
+    """Each value's centred moving mean over ±``half`` steps (fewer at the ends)."""
+    return [statistics.fmean(values[max(0, i - half):i + half + 1]) for i in range(len(values))]
+
+
+def drawdown_noise_floor(values: list[float], window: int = DRAWDOWN_WINDOW, runs: int = NOISE_RUNS,
+                         seed: int = 0) -> tuple[float, float]:
+    """(median, 90th percentile) of the worst drawdown of ``window``-step means that a run with this
+    curve would show from sampling noise alone: its smoothed curve (:func:`smoothed`) plus independent
+    Gaussian noise of the residuals' standard deviation, ``runs`` times. A measured drawdown inside
+    the 90th percentile is what the batch's noise makes, not a collapse."""
+    if len(values) < 2 * TREND_HALF_WIDTH + window:
+        return 0.0, 0.0
+    trend = smoothed(values)
+    inner = range(TREND_HALF_WIDTH, len(values) - TREND_HALF_WIDTH)
+    sigma = statistics.pstdev([values[i] - trend[i] for i in inner])
+    rng = random.Random(seed)
+    floors = sorted(worst_drawdown(_windows([t + rng.gauss(0.0, sigma) for t in trend], window))
+                    for _ in range(runs))
+    return floors[runs // 2], floors[int(runs * 0.9)]
+
+
 def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[str, Any]:
     """The per-seed record: rewards, evaluation peak/final, entropy start/end, RL wall seconds, and the worst
     drawdowns after the learning-rate warm-up (``warmup`` steps): of the training reward's 10-step mean
@@ -95,6 +124,7 @@ def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[st
         "rl_seconds": _round(summary["wall_seconds"], 1),
         "weight_update_fraction": summary.get("weight_update_fraction"),
         "worst_drawdown_train10": _round(worst_drawdown(_windows(rewards[warmup:], DRAWDOWN_WINDOW))),
+        "drawdown_noise_train10": [_round(x) for x in drawdown_noise_floor(rewards[warmup:])],  # median, p90
         "worst_drawdown_eval": _round(worst_drawdown(late_evals)),
         "eval_version_span_max": max((e.get("version_span", 1) for e in summary.get("eval") or []), default=None),
         "eval_late_steps_max": max((e["reported_after_step"] - e["step"] for e in summary.get("eval") or []
@@ -131,6 +161,8 @@ def overall(seeds: list[dict[str, Any]]) -> dict[str, Any]:
                                    for s in seeds),
         "rl_seconds_mean": _round(statistics.fmean(numbers("rl_seconds")), 1),
         "worst_drawdown_train10": _round(max(numbers("worst_drawdown_train10"), default=0.0)),
+        "drawdowns_beyond_noise": [s["seed"] for s in seeds if s.get("drawdown_noise_train10") and
+                                   s["worst_drawdown_train10"] > s["drawdown_noise_train10"][1]],
         "worst_drawdown_eval": _round(max(numbers("worst_drawdown_eval"), default=0.0)),
         "clip_active_share_min": _round(min(numbers("clip_active_share"), default=None), 4)
         if numbers("clip_active_share") else None,
