@@ -20,6 +20,7 @@ from kuberl.api.resolve import cluster_warnings
 from kuberl.api.rewards import in_kuberl_package
 from kuberl.api.sources import DatasetSource
 from kuberl.api.spec import RLExperimentSpec
+from kuberl.api.validation import standalone_sections
 
 
 def experiment_spec(doc: Any) -> RLExperimentSpec | None:
@@ -40,16 +41,8 @@ def data_preflight(doc: dict[str, Any]) -> list[FieldIssue]:
         from kuberl.data.tables import local_file_issues
     except ImportError:  # an operator-only install: the full preflight says so once the schema is right
         return []
-    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
-    evaluation = spec.get("evaluation") if isinstance(spec.get("evaluation"), dict) else {}
-    issues = []
-    for field, raw in (("spec.dataset", spec.get("dataset")), ("spec.evaluation.dataset", evaluation.get("dataset"))):
-        try:
-            source = DatasetSource.model_validate(raw)
-        except ValidationError:
-            continue  # the schema's issues name it
-        issues += [FieldIssue(path, message) for path, message in local_file_issues(source, field)]
-    return issues
+    return [FieldIssue(path, message) for field, source in standalone_sections(doc, "dataset", DatasetSource)
+            for path, message in local_file_issues(source, field)]
 
 
 def preflight(spec: RLExperimentSpec, architecture: bool = True, import_rewards: bool = False

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -64,21 +64,29 @@ def _value_hint(path: str, given: Any, expected: str) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def standalone_sections(doc: dict[str, Any], key: str, model: type[M]) -> list[tuple[str, M]]:
+    """(field path, parsed) of ``spec.<key>`` and ``spec.evaluation.<key>`` in a raw RLExperiment
+    document, each that parses as ``model`` on its own (one that does not: the schema's issues name it)."""
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    evaluation = spec.get("evaluation") if isinstance(spec.get("evaluation"), dict) else {}
+    found = []
+    for field, raw in ((f"spec.{key}", spec.get(key)), (f"spec.evaluation.{key}", evaluation.get(key))):
+        try:
+            found.append((field, model.model_validate(raw)))
+        except ValidationError:
+            continue
+    return found
+
+
 def section_issues(doc: dict[str, Any]) -> list[FieldIssue]:
     """Checks of an RLExperiment's sections that stand alone, for a document whose schema failed
     elsewhere: so that one run of ``kuberl validate`` says everything (today: a ``kuberl.rewards`` name
     KubeRL does not ship, in ``spec.reward`` and ``spec.evaluation.reward``)."""
-    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
-    evaluation = spec.get("evaluation") if isinstance(spec.get("evaluation"), dict) else {}
-    issues = []
-    for field, raw in (("spec.reward", spec.get("reward")), ("spec.evaluation.reward", evaluation.get("reward"))):
-        try:
-            reward = RewardSpec.model_validate(raw)
-        except ValidationError:
-            continue  # the schema's issues name it
-        if message := reward_issue(reward.function):
-            issues.append(FieldIssue(f"{field}.function", message))
-    return issues
+    return [FieldIssue(f"{field}.function", message) for field, reward in standalone_sections(doc, "reward", RewardSpec)
+            if (message := reward_issue(reward.function))]
 
 
 def schema_issues(err: ValidationError, model: type[BaseModel] | None = None) -> list[FieldIssue]:
