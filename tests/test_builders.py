@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -482,3 +483,23 @@ def test_every_workload_pod_meets_the_restricted_pod_security_standard(example):
             seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
             assert seccomp in ("RuntimeDefault", "Localhost")
             assert not any(p.get("hostPort") for p in c.get("ports") or [])
+
+
+def test_the_complete_cluster_example_is_one_kueue_group_and_its_secrets_travel_only_by_reference():
+    """examples/gpu-qwen-math-kueue.yaml (hub model, Parquet on S3, W&B, Kueue): every pod is in the
+    LocalQueue's one pod group, and the S3 keys, the hub token and the W&B key reach pods only as
+    secretKeyRef — never as a value in the rendered objects."""
+    from kuberl_operator.builders.gang import KUEUE_GROUP_LABEL, KUEUE_QUEUE_LABEL
+
+    manifests = render(load_example("gpu-qwen-math-kueue.yaml"))
+    pods = by_kind(manifests, "Pod")
+    assert len(pods) == 4 + 1  # 4 replicas, one 8-GPU trainer node
+    assert {(p["metadata"]["labels"][KUEUE_QUEUE_LABEL], p["metadata"]["labels"][KUEUE_GROUP_LABEL]) for p in pods} \
+        == {("gpu-team-a", pods[0]["metadata"]["labels"][KUEUE_GROUP_LABEL])}
+    trainer = next(p for p in pods if p["metadata"]["labels"]["kuberl.io/role"] == "trainer")
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in container(trainer)["env"]
+            if "secretKeyRef" in e.get("valueFrom", {})}
+    assert {"s3-credentials", "hf-token", "wandb"} <= refs
+    assert "hf_" not in json.dumps(manifests) and not any(
+        e.get("name") in ("AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "WANDB_API_KEY") and "value" in e
+        for p in pods for e in container(p)["env"])
