@@ -121,6 +121,11 @@ CASES = {
     "a critic without ppo": experiment(algorithm={"critic": {"gamma": 0.99}}),
     "ppo with a critic": experiment(algorithm={"name": "ppo", "critic": {"gamma": 0.99, "gaeLambda": 0.95}}),
     "ppo with GSPO's sequence ratio": experiment(algorithm={"name": "ppo", "ratio": "sequence"}),
+    "a clip anchored to the behaviour policy": experiment(algorithm={"clip": {"anchor": "behavior"}}),
+    "a behaviour anchor with GSPO's ratio": experiment(algorithm={"clip": {"anchor": "behavior"}, "ratio": "sequence"}),
+    "a behaviour anchor with sequence-level correction": experiment(algorithm={
+        "clip": {"anchor": "behavior"}, "importanceSampling": {"level": "sequence"}}),
+    "an automatic anchor with GSPO's ratio": experiment(algorithm={"clip": {"anchor": "auto"}, "ratio": "sequence"}),
     "an adapter on every linear layer": experiment(trainer={"lora": {"rank": 8, "targetModules": ["all-linear"]}}),
     "an adapter on every linear layer and one more": experiment(trainer={"lora": {
         "rank": 8, "targetModules": ["all-linear", "q_proj"]}}),
