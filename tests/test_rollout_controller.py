@@ -165,3 +165,21 @@ def test_an_evaluation_due_at_a_version_starts_once_every_replica_serves_it_and_
     serve(2)
     result = due.result(60)
     assert (result.step, result.version, result.version_span, result.prompts) == (2, 2, 1, 4)
+
+
+@pytest.mark.parametrize("rollout", [2], indirect=True)
+def test_an_evaluation_whose_version_never_arrives_starts_anyway_and_says_which_it_measured(rollout, monkeypatch,
+                                                                                           caplog):
+    """A version lost on the way (a hung replica) must not stall the evaluation — and with it the trainer,
+    which holds its next update for it: after its wait it measures what the replicas serve, and says so."""
+    import logging
+
+    from kuberl.rollout import controller as controller_module
+
+    monkeypatch.setattr(controller_module, "EVAL_VERSION_WAIT_SECONDS", 0.3)
+    controller, serve = rollout
+    serve(1)
+    with caplog.at_level(logging.WARNING, logger="kuberl.rollout"):
+        result = controller.start_evaluation([Example("1+1=", "2")], TwoSamples(char_tokenizer()), 2, step=2).result(60)
+    assert (result.step, result.version, result.version_span) == (2, 1, 1)
+    assert "version 2 did not arrive within" in caplog.text

@@ -33,6 +33,7 @@ from .types import Group, version_lag
 from .workflow import RolloutWorkflow
 
 log = logging.getLogger("kuberl.rollout")
+EVAL_VERSION_WAIT_SECONDS = 120.0  # an evaluation waits this long at most for the version it is due at
 R = TypeVar("R")
 
 
@@ -289,8 +290,18 @@ class RolloutController:
             self._changed.notify_all()
 
     async def _evaluate(self, examples: list[Example], workflow: RolloutWorkflow, k: int, step: int) -> EvalResult:
+        """Once the replicas serve version ``step`` — or after :data:`EVAL_VERSION_WAIT_SECONDS` without
+        (a lost version, a starved pool: the trainer holds its next update for this evaluation, so
+        waiting on could only stall both), said in the log and in the result's versions."""
+        deadline = self.loop.time() + EVAL_VERSION_WAIT_SECONDS
         while self.manager.version < step and not self._stopping:
-            await self._served.wait()
+            if (left := deadline - self.loop.time()) <= 0:
+                log.warning("the evaluation due after step %d starts while the replicas serve version %d: version "
+                            "%d did not arrive within %.0f s", step, self.manager.version, step,
+                            EVAL_VERSION_WAIT_SECONDS)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._served.wait(), left)
         return await evaluate(self.client, examples, workflow, k, step)
 
     async def _update_weights(self, payload: bytes | str, version: int) -> float:
