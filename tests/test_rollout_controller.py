@@ -117,6 +117,9 @@ def test_a_batch_taken_ahead_stays_pending_until_a_take_hands_it_over(rollout):
     assert after["trained"] + len(after["pending"]) == after["cursor"]
     # what /progress shows, read without a round trip through the loop, counts the same
     assert controller.prompt_counts() == {key: after[key] for key in ("trained", "reissued", "skipped")}
+    lengths = controller.lengths.report()  # two samples an episode: trained those handed over, generated more
+    assert lengths["trained"]["n"] == 2 * len(first | second) and lengths["generated"]["n"] >= 3 * 2 * GROUPS
+    assert lengths["dropped"]["n"] == 0 and lengths["ks_generated_trained"] is not None
 
 
 @pytest.mark.parametrize("rollout", [2], indirect=True)

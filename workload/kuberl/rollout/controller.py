@@ -28,6 +28,7 @@ from .buffer import RolloutBuffer
 from .client import InferenceClient
 from .evaluation import EvalResult, evaluate
 from .ledger import PromptLedger
+from .lengths import EpisodeLengths
 from .staleness import StalenessManager
 from .types import Group, version_lag
 from .workflow import RolloutWorkflow
@@ -53,6 +54,7 @@ class RolloutController:
         self.episodes = 0
         self.generated_tokens = 0
         self.observed_staleness = 0
+        self.lengths = EpisodeLengths()  # of the episodes generated, trained and dropped as too stale
         self._ahead: tuple[tuple[int, int], Future[list[Group] | None]] | None = None  # (groups, version): ``take``
 
     # -- called from the trainer thread ----------------------------------------------------------
@@ -190,6 +192,7 @@ class RolloutController:
             if group is not None:
                 self.buffer.put(group)
                 self.generated_tokens += sum(len(t.output_ids) for t in group.trajectories)
+                self.lengths.add(self.lengths.generated, group.trajectories)
             self._changed.notify_all()
         self._fill()
 
@@ -246,6 +249,7 @@ class RolloutController:
 
     def _give_back(self, group: Group) -> None:
         """A group dropped as too stale: its prompt is handed out again."""
+        self.lengths.add(self.lengths.dropped, group.trajectories)
         if self.prompts is not None and group.prompt is not None:
             self.prompts.give_back(group.prompt, stale=True)
 
@@ -273,6 +277,7 @@ class RolloutController:
         trained twice, fails the run at the next ``take``); then the next batch's take starts."""
         try:
             for group in batch:
+                self.lengths.add(self.lengths.trained, group.trajectories)
                 if self.prompts is not None and group.prompt is not None:
                     self.prompts.mark_trained(group.prompt)
         except KeyError as err:

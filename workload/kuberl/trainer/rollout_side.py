@@ -74,6 +74,7 @@ class RolloutSnapshot:
     reward_errors: int
     prompts_too_long: int
     gateway: dict[str, int] | None
+    episode_lengths: dict[str, Any]  # generated / trained / dropped: n, mean, p50, p90; ks_generated_trained
 
 
 def prompt_sources(recipe: RolloutRecipe, check: PromptCheck) -> tuple[PromptLedger | None, Iterator[Example] | None]:
@@ -142,7 +143,8 @@ class RolloutSide:
             budget_used=c.manager.budget_used, cpu_seconds=time.process_time(), generated_tokens=c.generated_tokens,
             version=c.manager.version, stale_groups_dropped=c.buffer.dropped, replicas=len(c.client.replicas),
             reward_timeouts=self.reward.timeouts, reward_errors=self.reward.errors,
-            prompts_too_long=len(self.check.dropped), gateway=self.gateway.summary() if self.gateway else None)
+            prompts_too_long=len(self.check.dropped), gateway=self.gateway.summary() if self.gateway else None,
+            episode_lengths=c.lengths.report())
 
     def data_state(self) -> tuple[int, dict[str, Any] | None]:
         """What a checkpoint keeps of the data: the position in the stream and the prompt ledger's

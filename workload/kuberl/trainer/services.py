@@ -97,6 +97,13 @@ def prompt_summary(state: dict[str, Any] | None) -> dict[str, int] | None:
             "skipped": state["skipped"], "pending": len(state["pending"])}
 
 
+def length_curves(lengths: dict[str, Any]) -> dict[str, float | None]:
+    """The curves of which episodes training sees (``kuberl.rollout.lengths``): the mean output length of
+    those generated, trained and dropped so far, and the KS distance between generated and trained."""
+    return {**{f"rollout/{kind}_length_mean": lengths[kind]["mean"] for kind in ("generated", "trained", "dropped")},
+            "rollout/length_ks_generated_trained": lengths["ks_generated_trained"]}
+
+
 def trust_region_summary(tally: Tally) -> dict[str, float | None]:
     """How much the PPO clip acted: the mean share of tokens it clipped per step, the share of steps on
     which it clipped any; and the largest KL(π_behav ‖ π_prox) a step trained on (``mismatch/k3_kl``:
@@ -225,6 +232,7 @@ class RankZeroServices(NoServices):
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
             "rollout/observed_staleness": staleness, "rollout/trained_tokens_per_second": tally.tokens_per_second,
+            **length_curves(rollout.episode_lengths),
             **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items() if v}})
         if stats is not None:
             gap = tally.gaps.last if tally.gaps.last is not None else math.nan
@@ -322,6 +330,7 @@ class RankZeroServices(NoServices):
             "weight_update_fraction": round(tally.update_bytes / tally.policy_bytes, 5) if tally.policy_bytes else None,
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
             "stale_groups_dropped": rollout.stale_groups_dropped,
+            "episode_lengths": rollout.episode_lengths,
             "prompts": prompt_summary(self.rollout.data_state()[1]),
             "reward_timeouts": rollout.reward_timeouts,
             "reward_errors": rollout.reward_errors,
