@@ -213,6 +213,7 @@ def test_agent_episodes_become_a_rewarded_group_the_trainer_trains_on(served, wo
     assert {v for t in group.trajectories for v in t.versions} == {1}  # served by the trained policy
 
 
+@pytest.mark.slow  # the tool-warmed model is trained once per run (most of a minute on one core)
 def test_a_call_without_budget_is_held_and_served_once_the_trainer_catches_up_without_a_429(
         tool_warmed_weights):
     """While the staleness budget is used up, a new session's first call waits for a slot instead

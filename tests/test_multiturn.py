@@ -53,6 +53,7 @@ def test_tool_output_tokens_are_never_trained_on(world_of_one):
     assert any(not torch.equal(unmasked_a[n], unmasked_b[n]) for n in unmasked_a)
 
 
+@pytest.mark.slow  # the tool-warmed model is trained once per run (most of a minute on one core)
 async def test_a_tool_episode_masks_the_tool_message_and_rewards_the_final_answer(tool_warmed_model):
     """A tiny model warm-started on tool demonstrations, served by the real inference server: its
     episodes call the calculator, the tool's answer sits in them as masked context, and the final
