@@ -4,7 +4,8 @@
 and compares its curve — the training reward's mean over each :data:`WINDOW` steps, and each held-out
 evaluation — with ``tests/reference/cpu_tiny.json``: the same command run again and again, two at a
 time (as a loaded CI host runs it), each point's mean and its spread σ (sample standard deviation) over
-those runs — what an asynchronous run's timing alone moves. A point passes inside mean ± max(K·σ, FLOOR);
+those runs — what an asynchronous run's timing alone moves. A point passes inside mean ± max(K·σ, FLOOR),
+σ never below the point's own sampling noise;
 a change that moves the curve reads as a table of the points outside, with numbers — not a threshold
 that a slow host trips. The file also keeps each point's spread over seeds (``seed_sigma``): how far
 another seed's curve lies, for scale. Regenerate (and commit) after a change meant to move the curve:
@@ -35,6 +36,11 @@ SETTINGS = ("algorithm.learningRate=3e-4", f"evaluation.everySteps={EVERY}", "ev
 WINDOW = 20  # steps per training-reward point (at 16 samples a step, one window's mean has σ ≈ 0.03 from noise)
 K = 4.0  # band half-width in the repeats' σ
 FLOOR = 0.04  # and never narrower than this (a few runs estimate σ roughly)
+# Samples behind each point: a training window (WINDOW steps × the example's 128 a step) and an evaluation
+# (the example's 64 prompts × SETTINGS' 16 samples). A point's σ is never taken below its sampling noise
+# √(p(1 − p)/n): eight repeats can put their σ under it by chance (eval@120's 0.0093 against 0.0155).
+TRAIN_SAMPLES = WINDOW * 128
+EVAL_SAMPLES = 64 * 16
 
 
 def command(workdir: Path, summary: Path, extra: tuple[str, ...] = ()) -> list[str]:
@@ -60,8 +66,15 @@ class Point:
     sigma: float
 
     @property
+    def sampling_sigma(self) -> float:
+        """√(p(1 − p)/n) at the reference mean p, n the point's samples."""
+        n = EVAL_SAMPLES if self.name.startswith("eval@") else TRAIN_SAMPLES
+        p = min(max(self.mean, 0.0), 1.0)
+        return (p * (1 - p) / n) ** 0.5
+
+    @property
     def half_width(self) -> float:
-        return max(K * self.sigma, FLOOR)
+        return max(K * max(self.sigma, self.sampling_sigma), FLOOR)
 
     @property
     def inside(self) -> bool:

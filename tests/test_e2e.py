@@ -133,7 +133,9 @@ async def test_the_operators_autoscaler_grows_the_pool_of_a_training_run_whose_t
         with kubelet_stand_in(cluster, tmp_path, faults) as node_dir:
             path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)
             docs = list(yaml.safe_load_all(path.read_text()))
-            docs[0]["spec"]["inference"]["autoscale"] = {"maxReplicas": 2, "windowSeconds": 10}
+            # a 30 s window: the first change comes at once, and the count found too few stays remembered for
+            # 6 windows, longer than the run — at 10 s a slow host ran past it and the pool went back to 1
+            docs[0]["spec"]["inference"]["autoscale"] = {"maxReplicas": 2, "windowSeconds": 30}
             path.write_text(yaml.safe_dump_all(docs))
             kubectl, lines, events = kubectl_for(cluster), [], []
 
