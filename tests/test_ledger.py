@@ -28,6 +28,11 @@ def group(index: int, version: int) -> Group:
     return Group([t], prompt=index)
 
 
+def dropping_buffer(manager: StalenessManager, ledger: PromptLedger) -> RolloutBuffer[Group]:
+    """lateGroups: drop — a group staler than η gives its prompt back."""
+    return RolloutBuffer(manager, drop_stale=True, on_drop=lambda g: ledger.give_back(g.prompt, stale=True))
+
+
 def simulate(ops: list[int], seed: int, crash_every: int) -> tuple[Counter[int], PromptLedger, set[int]]:
     """A rollout loop in miniature: hand prompts out, finish them out of order, train batches of 4 at
     increasing versions (η = 1, so late ones are dropped), fail some episodes; every ``crash_every``
@@ -39,8 +44,7 @@ def simulate(ops: list[int], seed: int, crash_every: int) -> tuple[Counter[int],
     saved: tuple[dict[str, object], Counter[int]] = ({"cursor": 0, "pending": []}, Counter())
     ledger = PromptLedger.restore(None, stream())
     manager = StalenessManager(4, 1, 12)
-    buffer: RolloutBuffer[Group] = RolloutBuffer(manager, on_drop=lambda g, led=ledger: led.give_back(g.prompt,
-                                                                                                     stale=True))
+    buffer: RolloutBuffer[Group] = dropping_buffer(manager, ledger)
     running: list[tuple[int, int]] = []
     version = step = 0
     for op in ops:
@@ -71,7 +75,7 @@ def simulate(ops: list[int], seed: int, crash_every: int) -> tuple[Counter[int],
                 version = step = step - 1
                 manager = StalenessManager(4, 1, 12)
                 manager.restore(version)
-                buffer = RolloutBuffer(manager, on_drop=lambda g, led=ledger: led.give_back(g.prompt, stale=True))
+                buffer = dropping_buffer(manager, ledger)
                 running = []
     return trained, ledger, {index for index, _ in running} | {g.prompt for g in buffer.items}
 

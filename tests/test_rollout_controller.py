@@ -4,6 +4,8 @@ for goes back to the buffer — across the two threads, no prompt is lost or cou
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,19 +53,34 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) 
         time.sleep(0.01)
 
 
-@pytest.fixture
-def rollout(request: pytest.FixtureRequest) -> Iterator[tuple[RolloutController, Callable[[int], None]]]:
-    """A controller over one real replica, episodes from builtin:arithmetic, η = ``request.param``;
-    yields it and a function that serves a version (the episodes of version 0 start at once)."""
+@dataclass
+class FirstHeld(TwoSamples):
+    """TwoSamples, but the first group's episode ends only once ``release`` is set: a long episode that
+    many short ones overtake."""
+
+    release: threading.Event
+
+    async def run_episode(self, client: InferenceClient, example: Example, group_id: int) -> Group | None:
+        group = await super().run_episode(client, example, group_id)
+        while group_id == 0 and not self.release.is_set():
+            await asyncio.sleep(0.01)
+        return group
+
+
+@contextlib.contextmanager
+def started(eta: int, workflow: Callable[[Any], Any] = TwoSamples,
+            drop_stale: bool = False) -> Iterator[tuple[RolloutController, Callable[[int], None]]]:
+    """A controller over one real replica, episodes of ``workflow(tokenizer)`` from builtin:arithmetic, η =
+    ``eta``; yields it and a function that serves a version (the episodes of version 0 start at once)."""
     tok = char_tokenizer()
     model = tiny_qwen2(len(tok), seed=0)
     port = free_port()
     stop_inference = serve_in_thread(build_app(TorchEngine(model, tok.eos_token_id, tok.pad_token_id, seed=0),
                                                tok, TOKEN), port)
     ledger = PromptLedger.restore(None, examples(DatasetSource(path="builtin:arithmetic"), 0))
-    manager = StalenessManager(batch_size=GROUPS, max_staleness=request.param, max_concurrent=16)
-    controller = RolloutController(InferenceClient([f"http://127.0.0.1:{port}"], TOKEN), TwoSamples(tok), ledger,
-                                   manager)
+    manager = StalenessManager(batch_size=GROUPS, max_staleness=eta, max_concurrent=16)
+    controller = RolloutController(InferenceClient([f"http://127.0.0.1:{port}"], TOKEN), workflow(tok), ledger,
+                                   manager, drop_stale)
     weights = to_safetensors(model.state_dict())
     controller.start()
 
@@ -76,6 +93,13 @@ def rollout(request: pytest.FixtureRequest) -> Iterator[tuple[RolloutController,
     finally:
         controller.stop()
         stop_inference()
+
+
+@pytest.fixture
+def rollout(request: pytest.FixtureRequest) -> Iterator[tuple[RolloutController, Callable[[int], None]]]:
+    """``started(η = request.param)``."""
+    with started(request.param) as running:
+        yield running
 
 
 def take(controller: RolloutController, groups: int, version: int, ahead: bool = False,
@@ -186,3 +210,31 @@ def test_an_evaluation_whose_version_never_arrives_starts_anyway_and_says_which_
         result = controller.start_evaluation([Example("1+1=", "2")], TwoSamples(char_tokenizer()), 2, step=2).result(60)
     assert (result.step, result.version, result.version_span) == (2, 1, 1)
     assert "version 2 did not arrive within" in caplog.text
+
+
+@pytest.mark.parametrize("drop_stale", [False, True], ids=["train", "drop"])
+def test_a_late_group_is_trained_first_with_its_staleness_counted_or_dropped_and_its_prompt_reissued(drop_stale):
+    """η = 1: the first group's episode outlives three steps of short ones. lateGroups: train — it is
+    trained at the first step after it arrives, 3 versions old, counted late; drop — it is dropped, its
+    prompt handed out again, and nothing trained is staler than η."""
+    release = threading.Event()
+    with started(1, lambda tok: FirstHeld(tok, release), drop_stale) as (controller, serve):
+        for version in range(3):
+            batch = take(controller, GROUPS, version)
+            assert 0 not in prompts_of(batch)
+            serve(version + 1)
+        release.set()
+        wait_until(lambda: any(g.prompt == 0 for g in controller.buffer.items), "the long episode arrived")
+        batch = take(controller, GROUPS, 3)
+        assert batch is not None
+        lags = [3 - g.oldest_version for g in batch]
+        if drop_stale:
+            assert 0 not in prompts_of(batch) and max(lags) <= 1
+            assert (controller.buffer.dropped, controller.buffer.late) == (1, 0)
+            serve(4)
+            wait_until(lambda: controller.prompt_counts()["reissued"] == 1, "the dropped group's prompt out again")
+            assert controller.lengths.report()["dropped"]["n"] == 2
+        else:
+            assert batch[0].prompt == 0 and lags[0] == 3 and max(lags[1:]) <= 1  # the oldest first
+            assert (controller.buffer.dropped, controller.buffer.late) == (0, 1)
+            assert controller.lengths.report()["dropped"]["n"] == 0

@@ -1,4 +1,5 @@
-"""Admission never lets staleness exceed η; η = 0 is synchronous."""
+"""Admission bounds staleness by η for episodes trained in turn; a late one (finished out of order) is
+trained with its importance weights (counted) or, with lateGroups: drop, dropped; η = 0 is synchronous."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ class Sample:
     oldest_version: int
 
 
-def simulate(batch: int, eta: int, concurrent: int, steps: int, seed: int, fifo: bool):
+def simulate(batch: int, eta: int, concurrent: int, steps: int, seed: int, fifo: bool, drop_stale: bool = True):
     """Random asynchronous run: rollouts start when admitted, finish in random (or FIFO) order,
     the trainer takes a batch whenever one is ready. Returns (staleness of every trained sample,
-    max running seen, manager)."""
+    max running seen, buffer)."""
     rng = random.Random(seed)
     manager = StalenessManager(batch, eta, concurrent)
-    buffer: RolloutBuffer[Sample] = RolloutBuffer(manager)
+    buffer: RolloutBuffer[Sample] = RolloutBuffer(manager, drop_stale)
     running: list[int] = []  # start versions
     trained: list[int] = []
     max_running = 0
@@ -57,6 +58,30 @@ def test_no_trained_sample_is_staler_than_eta(batch, eta, concurrent, seed, fifo
     assert max_running <= concurrent
     if fifo:
         assert buffer.dropped == 0  # in-order completion never needs the safety net
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(1, 8), eta=st.integers(0, 4), concurrent=st.integers(1, 64),
+       seed=st.integers(0, 10**6), fifo=st.booleans())
+def test_late_samples_are_trained_and_counted_not_dropped(batch, eta, concurrent, seed, fifo):
+    """lateGroups: train — nothing is dropped; a sample staler than η is one that finished out of order,
+    counted as late; in-order completion has none."""
+    trained, _, buffer = simulate(batch, eta, concurrent, steps=12, seed=seed, fifo=fifo, drop_stale=False)
+    assert buffer.dropped == 0 and len(trained) == 12 * batch
+    assert buffer.late == sum(1 for s in trained if s > eta)
+    if fifo:
+        assert buffer.late == 0 and all(0 <= s <= eta for s in trained)
+
+
+def test_batches_take_the_oldest_first_so_a_late_sample_waits_no_longer():
+    manager = StalenessManager(batch_size=2, max_staleness=1, max_concurrent=8, version=3)
+    buffer: RolloutBuffer[Sample] = RolloutBuffer(manager)
+    manager.running = 3
+    for version in (3, 1, 3):  # the one started at version 1 arrives second, two steps late
+        manager.finish(accepted=True)
+        buffer.put(Sample(version))
+    assert [s.oldest_version for s in buffer.take_batch(2, 3) or []] == [1, 3]
+    assert buffer.late == 1 and [s.oldest_version for s in buffer.items] == [3]
 
 
 @pytest.mark.parametrize("seed", range(5))

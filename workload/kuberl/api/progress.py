@@ -41,7 +41,11 @@ class Progress(ApiModel):
     reward_first10: Number | None = Field(None, description="mean reward of the first 10 steps")
     reward_last10: Number | None = Field(None, description="mean reward of the last 10 steps (compare: learning?)")
     observed_staleness: Count | None = Field(
-        None, description="largest version lag of a sample trained so far (never above rollout.maxStaleness)")
+        None, description="largest version lag of a sample trained so far (above rollout.maxStaleness only through "
+                          "lateGroupsTrained)")
+    late_groups_trained: Count | None = Field(
+        None, description="groups trained staler than rollout.maxStaleness (long episodes overtaken by short ones; "
+                          "rollout.lateGroups: train), with their importance weights")
     tokens_per_second: Number | None = Field(None, description="trained tokens per second of this process")
     step_seconds: Number | None = Field(None, description="wall seconds of the last step")
     weight_sync_seconds: Number | None = Field(None, description="the last weight exchange (it overlaps the next step)")

@@ -152,10 +152,26 @@ class ToolName(StrEnum):
     PYTHON = "python"
 
 
+class LateGroups(StrEnum):
+    """What becomes of a group staler than η when the trainer takes it (``kuberl.rollout.buffer``)."""
+
+    TRAIN = "train"  # trained with its behaviour importance weights (AReaL's rule)
+    DROP = "drop"  # dropped, its prompt re-issued: nothing staler than η is trained
+
+
 class RolloutSpec(ApiModel):
     """How episodes are generated: staleness bound, concurrency, sampling, tools, and the episode workflow."""
 
-    max_staleness: int = Field(4, ge=0, description="η: 0 is synchronous RL")
+    max_staleness: int = Field(4, ge=0, description="η: a rollout starts only while the episodes accepted and "
+                                                    "running fit in η + 1 training batches ahead of the policy "
+                                                    "version, so an episode trained in turn is at most η versions "
+                                                    "old; 0 is synchronous RL")
+    late_groups: LateGroups = Field(
+        LateGroups.TRAIN, description="a group staler than η when trained (a long episode overtaken by short "
+                                      "ones): train — with its behaviour importance weights (algorithm."
+                                      "importanceSampling), its staleness reported; drop — and re-issue its "
+                                      "prompt, so nothing staler than η is trained, at the price of training "
+                                      "on shorter episodes than rollout makes when lengths are long-tailed")
     max_concurrent: Positive = Field(512, description="samples generated at once across the pool (in whole groups: "
                                                       "⌊maxConcurrent ÷ groupSize⌋ groups), besides the staleness "
                                                       "bound")

@@ -1,11 +1,20 @@
-"""Accepted trajectories waiting for the trainer, with the staleness bound enforced at batch time.
+"""Accepted trajectories waiting for the trainer, handed out oldest first.
 
 Admission (``StalenessManager``) keeps accepted + running ≤ (η + v + 1)·B, which bounds staleness
-when rollouts finish in the order they started. Rollouts that finish out of order (a long one
-overtaken by many short ones) can still be older than η by the time they are trained, so
-``take_batch`` checks every sample: staleness = training version − oldest token version, and a
-sample with staleness > η is dropped (``dropped`` counts them; the manager is told so admission
-reopens its slot). Nothing staler than η is ever trained on.
+(training version − oldest token version) by η when rollouts finish in the order they started. One
+that finishes out of order — a long episode overtaken by many short ones — can be *late*: staler than
+η by the time it is trained. What happens to it is ``drop_stale``'s choice (``spec.rollout.lateGroups``):
+
+- False (``train``, the default, AReaL's rule): it is trained with the others, its tokens corrected by
+  the decoupled loss's behaviour importance weight π_prox / π_behav (masked or truncated at
+  ``algorithm.behaviorImpCap``); ``late`` counts such groups. Nothing is lost, so training sees the
+  episodes rollout makes, long ones included.
+- True (``drop``): it is dropped (``dropped`` counts them; the manager is told so admission reopens
+  its slot, and ``on_drop`` gives its prompt back). Nothing staler than η is ever trained on, at the
+  price of a bias toward short episodes when lengths are long-tailed (``benchmarks/long_tail.py``).
+
+Batches take the oldest groups first (by oldest token version, ties in arrival order), so a late
+group is trained at the first step after it arrives.
 """
 
 from __future__ import annotations
@@ -24,15 +33,11 @@ T = TypeVar("T", bound=Versioned)
 @dataclass
 class RolloutBuffer(Generic[T]):
     manager: StalenessManager
+    drop_stale: bool = False
     items: deque[T] = field(default_factory=deque)
-    dropped: int = 0
+    dropped: int = 0  # groups dropped as staler than η (drop_stale)
+    late: int = 0  # groups trained staler than η (not drop_stale)
     on_drop: Callable[[T], None] | None = None  # told of each item dropped as too stale
-
-    def _drop(self, item: T) -> None:
-        self.dropped += 1
-        self.manager.drop_accepted()  # the slot it held reopens for a fresh rollout
-        if self.on_drop is not None:
-            self.on_drop(item)
 
     def put(self, item: T) -> None:
         self.items.append(item)
@@ -40,19 +45,26 @@ class RolloutBuffer(Generic[T]):
     def __len__(self) -> int:
         return len(self.items)
 
-    def take_batch(self, size: int, version: int) -> list[T] | None:
-        """``size`` items fresh enough for training at ``version``, or None if not enough yet."""
-        while self.items and version - self.items[0].oldest_version > self.manager.max_staleness:
-            self._drop(self.items.popleft())
-        fresh = [i for i in self.items if version - i.oldest_version <= self.manager.max_staleness]
-        if len(fresh) < size:
-            return None
-        batch = fresh[:size]
-        keep = set(map(id, batch))
-        stale = [i for i in self.items if id(i) not in keep and version - i.oldest_version > self.manager.max_staleness]
+    def _is_stale(self, item: T, version: int) -> bool:
+        return version - item.oldest_version > self.manager.max_staleness
+
+    def _drop_stale(self, version: int) -> None:
+        stale = [item for item in self.items if self._is_stale(item, version)]
         for item in stale:
             self.items.remove(item)
-            self._drop(item)
-        for item in batch:
-            self.items.remove(item)
+            self.dropped += 1
+            self.manager.drop_accepted()  # the slot it held reopens for a fresh rollout
+            if self.on_drop is not None:
+                self.on_drop(item)
+
+    def take_batch(self, size: int, version: int) -> list[T] | None:
+        """The ``size`` oldest items for training at ``version``, or None if not enough yet."""
+        if self.drop_stale:
+            self._drop_stale(version)
+        if len(self.items) < size:
+            return None
+        batch = sorted(self.items, key=lambda item: item.oldest_version)[:size]  # stable: ties keep arrival order
+        taken = set(map(id, batch))
+        self.items = deque(item for item in self.items if id(item) not in taken)
+        self.late += sum(self._is_stale(item, version) for item in batch)
         return batch

@@ -4,10 +4,11 @@
 The loop keeps as many episodes running as admission allows (``StalenessManager``, counted in
 groups), puts finished groups in the ``RolloutBuffer`` and hands batches to the trainer thread.
 Episodes come from the dataset through the run's workflow, each prompt handed out and accounted for
-by the ``PromptLedger`` (trained exactly once: a stale or failed group gives its prompt back), or
+by the ``PromptLedger`` (trained exactly once: a failed group — or with ``lateGroups: drop`` a late one —
+gives its prompt back), or
 (``prompts=None``) from outside: the agent gateway (``kuberl.gateway``) runs on this loop and uses
 ``admit`` / ``deliver``.
-Generation never waits for training unless staleness would exceed η; with η = 0 it is
+Generation never waits for training unless admission would let staleness exceed η; with η = 0 it is
 synchronous RL. Weight updates are pushed to every replica while generation goes on; then the
 version bumps and admission reopens.
 """
@@ -40,9 +41,11 @@ R = TypeVar("R")
 
 class RolloutController:
     def __init__(self, client: InferenceClient, workflow: RolloutWorkflow | None, prompts: PromptLedger | None,
-                 manager: StalenessManager):
+                 manager: StalenessManager, drop_stale: bool = False):
+        """``drop_stale``: a group staler than η when trained is dropped and its prompt re-issued, instead of
+        trained with its importance weights (``RolloutBuffer``; ``spec.rollout.lateGroups``)."""
         self.client, self.workflow, self.prompts, self.manager = client, workflow, prompts, manager
-        self.buffer: RolloutBuffer[Group] = RolloutBuffer(manager, on_drop=self._give_back)
+        self.buffer: RolloutBuffer[Group] = RolloutBuffer(manager, drop_stale, on_drop=self._give_back)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="rollout", daemon=True)
         self._changed: asyncio.Condition | None = None

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from ..api.progress import Progress
 
 log = logging.getLogger("kuberl.trainer")
-GAUGES = ("step", "version", "reward", "observed_staleness", "tokens_per_second", "step_seconds",
+GAUGES = ("step", "version", "reward", "observed_staleness", "late_groups_trained", "tokens_per_second", "step_seconds",
           "weight_sync_seconds", "behav_logp_gap", "entropy", "eval_reward", "eval_pass_at_k", "eval_version_span",
           "rollout_wait_fraction", "rollout_cpu_fraction", "rollout_ready_groups", "staleness_budget_used")
 

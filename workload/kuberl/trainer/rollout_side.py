@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.spec import LateGroups
 from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
 from ..heap import freeze_set_up_heap
@@ -68,7 +69,8 @@ class RolloutSnapshot:
     cpu_seconds: float  # this process's CPU time so far (every thread: episodes, HTTP, rewards, gateway)
     generated_tokens: int
     version: int  # what every replica confirmed it serves
-    stale_groups_dropped: int
+    stale_groups_dropped: int  # staler than η, with lateGroups: drop
+    late_groups_trained: int  # staler than η, trained with their importance weights (lateGroups: train)
     replicas: int
     reward_timeouts: int
     reward_errors: int
@@ -119,7 +121,8 @@ class RolloutSide:
             max_new_tokens=spec.rollout.max_new_tokens, reward=self.reward)
         client = InferenceClient(recipe.urls, settings.api_token, return_routes=spec.algorithm.routing_replay,
                                  limits=recipe.limits)
-        self.controller = RolloutController(client, workflow, prompts, manager)
+        self.controller = RolloutController(client, workflow, prompts, manager,
+                                            drop_stale=spec.rollout.late_groups == LateGroups.DROP)
         self.controller.episodes = recipe.position
         self.controller.start()
         if (source := pool_source(run, settings)) is not None:
@@ -141,7 +144,8 @@ class RolloutSide:
         return RolloutSnapshot(
             observed_staleness=c.observed_staleness, prompt_counts=c.prompt_counts(), ready_groups=len(c.buffer),
             budget_used=c.manager.budget_used, cpu_seconds=time.process_time(), generated_tokens=c.generated_tokens,
-            version=c.manager.version, stale_groups_dropped=c.buffer.dropped, replicas=len(c.client.replicas),
+            version=c.manager.version, stale_groups_dropped=c.buffer.dropped,
+            late_groups_trained=c.buffer.late, replicas=len(c.client.replicas),
             reward_timeouts=self.reward.timeouts, reward_errors=self.reward.errors,
             prompts_too_long=len(self.check.dropped), gateway=self.gateway.summary() if self.gateway else None,
             episode_lengths=c.lengths.report())

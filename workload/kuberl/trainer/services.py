@@ -221,6 +221,7 @@ class RankZeroServices(NoServices):
         staleness, prompts = rollout.observed_staleness, rollout.prompt_counts
         self.server.update(step=step + 1, version=step + 1, reward=reward, reward_first10=mean(tally.rewards[:10]),
                            reward_last10=mean(tally.rewards[-10:]), observed_staleness=staleness,
+                           late_groups_trained=rollout.late_groups_trained,
                            tokens_per_second=tally.tokens_per_second, step_seconds=tally.timeperf["step"][-1],
                            weight_sync_seconds=previous_sync, behav_logp_gap=tally.gaps.last,
                            entropy=tally.entropies[-1] if tally.entropies else None,
@@ -232,6 +233,7 @@ class RankZeroServices(NoServices):
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
             "rollout/observed_staleness": staleness, "rollout/trained_tokens_per_second": tally.tokens_per_second,
+            "rollout/late_groups_trained": rollout.late_groups_trained,
             **length_curves(rollout.episode_lengths),
             **{f"timeperf/{k}": v[-1] for k, v in tally.timeperf.items() if v}})
         if stats is not None:
@@ -330,6 +332,7 @@ class RankZeroServices(NoServices):
             "weight_update_fraction": round(tally.update_bytes / tally.policy_bytes, 5) if tally.policy_bytes else None,
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
             "stale_groups_dropped": rollout.stale_groups_dropped,
+            "late_groups_trained": rollout.late_groups_trained,
             "episode_lengths": rollout.episode_lengths,
             "prompts": prompt_summary(self.rollout.data_state()[1]),
             "reward_timeouts": rollout.reward_timeouts,
@@ -339,7 +342,8 @@ class RankZeroServices(NoServices):
             "export": self.export,
             "filtered_groups": tally.dropped_groups,
             "sft_warmup_final_loss": sft_losses[-1] if sft_losses else None,
-            "max_staleness": spec.rollout.max_staleness,  # the bound η; observed_staleness stays at or below it
+            "max_staleness": spec.rollout.max_staleness,  # η: beyond it only late_groups_trained (lateGroups: train)
+            "late_groups": spec.rollout.late_groups.value,
             "world_size": world,
             "trainer": trainer_layout(self.run),
             "replicas": rollout.replicas,
