@@ -11,7 +11,7 @@ tokens generated so far, so the client can resume them (prompt + partial output)
 weights. New requests wait while paused. ``load_weights()`` checks the whole update against the
 model first, then swaps the parameters and bumps the version atomically between steps, without
 interrupting anything (a model with a LoRA adapter, :mod:`kuberl.models.lora`, is updated by its
-adapter alone, kept unmerged). Keys and values are cached (``kv_batch``): a step feeds each running
+adapter alone, kept unmerged). Keys and values are cached (``step_runner``): a step feeds each running
 sequence its last token, and prefills only the sequences that joined since the last step. New
 weights drop the cache: the next step recomputes every sequence under them, so a token is always
 sampled from exactly the weights whose version it records. A sequence never grows past the model's
@@ -33,19 +33,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import DynamicCache
 
 from ..devices import WIRE_DTYPE
-from ..models import lora, moe_routing
+from ..models import lora
 from .contract import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, EngineDown, Generation, SamplingParams
-from .kv_batch import KVBatch, LayerKV, concat, selected
+from .step_runner import KEEPALIVE_SECONDS, StepPlan, StepRunner
 
 log = logging.getLogger("kuberl.inference")
 STALL_SECONDS = 60.0  # work waiting and no engine step for this long: the engine is hung
-# Every backend but cuDNN's: it plans anew for each key length, i.e. every decode step — 1.8 ms of
-# host time per layer on an H100 (62.6 → 17.3 ms a step at batch 64 for a 24-layer model without it).
-ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def update_mismatch(expected: Mapping[str, torch.Size], given: Mapping[str, torch.Size],
@@ -100,11 +95,14 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
 
 class TorchEngine:
     def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, max_batch: int = 256, seed: int = 0,
-                 stall_seconds: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic):
+                 stall_seconds: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 runner: StepRunner | None = None):
+        """``runner``: what runs each step's forward passes (default: a ``StepRunner`` over ``model`` in this
+        process; a tensor-parallel replica's leader passes one that runs them on every rank)."""
         self.model = model.eval()
+        self.runner = runner or StepRunner(self.model, pad_id)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_model_len = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2**31 - 1))
-        self.moe_layers = len(moe_routing.routers(model))
         self.adapter = lora.has_adapter(model)  # updates carry the adapter only (the base never changes)
         self.eos_id, self.pad_id, self.max_batch = eos_id, pad_id, max_batch
         self.stall_seconds, self._clock = stall_seconds, clock
@@ -114,7 +112,7 @@ class TorchEngine:
         self.aborted = 0
         self._queue: list[_Request] = []
         self._active: list[_Request] = []
-        self._kv: KVBatch[_Request] | None = None  # the keys and values of the last step's rows
+        self._rows: list[_Request] = []  # the last step's rows, in the runner's cache order ([]: no cache)
         self._paused = False
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
@@ -153,6 +151,8 @@ class TorchEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        async with self._step_lock:
+            await asyncio.to_thread(self.runner.close)
 
     @property
     def paused(self) -> bool:
@@ -177,7 +177,7 @@ class TorchEngine:
         self._paused = True
         async with self._step_lock:  # let the current step finish
             aborted = self._active
-            self._active, self._kv = [], None
+            self._active, self._rows = [], []
         for req in aborted:
             self._finish(req, FINISH_ABORT)
         self.aborted += len(aborted)
@@ -199,8 +199,8 @@ class TorchEngine:
         if problem:
             raise ValueError(problem)
         async with self._step_lock:
-            self.model.load_state_dict(state, strict=not self.adapter)
-            self.version, self._kv = version, None
+            await asyncio.to_thread(self.runner.load_state, state, not self.adapter)
+            self.version, self._rows = version, []
 
     def _updated(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The entries an update replaces: all, or with a LoRA adapter only the adapter's."""
@@ -219,17 +219,20 @@ class TorchEngine:
         if problem:
             raise ValueError(problem)
         async with self._step_lock:
-            with torch.no_grad():
-                for name, tensor in tensors.items():
-                    params[name].copy_(tensor)
-            self.version, self._kv = version, None
+            await asyncio.to_thread(self.runner.copy_parameters, tensors)
+            self.version, self._rows = version, []
 
     # -- the loop ------------------------------------------------------------------------------
     async def _loop(self) -> None:
         while True:
             if self._paused or not (self._queue or self._active):
                 self._wake.clear()
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    async with self._step_lock:
+                        await asyncio.to_thread(self.runner.keepalive)
+                    continue
                 self._progress_at = self._clock()
                 continue
             room = self.max_batch - len(self._active)
@@ -257,70 +260,30 @@ class TorchEngine:
                 self._progress_at = self._clock()
                 self._active = [r for r in self._active if not r.future.done()]
 
-    @torch.no_grad()
-    @sdpa_kernel(ATTENTION_BACKENDS)
     def _forward(self, batch: list[_Request]) -> tuple[list[_Request], torch.Tensor, torch.Tensor]:
         """One token for each request in ``batch``: the cached rows still in it decode their last
         token, the others (new since the last step, or all of them after new weights) are prefilled.
         Returns the requests in the cache's row order, with their tokens and log-probs."""
         wanted = {id(r) for r in batch}
-        parts: list[tuple[KVBatch[_Request], torch.Tensor]] = []
-        if self._kv is not None:
-            keep = [i for i, r in enumerate(self._kv.rows) if id(r) in wanted]
-            if len(keep) == len(self._kv.rows):  # nobody left: the cache as it is, no copy
-                parts.append(self._decode(self._kv))
-            elif keep:
-                parts.append(self._decode(selected(self._kv, keep)))
-        cached = {id(r) for kv, _ in parts for r in kv.rows}
+        keep = [i for i, r in enumerate(self._rows) if id(r) in wanted]
+        kept = [self._rows[i] for i in keep]
+        cached = {id(r) for r in kept}
         joined = [r for r in batch if id(r) not in cached]
-        if joined:
-            parts.append(self._prefill(joined))
-        kv = parts[0][0] if len(parts) == 1 else concat(parts[0][0], parts[1][0])
-        self._kv = kv
-        logits = torch.cat([step_logits for _, step_logits in parts])
-        temperature = torch.tensor([r.params.temperature for r in kv.rows], device=logits.device)
-        top_p = torch.tensor([r.params.top_p for r in kv.rows], device=logits.device)
+        plan = StepPlan(keep, [r.out.output_ids[-1] for r in kept], [r.prompt_ids + r.out.output_ids for r in joined],
+                        record_routes=any(r.params.return_routes for r in batch))
+        out = self.runner.run(plan)
+        if out.decode_routes is not None:
+            for req, routes in zip(kept, out.decode_routes, strict=True):
+                req.routes.append(routes)
+        if out.prefill_routes is not None:  # the whole sequence was routed again: its routes start over
+            for req, routes, seq in zip(joined, out.prefill_routes, plan.prefill, strict=True):
+                req.routes = [routes[out.prefill_width - len(seq):]]
+        self._rows = rows = kept + joined
+        logits = out.logits
+        temperature = torch.tensor([r.params.temperature for r in rows], device=logits.device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
         tokens, logps = sample_tokens(logits, temperature, top_p, self._generator)
-        return kv.rows, tokens.cpu(), logps.cpu()
-
-    def _prefill(self, rows: list[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
-        """Whole sequences (prompt and output so far), left-padded: their cache and last logits."""
-        seqs = [r.prompt_ids + r.out.output_ids for r in rows]
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
-        device = self.model.device
-        mask = mask.to(device)
-        with self._routes_of(rows) as recorded:
-            out = self.model(input_ids=ids.to(device), attention_mask=mask,
-                             position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
-        if recorded:  # the whole sequence was routed again: its routes start over
-            routes = moe_routing.stacked(recorded, self.moe_layers, len(rows))
-            for i, (req, seq) in enumerate(zip(rows, seqs, strict=True)):
-                req.routes = [routes[i, width - len(seq):]]
-        return KVBatch(rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float()
-
-    def _decode(self, kv: KVBatch[_Request]) -> tuple[KVBatch[_Request], torch.Tensor]:
-        """Each cached row's last token through the cache: the grown cache and the next logits."""
-        last = torch.tensor([[r.out.output_ids[-1]] for r in kv.rows], device=kv.mask.device)
-        mask = torch.nn.functional.pad(kv.mask, (0, 1), value=1)
-        with self._routes_of(kv.rows) as recorded:
-            out = self.model(input_ids=last, attention_mask=mask, position_ids=kv.positions(),
-                             past_key_values=DynamicCache(ddp_cache_data=kv.layers), use_cache=True)
-        if recorded:
-            routes = moe_routing.stacked(recorded, self.moe_layers, len(kv.rows))
-            for i, req in enumerate(kv.rows):
-                req.routes.append(routes[i])
-        return KVBatch(kv.rows, _layers(out.past_key_values), mask), out.logits[:, -1, :].float()
-
-    def _routes_of(self, rows: list[_Request]) -> contextlib.AbstractContextManager[list[torch.Tensor]]:
-        """Record the forward's routes when the model has experts and a row asked for them."""
-        if self.moe_layers and any(r.params.return_routes for r in rows):
-            return moe_routing.recording(self.model)
-        return contextlib.nullcontext([])
+        return rows, tokens.cpu(), logps.cpu()
 
     @staticmethod
     def _finish(req: _Request, reason: str) -> None:
@@ -329,10 +292,6 @@ class TorchEngine:
             if req.params.return_routes and req.routes:
                 req.out.routes = torch.cat(req.routes)
             req.future.set_result(req.out)
-
-
-def _layers(cache: DynamicCache) -> list[LayerKV]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def generate_all(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

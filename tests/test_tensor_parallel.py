@@ -1,0 +1,90 @@
+"""A torch-engine replica over two processes (tensor parallel 2, gloo) serves the policy a single
+process serves: the same greedy answers and log-probs from the same weights, before and after an update
+that only the leader receives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+import torch
+
+from kuberl.inference.contract import SamplingParams
+from kuberl.inference.engine import TorchEngine
+from kuberl.inference.step_runner import StepRunner
+from kuberl.inference.tensor_parallel import ReplicaGroup, TensorParallelRunner, follow, shard_model, tp_problem
+from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+
+from .workers import FREE_PORT, start_workers
+
+PROMPTS = ["1+2=", "3+4=", "12+30=", "9+9+9="]
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
+
+
+def serve_and_update(engine: TorchEngine, update: dict[str, torch.Tensor]) -> dict[str, object]:
+    """Greedy answers from the engine's weights, then from ``update`` (loaded as the trainer's would be),
+    in one life of the engine (its stop tells a replica's workers to stop too)."""
+    tok = char_tokenizer()
+    prompts = [[tok.bos_token_id, *tok(p, add_special_tokens=False).input_ids] for p in PROMPTS]
+
+    async def answers() -> list[dict[str, list[float] | list[int]]]:
+        done = await asyncio.gather(*(engine.generate(prompt, GREEDY) for prompt in prompts))
+        return [{"ids": g.output_ids, "logprobs": g.logprobs} for g in done]
+
+    async def run() -> dict[str, object]:
+        engine.start()
+        try:
+            before = await answers()
+            await engine.load_weights(update, 1)
+            return {"before": before, "after": await answers()}
+        finally:
+            await engine.stop()
+
+    return asyncio.run(run())
+
+
+def _replica_rank(rank: int, port: int, out: str) -> None:
+    tok = char_tokenizer()
+    model = tiny_qwen2(len(tok), seed=0)
+    group = ReplicaGroup.join(f"127.0.0.1:{port}", rank, 2)
+    shard_model(model, group.mesh)
+    if rank == 0:
+        runner = TensorParallelRunner(model, tok.pad_token_id, group)
+        engine = TorchEngine(model, tok.eos_token_id, tok.pad_token_id, seed=0, runner=runner)
+        result = serve_and_update(engine, tiny_qwen2(len(tok), seed=1).state_dict())
+        result["local_q_rows"] = int(model.model.layers[0].self_attn.q_proj.weight.to_local().shape[0])
+        with open(out, "w") as f:
+            json.dump(result, f)
+    else:
+        follow(StepRunner(model, tok.pad_token_id), group)
+
+
+@pytest.mark.slow
+def test_a_two_process_replica_answers_as_one_process_does_before_and_after_an_update(tmp_path):
+    out = tmp_path / "replica.json"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    start_workers(_replica_rank, 2, (FREE_PORT, str(out)))
+    split = json.loads(out.read_text())
+    tok = char_tokenizer()
+    single = serve_and_update(TorchEngine(tiny_qwen2(len(tok), seed=0), tok.eos_token_id, tok.pad_token_id, seed=0),
+                              tiny_qwen2(len(tok), seed=1).state_dict())
+    assert split["local_q_rows"] == 64  # each rank holds half of the 128 query rows
+    for when in ("before", "after"):
+        for mine, theirs in zip(split[when], single[when], strict=True):
+            assert mine["ids"] == theirs["ids"], when
+            assert mine["logprobs"] == pytest.approx(theirs["logprobs"], abs=1e-4), when
+    assert split["before"] != split["after"]  # the update reached the workers' shards too
+
+
+def test_which_splits_a_model_allows():
+    config = tiny_qwen2(len(char_tokenizer()), seed=0).config  # 4 heads, 2 key-value heads, MLP 256
+    assert tp_problem(config, 2) is None
+    assert tp_problem(config, 4) == "num_key_value_heads 2 not divisible by 4 ranks"
+    assert tp_problem(config, 3) == ("num_attention_heads 4, num_key_value_heads 2, intermediate_size 256 not "
+                                     "divisible by 3 ranks")
+    config.base_model_tp_plan = {}
+    assert "no tensor-parallel plan" in (tp_problem(config, 2) or "")
+    config.base_model_tp_plan = {"layers.*.mlp.experts": "moe_tp_experts"}
+    assert "splits ['colwise', 'rowwise'] layers only" in (tp_problem(config, 2) or "")
