@@ -9,7 +9,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from kuberl.api.contract import ENV_REPLICA
+from kuberl.api.contract import ENV_REPLICA, ENV_REPLICA_HOST
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -60,16 +60,20 @@ def rollout_pid(work: Path) -> int:
     return pid
 
 
-def replica_pid(work: Path, replica: int) -> int:
-    """The pid of local run ``work``'s inference replica ``replica`` (its KUBERL_REPLICA)."""
+def replica_pid(work: Path, replica: int, host: int = 0) -> int:
+    """The pid of local run ``work``'s inference replica ``replica`` (its KUBERL_REPLICA): its process on
+    ``host`` (KUBERL_REPLICA_HOST; a one-process replica has only host 0)."""
     for pid in processes_mentioning(str(work)):
         try:
             cmdline, environ = (Path(f"/proc/{pid}/{f}").read_bytes().split(b"\0") for f in ("cmdline", "environ"))
         except OSError:
             continue
-        if b"kuberl.inference" in cmdline and f"{ENV_REPLICA}={replica}".encode() in environ:
+        hosted = next((e for e in environ if e.startswith(f"{ENV_REPLICA_HOST}=".encode())),
+                      f"{ENV_REPLICA_HOST}=0".encode())
+        if b"kuberl.inference" in cmdline and f"{ENV_REPLICA}={replica}".encode() in environ \
+                and hosted == f"{ENV_REPLICA_HOST}={host}".encode():
             return pid
-    raise AssertionError(f"no inference replica {replica} under {work}")
+    raise AssertionError(f"no inference replica {replica} (host {host}) under {work}")
 
 
 @contextlib.contextmanager

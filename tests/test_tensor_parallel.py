@@ -1,12 +1,14 @@
 """A torch-engine replica over two processes (tensor parallel 2, gloo) serves the policy a single
 process serves: the same greedy answers and log-probs from the same weights, before and after an update
-that only the leader receives."""
+that only the leader receives; and ``kuberl run`` with such replicas learns as with one-process ones."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
+import subprocess
 
 import pytest
 import torch
@@ -17,6 +19,9 @@ from kuberl.inference.step_runner import StepRunner
 from kuberl.inference.tensor_parallel import ReplicaGroup, TensorParallelRunner, follow, shard_model, tp_problem
 from kuberl.models.tiny import char_tokenizer, tiny_qwen2
 
+from . import reference
+from .run_processes import processes_mentioning, replica_pid
+from .test_local_run import NO_EVAL, _background_run, _wait_for_log
 from .workers import FREE_PORT, start_workers
 
 PROMPTS = ["1+2=", "3+4=", "12+30=", "9+9+9="]
@@ -88,3 +93,46 @@ def test_which_splits_a_model_allows():
     assert "no tensor-parallel plan" in (tp_problem(config, 2) or "")
     config.base_model_tp_plan = {"layers.*.mlp.experts": "moe_tp_experts"}
     assert "splits ['colwise', 'rowwise'] layers only" in (tp_problem(config, 2) or "")
+
+
+@pytest.mark.slow
+def test_kuberl_run_with_two_process_replicas_learns_inside_the_one_process_reference_band(tmp_path):
+    """The reference run (tests/reference.py, its band from one-process replicas) with every replica split
+    over two processes: the curve stays inside the band, and the engine's log-probs of tokens sampled by
+    the weights being trained equal the trainer's (the replica serves the trainer's policy)."""
+    work = tmp_path / "run"
+    split = ("inference.tensorParallel=2", "inference.acceleratorsPerNode=1")
+    done = subprocess.run(reference.command(work, tmp_path / "summary.json", split), capture_output=True, text=True,
+                          timeout=900, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    compared = reference.compare(reference.curve(summary), json.loads(reference.REFERENCE.read_text()))
+    assert all(p.inside for p in compared), "the curve left its reference band:\n" + reference.table(compared)
+    assert summary["behav_logp_gap_max"] < 1e-3 and summary["restarts"]["inference"] == 0
+    assert "rank 1 of 2 follows its leader" in (work / "inference-0-1.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_its_whole_replica_and_training_goes_on(tmp_path):
+    """Kill the second process of the only replica: its leader is stopped with it, both start again and
+    meet anew, the replica is back with the newest weights, and the trainer never restarts; every prompt
+    is trained exactly once."""
+    work, summary = tmp_path / "run", tmp_path / "summary.json"
+    sets = ["inference.tensorParallel=2", "inference.acceleratorsPerNode=1", "model.sftWarmup.steps=5",
+            "weightSync.mode=broadcast", NO_EVAL]
+    with _background_run(work, summary, 20, sets) as proc:
+        _wait_for_log(proc, work / "trainer-0.log", "step 3/20")
+        trainer_log, worker_log = (len((work / name).read_text(errors="replace"))
+                                   for name in ("trainer-0.log", "inference-0-1.log"))
+        os.kill(replica_pid(work, 0, host=1), signal.SIGKILL)
+        _wait_for_log(proc, work / "inference-0-1.log", "follows its leader", after=worker_log)  # met anew
+        _wait_for_log(proc, work / "trainer-0.log", "is back with the newest weights", after=trainer_log)
+        _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(summary.read_text())
+    assert result["restarts"] == {"trainer": 0, "inference": 1, "agent": 0} and result["final_version"] == 20
+    prompts = result["prompts"]
+    assert prompts["skipped"] == 0 and prompts["trained"] == 20 * 16
+    assert prompts["trained"] + prompts["pending"] == prompts["cursor"]
+    assert result["behav_logp_gap_max"] < 1e-3  # the restarted replica serves the trainer's policy
+    assert processes_mentioning(str(work)) == []

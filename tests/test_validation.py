@@ -116,7 +116,11 @@ def test_bad_fields_are_named(tmp_path, capsys, changes, field, fragment):
         ({"inference__tensorParallel": 12}, "spec.inference.tensorParallel", "multiple of it"),
         # accepted before but not honoured (each host would have started a full server)
         ({"inference__tensorParallel": 16, "inference__acceleratorsPerNode": 8}, "spec.inference.tensorParallel",
-         "multi-host replicas are not supported yet"),
+         "engine vllm does not serve a replica over several hosts yet"),
+        ({"inference__accelerator": "cpu", "inference__tensorParallel": 2, "inference__acceleratorsPerNode": 2},
+         "spec.inference.acceleratorsPerNode", "processes of one device each"),
+        ({"inference__accelerator": "cpu", "inference__pipelineParallel": 2, "inference__acceleratorsPerNode": 1},
+         "spec.inference.pipelineParallel", "engine torch has no pipeline stages"),
         ({"trainer__parallelism": {"context": 2}}, "spec.trainer.parallelism.context",
          "backend fsdp does not split sequences"),
         ({"inference__resources": {"limits": {"nvidia.com/gpu": 2}}, "inference__tensorParallel": 4},
@@ -150,6 +154,16 @@ def test_allocation_implies_sizes():
     assert (inference.replicas, inference.tensor_parallel, inference.devices_per_host) == (4, 4, 4)
     assert (trainer.nodes, trainer.procs_per_node, trainer.world_size) == (2, 16, 32)
     assert (trainer.data, trainer.tensor, trainer.pipeline, trainer.expert) == (2, 4, 4, 8)
+
+
+def test_a_torch_engine_replica_splits_over_one_device_hosts():
+    """Engine torch: tensorParallel 2 over hosts of one device is a replica of two processes (pods)."""
+    doc = with_spec(inference__accelerator="cpu", inference__tensorParallel=2, inference__acceleratorsPerNode=1,
+                    inference__replicas=3)
+    inference, _, issues = resolve(RLExperiment.model_validate(doc).spec)
+    assert issues == [] and inference is not None
+    assert (inference.engine, inference.hosts_per_replica, inference.devices_per_host, inference.pods) == \
+        ("torch", 2, 1, 6)
 
 
 

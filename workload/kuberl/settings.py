@@ -33,6 +33,9 @@ from .api.contract import (
     ENV_PODINFO_LABELS,
     ENV_PORT,
     ENV_REPLICA,
+    ENV_REPLICA_HOST,
+    ENV_REPLICA_HOSTS,
+    ENV_REPLICA_LEADER,
     ENV_S3_ENDPOINT,
     ENV_TERMINATION_LOG,
     ENV_THREADS,
@@ -59,6 +62,9 @@ class Settings:
     exchange_addr: str = ""  # the p2p exchange store's host as inference pods know it ("": master_addr)
     exchange_port: int = 0  # its port (0: master_port + 1)
     replica: int = 0  # this inference replica's index
+    replica_host: int = 0  # this process's rank within its replica (0: the leader, which serves HTTP)
+    replica_hosts: int = 1  # the processes (hosts) the replica spans
+    replica_leader: str = ""  # host:port where they meet ("": a one-process replica)
     inference_port: int = INFERENCE_PORT
     inference_service: str = ""  # the pool's headless Service ("": ``<experiment>-inference``)
     podinfo_labels: Path = Path(PODINFO_LABELS)
@@ -104,6 +110,7 @@ RUN_CONFIG_FIELDS = ("checkpoint_uri", "max_steps", "tensorboard_dir", "staging_
 _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THREADS, "local_rank": "LOCAL_RANK",
              "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "exchange_addr": ENV_EXCHANGE_ADDR,
              "exchange_port": ENV_EXCHANGE_PORT, "replica": ENV_REPLICA, "inference_port": ENV_PORT,
+             "replica_host": ENV_REPLICA_HOST, "replica_hosts": ENV_REPLICA_HOSTS, "replica_leader": ENV_REPLICA_LEADER,
              "inference_service": ENV_INFERENCE_SERVICE, "podinfo_labels": ENV_PODINFO_LABELS,
              "s3_endpoint": ENV_S3_ENDPOINT, "cache_dir": ENV_CACHE_DIR, "termination_log": ENV_TERMINATION_LOG,
              "api_token": ENV_API_TOKEN, "agent_token": ENV_AGENT_TOKEN, "hub_token": ENV_HUB_TOKEN,

@@ -13,8 +13,10 @@ from kuberl.api.contract import (
     LABEL_REPLICA,
     LABEL_ROLE,
     MASTER_PORT,
+    REPLICA_GROUP_PORT,
     ROLE_INFERENCE,
     inference_pod_name,
+    inference_replica_host,
 )
 from kuberl.api.roles import inference_env
 
@@ -44,7 +46,10 @@ def build_inference_pod(pool: InferencePool, parent: Manifest, replica: int, hos
     # Engine, parallel degrees and the rest come from the run config (the ConfigMap); the env only
     # says who this pod is (docs/architecture.md, "The contract").
     exchange = (spec.trainer_address, MASTER_PORT + 1) if spec.trainer_address else None  # the p2p store
-    env = {**accel.env, **inference_env(replica, spec.port, exchange)}
+    hosts = None  # a replica over several hosts: which one this pod is, and where they meet (host 0)
+    if spec.hosts_per_replica > 1:
+        hosts = (host, spec.hosts_per_replica, f"{inference_replica_host(name, replica)}:{REPLICA_GROUP_PORT}")
+    env = {**accel.env, **inference_env(replica, spec.port, exchange, hosts)}
     container: Manifest = {
         "name": "inference",
         "command": ["python", "-m", "kuberl.inference"],

@@ -35,6 +35,7 @@ MASTER_PORT = 29500  # the trainer gang's torch.distributed store; + 1: the p2p 
 PROGRESS_PORT = 8080  # trainer rank 0's GET /progress (polled by the operator)
 INFERENCE_PORT = 8000  # an inference replica's HTTP port when the spec does not say (spec.inference.port)
 GATEWAY_PORT = 8090  # trainer rank 0's OpenAI-compatible gateway (spec.agent)
+REPLICA_GROUP_PORT = 29400  # where the processes of a replica that spans hosts meet (its leader's pod)
 HEADER_SESSION = "X-KubeRL-Session"  # an agent's episode, on each of its gateway calls
 HEADER_GROUP = "X-KubeRL-Group"  # the GRPO group an episode belongs to (e.g. the task)
 TERMINATION_LOG = "/dev/termination-log"  # rank 0's final progress, read back by the operator
@@ -51,6 +52,9 @@ AUTH_SCHEME = "Bearer"
 # limit) goes into the run config's settings section instead (kuberl.settings.RUN_CONFIG_FIELDS).
 ENV_ROLE = "KUBERL_ROLE"  # inference | trainer
 ENV_REPLICA = "KUBERL_REPLICA"  # inference replica index
+ENV_REPLICA_HOST = "KUBERL_REPLICA_HOST"  # this process's rank within a replica that spans hosts (0: its leader)
+ENV_REPLICA_HOSTS = "KUBERL_REPLICA_HOSTS"  # how many hosts (processes) the replica spans
+ENV_REPLICA_LEADER = "KUBERL_REPLICA_LEADER"  # host:port where the replica's processes meet (its leader's)
 ENV_PORT = "KUBERL_PORT"  # inference server port
 ENV_API_TOKEN = "KUBERL_API_TOKEN"
 ENV_CHECKPOINT_KEY = "KUBERL_CHECKPOINT_KEY"  # trainer pods: signs and checks checkpoint manifests

@@ -165,12 +165,9 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
         replicas, tp, pp = inf.replicas or 1, inf.tensor_parallel or 1, inf.pipeline_parallel or 1
     if engine == Engine.TORCH and accel == Accelerator.ASCEND:
         issues.add("spec.inference.engine", "torch engine supports nvidia and cpu; use vllm (vLLM-Ascend) on ascend")
-    if engine == Engine.TORCH and tp * pp != 1:
-        issues.add(
-            "spec.inference.tensorParallel",
-            "engine torch serves a replica in one process: tensorParallel and pipelineParallel must be 1",
-        )
     per_replica, per_node = tp * pp, inf.accelerators_per_node
+    if engine == Engine.TORCH:
+        _check_torch_layout(spec, tp, pp, per_node, issues)
     if per_replica <= per_node:
         hosts, per_host = 1, per_replica
     elif per_replica % per_node == 0:
@@ -184,17 +181,31 @@ def _resolve_inference(spec: RLExperimentSpec, alloc: Allocation | None, issues:
         hosts, per_host = 1, per_replica
     if replicas > MAX_PODS:
         issues.add("spec.allocation", f"implies {replicas} inference replicas; at most {MAX_PODS}")
-    if hosts > 1:
+    if hosts > 1 and engine != Engine.TORCH:
         issues.add(
             "spec.inference.tensorParallel",
             f"a replica of tensorParallel×pipelineParallel = {per_replica} devices would span {hosts} hosts of "
-            f"{per_node} (acceleratorsPerNode); multi-host replicas are not supported yet (every host would "
-            "start a full server): use at most acceleratorsPerNode devices per replica",
+            f"{per_node} (acceleratorsPerNode); engine {engine} does not serve a replica over several hosts yet "
+            "(engine torch does): use at most acceleratorsPerNode devices per replica",
         )
     _check_device_request("spec.inference", inf, per_host, issues)
     if len(issues.items) > before:
         return None
     return InferencePlan(engine, replicas, tp, pp, hosts, per_host)
+
+
+def _check_torch_layout(spec: RLExperimentSpec, tp: int, pp: int, per_node: int, issues: _Issues) -> None:
+    """Engine torch: one process per host, each with one device, splitting every layer tensor-parallel
+    (``kuberl.inference.tensor_parallel``): no pipeline stages, and a split replica has one device a host."""
+    if pp != 1:
+        issues.add("spec.inference.pipelineParallel", "engine torch has no pipeline stages: pipelineParallel must be 1")
+    if tp > 1 and per_node != 1:
+        issues.add("spec.inference.acceleratorsPerNode",
+                   f"engine torch splits a replica over tensorParallel = {tp} processes of one device each: "
+                   f"acceleratorsPerNode must be 1 (is {per_node})")
+    if tp > 1 and spec.trainer.lora is not None:
+        issues.add("spec.inference.tensorParallel",
+                   "engine torch does not split a model with a LoRA adapter (spec.trainer.lora): tensorParallel 1")
 
 
 def _resolve_trainer(spec: RLExperimentSpec, alloc: Allocation | None, issues: _Issues) -> TrainerPlan | None:

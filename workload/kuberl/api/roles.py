@@ -12,18 +12,26 @@ from .contract import (
     ENV_INFERENCE_SERVICE,
     ENV_PORT,
     ENV_REPLICA,
+    ENV_REPLICA_HOST,
+    ENV_REPLICA_HOSTS,
+    ENV_REPLICA_LEADER,
     ENV_ROLE,
     ROLE_INFERENCE,
     ROLE_TRAINER,
 )
 
 
-def inference_env(replica: int, port: int, exchange: tuple[str, int] | None) -> dict[str, str]:
+def inference_env(replica: int, port: int, exchange: tuple[str, int] | None,
+                  hosts: tuple[int, int, str] | None = None) -> dict[str, str]:
     """An inference replica's process: its index, its HTTP port and, for the p2p weight exchange, the
-    store of trainer rank 0 it joins (``exchange``: host, port; None: no exchange address to give)."""
+    store of trainer rank 0 it joins (``exchange``: host, port; None: no exchange address to give);
+    for a replica over several hosts, ``hosts``: this process's rank in it, their count, and the
+    leader's host:port where they meet."""
     env = {ENV_ROLE: ROLE_INFERENCE, ENV_REPLICA: str(replica), ENV_PORT: str(port)}
     if exchange is not None:
         env |= {ENV_EXCHANGE_ADDR: exchange[0], ENV_EXCHANGE_PORT: str(exchange[1])}
+    if hosts is not None:
+        env |= {ENV_REPLICA_HOST: str(hosts[0]), ENV_REPLICA_HOSTS: str(hosts[1]), ENV_REPLICA_LEADER: hosts[2]}
     return env
 
 

@@ -18,13 +18,15 @@ from ..weights.sync import disk_directory
 from .faults import injected_faults
 from .server import build_app
 
+log = logging.getLogger("kuberl.inference")
 SHUTDOWN_SECONDS = 2.0  # on SIGTERM, requests in flight get this long (the rollout client resumes them elsewhere)
 
 
-def torch_engine_for(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
+def served_model(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
+    """The model this replica serves (with the trainer's LoRA adapter, if any; split over the replica's
+    processes when it spans hosts), placed on its device, and its tokenizer."""
     from ..devices import accelerator_device, compute_dtype, placed
     from ..models.loading import load_model
-    from .engine import TorchEngine
 
     spec = run.spec
     model, tokenizer = load_model(spec.model, spec.seed, settings)
@@ -36,10 +38,42 @@ def torch_engine_for(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
         except AdapterError as err:
             raise SystemExit(f"invalid spec: {err}") from err
     device = accelerator_device(spec.inference.accelerator, 0)
-    model = placed(model, device, compute_dtype(spec.model.dtype, spec.inference.accelerator))
+    return placed(model, device, compute_dtype(spec.model.dtype, spec.inference.accelerator)), tokenizer
+
+
+def replica_group(settings: Settings, model: Any) -> Any:
+    """This process's place in a replica over several hosts (``kuberl.inference.tensor_parallel``): the
+    group joined at the leader and ``model`` split over it."""
+    from .tensor_parallel import ReplicaGroup, shard_model
+
+    log.info("replica %d: rank %d of %d, meeting at %s", settings.replica, settings.replica_host,
+             settings.replica_hosts, settings.replica_leader)
+    group = ReplicaGroup.join(settings.replica_leader, settings.replica_host, settings.replica_hosts,
+                              model.device.type)
+    shard_model(model, group.mesh)
+    return group
+
+
+def torch_engine_for(run: RunConfig, settings: Settings) -> tuple[Any, Any]:
+    from .engine import TorchEngine
+    from .tensor_parallel import TensorParallelRunner
+
+    model, tokenizer = served_model(run, settings)
+    runner = None
+    if settings.replica_hosts > 1:
+        runner = TensorParallelRunner(model, tokenizer.pad_token_id, replica_group(settings, model))
     engine = TorchEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                         seed=spec.seed + 1000 * settings.replica)
+                         seed=run.spec.seed + 1000 * settings.replica, runner=runner)
     return engine, tokenizer
+
+
+def follow_leader(run: RunConfig, settings: Settings) -> None:
+    """A replica's rank > 0: no server; run the leader's steps over this process's shard until it stops."""
+    from .step_runner import StepRunner
+    from .tensor_parallel import follow
+
+    model, tokenizer = served_model(run, settings)
+    follow(StepRunner(model.eval(), tokenizer.pad_token_id), replica_group(settings, model))
 
 
 def main() -> None:
@@ -57,6 +91,9 @@ def main() -> None:
     except (MissingToken, ValueError) as err:
         raise SystemExit(str(err)) from err
     set_compute_threads(settings.threads)
+    if settings.replica_host > 0:
+        follow_leader(run, settings)
+        return
     host, port = args.host or settings.bind_host or "0.0.0.0", args.port or settings.inference_port
     sync = run.spec.weight_sync
     weights_dir = disk_directory(sync.directory, settings) if sync.mode == WeightSyncMode.DISK else None

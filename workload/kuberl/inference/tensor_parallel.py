@@ -15,8 +15,11 @@ of them per rank, so t must divide h, g and f (``tp_problem``).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +34,7 @@ from .step_runner import StepOutput, StepPlan, StepRunner
 
 log = logging.getLogger("kuberl.inference")
 STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+REPLICA_BROKEN_EXIT = 3  # the leader's exit code when its group broke
 GROUP_TIMEOUT = timedelta(minutes=30)  # a collective (or the rendezvous) waiting longer fails the process; an idle
 # leader pings its workers every step_runner.KEEPALIVE_SECONDS, well inside it
 
@@ -124,27 +128,42 @@ def copy_whole_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
 
 
 class TensorParallelRunner(StepRunner):
-    """The leader's runner: every step and weight update goes to the workers first, then runs here."""
+    """The leader's runner: every step and weight update goes to the workers first, then runs here. A
+    step or update that fails here (a collective whose worker is gone, or anything else once the workers
+    were told) leaves the ranks out of step, which cannot be mended in place: the process ends at once,
+    and the replica restarts as a unit (its workers fail their next collective in turn)."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, group: ReplicaGroup):
         super().__init__(model, pad_id)
         self.group = group
 
     def run(self, plan: StepPlan) -> StepOutput:
-        self.group.send(("step", plan))
-        return super().run(plan)
+        with self._fatal_if_broken():
+            self.group.send(("step", plan))
+            return super().run(plan)
 
     def load_state(self, state: dict[str, torch.Tensor], strict: bool) -> None:
         self.copy_parameters(state)
 
     def copy_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
         layout = layout_of(tensors)
-        self.group.send(("weights", layout))
-        copy_whole_into(self.model, self.group.share(tensors, layout))
+        with self._fatal_if_broken():
+            self.group.send(("weights", layout))
+            copy_whole_into(self.model, self.group.share(tensors, layout))
         self.kv = None
 
     def keepalive(self) -> None:
-        self.group.send(("ping",))
+        with self._fatal_if_broken():
+            self.group.send(("ping",))
+
+    @contextlib.contextmanager
+    def _fatal_if_broken(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as err:  # the process ends on it, said in the log
+            log.critical("replica ranks out of step (%r): exiting so that the whole replica restarts", err)
+            logging.shutdown()
+            os._exit(REPLICA_BROKEN_EXIT)
 
     def close(self) -> None:
         """Tell the workers the replica is done (they return from ``follow``)."""

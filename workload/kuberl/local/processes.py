@@ -96,7 +96,37 @@ class Children:
                 p.wait()
 
 
-def restart_exited(procs: list[Process], spawn: Callable[[int], Process], kind: str,
+@dataclass
+class ProcessUnit:
+    """Processes that live and die together: a replica over several hosts (as LeaderWorkerSet recreates
+    a group when one pod fails). Once one has exited, the others are killed, and the unit has exited
+    with the first one's code; ``pid`` is the leader's."""
+
+    members: list[Process]
+    returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.members[0].pid
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        exited = [p for p in self.members if p.poll() is not None]
+        if not exited:
+            return None
+        for p in self.members:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.returncode = exited[0].returncode
+        return self.returncode
+
+
+Supervised = Process | ProcessUnit
+
+
+def restart_exited(procs: list[Supervised], spawn: Callable[[int], Supervised], kind: str,
                    logs: str, restarts: dict[str, int], limit: int, say: Callable[[str], None]) -> None:
     """Replace every process of ``procs`` that exited (``spawn(i)`` makes process i again), the way
     a controller replaces a pod; past ``limit`` restarts of ``kind`` the run fails with the log's tail

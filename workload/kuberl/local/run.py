@@ -53,7 +53,18 @@ from ..runconfig import write_run_config
 from ..settings import inherited_environment
 from ..weights.discovery import format_labels
 from .autoscale import LocalAutoscaler
-from .processes import REPLICA_RESTARTS, Children, Process, RunError, free_port, indented, restart_exited, tail
+from .processes import (
+    REPLICA_RESTARTS,
+    Children,
+    Process,
+    ProcessUnit,
+    RunError,
+    Supervised,
+    free_port,
+    indented,
+    restart_exited,
+    tail,
+)
 from .workdir import (
     POOL_FILE,
     PROMPTS_LOG,
@@ -276,21 +287,30 @@ class LocalRun:
                 ENV_PODINFO_LABELS: pod_labels(self.work, "trainer", rank),
                 ENV_CHECKPOINT_KEY: local_checkpoint_key(self.work)}
 
-    def replica(self, r: int) -> Process:
+    def replica(self, r: int) -> Supervised:
+        """Replica ``r``: one process, or one per host that live and die together (rank 0 serves; they
+        meet on a fresh port)."""
         while len(self.ports) <= r:  # a replica added by kuberl scale
             self.ports.append(free_port())
         core = self.core_of_replica(r)
-        return self.children.spawn(
-            [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r])],
-            self.replica_env(r), None if core is None else [core], self.work / f"inference-{r}.log")
+        hosts = self.inference.hosts_per_replica
+        command = [self.python, "-m", "kuberl.inference", "--config", str(self.config), "--port", str(self.ports[r])]
+        if hosts == 1:
+            return self.children.spawn(command, self.replica_env(r), None if core is None else [core],
+                                       self.work / f"inference-{r}.log")
+        leader = f"127.0.0.1:{free_port()}"
+        return ProcessUnit([self.children.spawn(
+            command, {**self.replica_env(r), **inference_env(r, self.ports[r], self.exchange, (h, hosts, leader))},
+            None if core is None else [core], self.work / f"inference-{r}{f'-{h}' if h else ''}.log")
+            for h in range(hosts)])
 
     def publish_pool(self, count: int) -> None:
         """The first ``count`` replicas' URLs into the pool file the trainer follows (written whole, then
         renamed: it never reads half a list)."""
         write_whole(self.work / POOL_FILE, json.dumps([replica_url(port) for port in self.ports[:count]]))
 
-    def follow_scale(self, replicas: list[Process], draining: list[tuple[Process, float]],
-                     say: Callable[[str], None]) -> list[Process]:
+    def follow_scale(self, replicas: list[Supervised], draining: list[tuple[Supervised, float]],
+                     say: Callable[[str], None]) -> list[Supervised]:
         """``kuberl scale``'s wish (the work dir's ``scale`` file), if it changed the pool's size: new
         replicas are started (the trainer admits each once it answers, with the newest weights); the
         last ones leave the trainer's pool at once and are stopped :data:`DRAIN_SECONDS` later, once
@@ -348,7 +368,7 @@ class LocalRun:
         (self.work / SCALE_FILE).unlink(missing_ok=True)  # a new kuberl run starts at the spec's count
         replicas = [self.replica(r) for r in range(self.inference.replicas)]
         self.publish_pool(len(replicas))
-        draining: list[tuple[Process, float]] = []
+        draining: list[tuple[Supervised, float]] = []
         autoscaler = LocalAutoscaler.of(self.spec, self.work)
         ranks = self.gang()
         agents = [self.agent(i) for i in range(self.spec.agent.replicas if self.spec.agent else 0)]
