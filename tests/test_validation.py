@@ -401,6 +401,16 @@ def test_a_cluster_run_with_nowhere_to_keep_its_model_is_warned(tmp_path, capsys
     assert "spec.checkpoint.uri" not in capsys.readouterr().err
 
 
+def test_traces_with_nowhere_to_go_on_a_cluster_are_warned(tmp_path, capsys):
+    """spec.observability without an otlpEndpoint traces nothing from the pods (kuberl run writes its file)."""
+    kept = {"checkpoint": {"uri": "s3://ckpt/run/"}}
+    assert main(["validate", str(write(tmp_path, with_spec(**kept, observability={"traceSampleRate": 0.5})))]) == 0
+    assert "spec.observability.otlpEndpoint: is unset: on a cluster no trace leaves the pods" in capsys.readouterr().err
+    collector = {"otlpEndpoint": "http://otel-collector.observability:4318"}
+    assert main(["validate", str(write(tmp_path, with_spec(**kept, observability=collector)))]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_an_unquoted_on_that_yaml_made_a_boolean_is_explained(tmp_path, capsys):
     """Issue 67: ``chatTemplate.mode: on`` unquoted is YAML's True; the error says so and how to write it."""
     path = write(tmp_path, with_spec(model={"path": "builtin:tiny-qwen2", "chatTemplate": {"mode": True}}))

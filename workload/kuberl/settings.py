@@ -90,6 +90,7 @@ class Settings:
     inference_urls: tuple[str, ...] = ()  # the replicas' URLs; (): the pool's DNS names
     replicas_file: Path | None = None  # kuberl run: a JSON list of the replicas' URLs, rewritten by kuberl scale
     rollout_cores: tuple[int, ...] = ()  # kuberl run: the cores rank 0's rollout process runs on; (): the trainer's
+    trace_file: Path | None = None  # kuberl run with spec.observability: sampled spans, one JSON line each
 
     def checkpoint_location(self, spec_uri: str | None) -> str | None:
         """Where checkpoints (and the published curves) go: the run config's (a local run's work dir),
@@ -105,7 +106,8 @@ class Settings:
 DEFAULTS = Settings()  # a bare process: nothing set (tests, tools)
 
 RUN_CONFIG_FIELDS = ("checkpoint_uri", "max_steps", "tensorboard_dir", "staging_dir", "weights_dir", "summary_path",
-                     "prompts_log", "progress_port", "gateway_port", "inference_urls", "replicas_file", "rollout_cores")
+                     "prompts_log", "progress_port", "gateway_port", "inference_urls", "replicas_file", "rollout_cores",
+                     "trace_file")
 
 _FROM_ENV = {"bind_host": "POD_IP", "node_name": "NODE_NAME", "threads": ENV_THREADS, "local_rank": "LOCAL_RANK",
              "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "exchange_addr": ENV_EXCHANGE_ADDR,

@@ -34,13 +34,21 @@ class FieldIssue:
 def cluster_warnings(spec: RLExperimentSpec) -> list[FieldIssue]:
     """What a cluster run of ``spec`` would regret without failing: no ``spec.checkpoint.uri`` means the
     trainer writes no checkpoint and no export, and the trained model goes with the pods (``kuberl run``
-    keeps its own in its work dir). ``kuberl validate`` prints these; the operator puts them in the
-    experiment's ``SpecValid`` condition."""
-    if spec.checkpoint.uri is not None:
-        return []
-    return [FieldIssue("spec.checkpoint.uri", "is unset: on a cluster this run writes no checkpoint and no export, so "
-                                              "the trained model is lost when its pods go; set s3://bucket/prefix/ "
-                                              "or a claim's file:///path (kuberl run checkpoints to its work dir)")]
+    keeps its own in its work dir); ``spec.observability`` without an ``otlpEndpoint`` traces nothing
+    there (``kuberl run`` writes its work dir's traces.jsonl). ``kuberl validate`` prints these; the
+    operator puts them in the experiment's ``SpecValid`` condition."""
+    warnings = []
+    if spec.checkpoint.uri is None:
+        warnings.append(FieldIssue(
+            "spec.checkpoint.uri", "is unset: on a cluster this run writes no checkpoint and no export, so the trained "
+                                   "model is lost when its pods go; set s3://bucket/prefix/ or a claim's file:///path "
+                                   "(kuberl run checkpoints to its work dir)"))
+    if spec.observability is not None and spec.observability.otlp_endpoint is None:
+        warnings.append(FieldIssue(
+            "spec.observability.otlpEndpoint", "is unset: on a cluster no trace leaves the pods; set an OTLP/HTTP "
+                                               "collector, e.g. http://otel-collector.observability:4318 (kuberl run "
+                                               "writes traces.jsonl in its work dir)"))
+    return warnings
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .algorithm import AlgorithmSpec
 from .base import DNS1123_SUBDOMAIN, ApiModel, Positive, SecretKeyRef, cel
 from .contract import TrainerRuntime
 from .lora import LoraSpec
+from .observability import ObservabilitySpec
 from .pods import ABSOLUTE_PATH, ImageRef, LabelKey, LabelValue, ResourceRequirements, Toleration
 from .rewards import IMPORT_PATH_PATTERN
 from .sources import HUB_REVISION_PATTERN, ChatTemplateSpec, DatasetSource, ExportSpec, RewardSpec
@@ -507,6 +508,8 @@ class RLExperimentSpec(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     export: ExportSpec = Field(default_factory=ExportSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description="W&B and MLflow, besides TensorBoard")
+    observability: ObservabilitySpec | None = Field(
+        None, description="OpenTelemetry traces of each sample's life, admission to training (off when unset)")
     storage: StorageSpec = Field(default_factory=StorageSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = Field(False, description="true: the pods go (the checkpoint stays) until it is false again; the "

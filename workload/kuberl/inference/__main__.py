@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import tracing
 from ..api.spec import Engine, WeightSyncMode
 from ..auth import MissingToken, checked_token
 from ..devices import set_compute_threads
@@ -103,6 +104,8 @@ def main() -> None:
 
         require_vllm()  # fail before binding the port
         engine_for = vllm_engine_for
+
+    tracing.set_up(run.spec.observability, settings, "kuberl-inference")
 
     async def make_app() -> web.Application:
         engine, tokenizer = engine_for(run, settings)  # on the server's loop: vLLM's engine core starts on it

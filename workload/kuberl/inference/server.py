@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from opentelemetry import propagate, trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file
@@ -42,6 +43,7 @@ from .faults import injected_faults
 from .p2p_receiver import NotJoined, P2PReceiver
 
 log = logging.getLogger("kuberl.inference")
+tracer = trace.get_tracer("kuberl.inference")  # a no-op until kuberl.tracing.set_up installs a provider
 
 
 class Metrics:
@@ -156,10 +158,14 @@ class Replica:
         except ValueError as err:
             raise bad_request(str(err)) from err
         self.metrics.requests.inc()
-        try:
-            outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
-        except EngineDown as err:
-            raise web.HTTPServiceUnavailable(text=str(err)) from err
+        with tracer.start_as_current_span("engine", context=propagate.extract(request.headers),
+                                          kind=trace.SpanKind.SERVER) as span:  # in the sample's trace
+            try:
+                outs = await asyncio.gather(*(engine.generate(ids, params) for _ in range(n)))
+            except EngineDown as err:
+                raise web.HTTPServiceUnavailable(text=str(err)) from err
+            span.set_attributes({"kuberl.version": engine.version, "kuberl.samples": n,
+                                 "kuberl.output_tokens": sum(len(o.output_ids) for o in outs)})
         return web.json_response(GenerateReply(engine.version, list(outs)).to_json())
 
     async def pause(self, request: web.Request) -> web.Response:

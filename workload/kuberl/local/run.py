@@ -70,6 +70,7 @@ from .workdir import (
     PROMPTS_LOG,
     SCALE_FILE,
     SUMMARY,
+    TRACES,
     local_checkpoint_key,
     local_run_id,
     replica_url,
@@ -427,7 +428,8 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
                 "prompts_log": work / PROMPTS_LOG,
                 "progress_port": progress_port, "gateway_port": gateway_port,
                 "inference_urls": [replica_url(p) for p in ports], "replicas_file": work / POOL_FILE,
-                "rollout_cores": rollout_cores(cores, inference.replicas, trainer.world_size)}
+                "rollout_cores": rollout_cores(cores, inference.replicas, trainer.world_size),
+                "trace_file": work / TRACES if obj.spec.observability else None}
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)
     return LocalRun(obj, inference, trainer, work, config, path.resolve().parent, checkpoints, local_env(obj.spec),
                     ports, progress_port, gateway_port, cores)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SUMMARY = "summary.json"  # trainer rank 0's run summary, in the work dir
+TRACES = "traces.jsonl"  # spec.observability's sampled spans, one per line (Settings.trace_file), in the work dir
 PROMPTS_LOG = "prompts.jsonl"  # the prompts of every trained step (Settings.prompts_log), in the work dir
 POOL_FILE = "replicas.json"  # the replicas' URLs the trainer follows (settings.replicas_file)
 SCALE_FILE = "scale"  # kuberl scale's wish: the number of replicas

@@ -29,11 +29,13 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from opentelemetry import propagate, trace
 
 from ..auth import bearer
 from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Generation, ReplyLimits
 
 log = logging.getLogger("kuberl.rollout")
+tracer = trace.get_tracer("kuberl.rollout")  # a no-op until kuberl.tracing.set_up installs a provider
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
 STRAGGLER_FLOOR = 0.5  # s a replica may lag behind its first peer in taking a weight version (≥ 8× the slowest
 STRAGGLER_FACTOR = 4.0  # healthy p2p receive under benchmarks/chaos.py), or this many times the first peer's time
@@ -373,22 +375,36 @@ class InferenceClient:
         while True:
             self._start_rejoin()
             replica = self._pick()
-            if replica is None:  # every replica is down: wait for one to come back
-                await asyncio.sleep(0.2)
-                continue
-            replica.in_flight += n
+            if replica is not None and (outputs := await self._generate_on(replica, body, n, len(input_ids))):
+                return outputs
+            await asyncio.sleep(0.2)  # every replica is down (wait for one to come back), or this one failed
+
+    async def _generate_on(self, replica: Replica, body: dict[str, Any], n: int,
+                           prompt_tokens: int) -> list[Generation] | None:
+        """``body``'s ``/generate`` on ``replica``, a ``generate`` span of the sample's trace (the replica's
+        own spans join it): the outputs, or None when the replica failed (it leaves rotation)."""
+        replica.in_flight += n
+        attributes = {"kuberl.replica": replica.url, "kuberl.samples": n, "kuberl.prompt_tokens": prompt_tokens}
+        with tracer.start_as_current_span("generate", attributes=attributes) as span:
+            headers: dict[str, str] = {}
+            propagate.inject(headers)  # W3C traceparent
             try:
-                reply = self._checked(replica, await self._on(replica, "/generate", json=body), n, len(input_ids))
-                if self._latest is not None and reply.version < self._latest[1] - 1:
-                    self._lost(replica, RuntimeError(f"serves version {reply.version}, restarted?"))
-                else:
-                    replica.failures = 0
-                return reply.outputs
+                reply = self._checked(replica, await self._on(replica, "/generate", json=body, headers=headers), n,
+                                      prompt_tokens)
             except REPLICA_ERRORS as err:
+                span.record_exception(err)
                 self._lost(replica, err)
-                await asyncio.sleep(0.2)
+                return None
             finally:
                 replica.in_flight -= n
+            span.set_attributes({"kuberl.version": reply.version,
+                                 "kuberl.output_tokens": sum(len(o.output_ids) for o in reply.outputs),
+                                 "kuberl.aborted": sum(o.finish_reason == FINISH_ABORT for o in reply.outputs)})
+        if self._latest is not None and reply.version < self._latest[1] - 1:
+            self._lost(replica, RuntimeError(f"serves version {reply.version}, restarted?"))
+        else:
+            replica.failures = 0
+        return reply.outputs
 
     def _checked(self, replica: Replica, data: Any, n: int, prompt_tokens: int) -> GenerateReply:
         """``data`` as a reply to ``n`` generations, within ``limits``; else ReplicaFault: a replica that

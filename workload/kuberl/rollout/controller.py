@@ -24,9 +24,12 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
 from ..data.datasets import Example
 from .buffer import RolloutBuffer
-from .client import InferenceClient
+from .client import InferenceClient, tracer
 from .evaluation import EvalResult, evaluate
 from .ledger import PromptLedger
 from .lengths import EpisodeLengths
@@ -59,6 +62,7 @@ class RolloutController:
         self.observed_staleness = 0
         self.lengths = EpisodeLengths()  # of the episodes generated, trained and dropped as too stale
         self._ahead: tuple[tuple[int, int], Future[list[Group] | None]] | None = None  # (groups, version): ``take``
+        self._spans: dict[int, Span] = {}  # id(group) → its ``sample`` span, from delivery until trained or dropped
 
     # -- called from the trainer thread ----------------------------------------------------------
     def start(self) -> None:
@@ -98,7 +102,7 @@ class RolloutController:
             batch = self.call(self._take(groups, version))
         if batch is not None:
             answer, start = self._take_ahead(groups, version + 1) if ahead else (None, None)
-            self.loop.call_soon_threadsafe(self._handed_over, batch, start)  # one wake-up of the loop
+            self.loop.call_soon_threadsafe(self._handed_over, batch, version, start)  # one wake-up of the loop
             if answer is not None:
                 self._ahead = (groups, version + 1), answer
         return batch
@@ -238,20 +242,38 @@ class RolloutController:
         return task
 
     async def _episode(self, workflow: RolloutWorkflow, index: int, example: Example, group_id: int) -> None:
+        span = tracer.start_span("sample", attributes={"kuberl.prompt": index, "kuberl.group": group_id,
+                                                       "kuberl.admitted_version": self.manager.version})
         try:
-            group = await workflow.run_episode(self.client, example, group_id)
+            with trace.use_span(span, end_on_exit=False):
+                group = await workflow.run_episode(self.client, example, group_id)
         except Exception as err:  # surfaces in the trainer thread on the next take()
             log.exception("episode failed")
             self._error = err
+            span.record_exception(err)
             group = None
         if group is not None:
             group.prompt = index
-        elif self.prompts is not None:
-            self.prompts.give_back(index)
+            span.add_event("buffered", {"kuberl.oldest_version": group.oldest_version})
+            self._spans[id(group)] = span  # ended when a step takes it (or it is dropped)
+        else:
+            span.set_attribute("kuberl.outcome", "no group")
+            span.end()
+            if self.prompts is not None:
+                self.prompts.give_back(index)
         await self.deliver(group)
+
+    def _end_span(self, group: Group, outcome: str, version: int) -> None:
+        """The end of ``group``'s ``sample`` span: trained (at step ``version``) or dropped as too stale."""
+        span = self._spans.pop(id(group), None)
+        if span is not None:
+            span.set_attributes({"kuberl.outcome": outcome, "kuberl.step": version,
+                                 "kuberl.staleness": version - group.oldest_version})
+            span.end()
 
     def _give_back(self, group: Group) -> None:
         """A group dropped as too stale: its prompt is handed out again."""
+        self._end_span(group, "dropped as too stale", self.manager.version)
         self.lengths.add(self.lengths.dropped, group.trajectories)
         if self.prompts is not None and group.prompt is not None:
             self.prompts.give_back(group.prompt, stale=True)
@@ -275,11 +297,13 @@ class RolloutController:
                 with contextlib.suppress(TimeoutError):  # wake up now and then to notice a starved pool
                     await asyncio.wait_for(self._changed.wait(), 1.0)
 
-    def _handed_over(self, batch: list[Group], start_next: Callable[[], None] | None) -> None:
-        """``batch`` is handed to the trainer: its prompts are trained (a ledger that disagrees, a prompt
-        trained twice, fails the run at the next ``take``); then the next batch's take starts."""
+    def _handed_over(self, batch: list[Group], version: int, start_next: Callable[[], None] | None) -> None:
+        """``batch`` is handed to the trainer for step ``version``: its prompts are trained (a ledger that
+        disagrees, a prompt trained twice, fails the run at the next ``take``); then the next batch's
+        take starts."""
         try:
             for group in batch:
+                self._end_span(group, "trained", version)
                 self.lengths.add(self.lengths.trained, group.trajectories)
                 if self.prompts is not None and group.prompt is not None:
                     self.prompts.mark_trained(group.prompt)

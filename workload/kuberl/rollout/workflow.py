@@ -17,7 +17,7 @@ from ..data.datasets import Example
 from ..data.example import Prompt
 from ..inference.contract import FINISH_STOP
 from ..rewards.pool import Scorer
-from .client import InferenceClient
+from .client import InferenceClient, tracer
 from .types import Group, Trajectory
 
 
@@ -33,7 +33,10 @@ async def score(prompt: str, completion_ids: list[int] | None, example: Example,
     is None (the length limit cut it off, or it never finished)."""
     if completion_ids is None:
         return 0.0
-    return await reward.score(prompt, decode(without_eos(completion_ids, eos_id)), example.answer, example.row)
+    with tracer.start_as_current_span("score") as span:
+        value = await reward.score(prompt, decode(without_eos(completion_ids, eos_id)), example.answer, example.row)
+        span.set_attribute("kuberl.reward", value)
+        return value
 
 
 class RolloutWorkflow(Protocol):

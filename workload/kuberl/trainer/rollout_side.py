@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tracing
 from ..api.spec import LateGroups
 from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
@@ -110,6 +111,7 @@ class RolloutSide:
         ``prompt_sources``; the pool follower; with ``spec.agent`` the gateway; the evaluation's episodes."""
         run, settings, tokenizer = recipe.run, recipe.settings, recipe.tokenizer
         spec, algo = run.spec, run.spec.algorithm
+        tracing.set_up(spec.observability, settings, "kuberl-rollout")
         manager = StalenessManager(algo.batch_size // algo.group_size, spec.rollout.max_staleness,
                                    max(1, spec.rollout.max_concurrent // algo.group_size))
         manager.restore(recipe.first_step)  # admission restarts at version × batch: no burst of stale samples
@@ -190,6 +192,7 @@ class RolloutSide:
         for scorer in dict.fromkeys(scorers):
             asyncio.run_coroutine_threadsafe(scorer.aclose(), self.controller.loop).result(timeout=30)
         self.controller.stop()
+        tracing.shut_down()
 
 
 class RolloutHost:

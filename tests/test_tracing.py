@@ -1,0 +1,82 @@
+"""Traces of a sample's life: a ``sample`` span from admission to the step that trained it (its step and
+staleness, as the trainer counts them), with a ``generate`` span per request and the replica's own
+``engine`` span joined to it through the request's traceparent; and ``kuberl run`` writing them to
+``<workdir>/traces.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from .test_local_run import EXAMPLE, NO_EVAL
+from .test_rollout_controller import GROUPS, started, take
+
+_EXPORTED = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    """This process's spans (its tracer provider is set once per process, as OpenTelemetry allows)."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTED))
+        trace.set_tracer_provider(provider)
+    _EXPORTED.clear()
+    return _EXPORTED
+
+
+def test_a_trained_samples_trace_runs_from_admission_through_its_replica_to_its_step(spans):
+    with started(1) as (controller, serve):
+        batches = []
+        for version in range(3):
+            batches.append(take(controller, GROUPS, version))
+            serve(version + 1)
+    finished = spans.get_finished_spans()
+    samples = {s.context.span_id: s for s in finished if s.name == "sample"
+               and s.attributes.get("kuberl.outcome") == "trained"}
+    assert len(samples) == 3 * GROUPS
+    trained = {(g.prompt, version, version - g.oldest_version) for version, b in enumerate(batches) for g in b or []}
+    assert {(s.attributes["kuberl.prompt"], s.attributes["kuberl.step"], s.attributes["kuberl.staleness"])
+            for s in samples.values()} == trained  # the step and staleness the trainer counts
+    children = defaultdict(list)
+    for span in finished:
+        if span.parent is not None:
+            children[span.parent.span_id].append(span)
+    for sample in samples.values():
+        [generate] = [c for c in children[sample.context.span_id] if c.name == "generate"]
+        assert generate.attributes["kuberl.replica"].startswith("http://127.0.0.1:")
+        assert generate.attributes["kuberl.output_tokens"] > 0
+        [engine] = children[generate.context.span_id]  # the replica's span, joined by the traceparent header
+        assert engine.name == "engine" and engine.context.trace_id == sample.context.trace_id
+        assert engine.attributes["kuberl.version"] == generate.attributes["kuberl.version"]
+
+
+@pytest.mark.slow
+def test_kuberl_run_writes_every_trained_samples_chain_to_its_trace_file(tmp_path):
+    work = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "-q", "--max-steps", "6",
+                           "--workdir", str(work), "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL,
+                           "--set", "observability.traceSampleRate=1"],
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    spans = [json.loads(line) for line in (work / "traces.jsonl").read_text().splitlines()]
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    trained = [s for s in spans if s["name"] == "sample" and s["attributes"].get("kuberl.outcome") == "trained"]
+    assert len(trained) == 6 * 16  # every group trained, 16 a step
+    assert max(s["attributes"]["kuberl.staleness"] for s in trained) == summary["max_token_staleness_trained"]
+    kinds = defaultdict(set)  # a sample span → the names of its spans' chain below it
+    for span in spans:
+        parent, name = span["parent_id"], span["name"]
+        while parent in by_id:
+            kinds[parent].add(name)
+            parent = by_id[parent]["parent_id"]
+    assert all({"generate", "engine", "score"} <= kinds[s["context"]["span_id"]] for s in trained)

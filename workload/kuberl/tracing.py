@@ -1,0 +1,64 @@
+"""OpenTelemetry tracing of a sample's life (``spec.observability``, ``kuberl.api.observability``).
+
+``set_up`` installs the process's tracer provider once: spans sampled by trace id at
+``traceSampleRate``, sent by OTLP/HTTP to ``otlpEndpoint`` and/or written to ``settings.trace_file``
+(one span per JSON line, as the SDK renders a span). Instrumented code takes its tracer from
+``opentelemetry.trace.get_tracer`` at import and never checks whether tracing is on: without a
+provider every span is a no-op. Spans are exported from a background thread (a batch processor),
+never on the caller's event loop; ``shut_down`` flushes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import IO
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from .api.observability import ObservabilitySpec
+from .settings import Settings
+
+log = logging.getLogger("kuberl.tracing")
+_provider: TracerProvider | None = None
+_files: list[IO[str]] = []
+
+
+def one_line(span: ReadableSpan) -> str:
+    return span.to_json(indent=None) + "\n"
+
+
+def set_up(spec: ObservabilitySpec | None, settings: Settings, service: str) -> bool:
+    """Trace this process (``service``: e.g. kuberl-rollout) as ``spec`` says; False when there is nowhere to
+    send spans (no spec, or neither an endpoint nor a file)."""
+    global _provider
+    if spec is None or (spec.otlp_endpoint is None and settings.trace_file is None) or _provider is not None:
+        return _provider is not None
+    provider = TracerProvider(resource=Resource.create({"service.name": service}),
+                              sampler=ParentBased(TraceIdRatioBased(spec.trace_sample_rate)))
+    if spec.otlp_endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+            endpoint=spec.otlp_endpoint.rstrip("/") + "/v1/traces")))
+    if settings.trace_file is not None:
+        out = settings.trace_file.open("a", encoding="utf-8")
+        _files.append(out)
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=out, formatter=one_line)))
+    trace.set_tracer_provider(provider)
+    _provider = provider
+    log.info("tracing %g of samples to %s", spec.trace_sample_rate,
+             " and ".join(str(x) for x in (spec.otlp_endpoint, settings.trace_file) if x is not None))
+    return True
+
+
+def shut_down() -> None:
+    """Export what is buffered and close the trace file."""
+    if _provider is not None:
+        _provider.shutdown()
+    for out in _files:
+        out.close()
+    _files.clear()
