@@ -31,10 +31,9 @@ async def score(prompt: str, completion_ids: list[int] | None, example: Example,
     """One completion's reward: ``reward(prompt, completion, answer, **row)`` for a finished answer
     (its EOS dropped; ``prompt`` is the text the policy was prompted with), 0 when ``completion_ids``
     is None (the length limit cut it off, or it never finished)."""
-    if completion_ids is None:
-        return 0.0
-    with tracer.start_as_current_span("score") as span:
-        value = await reward.score(prompt, decode(without_eos(completion_ids, eos_id)), example.answer, example.row)
+    with tracer.start_as_current_span("score", attributes={"kuberl.finished": completion_ids is not None}) as span:
+        value = 0.0 if completion_ids is None else await reward.score(
+            prompt, decode(without_eos(completion_ids, eos_id)), example.answer, example.row)
         span.set_attribute("kuberl.reward", value)
         return value
 
