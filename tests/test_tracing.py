@@ -1,7 +1,7 @@
 """Traces of a sample's life: a ``sample`` span from admission to the step that trained it (its step and
 staleness, as the trainer counts them), with a ``generate`` span per request and the replica's own
-``engine`` span joined to it through the request's traceparent; and ``kuberl run`` writing them to
-``<workdir>/traces.jsonl``."""
+``engine`` span joined to it through the request's traceparent; the trainer's ``step`` spans with their
+phases; and ``kuberl run`` writing them all to ``<workdir>/traces.jsonl``."""
 
 from __future__ import annotations
 
@@ -80,3 +80,9 @@ def test_kuberl_run_writes_every_trained_samples_chain_to_its_trace_file(tmp_pat
             kinds[parent].add(name)
             parent = by_id[parent]["parent_id"]
     assert all({"generate", "engine", "score"} <= kinds[s["context"]["span_id"]] for s in trained)
+    steps = {s["attributes"]["kuberl.step"]: s for s in spans if s["name"] == "step"}  # the trainer's, rank 0
+    assert sorted(steps) == list(range(6))
+    for step, span in steps.items():
+        assert {"wait_rollout", "train", "weight_push"} <= kinds[span["context"]["span_id"]]
+        assert span["attributes"]["kuberl.staleness"] == max(
+            s["attributes"]["kuberl.staleness"] for s in trained if s["attributes"]["kuberl.step"] == step)

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from opentelemetry import trace
 
+from .. import tracing
 from ..api.support import unsupported_issues
 from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
@@ -46,6 +48,7 @@ from .watchdog import StepWatchdog
 from .workflows import PromptCheck
 
 log = logging.getLogger("kuberl.trainer")
+tracer = trace.get_tracer("kuberl.trainer")  # a no-op until kuberl.tracing.set_up installs a provider (rank 0)
 
 
 @dataclass
@@ -122,6 +125,8 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     the garbage collector's reach (:func:`~kuberl.heap.freeze_set_up_heap`)."""
     spec = run.spec
     rollout = RolloutProcess.launch(settings.rollout_cores) if rank == 0 else None
+    if rank == 0:
+        tracing.set_up(spec.observability, settings, "kuberl-trainer")
     torch.manual_seed(spec.seed)
     _, plan, _ = run.resolved
     if plan is not None:  # built on meta; each rank reads only its own pieces of the files
@@ -238,19 +243,35 @@ def train(run: RunConfig, settings: Settings, rank: int, world: int, device: tor
     if s.first_step == 0:
         s.services.evaluate(0)  # the starting point (after the SFT warm-up) the curve rises from
     for step in range(s.first_step, s.max_steps):
+        one_step(s, step, tally, watchdog)
+    tally.timeperf["weight_sync"].append(s.sync.wait())
+    watchdog.stop()
+    summary = s.services.finish(tally, s.first_step, s.sft_losses, world)
+    tracing.shut_down()
+    return summary
+
+
+def one_step(s: Session, step: int, tally: Tally, watchdog: StepWatchdog) -> None:
+    """Step ``step``: its batch, the update, the push of version step + 1, a checkpoint and export when due,
+    the report and an evaluation when due; a ``step`` span with one per phase (rank 0, when traced)."""
+    with tracer.start_as_current_span("step", attributes={"kuberl.step": step}) as span:
         step_start = time.perf_counter()
-        trajs, advs, wait_s, filtered = take_batch(s, step)
-        stats = train_step(s, step, trajs, advs)
+        with tracer.start_as_current_span("wait_rollout"):
+            trajs, advs, wait_s, filtered = take_batch(s, step)
+        with tracer.start_as_current_span("train"):
+            stats = train_step(s, step, trajs, advs)
         count(tally, step, trajs, stats, wait_s, filtered)
-        previous_sync = push_weights(s, step, tally)
+        with tracer.start_as_current_span("weight_push"):
+            previous_sync = push_weights(s, step, tally)
         tally.timeperf["step"].append(time.perf_counter() - step_start)
         tally.steps_done = step + 1
+        span.set_attributes({"kuberl.samples": len(trajs), "kuberl.staleness": version_lag(step, trajs),
+                             "kuberl.previous_sync_seconds": previous_sync})
         if s.checkpointer.due(step + 1):  # the data state is asked of the rollout loop only then
-            s.services.checkpointed(s.checkpointer.maybe_save(s.actor, step + 1, step + 1, *s.services.data_state()))
+            with tracer.start_as_current_span("checkpoint"):
+                s.services.checkpointed(s.checkpointer.maybe_save(s.actor, step + 1, step + 1,
+                                                                  *s.services.data_state()))
         maybe_export(s, step + 1)
         watchdog.beat()  # the step, its checkpoint and export are done
         s.services.report(step, trajs, stats, wait_s, previous_sync, tally)
         s.services.evaluate(step + 1, last=step + 1 == s.max_steps)
-    tally.timeperf["weight_sync"].append(s.sync.wait())
-    watchdog.stop()
-    return s.services.finish(tally, s.first_step, s.sft_losses, world)
