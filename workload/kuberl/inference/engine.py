@@ -276,8 +276,9 @@ class TorchEngine:
             for req, routes in zip(kept, out.decode_routes, strict=True):
                 req.routes.append(routes)
         if out.prefill_routes is not None:  # the whole sequence was routed again: its routes start over
+            width = max(map(len, plan.prefill))
             for req, routes, seq in zip(joined, out.prefill_routes, plan.prefill, strict=True):
-                req.routes = [routes[out.prefill_width - len(seq):]]
+                req.routes = [routes[width - len(seq):]]
         self._rows = rows = kept + joined
         logits = out.logits
         temperature = torch.tensor([r.params.temperature for r in rows], device=logits.device)

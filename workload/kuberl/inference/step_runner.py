@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
@@ -38,8 +39,7 @@ class StepPlan:
 class StepOutput:
     logits: torch.Tensor  # [rows, vocab] float: each row's next-token logits, in the cache's row order
     decode_routes: torch.Tensor | None  # [kept rows, layers, k]
-    prefill_routes: torch.Tensor | None  # [joined rows, width, layers, k], left-padded to ``prefill_width``
-    prefill_width: int
+    prefill_routes: torch.Tensor | None  # [joined rows, width, layers, k], left-padded to the longest joined row
 
 
 class StepRunner:
@@ -60,8 +60,7 @@ class StepRunner:
             raise ValueError("an engine step with no rows")
         self.kv = parts[0][0] if len(parts) == 1 else concat(parts[0][0], parts[1][0])
         return StepOutput(torch.cat([logits for _, logits, _ in parts]),
-                          decoded[2] if decoded else None, prefilled[2] if prefilled else None,
-                          max(map(len, plan.prefill), default=0))
+                          decoded[2] if decoded else None, prefilled[2] if prefilled else None)
 
     def _decode(self, plan: StepPlan) -> tuple[KVBatch[int], torch.Tensor, torch.Tensor | None]:
         """Each kept row's last token through the cache: the grown cache, the next logits, the routes."""
@@ -113,11 +112,19 @@ class StepRunner:
         self.kv = None
 
     def copy_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Parameters of these names replaced (the p2p path); the cache goes with the old weights."""
-        params = dict(self.model.named_parameters())
+        """Whole ``tensors`` into the parameters (and buffers) of those names — the p2p path, and every rank
+        of a tensor-parallel replica, which keeps its shard of a split one (the shard ``parallelize_module``
+        gave it); the cache goes with the old weights."""
+        targets = dict(self.model.state_dict(keep_vars=True))
         with torch.no_grad():
-            for name, tensor in tensors.items():
-                params[name].copy_(tensor)
+            for name, whole in tensors.items():
+                target = targets[name]
+                if isinstance(target, DTensor):
+                    part = distribute_tensor(whole.to(target.dtype), target.device_mesh, target.placements,
+                                             src_data_rank=None)  # every rank has it whole: no communication
+                    target.to_local().copy_(part.to_local())
+                else:
+                    target.copy_(whole)
         self.kv = None
 
 

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from .step_runner import StepOutput, StepPlan, StepRunner
@@ -112,21 +111,6 @@ def layout_of(tensors: dict[str, torch.Tensor]) -> list[tuple[str, list[int], st
     return [(name, list(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in tensors.items()]
 
 
-def copy_whole_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Whole ``tensors`` into ``model``'s parameters and buffers of those names, each rank keeping its
-    shard of a split one (the shard ``parallelize_module`` gave it)."""
-    targets = dict(model.state_dict(keep_vars=True))
-    with torch.no_grad():
-        for name, whole in tensors.items():
-            target = targets[name]
-            if isinstance(target, DTensor):
-                part = distribute_tensor(whole.to(target.dtype), target.device_mesh, target.placements,
-                                         src_data_rank=None)  # every rank has it whole: no communication
-                target.to_local().copy_(part.to_local())
-            else:
-                target.copy_(whole)
-
-
 class TensorParallelRunner(StepRunner):
     """The leader's runner: every step and weight update goes to the workers first, then runs here. A
     step or update that fails here (a collective whose worker is gone, or anything else once the workers
@@ -149,8 +133,7 @@ class TensorParallelRunner(StepRunner):
         layout = layout_of(tensors)
         with self._fatal_if_broken():
             self.group.send(("weights", layout))
-            copy_whole_into(self.model, self.group.share(tensors, layout))
-        self.kv = None
+            super().copy_parameters(self.group.share(tensors, layout))
 
     def keepalive(self) -> None:
         with self._fatal_if_broken():
@@ -182,8 +165,7 @@ def follow(runner: StepRunner, group: ReplicaGroup) -> None:
         if kind == "step":
             runner.run(command[1])
         elif kind == "weights":
-            copy_whole_into(runner.model, group.share(None, command[1]))
-            runner.kv = None
+            runner.copy_parameters(group.share(None, command[1]))
         elif kind == "stop":
             return
         elif kind != "ping":

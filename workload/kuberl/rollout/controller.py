@@ -62,7 +62,7 @@ class RolloutController:
         self.observed_staleness = 0
         self.lengths = EpisodeLengths()  # of the episodes generated, trained and dropped as too stale
         self._ahead: tuple[tuple[int, int], Future[list[Group] | None]] | None = None  # (groups, version): ``take``
-        self._spans: dict[int, Span] = {}  # id(group) → its ``sample`` span, from delivery until trained or dropped
+        self._spans: dict[int, Span] = {}  # id(group) → its sampled ``sample`` span, until trained or dropped
 
     # -- called from the trainer thread ----------------------------------------------------------
     def start(self) -> None:
@@ -254,8 +254,9 @@ class RolloutController:
             group = None
         if group is not None:
             group.prompt = index
-            span.add_event("buffered", {"kuberl.oldest_version": group.oldest_version})
-            self._spans[id(group)] = span  # ended when a step takes it (or it is dropped)
+            if span.is_recording():  # a sampled one: ended when a step takes it (or it is dropped)
+                span.add_event("buffered", {"kuberl.oldest_version": group.oldest_version})
+                self._spans[id(group)] = span
         else:
             span.set_attribute("kuberl.outcome", "no group")
             span.end()

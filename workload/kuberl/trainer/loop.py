@@ -212,15 +212,18 @@ def push_weights(s: Session, step: int, tally: Tally) -> float:
 
 
 def count(tally: Tally, step: int, trajs: list[Trajectory], stats: dict[str, float] | None, wait_s: float,
-          filtered: int) -> None:
-    """Add one step's batch and training statistics to the tally."""
+          filtered: int) -> int:
+    """Add one step's batch and training statistics to the tally; returns the batch's staleness (the
+    largest version lag of its tokens)."""
+    staleness = version_lag(step, trajs)
     tally.timeperf["wait_rollout"].append(wait_s)
     tally.dropped_groups += filtered
-    tally.token_staleness = max(tally.token_staleness, version_lag(step, trajs))
+    tally.token_staleness = max(tally.token_staleness, staleness)
     if stats is not None:
         tally.gaps.observe(step, stats)
         tally.timeperf["train_step"].append(stats["timeperf/train_step"])
         tally.trained_tokens += sum(t.trained_tokens for t in trajs)
+    return staleness
 
 
 def maybe_export(s: Session, steps_done: int) -> None:
@@ -260,12 +263,12 @@ def one_step(s: Session, step: int, tally: Tally, watchdog: StepWatchdog) -> Non
             trajs, advs, wait_s, filtered = take_batch(s, step)
         with tracer.start_as_current_span("train"):
             stats = train_step(s, step, trajs, advs)
-        count(tally, step, trajs, stats, wait_s, filtered)
+        staleness = count(tally, step, trajs, stats, wait_s, filtered)
         with tracer.start_as_current_span("weight_push"):
             previous_sync = push_weights(s, step, tally)
         tally.timeperf["step"].append(time.perf_counter() - step_start)
         tally.steps_done = step + 1
-        span.set_attributes({"kuberl.samples": len(trajs), "kuberl.staleness": version_lag(step, trajs),
+        span.set_attributes({"kuberl.samples": len(trajs), "kuberl.staleness": staleness,
                              "kuberl.previous_sync_seconds": previous_sync})
         if s.checkpointer.due(step + 1):  # the data state is asked of the rollout loop only then
             with tracer.start_as_current_span("checkpoint"):
