@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tracing
-from ..api.spec import LateGroups
+from ..api.rollout import LateGroups
 from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
 from ..heap import freeze_set_up_heap

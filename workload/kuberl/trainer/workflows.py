@@ -11,7 +11,8 @@ from transformers import PreTrainedTokenizerBase
 
 from .. import sandbox
 from ..agent.workflow import ToolWorkflow
-from ..api.spec import RLExperimentSpec, ToolName
+from ..api.rollout import ToolName
+from ..api.spec import RLExperimentSpec
 from ..data.datasets import DropCount, Example
 from ..imports import imported
 from ..models.text import TextCodec
