@@ -180,8 +180,9 @@ async def test_the_users_agent_deployment_trains_the_policy_through_the_gateway_
             deployments: list[str] = []
 
             def watch(status: dict[str, object]) -> None:
-                if not deployments:
-                    deployments.append(kubectl("get", "deployments", "-o", "name"))
+                if not deployments:  # the first status may come before the operator's agent step made it
+                    listed = kubectl("get", "deployments", "-o", "name")
+                    deployments.extend([listed] if listed else [])
 
             outcome = await asyncio.to_thread(scenario.run, kubectl, path, name, 480, lines.append, watch)
         agent_logs = [p.read_text(errors="replace") for p in node_dir.glob(f"pods/*{name}-agent-*/container.log")]
