@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from types import ModuleType
 
-from kuberl.heap import freeze_set_up_heap
+from kuberl.interpreter import freeze_set_up_heap
 
 
 @contextlib.contextmanager
@@ -47,7 +47,7 @@ def tune_garbage_collection() -> None:
     cyclic collector, which at Python's default thresholds took a third of the operator's CPU for
     1,000 experiments (``benchmarks/operator_scale.py``); the informers' bodies are plain JSON, but
     the syncs still allocate in bursts. What the imports built (modules, pydantic schemas) lives as
-    long as the process: frozen (:func:`kuberl.heap.freeze_set_up_heap`), the collector never traverses
+    long as the process: frozen (:func:`kuberl.interpreter.freeze_set_up_heap`), the collector never traverses
     it again."""
     freeze_set_up_heap()
     gc.set_threshold(GC_YOUNG_OBJECTS, 10, 10)

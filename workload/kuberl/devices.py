@@ -10,15 +10,13 @@ cast them to their compute dtype as they load them.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as dist
 
 from .api.spec import Accelerator, ModelDtype
+from .interpreter import hand_over_the_gil_often
 
 WIRE_DTYPE = torch.float32
-GIL_SWITCH_SECONDS = 0.0002  # CPython's default is 0.005
 DIST_BACKENDS = {Accelerator.NVIDIA: "nccl", Accelerator.ASCEND: "hccl", Accelerator.CPU: "gloo"}
 _DTYPES = {ModelDtype.BFLOAT16: torch.bfloat16, ModelDtype.FLOAT16: torch.float16, ModelDtype.FLOAT32: torch.float32}
 
@@ -88,12 +86,6 @@ def collective_device() -> torch.device:
 
 
 def set_compute_threads(threads: int) -> None:
-    """``threads`` torch threads, and the GIL handed between Python threads every 0.2 ms.
-
-    A trainer (or engine) thread takes the GIL for every operator it dispatches and every autograd
-    hook; the same process runs an event loop (rollout, gateway, HTTP) whose Python keeps the GIL
-    for the whole switch interval. At CPython's 5 ms a tiny model's forward and backward took 8×
-    as long next to a busy loop (2.7 s instead of 0.33 s); at 0.2 ms, 1.1×.
-    """
+    """``threads`` torch threads, and the GIL handed over often (:func:`kuberl.interpreter.hand_over_the_gil_often`)."""
     torch.set_num_threads(threads)
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    hand_over_the_gil_often()

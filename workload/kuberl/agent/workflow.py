@@ -18,16 +18,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..data.datasets import Example
 from ..inference.contract import FINISH_LENGTH, FINISH_STOP, Generation
-from ..models import moe_routing
 from ..rollout.client import InferenceClient
 from ..rollout.types import Group, Trajectory
 from ..rollout.workflow import WorkflowContext, score
 from .tools import ToolCall, first_call_end, parse_tool_calls, run_tool
+
+if TYPE_CHECKING:
+    import torch
 
 TOOL_MESSAGE = "={}="  # how a tool's answer reads to the model: "calc(37*12)" → "=444="
 MAX_TOOL_MESSAGE_CHARS = 512
@@ -87,8 +88,12 @@ class Episode:
     def routes_of(self, prompt_ids: list[int]) -> torch.Tensor | None:
         """The trajectory's routes: the last generation's up to its last kept token, then −1 for what
         came after (:func:`kuberl.models.moe_routing.fitted` to the trajectory's positions)."""
-        kept = None if self.routes is None else self.routes[:len(prompt_ids) + self.routed]
-        return moe_routing.fitted(kept, len(prompt_ids) + len(self.output_ids) - 1)
+        if self.routes is None:
+            return None
+        from ..models import moe_routing  # torch: only where a mixture of experts sent routes
+
+        return moe_routing.fitted(self.routes[:len(prompt_ids) + self.routed],
+                                  len(prompt_ids) + len(self.output_ids) - 1)
 
     def context(self, ids: list[int]) -> None:
         last = self.versions[-1] if self.versions else 0

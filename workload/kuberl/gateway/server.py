@@ -31,9 +31,8 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from aiohttp import web
 from transformers import PreTrainedTokenizerBase
 
@@ -53,6 +52,9 @@ from .params import RequestError, error, requested_tokens, reward_value, session
 from .refusals import RefusalBudget
 from .sessions import Session, SessionGroup, SessionTable, fair_share
 from .tasks import TaskDealer
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("kuberl.gateway")
 SHUTDOWN_SECONDS = 2.0  # how long stop() lets calls in flight finish before it cancels them

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..agent.workflow import Episode
 from ..inference.contract import FINISH_STOP
 from ..rollout.types import Group, Trajectory
+
+if TYPE_CHECKING:
+    import torch
 
 ANONYMOUS = ""
 

@@ -12,7 +12,7 @@ from .. import tracing
 from ..api.spec import Engine, WeightSyncMode
 from ..auth import MissingToken, checked_token
 from ..devices import set_compute_threads
-from ..heap import freeze_set_up_heap
+from ..interpreter import freeze_set_up_heap
 from ..runconfig import RunConfig, load_run_config
 from ..settings import Settings, from_environment
 from ..weights.sync import disk_directory

@@ -10,11 +10,10 @@ tokens generated so far, so the client resumes them (prompt + partial output) un
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from ..models import moe_routing
+if TYPE_CHECKING:  # the rollout process reads replies without torch unless routes come with them
+    import torch
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
 MAX_PROMPT_TOKENS = 131072  # token ids a request's prompt may have (the server refuses more; the gateway too)
@@ -48,7 +47,12 @@ class Generation:
     routes: torch.Tensor | None = None  # asked for: [prompt + output − 1 positions, MoE layers, k] experts
 
     def to_json(self) -> dict[str, Any]:
-        routes = {} if self.routes is None else {"routes": moe_routing.encode(self.routes)}
+        if self.routes is None:
+            return {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
+                    "finish_reason": self.finish_reason}
+        from ..models import moe_routing
+
+        routes = {"routes": moe_routing.encode(self.routes)}
         return {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
                 "finish_reason": self.finish_reason, **routes}
 
@@ -67,7 +71,11 @@ class Generation:
                 and set(map(type, logprobs)) <= {int, float}):
             raise ValueError("a generation needs output_ids, logprobs and versions of one length and a finish_reason "
                              f"in {FINISH_REASONS}")
-        routes = moe_routing.decode(data["routes"]) if data.get("routes") is not None else None
+        routes = None
+        if data.get("routes") is not None:
+            from ..models import moe_routing
+
+            routes = moe_routing.decode(data["routes"])
         return Generation(list(ids), list(map(float, logprobs)), list(versions), reason, routes=routes)
 
     def then(self, more: Generation) -> Generation:
@@ -111,6 +119,10 @@ class ReplyLimits:
     @staticmethod
     def of(model: torch.nn.Module) -> ReplyLimits:
         """The limits of ``model`` (its modules alone: a model on ``meta`` will do)."""
+        import torch
+
+        from ..models import moe_routing
+
         embedding = model.get_input_embeddings()
         assert isinstance(embedding, torch.nn.Embedding)
         routers = moe_routing.routers(model)
@@ -135,6 +147,8 @@ class ReplyLimits:
     def _routes_problem(self, routes: torch.Tensor, tokens: int) -> str | None:
         if self.moe_layers == 0:
             return "sent routes for a model without experts"
+        from ..models import moe_routing
+
         positions, layers, k = routes.shape
         if (layers, k) != (self.moe_layers, self.top_k) or positions > tokens:
             return (f"routes of shape {list(routes.shape)}; the model routes at most {tokens} positions through "

@@ -10,22 +10,31 @@ matrices, units and percentages understood), else 0.
   compared as text, case and spacing aside: sympy would read ``Paris`` as the product p·a·r·i·s.
 - Each parse and comparison has a time limit (``math-verify``'s own, by SIGALRM: it works in the
   main thread of the reward worker processes, :mod:`.pool`, whose per-call limit backs it up).
+- ``math-verify`` (and sympy under it, ≈ 0.7 CPU-s) is imported at the first call: every process that
+  imports :mod:`kuberl.rewards` would otherwise pay it, whichever reward the run uses.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+if TYPE_CHECKING:
+    from math_verify.parser import ExtractionTarget
 
 TIME_LIMIT_SECONDS = 5  # per parse and per comparison
 _WORDS = re.compile(r"^[A-Za-z][A-Za-z '.-]*[A-Za-z.]$")
 _TEXT = re.compile(r"^\\(?:text|textbf|mathrm)\{([^{}]*)\}$")
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 
-_PREDICTION = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+
+@functools.cache
+def _prediction_configs() -> list[ExtractionTarget]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
 
 def reference_text(answer: str) -> str:
@@ -56,6 +65,8 @@ def _time_limit() -> int | None:
 
 def math(prompt: str, completion: str, answer: str, **row: Any) -> float:
     """1.0 if ``completion``'s final answer equals ``answer`` (see the module docstring), else 0.0."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
     limit = _time_limit()
     reference = reference_text(answer)
     words = _words(reference)
@@ -67,5 +78,5 @@ def math(prompt: str, completion: str, answer: str, **row: Any) -> float:
         gold = parse(reference, extraction_config=[ExprExtractionConfig()], parsing_timeout=limit)
     if not gold:
         return 0.0
-    prediction = parse(completion, extraction_config=_PREDICTION, parsing_timeout=limit)
+    prediction = parse(completion, extraction_config=_prediction_configs(), parsing_timeout=limit)
     return float(bool(prediction) and verify(gold, prediction, timeout_seconds=limit))

@@ -25,8 +25,8 @@ from ..collectives import broadcast_from_rank0
 from ..data.datasets import examples
 from ..devices import compute_dtype
 from ..fsdp.actor import build_critic
-from ..heap import freeze_set_up_heap
 from ..inference.contract import ReplyLimits
+from ..interpreter import freeze_set_up_heap
 from ..models.loading import load_model, load_skeleton
 from ..policy.actor import Actor
 from ..policy.algorithms import AlgorithmConfig, learning_rate_at
@@ -122,7 +122,7 @@ def set_up(run: RunConfig, settings: Settings, rank: int, world: int, device: to
     """Model and FSDP2 actor, resume from the newest checkpoint (or SFT warm-up and freeze π_ref),
     rank 0's services, and the initial weights pushed to the pool. Rank 0's rollout process starts
     first (its imports overlap the model's loading). What set-up leaves alive is then frozen out of
-    the garbage collector's reach (:func:`~kuberl.heap.freeze_set_up_heap`)."""
+    the garbage collector's reach (:func:`~kuberl.interpreter.freeze_set_up_heap`)."""
     spec = run.spec
     rollout = RolloutProcess.launch(settings.rollout_cores) if rank == 0 else None
     if rank == 0:

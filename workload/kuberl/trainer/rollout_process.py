@@ -120,10 +120,10 @@ def main() -> None:
     if args.cores:
         os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(levelname)s %(message)s")
-    from ..devices import set_compute_threads
+    from ..interpreter import hand_over_the_gil_often
     from .rollout_side import INLINE, RolloutHost
 
-    set_compute_threads(1)  # no torch compute here; the GIL handed over every 0.2 ms between its threads
+    hand_over_the_gil_often()  # no torch here (routes of a mixture of experts import it, to decode them)
     serve(Connection(args.fd), RolloutHost(), inline=INLINE)
     logging.shutdown()  # the trainer closed its end: whatever still runs (a blocked take) ends with the process
     os._exit(0)

@@ -24,8 +24,8 @@ from .. import tracing
 from ..api.rollout import LateGroups
 from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
-from ..heap import freeze_set_up_heap
 from ..inference.contract import ReplyLimits
+from ..interpreter import freeze_set_up_heap
 from ..rewards.pool import Scorer
 from ..rollout.client import InferenceClient, WeightPayload
 from ..rollout.controller import RolloutController
