@@ -480,10 +480,14 @@ def test_processes_import_only_the_heavy_packages_they_use(modules, allowed):
 def test_the_chat_math_example_trains_on_its_parquet_table_through_the_chat_template(tmp_path):
     """examples/cpu-chat-math.yaml, shortened: a verl-format Parquet table (chat-list prompts, the answer
     nested), rendered through the tiny model's chat template, rewarded by math-verify in reward worker
-    processes; rows over maxPromptTokens are skipped and counted. (Its learning over 300 steps: README.)"""
+    processes; rows over maxPromptTokens are skipped and counted. (Its learning over 300 steps: README.) The run
+    is traced: tests/test_tracing.py's checks of its trace file."""
+    from .test_tracing import check_trace_file
+
     steps = 20
-    summary = run_local(ROOT / "examples/cpu-chat-math.yaml", [NO_EVAL], steps, None, workdir=tmp_path / "run",
-                        quiet=True)
+    summary = run_local(ROOT / "examples/cpu-chat-math.yaml", [NO_EVAL, "observability.traceSampleRate=1"], steps,
+                        None, workdir=tmp_path / "run", quiet=True)
+    check_trace_file(tmp_path / "run", summary, steps, 16)  # a sample span per prompt: 16 a step
     dataset = summary["dataset"]
     assert dataset["chat_template"] is True
     assert re.fullmatch(r"<bos><\|user\|>.+<\|end\|><\|assistant\|>", dataset["first_prompt"]), dataset

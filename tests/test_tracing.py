@@ -1,14 +1,15 @@
 """Traces of a sample's life: a ``sample`` span from admission to the step that trained it (its step and
 staleness, as the trainer counts them), with a ``generate`` span per request and the replica's own
 ``engine`` span joined to it through the request's traceparent; the trainer's ``step`` spans with their
-phases; and ``kuberl run`` writing them all to ``<workdir>/traces.jsonl``."""
+phases; and ``kuberl run`` writing them all to ``<workdir>/traces.jsonl`` (checked by ``check_trace_file`` on
+tests/test_local_run.py's chat-math run: one run, its own checks and these)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -16,7 +17,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from .test_local_run import EXAMPLE, NO_EVAL
 from .test_rollout_controller import GROUPS, started, take
 
 _EXPORTED = InMemorySpanExporter()
@@ -59,19 +59,14 @@ def test_a_trained_samples_trace_runs_from_admission_through_its_replica_to_its_
         assert engine.attributes["kuberl.version"] == generate.attributes["kuberl.version"]
 
 
-@pytest.mark.slow
-def test_kuberl_run_writes_every_trained_samples_chain_to_its_trace_file(tmp_path):
-    work = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "-q", "--max-steps", "6",
-                           "--workdir", str(work), "--set", "model.sftWarmup.steps=5", "--set", NO_EVAL,
-                           "--set", "observability.traceSampleRate=1"],
-                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
+def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_per_step: int) -> None:
+    """``kuberl run``'s ``<workdir>/traces.jsonl`` at ``traceSampleRate: 1`` (tests/test_local_run.py's chat-math
+    run writes one): every trained sample's span, its staleness as the trainer counted it, its chain down to a
+    replica's engine span and its score, and the trainer's step spans with their phases."""
     spans = [json.loads(line) for line in (work / "traces.jsonl").read_text().splitlines()]
     by_id = {s["context"]["span_id"]: s for s in spans}
     trained = [s for s in spans if s["name"] == "sample" and s["attributes"].get("kuberl.outcome") == "trained"]
-    assert len(trained) == 6 * 16  # every group trained, 16 a step
+    assert len(trained) == steps * prompts_per_step  # every prompt's group trained
     assert max(s["attributes"]["kuberl.staleness"] for s in trained) == summary["max_token_staleness_trained"]
     kinds = defaultdict(set)  # a sample span → the names of its spans' chain below it
     for span in spans:
@@ -80,9 +75,9 @@ def test_kuberl_run_writes_every_trained_samples_chain_to_its_trace_file(tmp_pat
             kinds[parent].add(name)
             parent = by_id[parent]["parent_id"]
     assert all({"generate", "engine", "score"} <= kinds[s["context"]["span_id"]] for s in trained)
-    steps = {s["attributes"]["kuberl.step"]: s for s in spans if s["name"] == "step"}  # the trainer's, rank 0
-    assert sorted(steps) == list(range(6))
-    for step, span in steps.items():
+    steps_traced = {s["attributes"]["kuberl.step"]: s for s in spans if s["name"] == "step"}  # the trainer's rank 0
+    assert sorted(steps_traced) == list(range(steps))
+    for step, span in steps_traced.items():
         assert {"wait_rollout", "train", "weight_push"} <= kinds[span["context"]["span_id"]]
         assert span["attributes"]["kuberl.staleness"] == max(
             s["attributes"]["kuberl.staleness"] for s in trained if s["attributes"]["kuberl.step"] == step)
