@@ -133,33 +133,6 @@ def test_the_megatron_examples_train_and_the_engine_serves_the_gathered_policy(t
     assert "received weights version 6 over p2p" in (logs / "inference-0.log").read_text()
 
 
-@pytest.mark.slow
-def test_a_run_checkpoints_to_the_manifests_s3_uri_keeps_two_and_resumes_from_the_newest(tmp_path, aws_env):
-    """``kuberl run --spec-checkpoints``: checkpoints land at spec.checkpoint.uri (a real HTTP S3 here, the
-    start-up line says so), only the newest ``keep`` stay, and a second run in the same work dir resumes
-    from the newest one there (steps 9..14 only)."""
-    import boto3
-
-    from kuberl.checkpoint import CheckpointManager, open_store
-
-    work, uri = tmp_path / "run", "s3://local-run/tiny/"
-    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
-    settings = [f"checkpoint.uri={uri}", "checkpoint.everySteps=4", "checkpoint.keep=2", "model.sftWarmup.steps=5",
-                NO_EVAL]
-    done = subprocess.run(
-        [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", "10", "--spec-checkpoints",
-         "--workdir", str(work), *(a for s in settings for a in ("--set", s))],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"checkpoints to {uri}" in done.stderr
-    assert [m.step for m in CheckpointManager(open_store(uri)).complete()] == [8, 4]  # keep 2, newest first
-    assert not (work / "checkpoints").exists()
-    second = run_local(EXAMPLE, settings, 14, None, workdir=work, quiet=True, spec_checkpoints=True)
-    assert second["resumed_from_step"] == 8 and second["final_version"] == 14
-    assert len(second["rewards"]) == 6  # steps 9..14 only
-    assert "resumed from the checkpoint of step 8" in (work / "trainer-0.log").read_text()
-
-
 def _log_has(path: Path, text: str, after: int = 0) -> bool:
     """``text`` is in the log at ``path`` past its first ``after`` characters."""
     return path.exists() and text in path.read_text(errors="replace")[after:]
@@ -180,11 +153,12 @@ def _last_step(trainer_log: Path) -> int:
 
 
 @contextlib.contextmanager
-def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    """``kuberl run`` of the example (quiet, each of ``sets`` as a ``--set``) in the background. A failed
-    assertion in the block must not leave the run (and its children) behind: it is terminated then."""
+def _background_run(work: Path, summary: Path, steps: int, sets: list[str],
+                    flags: tuple[str, ...] = ()) -> Iterator[subprocess.Popen[bytes]]:
+    """``kuberl run`` of the example (quiet, each of ``sets`` as a ``--set``, then ``flags``) in the background. A
+    failed assertion in the block must not leave the run (and its children) behind: it is terminated then."""
     command = [sys.executable, "-m", "kuberl_cli", "run", str(EXAMPLE), "--max-steps", str(steps), "-q",
-               "--workdir", str(work), "--summary", str(summary), *(a for s in sets for a in ("--set", s))]
+               "--workdir", str(work), "--summary", str(summary), *(a for s in sets for a in ("--set", s)), *flags]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         yield proc
@@ -195,18 +169,24 @@ def _background_run(work: Path, summary: Path, steps: int, sets: list[str]) -> I
 
 
 @pytest.mark.slow
-def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
+def test_killed_processes_are_restarted_and_training_finishes(tmp_path, aws_env):
     """Kill the inference replica: it is replaced while training goes on and gets the newest weights
     before it takes requests (weightSync broadcast; in p2p mode the group is re-formed with it, see the
     hung-replica test below). Kill the trainer's rollout process after a checkpoint: the trainer fails
     at once rather than waiting for rollouts, and the gang restarts from the checkpoint. Kill the
     trainer after another: the gang restarts from it, and its rollout process does not outlive it. The
     run still ends with every step trained, and every prompt handed out trained exactly once or still
-    pending."""
-    work, summary = tmp_path / "run", tmp_path / "summary.json"
+    pending. The checkpoints (``--spec-checkpoints``) are at spec.checkpoint.uri, a real HTTP S3 here: the
+    start-up line says so, both restarts resume from there, and only the newest ``keep`` stay."""
+    import boto3
 
-    with _background_run(work, summary, 30, ["checkpoint.everySteps=5", "model.sftWarmup.steps=5",
-                                             "weightSync.mode=broadcast", NO_EVAL]) as proc:
+    from kuberl.checkpoint import CheckpointManager, open_store
+
+    work, summary, uri = tmp_path / "run", tmp_path / "summary.json", "s3://local-run/tiny/"
+    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="local-run")
+    with _background_run(work, summary, 30, ["checkpoint.everySteps=5", "model.sftWarmup.steps=5", "checkpoint.keep=2",
+                                             "weightSync.mode=broadcast", NO_EVAL, f"checkpoint.uri={uri}"],
+                         ("--spec-checkpoints",)) as proc:
         _wait_for_log(proc, work / "trainer-0.log", "step 3/30")
         replica_log, trainer_log = (len((work / f"{role}-0.log").read_text(errors="replace"))
                                     for role in ("inference", "trainer"))
@@ -239,6 +219,8 @@ def test_killed_processes_are_restarted_and_training_finishes(tmp_path):
     assert len(trained) == len(set(trained)) == 30 * 16 and max(trained) < prompts["cursor"]  # each once
     assert stderr.decode().count("restarting the gang from the last checkpoint") == 2
     assert processes_mentioning(str(work)) == [] and not alive(orphan)
+    assert f"checkpoints to {uri}" in stderr.decode() and not (work / "checkpoints").exists()
+    assert [m.step for m in CheckpointManager(open_store(uri)).complete()] == [30, 25]  # keep 2, newest first
 
 
 @pytest.mark.slow
