@@ -83,8 +83,9 @@ async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_
             await bind(api, pod, "node-a")
             await set_pod(api, pod, "Running", ready=True)
         server.update(step=3, version=3, rollout_wait_fraction=0.6)  # rollouts are the bottleneck
-        exp = await eventually(lambda: (e := get_rlx(api, "cpu-tiny"))["spec"]["inference"]["replicas"] == 2 and e,
-                               what="2 replicas")
+        exp = await eventually(  # the scale, then the status: two writes, the second may land a moment later
+            lambda: (e := get_rlx(api, "cpu-tiny"))["spec"]["inference"]["replicas"] == 2 and "autoscale" in e["status"]
+            and e, what="2 replicas and status.autoscale")
         assert exp["status"]["autoscale"]["replicas"] == 2 and "60%" in exp["status"]["autoscale"]["reason"]
         assert exp["status"]["autoscale"]["tooFew"] == 1  # remembered: no return to 1 replica for a while
         await eventually(lambda: len(pods(api, "team-a", "kuberl.io/role=inference")) == 2, what="a second replica")
@@ -92,7 +93,8 @@ async def test_the_operator_grows_a_pool_whose_trainer_waits_and_then_holds_for_
             if (pod.get("status") or {}).get("phase") != "Running":
                 await bind(api, pod, "node-a")
                 await set_pod(api, pod, "Running", ready=True)
-        events = [e for e in api.list("", "events", "team-a") if e["reason"] == "Autoscaled"]
+        events = await eventually(lambda: [e for e in api.list("", "events", "team-a") if e["reason"] == "Autoscaled"],
+                                  what="the Autoscaled Event")
         assert len(events) == 1 and events[0]["type"] == "Normal" and "1 → 2" in events[0]["message"]
         for step in (4, 5):  # still waiting, but within the window: no second change
             server.update(step=step, version=step, rollout_wait_fraction=0.6)
