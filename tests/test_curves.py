@@ -116,6 +116,9 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     assert 0 < summary["max_token_staleness_trained"]  # asynchronous; beyond η = 2 only in groups counted late:
     assert summary["max_token_staleness_trained"] <= 2 or summary["late_groups_trained"] > 0
     assert summary["trained_tokens_per_second"] > 0
+    pushes = summary["weight_pushes"]  # every version v0 … v120 over p2p, none fell back (the one replica: no slowest)
+    assert pushes["by_mode"] == {"p2p": 121} and pushes["fell_back"] == pushes["slow_replica"] == 0
+    assert pushes["last"]["bytesPerReplica"] == summary["weight_update_bytes"] and pushes["last"]["version"] == 120
     assert processes_mentioning(str(work)) == []
     # TensorBoard keeps float32 and the summary rounds the float64 to 4 places: equal within that rounding
     assert len(entropies) == 120 and per_step["entropies"] == pytest.approx(entropies, abs=5.1e-5)

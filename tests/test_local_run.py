@@ -47,6 +47,11 @@ def test_zero_staleness_is_synchronous_and_disk_weight_exchange_goes_through_the
     files = sorted(p.name for p in (work / "weights").iterdir())
     assert files == ["weights-v00000011.safetensors", "weights-v00000012.safetensors"]  # the two newest
     assert "loaded weights version 12" in (work / "inference-0.log").read_text()
+    pushes = summary["weight_pushes"]  # each version's account: by disk, the whole file to the one replica
+    assert pushes["by_mode"] == {"disk": 13} and pushes["fell_back"] == pushes["replicas_lost"] == 0  # v0 … v12
+    last = pushes["last"]
+    assert last["version"] == 12 and last["replicas"] == 1 and last["seconds"] > 0
+    assert last["bytesPerReplica"] == (work / "weights" / files[-1]).stat().st_size
 
 
 def test_the_rollout_process_runs_beside_the_replicas_when_every_process_has_a_core():
@@ -250,6 +255,9 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
     result = json.loads(summary.read_text())
     assert result["final_version"] == steps and result["world_size"] == 2 and result["replicas"] == 2
     assert result["restarts"] == {"trainer": 0, "inference": 1, "agent": 0}
+    pushes = result["weight_pushes"]  # the accounts say what happened: fell back once, replicas lost on the way
+    assert pushes["fell_back"] >= 1 and pushes["by_mode"]["broadcast"] >= 1 and pushes["replicas_lost"] >= 1
+    assert pushes["last"]["mode"] == "p2p" and pushes["last"]["version"] == steps and pushes["last"]["replicas"] == 2
     text = trainer_log.read_text()
     assert "p2p weight exchange (group 0): 2 trainer ranks → 2 replicas" in text
     assert re.search(r"p2p weight exchange \(group [1-9]\d*\): 2 trainer ranks → 2 replicas", text)  # re-formed
@@ -305,6 +313,7 @@ def test_a_lora_run_sends_only_its_adapter_serves_the_trainers_policy_and_resume
     first = run_local(ROOT / "examples/cpu-tiny-lora.yaml", settings, 6, None, workdir=work, quiet=True)
     assert first["world_size"] == 2 and first["final_version"] == 6
     assert 0 < first["weight_update_fraction"] < 0.05, first["weight_update_fraction"]
+    assert first["weight_pushes"]["last"]["bytesPerReplica"] == first["weight_update_bytes"]  # the adapter, over p2p
     assert first["behav_logp_gap_max"] is not None and first["behav_logp_gap_max"] < 1e-4, first
     assert "received weights version 6 over p2p" in (work / "inference-0.log").read_text()
     second = run_local(ROOT / "examples/cpu-tiny-lora.yaml", [*settings, "weightSync.mode=broadcast"], 8, None,

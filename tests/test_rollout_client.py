@@ -247,7 +247,7 @@ def slow_to_take_weights(release: asyncio.Event) -> web.Application:
 
 async def test_a_replica_that_straggles_on_a_weight_push_leaves_rotation_and_the_push_ends():
     """The push ends STRAGGLER_FLOOR after the healthy replica took the version — it does not wait for
-    the one that hangs — and the healthy one serves the new weights."""
+    the one that hangs — and the healthy one serves the new weights; the push's receipt says so."""
     tok = char_tokenizer()
     release = asyncio.Event()
     hung = TestServer(slow_to_take_weights(release))
@@ -256,8 +256,11 @@ async def test_a_replica_that_straggles_on_a_weight_push_leaves_rotation_and_the
     new_model = tiny_qwen2(len(tok), seed=9)
     try:
         async with InferenceClient([str(hung.make_url("/")), str(good.make_url("/"))], TOKEN) as client:
-            await asyncio.wait_for(client.push_weights(to_safetensors(new_model.state_dict()), 1), timeout=10)
+            receipt = await asyncio.wait_for(client.push_weights(to_safetensors(new_model.state_dict()), 1), timeout=10)
             assert client.replicas[0].needs_weights and not client.replicas[1].needs_weights
+            hung_url, good_url = (r.url for r in client.replicas)  # the receipt: who took it, who left and why
+            assert list(receipt.served) == [good_url] and 0 < receipt.served[good_url] < 10
+            assert list(receipt.lost) == [hung_url] and "its peers were" in receipt.lost[hung_url]
             prompt = [tok.bos_token_id, *tok("2+3=", add_special_tokens=False).input_ids]
             (out,) = await asyncio.wait_for(client.generate(prompt, 1, 6, 0.0, 1.0), timeout=30)
         assert engine.version == 1 and set(out.versions) == {1}

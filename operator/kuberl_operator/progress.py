@@ -12,7 +12,8 @@ cluster-wide list: the poller sees exactly the namespaces the operator watches. 
 Replies are capped in size (``MAX_REPLY_BYTES``) and in time — one deadline for the whole reply
 (``FETCH_SECONDS``), so a trainer that drips a byte at a time cannot hold the poller — and redirects
 are not followed. Every experiment is polled concurrently (at most ``CONCURRENT_FETCHES`` at once):
-one slow trainer delays no other experiment's status.
+one slow trainer delays no other experiment's status. A Warning Event says when a weight exchange fell back to
+broadcast or had a slow replica since the last poll (``push_events``: the counts in the progress grew).
 """
 
 from __future__ import annotations
@@ -215,12 +216,42 @@ async def poll_once(kube: Kube, targets: Iterable[Target], pod_ip: PodIp, templa
     patched = await write_progress(kube, changed)
     at = datetime.now(UTC)
     for target, progress in changed:
+        for reason, message in push_events(target.progress, progress):
+            await post_event(kube, involved_of(target), reason, message)
         if target.autoscale and target.replicas:
             decision = decide(target.replicas, progress.get("rolloutWaitFraction"), target.autoscale,
                               seconds_between(target.last_scale, at), target.too_few)
             if decision is not None:
                 await write_scale(kube, target, decision, at.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return patched
+
+
+def involved_of(target: Target) -> Manifest:
+    """The experiment an Event is about."""
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": RLExperiment.KIND,
+            "metadata": {"name": target.name, "namespace": target.namespace}}
+
+
+PUSH_EVENTS = (("pushesFellBack", "WeightSyncFellBack", "fell back to broadcast (p2p could not carry them)"),
+               ("pushesSlowReplica", "WeightSyncSlowReplica", "had a replica ≥ 2× the median time of the others"))
+
+
+def push_events(before: Manifest | None, after: Manifest) -> list[tuple[str, str]]:
+    """The Warning Events (reason, message) of the weight exchanges between two progress reports:
+    ``WeightSyncFellBack`` when ``pushesFellBack`` grew, ``WeightSyncSlowReplica`` when ``pushesSlowReplica``
+    did; each message ends with the last push's account (version, way, seconds, why it fell back, the slowest
+    replica)."""
+    last = after.get("lastPush") or {}
+    account = (f"the last: version {last.get('version')} by {last.get('mode')} in {last.get('seconds')} s"
+               + (f", fell back: {last.get('reason')}" if last.get("fellBack") else "")
+               + (f", slowest replica {last.get('slowestReplica')} at {last.get('slowestRatio')}× the median"
+                  if last.get("slowestReplica") else ""))
+    events = []
+    for key, reason, what in PUSH_EVENTS:
+        grew = (after.get(key) or 0) - ((before or {}).get(key) or 0)
+        if grew > 0:
+            events.append((reason, f"{grew} weight exchange(s) {what} since the last report; {account}"))
+    return events
 
 
 async def write_scale(kube: Kube, target: Target, decision: Decision, at: str) -> None:
@@ -242,10 +273,8 @@ async def write_scale(kube: Kube, target: Target, decision: Decision, at: str) -
         return
     log.info("autoscale %s/%s: %s → %d replicas (%s)", target.namespace, target.name, target.replicas,
              decision.replicas, decision.reason)
-    involved = {"apiVersion": version, "kind": RLExperiment.KIND,
-                "metadata": {"name": target.name, "namespace": target.namespace}}
-    await post_event(kube, involved, "Autoscaled", f"{target.replicas} → {decision.replicas} inference replicas: "
-                                                     f"{decision.reason}", "Normal")
+    await post_event(kube, involved_of(target), "Autoscaled",
+                     f"{target.replicas} → {decision.replicas} inference replicas: {decision.reason}", "Normal")
 
 
 async def write_progress(kube: Kube, changed: list[tuple[Target, Manifest]]) -> int:

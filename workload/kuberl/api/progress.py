@@ -10,6 +10,8 @@ the bound it never exceeds is the spec's ``rollout.maxStaleness`` (η).
 from __future__ import annotations
 
 import logging
+import statistics
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, Strict, ValidationError
@@ -25,6 +27,65 @@ Count = Annotated[int, Strict(), Field(ge=0, le=LARGEST)]
 Number = Annotated[float, Strict(), Field(ge=-LARGEST, le=LARGEST, allow_inf_nan=False),
                    AfterValidator(lambda value: round(value, 4))]
 TrainerPhase = Literal["starting", "running", "succeeded"]
+PushMode = Literal["p2p", "p2p-relayed", "broadcast", "disk"]
+SLOW_REPLICA_FACTOR = 2.0  # a replica this many times slower than the median of the others that took a push
+MAX_REASON = 300
+MAX_URL = 256
+
+
+@dataclass(frozen=True)
+class PoolReceipt:
+    """What the inference pool's client saw of one weight update: each replica that took it (URL → seconds
+    from the update's start until it served the version) and each that left rotation on the way (URL → why:
+    it failed, or straggled past its peers)."""
+
+    served: dict[str, float] = field(default_factory=dict)
+    lost: dict[str, str] = field(default_factory=dict)
+
+
+class WeightPush(ApiModel):
+    """One weight exchange as trainer rank 0 saw it end: the way the version went — ``p2p`` (``p2p-relayed``
+    when the replicas forwarded pieces to each other), ``broadcast`` or ``disk``; ``fellBack`` when p2p could
+    not carry it and it went by broadcast, with the reason —, the bytes each replica received, the seconds until
+    the slowest replica that took it served it, the rate (bytes per replica ÷ seconds), and the slowest replica
+    against the median of the others that took it (none with one replica)."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    version: Count = Field(description="the policy version pushed")
+    mode: PushMode = Field(description="how it reached the replicas: p2p, p2p-relayed, broadcast or disk")
+    fell_back: bool = Field(False, description="p2p could not carry it; it went by broadcast")
+    reason: str | None = Field(None, max_length=MAX_REASON, description="why it fell back")
+    bytes_per_replica: Count = Field(description="bytes each replica received")
+    seconds: Number = Field(description="from the update's start until the slowest replica that took it served it")
+    gigabytes_per_second: Number | None = Field(None, description="bytesPerReplica ÷ seconds, in GB/s")
+    replicas: Count = Field(description="replicas that took it")
+    replicas_lost: Count = Field(0, description="replicas that failed or straggled on the way and left rotation "
+                                                "(they get the newest weights when they are back)")
+    slowest_replica: str | None = Field(None, max_length=MAX_URL, description="the replica that took longest")
+    slowest_ratio: Number | None = Field(None, description="its seconds ÷ the median of the others that took it "
+                                                           "(≥ 2: a slow link or replica)")
+
+    @classmethod
+    def of(cls, version: int, mode: PushMode, nbytes: int, receipt: PoolReceipt,
+           fallback_reason: str | None = None) -> WeightPush:
+        """The account of a push of ``nbytes`` per replica from ``receipt``; ``fallback_reason``: why p2p could
+        not carry it (it went by broadcast)."""
+        seconds = max(receipt.served.values(), default=0.0)
+        slowest = max(receipt.served, key=receipt.served.__getitem__, default=None)
+        others = [t for url, t in receipt.served.items() if url != slowest]
+        median = statistics.median(others) if others else 0.0
+        return cls(version=version, mode=mode, fell_back=fallback_reason is not None,
+                   reason=None if fallback_reason is None else fallback_reason[:MAX_REASON], bytes_per_replica=nbytes,
+                   seconds=seconds, gigabytes_per_second=nbytes / seconds / 1e9 if seconds > 0 else None,
+                   replicas=len(receipt.served), replicas_lost=len(receipt.lost),
+                   slowest_replica=None if slowest is None or not others else slowest[:MAX_URL],
+                   slowest_ratio=seconds / median if median > 0 else None)
+
+    @property
+    def slow_replica(self) -> bool:
+        """A replica took ≥ :data:`SLOW_REPLICA_FACTOR` × the median of the others that took the push."""
+        return self.slowest_ratio is not None and self.slowest_ratio >= SLOW_REPLICA_FACTOR
 
 
 class Progress(ApiModel):
@@ -91,6 +152,11 @@ class Progress(ApiModel):
                                                               "evaluation's tokens (1: one policy, as due)")
     eval_reward: Number | None = Field(None, description="mean reward of the last held-out evaluation")
     eval_pass_at_k: Number | None = Field(None, description="pass@k of the last held-out evaluation")
+    last_push: WeightPush | None = Field(None, description="the last weight exchange, as it happened")
+    pushes_fell_back: Count | None = Field(None, description="weight exchanges so far that p2p could not carry "
+                                                             "(they went by broadcast)")
+    pushes_slow_replica: Count | None = Field(None, description="weight exchanges so far in which a replica took ≥ 2× "
+                                                                "the median of the others")
 
     @classmethod
     def from_reply(cls, payload: Any) -> Progress | None:

@@ -31,6 +31,7 @@ from urllib.parse import quote
 import aiohttp
 from opentelemetry import propagate, trace
 
+from ..api.progress import PoolReceipt
 from ..auth import bearer
 from ..inference.contract import FINISH_ABORT, FINISH_LENGTH, GenerateReply, Generation, ReplyLimits
 
@@ -200,14 +201,21 @@ class InferenceClient:
                 self._lost(replica, err)
 
     async def _each_in_step(self, replicas: list[Replica], call: Callable[[Replica], Awaitable[Any]],
-                            what: str, coupled: bool = False) -> list[Replica]:
+                            what: str, coupled: bool = False) -> tuple[list[Replica], PoolReceipt]:
         """``call`` every replica at once; those that fail or straggle (not done ``max(STRAGGLER_FLOOR,
         STRAGGLER_FACTOR × t₁)`` after the start, t₁ the first one's time) leave rotation. ``coupled``
         (each call waits on the others): at the first failure the calls still running are given up,
-        their replicas staying in rotation. Returns the replicas that completed."""
+        their replicas staying in rotation. Returns the replicas that completed, and the receipt: each one's
+        seconds, and why each one that left did."""
         start = time.monotonic()
         calls = {asyncio.ensure_future(self._leaving_aborts(r, call(r))): r for r in replicas}
         pending, completed, deadline, given_up = set(calls), [], None, False
+        receipt = PoolReceipt()
+
+        def lose(replica: Replica, err: BaseException) -> None:
+            receipt.lost[replica.url] = str(err) or type(err).__name__
+            self._lost(replica, err)
+
         try:
             while pending:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -219,8 +227,9 @@ class InferenceClient:
                     err = task.exception()
                     if err is None:
                         completed.append(calls[task])
+                        receipt.served[calls[task].url] = time.monotonic() - start
                     elif isinstance(err, REPLICA_ERRORS):
-                        self._lost(calls[task], err)
+                        lose(calls[task], err)
                         failed = True
                     else:
                         raise err
@@ -232,13 +241,13 @@ class InferenceClient:
                 if deadline is None and completed:
                     deadline = start + max(STRAGGLER_FLOOR, STRAGGLER_FACTOR * (time.monotonic() - start))
             for task in () if given_up else pending:
-                self._lost(calls[task], ReplicaFault(f"{what}: not done {time.monotonic() - start:.1f} s after "
-                                                     "the start, its peers were"))  # fmt: skip
+                lose(calls[task], ReplicaFault(f"{what}: not done {time.monotonic() - start:.1f} s after the start, "
+                                               "its peers were"))  # fmt: skip
         finally:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        return completed
+        return completed, receipt
 
     async def _leaving_aborts(self, replica: Replica, work: Awaitable[Any]) -> Any:
         """``work`` on ``replica``; ReplicaFault as soon as the replica leaves rotation."""
@@ -316,7 +325,7 @@ class InferenceClient:
         await asyncio.gather(*(self._post(r, "/weights/p2p/join", control=True, json=b)
                                for r, b in zip(self._members, bodies, strict=True)))  # fmt: skip
 
-    async def receive_p2p(self, version: int, relayed: bool = False) -> None:
+    async def receive_p2p(self, version: int, relayed: bool = False) -> PoolReceipt:
         """Every member receives ``version`` from the trainer ranks and swaps it in. A member that fails
         or straggles leaves rotation and the group (re-formed at the next push without it, see
         ``p2p_membership_changed``); the others serve ``version`` and are in rotation. ``relayed`` (the
@@ -325,7 +334,7 @@ class InferenceClient:
         Raises only when none took it (the trainer then re-sends it by broadcast). A whole-state
         payload kept from an earlier broadcast is dropped (it is older now: a replica that comes back
         waits for the trainer rather than serve it)."""
-        served = await self._each_in_step(
+        served, receipt = await self._each_in_step(
             self._members, lambda r: self._post(r, f"/weights/p2p/receive?version={version}", control=True),
             f"p2p weights version {version}", coupled=relayed)  # fmt: skip
         if not served:
@@ -333,6 +342,7 @@ class InferenceClient:
         self._latest = None
         for replica in served:
             replica.needs_weights = replica.back = False
+        return receipt
 
     async def _get(self, replica: Replica, path: str, **kwargs: Any) -> dict[str, Any]:
         if self._control is None:
@@ -442,9 +452,11 @@ class InferenceClient:
         else:
             await self._post(replica, f"/update_weights?version={version}&path={quote(payload)}", control=True)
 
-    async def push_weights(self, payload: WeightPayload, version: int) -> None:
+    async def push_weights(self, payload: WeightPayload, version: int) -> PoolReceipt:
         """Naive broadcast: the full state to every replica in rotation; each swaps it in between two
         engine steps. A replica that fails or straggles leaves rotation and gets it when it is back."""
         self._latest = (payload, version)
-        await self._each_in_step([r for r in self.replicas if not r.needs_weights],
-                                 lambda r: self._send_weights(r, payload, version), f"weights version {version}")
+        _, receipt = await self._each_in_step([r for r in self.replicas if not r.needs_weights],
+                                              lambda r: self._send_weights(r, payload, version),
+                                              f"weights version {version}")
+        return receipt

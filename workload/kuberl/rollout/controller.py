@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
+from ..api.progress import PoolReceipt
 from ..data.datasets import Example
 from .buffer import RolloutBuffer
 from .client import InferenceClient, tracer
@@ -135,9 +135,9 @@ class RolloutController:
 
         return answer, start
 
-    def update_weights(self, payload: bytes | str, version: int) -> Future[float]:
+    def update_weights(self, payload: bytes | str, version: int) -> Future[PoolReceipt]:
         """Start: every replica loads ``payload`` (bytes or a file path) as ``version``; the future
-        holds the seconds spent."""
+        holds the pool's receipt (each replica's seconds, those that left)."""
         return asyncio.run_coroutine_threadsafe(self._update_weights(payload, version), self.loop)
 
     def start_evaluation(self, examples: list[Example], workflow: RolloutWorkflow, k: int,
@@ -159,9 +159,9 @@ class RolloutController:
         trip through the loop would give, 1–4 ms later."""
         return self.client.p2p_membership_changed()
 
-    def receive_p2p(self, version: int, relayed: bool = False) -> Future[float]:
+    def receive_p2p(self, version: int, relayed: bool = False) -> Future[PoolReceipt]:
         """Start: every replica receives ``version`` over the p2p group (``relayed``: through each other);
-        the future holds the seconds."""
+        the future holds the pool's receipt."""
         return asyncio.run_coroutine_threadsafe(self._receive_p2p(version, relayed), self.loop)
 
     def stop(self) -> None:
@@ -337,19 +337,17 @@ class RolloutController:
                 await asyncio.wait_for(self._served.wait(), left)
         return await evaluate(self.client, examples, workflow, k, step)
 
-    async def _update_weights(self, payload: bytes | str, version: int) -> float:
+    async def _update_weights(self, payload: bytes | str, version: int) -> PoolReceipt:
         """Every replica swaps weights between its engine steps; requests in flight go on (their
         tokens carry the version that wrote them), so generation never stops for an update."""
-        start = time.perf_counter()
-        await self.client.push_weights(payload, version)
+        receipt = await self.client.push_weights(payload, version)
         self._serving(version)
-        return time.perf_counter() - start
+        return receipt
 
-    async def _receive_p2p(self, version: int, relayed: bool) -> float:
-        start = time.perf_counter()
-        await self.client.receive_p2p(version, relayed)
+    async def _receive_p2p(self, version: int, relayed: bool) -> PoolReceipt:
+        receipt = await self.client.receive_p2p(version, relayed)
         self._serving(version)
-        return time.perf_counter() - start
+        return receipt
 
     def _serving(self, version: int) -> None:
         """Every replica serves ``version``: admission may move on, an evaluation due at it may start."""

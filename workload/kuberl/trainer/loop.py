@@ -203,6 +203,7 @@ def push_weights(s: Session, step: int, tally: Tally) -> float:
     one version), then start pushing version step + 1; returns the previous exchange's seconds."""
     push_start = time.perf_counter()
     previous = s.sync.wait()
+    tally.pushes.add(s.sync.take_push())
     if step > s.first_step:  # the first push of this process was waited for in set_up
         tally.timeperf["weight_sync"].append(previous)
     s.services.before_push(step + 1)  # an evaluation of an older version finishes first
@@ -248,6 +249,7 @@ def train(run: RunConfig, settings: Settings, rank: int, world: int, device: tor
     for step in range(s.first_step, s.max_steps):
         one_step(s, step, tally, watchdog)
     tally.timeperf["weight_sync"].append(s.sync.wait())
+    tally.pushes.add(s.sync.take_push())
     watchdog.stop()
     summary = s.services.finish(tally, s.first_step, s.sft_losses, world)
     tracing.shut_down()

@@ -16,9 +16,12 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from ..api.progress import Progress
 
 log = logging.getLogger("kuberl.trainer")
+TERMINATION_MESSAGE_BYTES = 4096  # what the kubelet keeps of a container's termination message
+DROPPED_FIRST = ("lastPush", "initFrom", "lastExport", "modelRevision", "lastCheckpoint")  # the longest, least needed
 GAUGES = ("step", "version", "reward", "observed_staleness", "late_groups_trained", "tokens_per_second", "step_seconds",
           "weight_sync_seconds", "behav_logp_gap", "entropy", "eval_reward", "eval_pass_at_k", "eval_version_span",
-          "rollout_wait_fraction", "rollout_cpu_fraction", "rollout_ready_groups", "staleness_budget_used")
+          "rollout_wait_fraction", "rollout_cpu_fraction", "rollout_ready_groups", "staleness_budget_used",
+          "pushes_fell_back", "pushes_slow_replica")
 
 
 class ProgressServer:
@@ -54,7 +57,7 @@ class ProgressServer:
         """Leave the final progress where the kubelet reads a container's termination message
         (``/dev/termination-log``): the operator records it after this process is gone."""
         try:
-            path.write_text(json.dumps(self.snapshot())[:4096])
+            path.write_text(termination_message(self.snapshot()))
         except OSError as err:  # not in a pod (local mode, tests): nothing reads it anyway
             log.debug("no termination message written to %s: %s", path, err)
 
@@ -100,3 +103,17 @@ class ProgressServer:
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
             loop.call_soon_threadsafe(loop.stop)
             self._served = None
+
+
+def termination_message(progress: dict[str, object]) -> str:
+    """``progress`` as JSON within :data:`TERMINATION_MESSAGE_BYTES` (cut, it would be no JSON at all): the
+    fields of :data:`DROPPED_FIRST` left out, in that order, until it fits; past them, only its numbers."""
+    kept = dict(progress)
+    for key in DROPPED_FIRST:
+        if len(json.dumps(kept).encode()) <= TERMINATION_MESSAGE_BYTES:
+            break
+        kept.pop(key, None)
+    text = json.dumps(kept)
+    if len(text.encode()) <= TERMINATION_MESSAGE_BYTES:
+        return text
+    return json.dumps({k: v for k, v in kept.items() if isinstance(v, int | float)})

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..ipc import Caller, PeerGone, connection_pair, serve
 
 if TYPE_CHECKING:
+    from ..api.progress import PoolReceipt
     from ..rollout.evaluation import EvalResult
     from ..rollout.types import Group
     from .rollout_side import RolloutRecipe, RolloutSnapshot
@@ -77,10 +78,10 @@ class RolloutProcess:
     def dataset(self) -> dict[str, Any]:
         return self._wait("dataset")
 
-    def update_weights(self, payload: bytes | str, version: int) -> Future[float]:
+    def update_weights(self, payload: bytes | str, version: int) -> Future[PoolReceipt]:
         return self._caller.call("update_weights", payload, version)
 
-    def receive_p2p(self, version: int, relayed: bool = False) -> Future[float]:
+    def receive_p2p(self, version: int, relayed: bool = False) -> Future[PoolReceipt]:
         return self._caller.call("receive_p2p", version, relayed)
 
     def join_p2p(self, bodies: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tracing
+from ..api.progress import PoolReceipt
 from ..api.rollout import LateGroups
 from ..data.datasets import Example, examples
 from ..gateway.server import Gateway, GatewayConfig
@@ -162,10 +163,10 @@ class RolloutSide:
         """The summary's ``dataset``: what was done to the prompts (``PromptCheck.summary``)."""
         return self.check.summary()
 
-    def update_weights(self, payload: WeightPayload, version: int) -> Future[float]:
+    def update_weights(self, payload: WeightPayload, version: int) -> Future[PoolReceipt]:
         return self.controller.update_weights(payload, version)
 
-    def receive_p2p(self, version: int, relayed: bool = False) -> Future[float]:
+    def receive_p2p(self, version: int, relayed: bool = False) -> Future[PoolReceipt]:
         return self.controller.receive_p2p(version, relayed)
 
     def join_p2p(self, bodies: list[dict[str, Any]]) -> None:

@@ -31,6 +31,7 @@ from .checkpointing import TrainerState
 from .curves import Curves
 from .evaluations import Evaluations
 from .progress import ProgressServer
+from .pushes import PushTally
 from .rollout_process import RolloutProcess
 from .rollout_side import RolloutRecipe, RolloutSnapshot
 
@@ -74,6 +75,7 @@ class Tally:
     timeperf: dict[str, list[float]] = field(default_factory=lambda: {
         "wait_rollout": [], "train_step": [], "weight_sync": [], "weight_push": [], "step": [], "rollout_cpu": []})
     report_seconds: list[float] = field(default_factory=list)  # wall seconds between reports (rollout_cpu's)
+    pushes: PushTally = field(default_factory=PushTally)  # the weight exchanges' accounts (rank 0's)
 
     @property
     def tokens_per_second(self) -> float:
@@ -228,7 +230,7 @@ class RankZeroServices(NoServices):
                            prompts_trained=prompts.get("trained"), prompts_reissued=prompts.get("reissued"),
                            prompts_skipped=prompts.get("skipped"), reward_timeouts=rollout.reward_timeouts,
                            reward_errors=rollout.reward_errors, prompts_too_long=rollout.prompts_too_long,
-                           **self.rollout_pressure(tally, rollout))
+                           **self.rollout_pressure(tally, rollout), **tally.pushes.progress())
         gateway = {f"gateway/{k}": v for k, v in (rollout.gateway or {}).items()}
         self.curves.log(step + 1, {
             **(stats or {}), **gateway, "train/reward": reward, "rollout/tool_calls_per_episode": tools,
@@ -302,7 +304,7 @@ class RankZeroServices(NoServices):
         self.curves.close()
         log.info("training curves: %s (tensorboard --logdir %s)", self.curves.location, self.curves.location)
         summary = self.summarize(tally, first_step, sft_losses, world)
-        self.server.update(phase="succeeded")
+        self.server.update(phase="succeeded", **tally.pushes.progress())  # with the push after the last step
         self.server.write_termination_message(self.settings.termination_log)
         self.rollout.stop()
         self.server.close()
@@ -330,6 +332,7 @@ class RankZeroServices(NoServices):
             "weight_sync_seconds_mean": round(mean(tally.timeperf["weight_sync"]) or 0.0, 4),
             "weight_update_bytes": tally.update_bytes,
             "weight_update_fraction": round(tally.update_bytes / tally.policy_bytes, 5) if tally.policy_bytes else None,
+            "weight_pushes": tally.pushes.summary(),
             **{f"timeperf/{k}_mean": round(mean(v) or 0.0, 4) for k, v in tally.timeperf.items()},
             "stale_groups_dropped": rollout.stale_groups_dropped,
             "late_groups_trained": rollout.late_groups_trained,

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from ..api.progress import PoolReceipt, WeightPush
 from ..collectives import all_gather, all_reduce, broadcast_from_rank0
 from ..settings import Settings
 from .discovery import from_json, own_topology, to_json
@@ -80,7 +81,7 @@ class ReplicaControl(Protocol):
 
     def join_p2p(self, bodies: list[dict[str, Any]]) -> None: ...
 
-    def receive_p2p(self, version: int, relayed: bool = False) -> Future[float]: ...
+    def receive_p2p(self, version: int, relayed: bool = False) -> Future[PoolReceipt]: ...
 
     def p2p_membership_changed(self) -> bool:
         """A replica left the group's rotation or one came back since the group was formed."""
@@ -158,7 +159,9 @@ class P2PSync:
         self._relayed = False  # the plan relays through the replicas: they depend on each other
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kuberl-p2p")
         self._pending: Future[Any] | None = None  # this rank's sends (and receives) of the last push
-        self._receiving: Future[float] | None = None  # rank 0: the replicas taking it (InferenceClient)
+        self._receiving: Future[PoolReceipt] | None = None  # rank 0: the replicas taking it (InferenceClient)
+        self._bytes_per_replica = 0  # what the plan sends each replica (the most any one gets)
+        self._done: WeightPush | None = None  # rank 0's account of the last exchange waited for
         self._broadcast: int | None = None  # the last version sent by broadcast (the pool client keeps it)
         self._last: tuple[WeightSource, int] | None = None
 
@@ -215,6 +218,7 @@ class P2PSync:
             self.generation += 1
             return False
         self._stages, self._relayed = schedule.for_rank(self.rank), schedule.relayed
+        self._bytes_per_replica = max(schedule.bytes_received().values(), default=0)
         return True
 
     def push(self, source: WeightSource, version: int) -> None:
@@ -224,7 +228,8 @@ class P2PSync:
             log.info("p2p weight exchange: the replicas changed; group %d is re-formed", self.generation + 1)
             self._retire_group()
         if self._pg is None and not self._set_up(source):
-            self._push_by_broadcast(source, version)
+            self._push_by_broadcast(source, version, "the p2p group could not be formed (a replica was unreachable, "
+                                                     "or left while it opened)")
             return
         # a host copy: the exchange group is gloo (TCP across pods), whatever device trains
         snapshot = {name: t.to("cpu", copy=True) for name, t in source.local_parameters().items()}
@@ -235,10 +240,10 @@ class P2PSync:
         """Every rank: rank 0's pool client says a member left rotation or a replica came back."""
         return bool(broadcast_from_rank0(self.control.p2p_membership_changed() if self.control else False))
 
-    def _replicas_outcome(self, receiving: Future[float] | None) -> tuple[float | None, bool]:
-        """Every rank: rank 0's view of the last exchange — the seconds until every member that stayed
-        served it (None: no replica did), and whether a member left on the way."""
-        outcome: tuple[float | None, bool] = (None, True)
+    def _replicas_outcome(self, receiving: Future[PoolReceipt] | None) -> tuple[PoolReceipt | None, bool]:
+        """Every rank: rank 0's view of the last exchange — the pool's receipt (each member that took it and
+        its seconds; None: no replica did), and whether a member left on the way."""
+        outcome: tuple[PoolReceipt | None, bool] = (None, True)
         if receiving is not None and self.control is not None:
             try:
                 outcome = (receiving.result(), self.control.p2p_membership_changed())
@@ -251,15 +256,15 @@ class P2PSync:
         never take this rank's sends: they are abandoned with the group, re-formed at the next push.
         Otherwise the ranks agree whether each one's sends went through; if not, or if no replica
         took the version, it goes by broadcast."""
-        seconds = self.fallback.wait()
+        seconds = self._wait_for_broadcast()
         pending, receiving, self._pending, self._receiving = self._pending, self._receiving, None, None
         if pending is None:
             return seconds
-        served, member_left = self._replicas_outcome(receiving)
+        receipt, member_left = self._replicas_outcome(receiving)
         if member_left:
             self._abandon(pending)
-            if served is not None:
-                return seconds + served
+            if receipt is not None:
+                return seconds + self._account(receipt)
             error: BaseException | None = None
         else:
             try:
@@ -268,11 +273,31 @@ class P2PSync:
             except Exception as err:  # every rank must reach the agreement below, whatever went wrong
                 error = err
             if not all_reduce(1.0 if error else 0.0, dist.ReduceOp.MAX):
-                return seconds + (served or 0.0)
-        log.warning("p2p weight exchange failed (%s)", error or "on another rank or replica")
+                return seconds + (self._account(receipt) if receipt is not None else 0.0)
+        reason = f"p2p weight exchange failed ({error or 'on another rank or replica'})"
+        log.warning("%s", reason)
         assert self._last is not None
-        self._fall_back(*self._last)
-        return seconds + self.fallback.wait()
+        self._fall_back(*self._last, reason)
+        return seconds + self._wait_for_broadcast()
+
+    def _wait_for_broadcast(self) -> float:
+        """Until a version sent by broadcast is done (its account becomes the last one); its seconds."""
+        seconds = self.fallback.wait()
+        self._done = self.fallback.take_push() or self._done
+        return seconds
+
+    def _account(self, receipt: PoolReceipt) -> float:
+        """Rank 0's account of the p2p exchange of the last version from the pool's ``receipt``; its seconds (every
+        rank: the slowest replica's)."""
+        assert self._last is not None
+        if self.rank == 0:
+            self._done = WeightPush.of(self._last[1], "p2p-relayed" if self._relayed else "p2p",
+                                       self._bytes_per_replica, receipt)
+        return max(receipt.served.values(), default=0.0)
+
+    def take_push(self) -> WeightPush | None:
+        done, self._done = self._done, None
+        return done
 
     def _abandon(self, pending: Future[Any]) -> None:
         """Leave this rank's sends to a departed member behind (they end at the group's timeout) and
@@ -295,15 +320,16 @@ class P2PSync:
         self.wait()
         if self._broadcast == version:
             return  # the pool client holds it and hands it to each replica that comes back
-        self._fall_back(source, version)
-        self.fallback.wait()
+        self._fall_back(source, version, "no replica had the weights (the pool restarted or lost them)")
+        self._wait_for_broadcast()
 
-    def _fall_back(self, source: WeightSource, version: int) -> None:
+    def _fall_back(self, source: WeightSource, version: int, reason: str) -> None:
         log.warning("version %d goes by broadcast; the p2p group is re-formed at the next push", version)
         self._retire_group()
-        self._push_by_broadcast(source, version)
+        self._push_by_broadcast(source, version, reason)
 
-    def _push_by_broadcast(self, source: WeightSource, version: int) -> None:
-        """``version`` the whole-state way; the pool client keeps it for replicas that come back (``recover``)."""
-        self.fallback.push(source, version)
+    def _push_by_broadcast(self, source: WeightSource, version: int, reason: str) -> None:
+        """``version`` the whole-state way (``reason``: why not p2p); the pool client keeps it for replicas that
+        come back (``recover``)."""
+        self.fallback.push(source, version, reason)
         self._broadcast = version

@@ -10,6 +10,7 @@ from typing import Protocol
 import torch
 from safetensors.torch import save as save_safetensors
 
+from ..api.progress import PoolReceipt, PushMode, WeightPush
 from ..api.spec import WeightSyncMode
 from ..settings import Settings
 from .p2p import P2PSync, ReplicaControl, WeightSource
@@ -29,16 +30,23 @@ def to_safetensors(state: dict[str, torch.Tensor]) -> bytes:
 
 
 class Publisher(Protocol):
-    def update_weights(self, payload: bytes | str, version: int) -> Future[float]:
+    def update_weights(self, payload: bytes | str, version: int) -> Future[PoolReceipt]:
         """Start: every replica loads ``payload`` (safetensors bytes, or a file path) as ``version``;
-        the future holds the seconds."""
+        the future holds the pool's receipt (each replica's seconds, those that left)."""
         ...
 
 
 class WeightSync(Protocol):
     def push(self, source: WeightSource, version: int) -> None: ...
 
-    def wait(self) -> float: ...
+    def wait(self) -> float:
+        """Until the last exchange is done; its seconds (0 when none was under way)."""
+        ...
+
+    def take_push(self) -> WeightPush | None:
+        """Rank 0: the account of the last exchange waited for since the last call (None if none, and on the
+        other ranks)."""
+        ...
 
     def recover(self, source: WeightSource, version: int) -> None:
         """Every rank: the pool lost its weights (all replicas restarted); send ``version`` again in a
@@ -49,23 +57,39 @@ class WeightSync(Protocol):
 class BroadcastSync:
     """Rank 0 serialises the full state and pushes it to every replica (pause → load → resume)."""
 
+    mode: PushMode = "broadcast"
+
     def __init__(self, publisher: Publisher | None):
         self.publisher = publisher
-        self._pending: Future[float] | None = None
+        self._pending: Future[PoolReceipt] | None = None
+        self._sent: tuple[int, int, str | None] = (0, 0, None)  # the pending push's version, bytes, fallback reason
+        self._done: WeightPush | None = None
 
-    def push(self, source: WeightSource, version: int) -> None:
+    def push(self, source: WeightSource, version: int, fallback_reason: str | None = None) -> None:
+        """Send ``version``; ``fallback_reason``: why it goes this way instead of p2p (its account says so)."""
         state = source.full_state_dict()  # a collective: every rank takes part, rank 0 gets it
         if self.publisher is None:  # not rank 0: nothing to send
             return
         self.wait()
-        self._pending = self.publisher.update_weights(self.payload(state, version), version)
+        payload = self.payload(state, version)
+        nbytes = len(payload) if isinstance(payload, bytes) else Path(payload).stat().st_size
+        self._sent = (version, nbytes, fallback_reason)
+        self._pending = self.publisher.update_weights(payload, version)
 
     def payload(self, state: dict[str, torch.Tensor], version: int) -> bytes | str:
         return to_safetensors(state)  # a copy: the next optimizer step may run during the transfer
 
     def wait(self) -> float:
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else 0.0
+        if pending is None:
+            return 0.0
+        version, nbytes, reason = self._sent
+        self._done = WeightPush.of(version, self.mode, nbytes, pending.result(), reason)
+        return self._done.seconds
+
+    def take_push(self) -> WeightPush | None:
+        done, self._done = self._done, None
+        return done
 
     def recover(self, source: WeightSource, version: int) -> None:
         self.wait()
@@ -76,6 +100,8 @@ class BroadcastSync:
 class DiskSync(BroadcastSync):
     """Broadcast through a shared directory: ``weights-v<version>.safetensors``, written then renamed
     (a replica never reads half a file); the two newest are kept (one may still be being read)."""
+
+    mode: PushMode = "disk"
 
     def __init__(self, publisher: Publisher | None, directory: Path):
         super().__init__(publisher)
