@@ -413,8 +413,11 @@ async def trainer_progress(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any
 
 
 async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypatch):
-    """The operator polls rank 0's real progress endpoint and writes status.progress (kubectl's columns)."""
+    """The operator polls rank 0's real progress endpoint and writes status.progress (kubectl's columns); a
+    weight push that fell back reaches it and becomes one Warning Event."""
     import asyncio
+
+    from kuberl.api.progress import PoolReceipt, WeightPush
 
     async with trainer_progress(monkeypatch) as server, emulated_cluster(tmp_path) as cluster, \
             running_operator(cluster):
@@ -433,6 +436,17 @@ async def test_trainer_progress_reaches_the_experiment_status(tmp_path, monkeypa
         assert get_rlx(api, "cpu-tiny")["status"]["progress"] == {
             "step": 7, "version": 7, "reward": 0.5, "observedStaleness": 2, "maxSteps": 100, "phase": "running"}
         assert get_rlx(api, "cpu-tiny")["status"]["phase"] == "Running"  # the experiment's sync keeps it
+        # a push that fell back to broadcast: in status.progress.lastPush, and a Warning Event says so once
+        fell = WeightPush.of(8, "broadcast", 1000, PoolReceipt(served={"http://r0:8000": 0.25}), "the group broke")
+        server.update(step=8, version=8, last_push=fell, pushes_fell_back=1, pushes_slow_replica=0)
+        await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["progress"].get("lastPush", {}).get("version")
+                         == 8, what="lastPush")
+        warnings = await eventually(lambda: [e for e in api.list("", "events", "team-a")
+                                             if e["reason"] == "WeightSyncFellBack"], what="the Event")
+        assert warnings[0]["type"] == "Warning" and "the group broke" in warnings[0]["message"]
+        server.update(step=9, version=9)  # progress moves on, nothing new fell back: no second Event
+        await eventually(lambda: get_rlx(api, "cpu-tiny")["status"]["progress"]["step"] == 9, what="step 9")
+        assert len([e for e in api.list("", "events", "team-a") if e["reason"] == "WeightSyncFellBack"]) == 1
 
 
 async def test_objects_it_did_not_create_are_never_adopted_changed_or_pruned(tmp_path):
