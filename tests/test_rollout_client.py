@@ -273,6 +273,24 @@ async def test_a_replica_that_straggles_on_a_weight_push_leaves_rotation_and_the
         await good.close()
 
 
+async def test_a_weight_push_no_replica_takes_ends_at_the_exchanges_time_limit_naming_the_replica():
+    """A replica that answers /health but never takes the version: the push ends at weightSync.timeoutSeconds
+    (here 1 s), the replica leaves rotation and the receipt says why — never a silent hang."""
+    release = asyncio.Event()
+    hung = TestServer(slow_to_take_weights(release))
+    await hung.start_server()
+    try:
+        async with InferenceClient([str(hung.make_url("/"))], TOKEN, push_timeout=1.0) as client:
+            start = time.monotonic()
+            receipt = await asyncio.wait_for(client.push_weights(b"weights", 1), timeout=30)
+            assert 1.0 <= time.monotonic() - start < 10
+            assert receipt.served == {} and client.replicas[0].needs_weights
+            assert "not done within weightSync.timeoutSeconds (1 s)" in receipt.lost[client.replicas[0].url]
+    finally:
+        release.set()
+        await hung.close()
+
+
 def relaying_replica(dies: bool, release: asyncio.Event) -> web.Application:
     """A replica in a relayed p2p exchange: one that ``dies`` fails to take the version at once; the
     others wait on what it should have forwarded (until ``release``)."""

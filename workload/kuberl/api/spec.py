@@ -297,6 +297,12 @@ class WeightSyncSpec(ApiModel):
                            "others, where that is predicted at least 10 % faster (more replicas than the trainer "
                            "has links). A replica that fails during an exchange then costs that version on the "
                            "replicas it feeds, which get it by broadcast, instead of on itself alone")
+    timeout_seconds: float = Field(
+        600.0, gt=0, le=86400,
+        description="the longest one weight exchange may take: a replica that has not taken the version by then "
+                    "leaves rotation (named in the log, status.progress.lastPush and an Event; it gets the newest "
+                    "weights when it is back) and the exchange goes on without it. Size it for the whole policy "
+                    "over the slowest link: 600 s is ≈ 70 GB at 1 Gb/s")
 
     @model_validator(mode="after")
     def _relay_needs_p2p(self) -> WeightSyncSpec:

@@ -40,6 +40,7 @@ tracer = trace.get_tracer("kuberl.rollout")  # a no-op until kuberl.tracing.set_
 WeightPayload = bytes | str  # safetensors bytes, or the path of a safetensors file (weightSync.mode disk)
 STRAGGLER_FLOOR = 0.5  # s a replica may lag behind its first peer in taking a weight version (≥ 8× the slowest
 STRAGGLER_FACTOR = 4.0  # healthy p2p receive under benchmarks/chaos.py), or this many times the first peer's time
+CONTROL_SLACK_SECONDS = 30.0  # a control request's HTTP limit beyond push_timeout (the push's own limit comes first)
 BACKOFF_MAX = 30.0  # seconds out of rotation after many failures in a row
 
 
@@ -80,6 +81,7 @@ class InferenceClient:
     urls: list[str]
     token: str = field(repr=False)  # the experiment's API token, sent with every request (kuberl.auth)
     timeout: float = 600.0
+    push_timeout: float = 600.0  # spec.weightSync.timeoutSeconds: the longest one weight exchange may take
     health_interval: float = 2.0
     health_timeout: float = 10.0
     return_routes: bool = False  # ask every generation for its MoE routes (spec.algorithm.routingReplay)
@@ -102,7 +104,8 @@ class InferenceClient:
         headers = bearer(self.token)
         self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0),
                                               headers=headers)
-        self._control = aiohttp.ClientSession(timeout=timeout, headers=headers)
+        control = aiohttp.ClientTimeout(total=max(self.timeout, self.push_timeout + CONTROL_SLACK_SECONDS))
+        self._control = aiohttp.ClientSession(timeout=control, headers=headers)  # _each_in_step bounds pushes
         for replica in self.replicas:
             self._watch(replica)
         return self
@@ -203,13 +206,15 @@ class InferenceClient:
     async def _each_in_step(self, replicas: list[Replica], call: Callable[[Replica], Awaitable[Any]],
                             what: str, coupled: bool = False) -> tuple[list[Replica], PoolReceipt]:
         """``call`` every replica at once; those that fail or straggle (not done ``max(STRAGGLER_FLOOR,
-        STRAGGLER_FACTOR × t₁)`` after the start, t₁ the first one's time) leave rotation. ``coupled``
+        STRAGGLER_FACTOR × t₁)`` after the start, t₁ the first one's time), or are not done within
+        ``push_timeout`` (spec.weightSync.timeoutSeconds) of the start, leave rotation. ``coupled``
         (each call waits on the others): at the first failure the calls still running are given up,
         their replicas staying in rotation. Returns the replicas that completed, and the receipt: each one's
         seconds, and why each one that left did."""
         start = time.monotonic()
         calls = {asyncio.ensure_future(self._leaving_aborts(r, call(r))): r for r in replicas}
-        pending, completed, deadline, given_up = set(calls), [], None, False
+        pending, completed, straggling, given_up = set(calls), [], None, False
+        limit = start + self.push_timeout
         receipt = PoolReceipt()
 
         def lose(replica: Replica, err: BaseException) -> None:
@@ -218,8 +223,9 @@ class InferenceClient:
 
         try:
             while pending:
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                deadline = limit if straggling is None else min(limit, straggling)
+                done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()),
+                                                   return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     break
                 failed = False
@@ -238,11 +244,13 @@ class InferenceClient:
                                 what, len(pending))
                     given_up = True
                     break
-                if deadline is None and completed:
-                    deadline = start + max(STRAGGLER_FLOOR, STRAGGLER_FACTOR * (time.monotonic() - start))
+                if straggling is None and completed:
+                    straggling = start + max(STRAGGLER_FLOOR, STRAGGLER_FACTOR * (time.monotonic() - start))
+            over = time.monotonic() - start
+            why = (f"not done within weightSync.timeoutSeconds ({self.push_timeout:g} s)" if over >= self.push_timeout
+                   else f"not done {over:.1f} s after the start, its peers were")
             for task in () if given_up else pending:
-                lose(calls[task], ReplicaFault(f"{what}: not done {time.monotonic() - start:.1f} s after the start, "
-                                               "its peers were"))  # fmt: skip
+                lose(calls[task], ReplicaFault(f"{what}: {why}"))
         finally:
             for task in pending:
                 task.cancel()

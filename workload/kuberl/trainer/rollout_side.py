@@ -123,7 +123,7 @@ class RolloutSide:
             spec, tokenizer, group_size=algo.group_size, temperature=spec.rollout.temperature,
             max_new_tokens=spec.rollout.max_new_tokens, reward=self.reward)
         client = InferenceClient(recipe.urls, settings.api_token, return_routes=spec.algorithm.routing_replay,
-                                 limits=recipe.limits)
+                                 limits=recipe.limits, push_timeout=spec.weight_sync.timeout_seconds)
         self.controller = RolloutController(client, workflow, prompts, manager,
                                             drop_stale=spec.rollout.late_groups == LateGroups.DROP)
         self.controller.episodes = recipe.position
