@@ -62,7 +62,8 @@ def test_a_trained_samples_trace_runs_from_admission_through_its_replica_to_its_
 def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_per_step: int) -> None:
     """``kuberl run``'s ``<workdir>/traces.jsonl`` at ``traceSampleRate: 1`` (tests/test_local_run.py's chat-math
     run writes one): every trained sample's span, its staleness as the trainer counted it, its chain down to a
-    replica's engine span and its score, and the trainer's step spans with their phases."""
+    replica's engine span and its score, and the trainer's step spans with their phases, each linked to the sample
+    spans of what it trained."""
     spans = [json.loads(line) for line in (work / "traces.jsonl").read_text().splitlines()]
     by_id = {s["context"]["span_id"]: s for s in spans}
     trained = [s for s in spans if s["name"] == "sample" and s["attributes"].get("kuberl.outcome") == "trained"]
@@ -79,5 +80,7 @@ def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_pe
     assert sorted(steps_traced) == list(range(steps))
     for step, span in steps_traced.items():
         assert {"wait_rollout", "train", "weight_push"} <= kinds[span["context"]["span_id"]]
+        linked = {link["context"]["span_id"] for link in span["links"]}  # the step → the samples it trained
+        assert linked == {s["context"]["span_id"] for s in trained if s["attributes"]["kuberl.step"] == step}
         assert span["attributes"]["kuberl.staleness"] == max(
             s["attributes"]["kuberl.staleness"] for s in trained if s["attributes"]["kuberl.step"] == step)

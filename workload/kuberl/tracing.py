@@ -12,9 +12,11 @@ there is somewhere to send spans (≈ 0.3 CPU-s a process otherwise spent on tra
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING
 
 from opentelemetry import trace
+from opentelemetry.trace import Span, SpanContext, TraceFlags
 
 from .api.observability import ObservabilitySpec
 from .settings import Settings
@@ -67,3 +69,11 @@ def shut_down() -> None:
     for out in _files:
         out.close()
     _files.clear()
+
+
+def link(span: Span, others: Iterable[tuple[int, int]]) -> None:
+    """Link ``span`` to each of ``others`` (a sampled span's trace id and span id, in a trace of its own: a step to
+    the samples it trains); nothing when ``span`` is not recorded."""
+    if span.is_recording():
+        for trace_id, span_id in others:
+            span.add_link(SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)))

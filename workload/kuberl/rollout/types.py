@@ -81,6 +81,7 @@ class Group:
 
     trajectories: list[Trajectory]
     prompt: int | None = None  # its prompt's place in the dataset stream (kuberl.rollout.ledger); None: an agent's
+    sample_span: tuple[int, int] | None = None  # its traced ``sample`` span (trace id, span id): the step links to it
 
     @functools.cached_property
     def oldest_version(self) -> int:

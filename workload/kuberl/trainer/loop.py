@@ -263,6 +263,7 @@ def one_step(s: Session, step: int, tally: Tally, watchdog: StepWatchdog) -> Non
         step_start = time.perf_counter()
         with tracer.start_as_current_span("wait_rollout"):
             trajs, advs, wait_s, filtered = take_batch(s, step)
+        tracing.link(span, s.services.sample_spans)  # the samples this step trains, each in a trace of its own
         with tracer.start_as_current_span("train"):
             stats = train_step(s, step, trajs, advs)
         staleness = count(tally, step, trajs, stats, wait_s, filtered)

@@ -120,6 +120,7 @@ class NoServices:
     """Every rank but 0: no rollout, no endpoints, no curves; each verb does nothing."""
 
     control: RolloutProcess | None = None  # what the weight exchange talks to the pool through
+    sample_spans: tuple[tuple[int, int], ...] = ()  # the last batch's traced sample spans (trace id, span id)
 
     def data_state(self) -> tuple[int, dict[str, Any] | None]:
         """What a checkpoint keeps of the data: the position in the stream and the prompt ledger
@@ -192,6 +193,7 @@ class RankZeroServices(NoServices):
             return None
         trajs, advs, dropped = build_batch(taken, config)
         self._audit(step, taken, trajs)
+        self.sample_spans = tuple(g.sample_span for g in taken if g.sample_span is not None)
         return trajs, advs, time.perf_counter() - wait_start, dropped
 
     def _audit(self, step: int, groups: list[Group], trajs: list[Trajectory]) -> None:
