@@ -257,7 +257,8 @@ def test_a_hung_replica_leaves_the_p2p_exchange_and_training_goes_on_then_it_rej
     assert result["restarts"] == {"trainer": 0, "inference": 1, "agent": 0}
     pushes = result["weight_pushes"]  # the accounts say what happened: fell back once, replicas lost on the way
     assert pushes["fell_back"] >= 1 and pushes["by_mode"]["broadcast"] >= 1 and pushes["replicas_lost"] >= 1
-    assert pushes["last"]["mode"] == "p2p" and pushes["last"]["version"] == steps and pushes["last"]["replicas"] == 2
+    last = pushes["last"]  # the two replicas are back in the group: each took the last version or, lagging its peer
+    assert last["mode"] == "p2p" and last["version"] == steps and last["replicas"] + last["replicasLost"] == 2  # left
     text = trainer_log.read_text()
     assert "p2p weight exchange (group 0): 2 trainer ranks → 2 replicas" in text
     assert re.search(r"p2p weight exchange \(group [1-9]\d*\): 2 trainer ranks → 2 replicas", text)  # re-formed
