@@ -42,6 +42,11 @@ class PoolReceipt:
     served: dict[str, float] = field(default_factory=dict)
     lost: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def seconds(self) -> float:
+        """Until the slowest replica that took it served it (0 when none did)."""
+        return max(self.served.values(), default=0.0)
+
 
 class WeightPush(ApiModel):
     """One weight exchange as trainer rank 0 saw it end: the way the version went — ``p2p`` (``p2p-relayed``
@@ -71,7 +76,7 @@ class WeightPush(ApiModel):
            fallback_reason: str | None = None) -> WeightPush:
         """The account of a push of ``nbytes`` per replica from ``receipt``; ``fallback_reason``: why p2p could
         not carry it (it went by broadcast)."""
-        seconds = max(receipt.served.values(), default=0.0)
+        seconds = receipt.seconds
         slowest = max(receipt.served, key=receipt.served.__getitem__, default=None)
         others = [t for url, t in receipt.served.items() if url != slowest]
         median = statistics.median(others) if others else 0.0

@@ -47,14 +47,13 @@ class Generation:
     routes: torch.Tensor | None = None  # asked for: [prompt + output − 1 positions, MoE layers, k] experts
 
     def to_json(self) -> dict[str, Any]:
-        if self.routes is None:
-            return {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
-                    "finish_reason": self.finish_reason}
-        from ..models import moe_routing
+        wire: dict[str, Any] = {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
+                                "finish_reason": self.finish_reason}
+        if self.routes is not None:
+            from ..models import moe_routing
 
-        routes = {"routes": moe_routing.encode(self.routes)}
-        return {"output_ids": self.output_ids, "logprobs": self.logprobs, "versions": self.versions,
-                "finish_reason": self.finish_reason, **routes}
+            wire["routes"] = moe_routing.encode(self.routes)
+        return wire
 
     @staticmethod
     def from_json(data: Any) -> Generation:

@@ -257,7 +257,8 @@ class RolloutController:
             if span.is_recording():  # a sampled one: ended when a step takes it (or it is dropped)
                 span.add_event("buffered", {"kuberl.oldest_version": group.oldest_version})
                 self._spans[id(group)] = span
-                group.sample_span = (span.get_span_context().trace_id, span.get_span_context().span_id)
+                context = span.get_span_context()
+                group.sample_span = (context.trace_id, context.span_id)
         else:
             span.set_attribute("kuberl.outcome", "no group")
             span.end()

@@ -293,7 +293,7 @@ class P2PSync:
         if self.rank == 0:
             self._done = WeightPush.of(self._last[1], "p2p-relayed" if self._relayed else "p2p",
                                        self._bytes_per_replica, receipt)
-        return max(receipt.served.values(), default=0.0)
+        return receipt.seconds
 
     def take_push(self) -> WeightPush | None:
         done, self._done = self._done, None

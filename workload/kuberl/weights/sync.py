@@ -84,8 +84,9 @@ class BroadcastSync:
         if pending is None:
             return 0.0
         version, nbytes, reason = self._sent
-        self._done = WeightPush.of(version, self.mode, nbytes, pending.result(), reason)
-        return self._done.seconds
+        receipt = pending.result()
+        self._done = WeightPush.of(version, self.mode, nbytes, receipt, reason)
+        return receipt.seconds
 
     def take_push(self) -> WeightPush | None:
         done, self._done = self._done, None
