@@ -121,14 +121,14 @@ async def test_kubectl_apply_trains_to_succeeded_with_better_reward_and_delete_l
 @pytest.mark.usefixtures("host_node")
 @pytest.mark.slow
 async def test_the_operators_autoscaler_grows_the_pool_of_a_training_run_whose_trainer_waits(tmp_path, monkeypatch):
-    """spec.inference.autoscale on the emulated cluster with real pods: the replica is given a quarter of
+    """spec.inference.autoscale on the emulated cluster with real pods: the replica is given a fraction of
     the capacity the trainer needs (injected by the kubelet stand-in: 4 requests at once, each held
-    0.1 s), the operator reads the trainer's wait from its progress, scales the experiment through the
+    0.2 s), the operator reads the trainer's wait from its progress, scales the experiment through the
     scale subresource to its maximum of 2, records status.autoscale (the count it left remembered as too
     few) and an Event; the running trainer follows its mounted run config to the new replica without a
     restart, and the run still succeeds with a better reward."""
     monkeypatch.setenv("KUBERL_PROGRESS_SECONDS", "1")
-    faults = {"inference": "generate-slots=4,generate-seconds=0.1"}
+    faults = {"inference": "generate-slots=4,generate-seconds=0.2"}  # 0.1 s: a loaded host's trainer waited 11 %
     async with emulated_cluster(tmp_path) as cluster, running_operator(cluster):
         with kubelet_stand_in(cluster, tmp_path, faults) as node_dir:
             path, name = scenario.manifest(tmp_path / "experiment.yaml", STEPS)
