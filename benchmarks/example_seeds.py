@@ -12,8 +12,9 @@ that 90th percentile: a fall the noise does not explain.
 Whether the numbers mean what they say: each evaluation's version span (``eval_version_span_max``: 1 when one
 policy wrote each), how many steps after it was due it was recorded (``eval_late_steps_max``) and those skipped;
 whether the trust region acted (``clip_active_share``: the share of steps on which the PPO clip clipped any
-token; ``clip_ratio_mean``) and how far the policy moved from its samples (``k3_kl_max``: the largest
-``mismatch/k3_kl`` of a step).
+token; ``clip_ratio_mean``), how far the policy moved from its samples (``k3_kl_max``: the largest
+``mismatch/k3_kl`` of a step) and how far each step moved it (``update_kl_max`` / ``_median``: KL(π_new ‖ π_old)
+of a step; ``update_size_max`` / ``_median``: ‖Δθ‖ / ‖θ‖; ``kuberl.policy.update_size``).
 
     python benchmarks/example_seeds.py [--example examples/cpu-tiny.yaml] [--seeds 0 1 2 3 4] [--set KEY=VALUE]...
                                        [--max-steps N] [--keep DIR]
@@ -133,6 +134,8 @@ def seed_numbers(seed: int, summary: dict[str, Any], warmup: int = 0) -> dict[st
         "clip_active_share": summary.get("clip_active_share"),
         "clip_ratio_mean": summary.get("clip_ratio_mean"),
         "k3_kl_max": summary.get("k3_kl_max"),
+        **{key: summary.get(key) for key in ("update_kl_max", "update_kl_median", "update_size_max",
+                                              "update_size_median")},
     }
 
 
@@ -167,6 +170,8 @@ def overall(seeds: list[dict[str, Any]]) -> dict[str, Any]:
         "clip_active_share_min": _round(min(numbers("clip_active_share"), default=None), 4)
         if numbers("clip_active_share") else None,
         "k3_kl_max": _round(max(numbers("k3_kl_max"), default=0.0), 4),
+        "update_kl_max": max(numbers("update_kl_max"), default=None),
+        "update_size_max": max(numbers("update_size_max"), default=None),
     }
 
 

@@ -45,7 +45,7 @@ def _run(rank: int, world: int, port: int, model: str, layout: str, distributed:
             save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
             result["after_first"] = actor.full_state_dict()
         result["optimizer_bytes"] = all_gather(state_bytes(actor.optimizer))
-        actor.train_step(mine[1], batches[1].size)
+        result["update_size"] = actor.train_step(mine[1], batches[1].size)["ppo_actor/update_size"]
         result["state"] = actor.full_state_dict()
         if rank == 0:
             torch.save(result, out)
@@ -76,6 +76,10 @@ def test_data_parallel_ranks_keep_their_share_take_adamws_steps_and_resume_in_an
     assert max(sharded["optimizer_bytes"]) <= 1.2 * share * max(plain["optimizer_bytes"])  # ≈ share each
     for name, tensor in plain["state"].items():  # the same AdamW update, only stepped by its owner
         assert torch.equal(sharded["state"][name], tensor), name
+    # ‖Δθ‖ / ‖θ‖ of the second step: each piece counted once whoever owns its moments (read back from them)
+    after, before = (torch.cat([t.flatten() for t in s.values()]) for s in (plain["state"], plain["after_first"]))
+    assert plain["update_size"] == pytest.approx(float((after - before).norm() / after.norm()), rel=1e-3)
+    assert sharded["update_size"] == pytest.approx(plain["update_size"], rel=1e-5)
 
     unsharded = run(tmp_path, "unsharded", model, "tp2", 2, False, "sharded-ckpt", resume=True)  # another layout
     again = run(tmp_path, "again", model, layout, world, True, "sharded-ckpt", resume=True)

@@ -366,8 +366,8 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
 @pytest.mark.slow
 def test_the_autoscaler_grows_a_local_pool_whose_trainer_waits(tmp_path, monkeypatch):
     """spec.inference.autoscale in kuberl run: one replica of fixed capacity (injected: 4 requests at once,
-    each held 0.2 s; the trainer waited 81 % of its first steps on an idle host) leaves the trainer waiting; after its 10
-    measured steps the supervisor applies the operator's rule, the pool grows to the maximum of 2, the
+    each held 0.2 s; the trainer waited 81 % of its first steps on an idle host) leaves the trainer waiting;
+    after its 10 measured steps the supervisor applies the operator's rule, the pool grows to the maximum of 2, the
     decision is in autoscale.jsonl with the count it left remembered as too few, and the joiner serves."""
     from kuberl.api.contract import ENV_FAULT_INJECTION
 

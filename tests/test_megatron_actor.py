@@ -129,12 +129,14 @@ def _train_two_steps(rank: int, world: int, port: int, model: str, layout: str |
             result["first"] = read_and_differentiate(actor, first)
         data_rank, data_ranks = actor.data_parallel()
         mine = [as_collated_alone(split(b, data_ranks)[data_rank]) for b in (first, second)]
-        norms = [actor.train_step(mine[0], first.size)["ppo_actor/grad_norm"]]
+        steps = [actor.train_step(mine[0], first.size)]
         if layout:
             save_trainer(actor, TrainerState.capture(1, 1, 0), Path(staging))
             result["after_first"] = actor.full_state_dict()
-        norms.append(actor.train_step(mine[1], second.size)["ppo_actor/grad_norm"])
-        result |= {"state": actor.full_state_dict(), "grad_norms": norms}
+        steps.append(actor.train_step(mine[1], second.size))
+        result |= {"state": actor.full_state_dict(), "data_ranks": data_ranks,
+                   **{key: [s[f"ppo_actor/{key[:-1]}"] for s in steps] for key in
+                      ("grad_norms", "update_sizes", "update_kls")}}
         dr_grpo = make_actor(make, layout, DR_GRPO, token_budget=budget)
         result["dr_grpo_norm"] = dr_grpo.train_step(mine[0], first.size)["ppo_actor/grad_norm"]
         if layout and "cp2" in layout and pipelined:  # packed bins through the pipeline's buffers
@@ -237,6 +239,10 @@ def assert_trains_as_fsdp(fsdp: dict[str, Any], megatron: dict[str, Any], start:
     batch (π_prox and π_ref read before the updates), the same stats."""
     assert fsdp["grad_norms"][0] > 1.0  # the clipping is exercised
     assert megatron["grad_norms"] == pytest.approx(fsdp["grad_norms"], rel=1e-4)
+    # the update's size over every piece counted once (split, experts, ZeRO-owned; measured ≤ 2e-4 relative)
+    assert megatron["update_sizes"] == pytest.approx(fsdp["update_sizes"], rel=1e-3) and min(fsdp["update_sizes"]) > 0
+    if megatron["data_ranks"] == 1:  # the same probe rows (with data parallelism each rank probes its own)
+        assert megatron["update_kls"] == pytest.approx(fsdp["update_kls"], rel=1e-2) and min(fsdp["update_kls"]) > 0
     assert megatron["dr_grpo_norm"] == pytest.approx(fsdp["dr_grpo_norm"], rel=1e-4)  # its constant normaliser too
     assert fsdp["gspo_tis"]["mismatch/truncated_fraction"] > 0  # the truncation is exercised
     assert megatron["gspo_tis"]["ppo_actor/grad_norm"] == pytest.approx(  # GSPO + TIS: the same gradient

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..api.lora import LoraSpec
 from ..collectives import world_size
@@ -152,8 +152,13 @@ class FSDPActor(Actor):
     def forward_backward(self, model: torch.nn.Module, chunks: list[Batch], on_scores: ChunkReader,
                          forward_only: bool) -> list[Any]:
         """Chunk after chunk (:func:`~kuberl.policy.actor.plain_loop`): FSDP2 gathers each block's
-        shards in the forward and reduces its gradients in the backward."""
-        return plain_loop(self.scorer, self.temperature, model, chunks, on_scores, forward_only)
+        shards in the forward and reduces its gradients in the backward. A forward-only pass reshards the
+        root after it: FSDP2 keeps a root unsharded for the backward that is not coming, and until it
+        reshards ``model.parameters()`` are its unsharded tensors, not the optimizer's."""
+        kept = plain_loop(self.scorer, self.temperature, model, chunks, on_scores, forward_only)
+        if forward_only and isinstance(model, FSDPModule):
+            model.reshard()
+        return kept
 
     def compute_scope(self) -> contextlib.AbstractContextManager[Any]:
         """None: torch's own device handling."""

@@ -24,7 +24,7 @@ pipeline, expert and data parallelism. What differs is how the model is read and
   through megatron-core's 1F1B schedule (:mod:`.schedule`) with the actor's own loss on the last
   stage, π_prox and π_ref read by forward-only passes, the last stage's stats reported by every
   stage; a tied embedding's two copies (first and last stage) have their gradients summed;
-- the global gradient norm for clipping (:func:`global_squared_norm`): every piece counted once;
+- the global gradient norm for clipping (:func:`.norms.global_squared_norm`): every piece counted once;
   then g ← g · min(1, max_norm / (‖g‖ + 1e-6)), as torch clips.
 
 The ranks of a tensor-parallel group hold the same rows; the actor's world-wide sums (the gap and
@@ -69,6 +69,7 @@ from .model import (
     sum_partial_gradients,
     sum_shared_embedding_gradients,
 )
+from .norms import global_squared_norm, squared_sums, update_norms
 from .schedule import through_pipeline
 
 
@@ -101,44 +102,19 @@ def average_over_data_parallel_ranks(params: list[torch.nn.Parameter]) -> None:
                             parallel_state.get_expert_data_parallel_group(), divisor=size)
 
 
-def _squared_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Σ ‖g‖² over ``grads``, a scalar on ``device`` (0 for none: still all-reduced, so it must live
-    where the collective's backend can reach it — NCCL has no CPU tensors)."""
-    return torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
-
-
 def reduce_and_clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Average the gradients over the data-parallel ranks, complete the partial ones
     (:func:`.model.sum_partial_gradients`), then clip in place to the global norm over every rank's
-    pieces; returns that norm."""
+    pieces (:func:`.norms.global_squared_norm`); returns that norm."""
     average_over_data_parallel_ranks(params)
     sum_partial_gradients(params)
     grads = [p for p in params if p.grad is not None]
-    counted = [p for p in grads if not getattr(p, "shared", False)]  # a tied last stage's copy of the embedding
-    experts = [p.grad for p in counted if getattr(p, "expert_parallel", False)]
-    dense = [p for p in counted if not getattr(p, "expert_parallel", False)]
-    split = [p.grad for p in dense if getattr(p, "tensor_model_parallel", False)]
-    whole = [p.grad for p in dense if not getattr(p, "tensor_model_parallel", False)]
     device = grads[0].device if grads else params[0].device
-    norm = global_squared_norm(*(_squared_norm(part, device) for part in (split, experts, whole))).sqrt()
+    norm = global_squared_norm(*squared_sums(((p, p.grad) for p in grads), device)).sqrt()
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for p in grads:
         p.grad.mul_(coefficient.to(p.grad.dtype))
     return norm
-
-
-def global_squared_norm(split: torch.Tensor, experts: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """‖g‖² = all-reduce_PP(all-reduce_TP(Σ_split ‖g_r‖²) + all-reduce_EP(Σ_experts ‖g‖²) + Σ_whole ‖g‖²):
-    a split parameter's pieces summed over the tensor-parallel ranks, each expert counted on the one
-    expert-parallel rank that holds it, a whole parameter (the same on every rank of a stage) once,
-    and every pipeline stage's parameters added up."""
-    from megatron.core import parallel_state
-
-    dist.all_reduce(split, group=parallel_state.get_tensor_model_parallel_group())
-    dist.all_reduce(experts, group=parallel_state.get_expert_model_parallel_group())
-    total = split + experts + whole
-    dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
-    return total
 
 
 @dataclass
@@ -243,7 +219,8 @@ class MegatronActor(Actor):
         budget = TOKEN_BUDGET * parallel_state.get_context_parallel_world_size()  # each rank computes W ÷ c of a row
         return cls(model, adamw, config, temperature, mini_batches, token_budget=budget, reference=reference,
                    device=device, scorer=scorer_on(device, compute_dtype, packing),
-                   clip_gradients=reduce_and_clip_gradients, packing=packing, critic=critic, hf_model=hf_model,
+                   clip_gradients=reduce_and_clip_gradients, update_norms=update_norms, packing=packing, critic=critic,
+                   hf_model=hf_model,
                    hf_files=weights if on_meta else None, compute_dtype=compute_dtype)
 
     @property

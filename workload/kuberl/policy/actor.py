@@ -60,6 +60,8 @@ from .batch import TOKEN_BUDGET, Batch, micro_batch_count, split
 from .critic import Critic, ValueTargets
 from .loss import SUMMED_STATS, VALID_TOKENS, behaviour_gap, loss_normalizer, ppo_loss
 from .packing import pack
+from .update_size import PROBE_ROWS, UpdateNormer, relative_size, update_kl_sums
+from .update_size import update_norms as adamw_update_norms
 
 TOKEN_SUMS = ("gap/sum", "gap/tokens", "entropy/sum", "entropy/tokens")
 """Per-rank sums that :meth:`Actor.train_step` adds up over updates and ranks before dividing."""
@@ -162,7 +164,7 @@ def batch_stats(chunk_stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
 
 @dataclass
 class Actor(ABC):
-    """The decoupled-PPO step of every backend. A backend sets ``scorer`` and ``clip_gradients``
+    """The decoupled-PPO step of every backend. A backend sets ``scorer``, ``clip_gradients`` and ``update_norms``
     and implements the abstract hooks below, overriding nothing else (FSDP2:
     :class:`kuberl.fsdp.actor.FSDPActor`; Megatron: :class:`kuberl.megatron.actor.MegatronActor`;
     ``tests/test_backends.py`` holds them to it). Its builder is in :mod:`kuberl.trainer.backends`."""
@@ -178,6 +180,7 @@ class Actor(ABC):
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     scorer: Scorer = token_logprobs_and_entropy
     clip_gradients: GradientClipper = torch.nn.utils.clip_grad_norm_
+    update_norms: UpdateNormer = adamw_update_norms  # (‖Δθ‖, ‖θ‖) of the last optimizer step over every rank's pieces
     packing: bool = False  # the scorer packs each micro-batch's rows (set with the packed scorer)
     critic: Critic | None = None  # ppo's value model: GAE advantages per token, trained in the same step
     adapter: LoraSpec | None = None  # spec.trainer.lora: the model carries a LoRA adapter, the only weights trained
@@ -237,8 +240,10 @@ class Actor(ABC):
             chunks, targets = self.critic.advantages(chunks)  # type: ignore[assignment]
         stats: dict[str, float] = {}
         sums = dict.fromkeys(TOKEN_SUMS, 0.0)
+        first_logp: list[torch.Tensor] = list(prox[0][:1]) if prox[0] is not None else []
         for part_chunks, part_prox, part_targets, tokens in zip(chunks, prox, targets, part_tokens, strict=True):
-            part_stats = self._update(part_chunks, part_prox, global_rows / len(parts), tokens, part_targets)
+            part_stats = self._update(part_chunks, part_prox, global_rows / len(parts), tokens, part_targets,
+                                      first_logp)
             for k, v in part_stats.items():
                 if k in sums:
                     sums[k] += v
@@ -248,8 +253,23 @@ class Actor(ABC):
         stats["mismatch/fresh_tokens"] = fresh_tokens
         stats["mismatch/behav_logp_gap"] = gap_sum / fresh_tokens if fresh_tokens else float("nan")
         stats["ppo_actor/entropy"] = entropy_sum / loss_tokens if loss_tokens else float("nan")
+        stats["ppo_actor/update_kl"] = self._update_kl(chunks[0][0], first_logp)
         stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
+
+    def _update_kl(self, first: Batch, before: list[torch.Tensor]) -> float:
+        """KL(π_new ‖ π_old) per token (:mod:`.update_size`) on the probe, the first :data:`PROBE_ROWS` rows of
+        the step's first micro-batch ``first``; ``before``: that micro-batch's log-probs at the step's start
+        (empty where this rank computes no loss). One forward pass of the probe; the sums added over every rank."""
+        probe = first.select(slice(0, PROBE_ROWS)).trimmed()
+        after = self.logprobs(self.model, [probe])
+        if after:
+            rows, width = probe.targets.shape  # right padding under a causal mask: the first columns' values
+            local = update_kl_sums(before[0][:rows, :width], after[0], probe.loss_mask)
+        else:
+            local = torch.zeros(2, device=self.device)
+        kl_sum, tokens = all_reduce_many(local.tolist())
+        return kl_sum / tokens if tokens else float("nan")
 
     def logprobs(self, model: torch.nn.Module, chunks: list[Batch]) -> list[torch.Tensor]:
         """log π(target) of ``model`` (the policy before an update, or π_ref) for each chunk, no grad,
@@ -263,33 +283,39 @@ class Actor(ABC):
             return self.forward_backward(model, chunks, keep_logprobs, forward_only=True)
 
     def _update(self, chunks: list[Batch], prox: list[torch.Tensor] | None, global_rows: float,
-                local_tokens: float, targets: list[ValueTargets] | None = None) -> dict[str, float]:
+                local_tokens: float, targets: list[ValueTargets] | None = None,
+                first_logp: list[torch.Tensor] | None = None) -> dict[str, float]:
         """Accumulate the loss gradient over ``chunks`` (on ``device``; π_prox = sg(π_θ) when ``prox``
         is None), then step; with a critic, then its step towards ``targets``. ``local_tokens``: this
         rank's loss tokens in ``chunks``. The stats (each chunk's weighted by its rows) include this
-        rank's sums in :data:`TOKEN_SUMS`."""
+        rank's sums in :data:`TOKEN_SUMS`. An empty ``first_logp`` receives the first chunk's log-probs
+        (the policy before this update) where this rank computes them."""
         _, data_ranks = self.data_parallel()
         # N over every rank's rows and tokens (ranks that share rows count them alike), ÷ the data-parallel
         # ranks: their gradients are averaged, so the sum is the global mean
         normalizer = loss_normalizer(self.config, global_rows,
                                      lambda: all_reduce(local_tokens) * data_ranks / world_size()) / data_ranks
         self.optimizer.zero_grad(set_to_none=True)
-        stats = batch_stats(self.accumulate_gradients(chunks, prox, normalizer))
+        stats = batch_stats(self.accumulate_gradients(chunks, prox, normalizer, first_logp))
         grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)
         self.optimizer.step()
         stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        stats["ppo_actor/update_size"] = relative_size(*self.update_norms(self.optimizer))
         if self.critic is not None and targets is not None:
             stats |= self.critic.update(chunks, targets, normalizer)
         return self.as_reported(host_floats(stats))
 
-    def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None,
-                             normalizer: float) -> list[dict[str, torch.Tensor]]:
+    def accumulate_gradients(self, chunks: list[Batch], prox: list[torch.Tensor] | None, normalizer: float,
+                             first_logp: list[torch.Tensor] | None = None) -> list[dict[str, torch.Tensor]]:
         """The loss's backward for each chunk through the backend's schedule (gradients add up); each
-        chunk's stats (empty dicts where a rank holds no loss: a pipeline stage before the last)."""
+        chunk's stats (empty dicts where a rank holds no loss: a pipeline stage before the last). An empty
+        ``first_logp`` receives the first chunk's log-probs, detached."""
         ref = self.logprobs(self.reference, chunks) if self.reference is not None else None
 
         def loss(i: int, chunk: Batch, logp: torch.Tensor,
                  entropy: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            if i == 0 and first_logp is not None and not first_logp:
+                first_logp.append(logp.detach())
             return self.chunk_loss(chunk, logp, entropy, None if prox is None else prox[i],
                                    None if ref is None else ref[i], normalizer)
 

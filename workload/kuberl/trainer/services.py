@@ -14,7 +14,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from ..api import Progress
@@ -66,6 +68,8 @@ class Tally:
     entropies: list[float] = field(default_factory=list)  # ppo_actor/entropy of each step that trained
     clip_ratios: list[float] = field(default_factory=list)  # ppo_actor/clip_ratio of each step that trained
     k3_kls: list[float] = field(default_factory=list)  # mismatch/k3_kl (KL(π_behav ‖ π_prox)) of each step
+    update_kls: list[float] = field(default_factory=list)  # ppo_actor/update_kl (KL(π_new ‖ π_old)) of each step
+    update_sizes: list[float] = field(default_factory=list)  # ppo_actor/update_size (‖Δθ‖ / ‖θ‖) of each step
     trained_tokens: int = 0
     token_staleness: int = 0
     dropped_groups: int = 0
@@ -108,12 +112,21 @@ def length_curves(lengths: dict[str, Any]) -> dict[str, float | None]:
 
 def trust_region_summary(tally: Tally) -> dict[str, float | None]:
     """How much the PPO clip acted: the mean share of tokens it clipped per step, the share of steps on
-    which it clipped any; and the largest KL(π_behav ‖ π_prox) a step trained on (``mismatch/k3_kl``:
-    how far the policy had moved since its samples were drawn)."""
+    which it clipped any; the largest KL(π_behav ‖ π_prox) a step trained on (``mismatch/k3_kl``: how far
+    the policy had moved since its samples were drawn); and how far the steps themselves moved it
+    (``kuberl.policy.update_size``): the largest and the median KL(π_new ‖ π_old) of a step, the largest
+    and the median ‖Δθ‖ / ‖θ‖."""
     clips = tally.clip_ratios
+
+    def rounded(values: list[float], pick: Callable[[list[float]], float]) -> float | None:
+        return float(f"{pick(values):.4g}") if values else None
+
     return {"clip_ratio_mean": round(mean(clips), 5) if clips else None,
             "clip_active_share": round(sum(c > 0 for c in clips) / len(clips), 4) if clips else None,
-            "k3_kl_max": round(max(tally.k3_kls), 5) if tally.k3_kls else None}
+            "k3_kl_max": round(max(tally.k3_kls), 5) if tally.k3_kls else None,
+            "update_kl_max": rounded(tally.update_kls, max), "update_kl_median": rounded(tally.update_kls, median),
+            "update_size_max": rounded(tally.update_sizes, max),
+            "update_size_median": rounded(tally.update_sizes, median)}
 
 
 class NoServices:
@@ -218,7 +231,8 @@ class RankZeroServices(NoServices):
         if tools is not None:
             tally.tool_calls.append(tools)
         for key, kept in (("ppo_actor/entropy", tally.entropies), ("ppo_actor/clip_ratio", tally.clip_ratios),
-                          ("mismatch/k3_kl", tally.k3_kls)):
+                          ("mismatch/k3_kl", tally.k3_kls), ("ppo_actor/update_kl", tally.update_kls),
+                          ("ppo_actor/update_size", tally.update_sizes)):
             value = stats.get(key) if stats else None
             if value is not None and not math.isnan(value):
                 kept.append(value)
