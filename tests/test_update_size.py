@@ -17,35 +17,27 @@ from kuberl.policy.update_size import PROBE_ROWS, adamw_steps, relative_size, up
 from .test_actor import CONFIG, trajectories
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(lr=st.floats(1e-3, 0.3), beta1=st.floats(0.0, 0.99), beta2=st.floats(0.5, 0.9999), eps=st.floats(1e-10, 1e-3),
+       decay=st.sampled_from([0.0, 0.01, 0.5]), amsgrad=st.booleans(), maximize=st.booleans(),
        steps=st.integers(1, 4), foreach=st.booleans(), seed=st.integers(0, 2**16))
-def test_the_update_read_from_adamws_state_is_the_change_of_the_weights(lr, beta1, beta2, eps, steps, foreach, seed):
+def test_the_update_read_from_adamws_state_is_the_change_of_the_weights(lr, beta1, beta2, eps, decay, amsgrad,
+                                                                       maximize, steps, foreach, seed):
     generator = torch.Generator().manual_seed(seed)
     params = [torch.nn.Parameter(torch.randn(5, 3, generator=generator)), torch.nn.Parameter(torch.randn(4))]
     frozen = torch.nn.Parameter(torch.randn(2))  # in the optimizer, never given a gradient: never stepped
-    optimizer = torch.optim.AdamW([*params, frozen], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=0.0,
-                                  foreach=foreach)
+    optimizer = torch.optim.AdamW([*params, frozen], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=decay,
+                                  amsgrad=amsgrad, maximize=maximize, foreach=foreach)
     for _ in range(steps):
         before = [p.detach().clone() for p in params]
         for p in params:
             p.grad = torch.randn(p.shape, generator=generator)
         optimizer.step()
     moved = list(adamw_steps(optimizer))
-    assert len(moved) == len(params)  # the frozen one is not among them
-    for (param, delta), p, old in zip(moved, params, before, strict=True):
-        assert param is not None and param.data_ptr() == p.data_ptr()
+    assert [param for param, _ in moved] == params  # the frozen one is not among them
+    for (_, delta), p, old in zip(moved, params, before, strict=True):
         # atol: θ − θ_old rounds to float32 at |θ| ≈ 4 (an ulp there is 4.8e-7)
         torch.testing.assert_close(delta, p.detach() - old, rtol=1e-4, atol=1e-6)
-
-
-def test_weight_decay_is_refused_rather_than_misread():
-    p = torch.nn.Parameter(torch.ones(2))
-    optimizer = torch.optim.AdamW([p], lr=0.1, weight_decay=0.01)
-    p.grad = torch.ones(2)
-    optimizer.step()
-    with pytest.raises(ValueError, match="without weight decay"):
-        list(adamw_steps(optimizer))
 
 
 def test_the_update_kl_is_zero_for_the_same_policy_and_counts_only_masked_tokens():

@@ -230,7 +230,9 @@ class Actor(ABC):
     def _train_step(self, batch: Batch, global_rows: int) -> dict[str, float]:
         start = time.perf_counter()
         parts = split(batch, self.mini_batches)
-        chunks = [[c.to(self.device) for c in self._micro_batches(part)] for part in parts]
+        host_chunks = [self._micro_batches(part) for part in parts]
+        chunks = [[c.to(self.device) for c in part] for part in host_chunks]
+        probe = host_chunks[0][0].select(slice(0, PROBE_ROWS)).trimmed().to(self.device)
         part_tokens = [float(part.loss_mask.sum()) for part in parts]  # counted on the host copy
         prox: list[list[torch.Tensor] | None] = [None] * len(parts)
         if self.mini_batches > 1:
@@ -253,22 +255,21 @@ class Actor(ABC):
         stats["mismatch/fresh_tokens"] = fresh_tokens
         stats["mismatch/behav_logp_gap"] = gap_sum / fresh_tokens if fresh_tokens else float("nan")
         stats["ppo_actor/entropy"] = entropy_sum / loss_tokens if loss_tokens else float("nan")
-        stats["ppo_actor/update_kl"] = self._update_kl(chunks[0][0], first_logp)
+        stats["ppo_actor/update_kl"] = self._update_kl(probe, first_logp)
         stats["timeperf/train_step"] = time.perf_counter() - start
         return stats
 
-    def _update_kl(self, first: Batch, before: list[torch.Tensor]) -> float:
-        """KL(π_new ‖ π_old) per token (:mod:`.update_size`) on the probe, the first :data:`PROBE_ROWS` rows of
-        the step's first micro-batch ``first``; ``before``: that micro-batch's log-probs at the step's start
-        (empty where this rank computes no loss). One forward pass of the probe; the sums added over every rank."""
-        probe = first.select(slice(0, PROBE_ROWS)).trimmed()
+    def _update_kl(self, probe: Batch, before: list[torch.Tensor]) -> float:
+        """KL(π_new ‖ π_old) per token (:mod:`.update_size`) on ``probe``, the first :data:`PROBE_ROWS` rows of
+        the step's first micro-batch; ``before``: that micro-batch's log-probs at the step's start (empty
+        where this rank computes no loss). One forward pass of the probe; the sums added over every rank."""
         after = self.logprobs(self.model, [probe])
         if after:
             rows, width = probe.targets.shape  # right padding under a causal mask: the first columns' values
             local = update_kl_sums(before[0][:rows, :width], after[0], probe.loss_mask)
         else:
             local = torch.zeros(2, device=self.device)
-        kl_sum, tokens = all_reduce_many(local.tolist())
+        kl_sum, tokens = all_reduce_many([math.nan] * 2 if local.is_meta else local.tolist())
         return kl_sum / tokens if tokens else float("nan")
 
     def logprobs(self, model: torch.nn.Module, chunks: list[Batch]) -> list[torch.Tensor]:

@@ -5,7 +5,8 @@ the update it bounds is measured).
 - ``ppo_actor/update_size`` = ‖Δθ‖ / ‖θ‖ over the trained weights (the whole model, or a LoRA adapter),
   per optimizer update. Δθ is read back from AdamW's state rather than from a copy of the weights
   (which would cost a model's worth of memory): with weight decay 0 — both actors' — torch's AdamW
-  moves every parameter by Δθ = −lr / (1 − β₁ᵗ) · m_t / (√v_t / √(1 − β₂ᵗ) + ε) at its step t.
+  moves every parameter by Δθ = −lr / (1 − β₁ᵗ) · m_t / (√v_t / √(1 − β₂ᵗ) + ε) at its step t
+  (:func:`adamw_steps` also reads weight decay and amsgrad).
   The global norms are the backend's: :func:`update_norms` for FSDP2's DTensors (or plain tensors),
   ``kuberl.megatron.norms.update_norms`` for Megatron's split, expert and ZeRO-sharded pieces.
 - ``ppo_actor/update_kl`` ≈ KL(π_new ‖ π_old) per token, on a probe of the step's rows: with
@@ -33,25 +34,30 @@ UpdateNormer = Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
 
 def adamw_steps(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(θ, Δθ) of each parameter ``optimizer`` (torch's AdamW, on this rank's pieces) moved at its last
-    step, Δθ as in the module docstring; nothing for a parameter it has not stepped. θ is the parameter
-    itself (a backend reads how its pieces add up from its attributes, which a detached copy lacks).
-    Computed a group and a step count at a time with torch's foreach kernels, as AdamW steps."""
+    step; nothing for a parameter it has not stepped. θ is the parameter itself (a backend reads how
+    its pieces add up from its attributes, which a detached copy lacks). With weight decay λ, AdamW
+    first scales θ by 1 − lr·λ: Δθ = a − lr·λ·θ_old with a the module docstring's Δθ and
+    θ_old = (θ − a) / (1 − lr·λ); with amsgrad, v_t is its running maximum. Computed a group and a
+    step count at a time with torch's foreach kernels, as AdamW steps."""
     for group in optimizer.param_groups:
-        if group.get("weight_decay") or group.get("amsgrad") or group.get("maximize"):
-            raise ValueError("the update size is read from AdamW without weight decay, amsgrad or maximize")
         beta1, beta2 = group["betas"]
-        lr, eps = float(group["lr"]), group["eps"]
+        lr, eps, decay = float(group["lr"]), group["eps"], group.get("weight_decay", 0.0)
+        second_moment = "max_exp_avg_sq" if group.get("amsgrad") else "exp_avg_sq"
         by_step: dict[float, list[torch.Tensor]] = {}
         for param in group["params"]:
             if optimizer.state.get(param):
                 by_step.setdefault(float(optimizer.state[param]["step"]), []).append(param)
         for t, params in by_step.items():
             states = [optimizer.state[p] for p in params]
-            denominators = torch._foreach_sqrt([s["exp_avg_sq"] for s in states])
+            denominators = torch._foreach_sqrt([s[second_moment] for s in states])
             torch._foreach_div_(denominators, math.sqrt(1 - beta2**t))
             torch._foreach_add_(denominators, eps)
             deltas = torch._foreach_div([s["exp_avg"] for s in states], denominators)
             torch._foreach_mul_(deltas, -lr / (1 - beta1**t))
+            if decay:
+                old = torch._foreach_sub([p.detach() for p in params], deltas)
+                torch._foreach_div_(old, 1 - lr * decay)
+                torch._foreach_add_(deltas, old, alpha=-lr * decay)
             yield from zip(params, deltas, strict=True)
 
 
