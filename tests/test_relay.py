@@ -72,6 +72,21 @@ def test_a_pool_larger_than_the_trainer_is_relayed_and_every_replica_gets_the_mo
     assert_every_rank_holds_its_needs(carry_out(staged, PARAMS, 2, needs), needs, PARAMS)
 
 
+def test_a_region_larger_than_a_ranks_share_is_seeded_in_pieces_by_several_ranks():
+    """8 replicas: the embedding (36 % of the model) seeded whole would make its one seed upload it 7 times
+    in stage 2; cut into pieces, the pool's ranks each seed about an eighth, and the model still arrives whole."""
+    replicas = [[1 + i] for i in range(8)]
+    needs = inference_needs(PARAMS, replicas)
+    itemsize = {p.name: p.itemsize for p in PARAMS}
+    staged = relayed_plan(fsdp2_holdings(PARAMS, [0]), needs, cluster(1, replicas), itemsize)
+    seeds_of_embed = {t.dst for t in staged.stages[0].transfers if t.param == "embed.weight"}
+    assert len(seeds_of_embed) >= 3
+    seeded = staged.stages[0].bytes_received()
+    model = sum(p.nbytes for p in PARAMS)
+    assert sum(seeded.values()) == model and max(seeded.values()) <= 2 * model / len(replicas)
+    assert_every_rank_holds_its_needs(carry_out(staged, PARAMS, 1, needs), needs, PARAMS)
+
+
 def test_a_trainer_with_as_many_ports_as_the_pool_sends_directly():
     replicas = [[4 + i] for i in range(4)]
     needs = inference_needs(PARAMS, replicas)

@@ -9,7 +9,9 @@ distinct piece into the pool once and lets the pool spread it:
 
 1. the needs are grouped by what they ask for (parameter and region); each group gets one *seed*,
    the rank of the group with the fewest seeded bytes so far (groups largest first), so the pool's
-   ranks seed about equal shares;
+   ranks seed about equal shares — a region larger than one rank's equal share is cut into pieces,
+   each with a seed of its own (an embedding seeded whole made its seed the bottleneck of stage 2:
+   predicted 0.40 s against 0.18 s for a pipelined broadcast of 8.8 GB to 32 receivers);
 2. stage 1 is the direct planner over the seeds' needs alone; stage 2 is the direct planner over
    the other needs, with each seed holding what it received (``Holding(seed, param, box)``: its
    tensor for that parameter is the region of its own destination tensor the piece landed in).
@@ -32,10 +34,24 @@ Pure: no torch, no I/O.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .plan import Bandwidths, Box, Holding, Need, Plan, RankTopology, Transfer, plan, predicted_seconds, volume
+from .plan import (
+    Bandwidths,
+    Box,
+    Holding,
+    Need,
+    Plan,
+    RankTopology,
+    Transfer,
+    plan,
+    predicted_seconds,
+    translate,
+    volume,
+)
 
 RELAY_GAIN = 0.1  # the predicted share of the direct schedule's time relaying must save
 
@@ -68,10 +84,26 @@ class StagedPlan:
         return dict(out)
 
 
+def _restricted(need: Need, piece: Box) -> Need:
+    """``need`` for the part ``piece`` of its region only (its destination cut alike)."""
+    return Need(need.rank, need.dest, translate(piece, need.box, need.dest_box), need.param, piece)
+
+
+def _even_parts(box: Box, parts: int) -> list[Box]:
+    """``box`` cut along its longest dimension into ``parts`` near-equal consecutive pieces."""
+    dim = max(range(len(box)), key=lambda d: box[d][1] - box[d][0])
+    lo, hi = box[dim]
+    cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
+    return [(*box[:dim], (a, b), *box[dim + 1:]) for a, b in itertools.pairwise(cuts) if a < b]
+
+
 def seeded(needs: list[Need], itemsize: dict[str, int]) -> tuple[list[Need], list[Need]]:
-    """The needs split into the seeds' (one per distinct parameter region) and the others'. None of a
-    rank's needs may ask for two regions of one parameter (the seed's sending tensor is one per
-    parameter); a ValueError says which."""
+    """The needs split into the seeds' (one per piece of each distinct parameter region) and the
+    others'. A region larger than an equal share of the pool (the distinct bytes ÷ the ranks that
+    need any) is cut into that many pieces, each seeded by another rank of its group: one embedding
+    seeded whole would make its seed upload it to every other replica, the bottleneck of stage 2.
+    None of a rank's needs may ask for two regions of one parameter (the seed's sending tensor is one
+    per parameter); a ValueError says which."""
     groups: dict[tuple[str, Box], list[Need]] = defaultdict(list)
     for need in needs:
         groups[(need.param, need.box)].append(need)
@@ -79,13 +111,16 @@ def seeded(needs: list[Need], itemsize: dict[str, int]) -> tuple[list[Need], lis
     for need in needs:
         if asked.setdefault((need.rank, need.param), need.box) != need.box:
             raise ValueError(f"rank {need.rank} needs two regions of {need.param!r}: no relay")
+    share = sum(volume(box) * itemsize[param] for param, box in groups) / max(len({n.rank for n in needs}), 1)
     seeded_bytes: dict[int, int] = defaultdict(int)
     seeds, others = [], []
     for (param, box), group in sorted(groups.items(), key=lambda g: (-volume(g[0][1]) * itemsize[g[0][0]], g[0])):
-        seed = min(group, key=lambda n: (seeded_bytes[n.rank], n.rank))
-        seeded_bytes[seed.rank] += volume(box) * itemsize[param]
-        seeds.append(seed)
-        others += [n for n in group if n is not seed]
+        pieces = _even_parts(box, min(len(group), max(1, math.ceil(volume(box) * itemsize[param] / share))))
+        chosen = sorted(group, key=lambda n: (seeded_bytes[n.rank], n.rank))[:len(pieces)]
+        for piece, seed in zip(pieces, chosen, strict=True):
+            seeded_bytes[seed.rank] += volume(piece) * itemsize[param]
+            seeds.append(_restricted(seed, piece))
+            others += [_restricted(n, piece) for n in group if n is not seed]
     return seeds, others
 
 
