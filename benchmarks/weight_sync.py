@@ -98,8 +98,10 @@ def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: flo
     relay = relayed_plan(holdings, needs, ranks, itemsize, bw).predicted_seconds(bw)
     predicted = predicted_seconds(p2p, bw)
     model_bytes = sum(p.nbytes for p in params)
-    # every rank here is in one zone: the chain's node-to-node hops run at one NIC's rate
-    pipelined = pipelined_broadcast_seconds(model_bytes, len(everyone) - len(trainers), bw.zone)
+    # every rank here is in one zone: the chain's node-to-node hops run at one NIC's rate; a replica of t
+    # tensor-parallel ranks is fed by t chains side by side, each carrying the 1/t its rank loads
+    tensor = alloc.inference.dims.tensor
+    pipelined = pipelined_broadcast_seconds(model_bytes // tensor, len(replicas), bw.zone)
     return {
         "model_bytes": model_bytes,
         "allocation": allocation,
@@ -122,10 +124,11 @@ def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: flo
 
 def pipelined_broadcast_seconds(model_bytes: int, receivers: int, link_bytes_per_s: float,
                                 chunk_bytes: int = CHUNK_BYTES) -> float:
-    """A chain broadcast's time from the rank holding the whole model to ``receivers`` ranks:
-    ``model_bytes / link + (receivers - 1) * chunk_bytes / link`` — the whole model crosses the
-    slowest link once, and the last receiver starts one chunk per hop late. (Gathering the model onto
-    the first rank comes on top, as for the naive broadcast, and is left out of both.)"""
+    """A chain broadcast's time from the rank holding what each receiver loads (``model_bytes``: the
+    whole model, or a tensor-parallel rank's part of it, fed by a chain of its own) to ``receivers``
+    ranks: ``model_bytes / link + (receivers - 1) * chunk_bytes / link`` — the bytes cross the slowest
+    link once, and the last receiver starts one chunk per hop late. (Gathering them onto the first rank
+    comes on top, as for the naive broadcast, and is left out of both.)"""
     return model_bytes / link_bytes_per_s + (receivers - 1) * chunk_bytes / link_bytes_per_s
 
 

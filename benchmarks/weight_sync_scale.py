@@ -11,9 +11,9 @@ replicas from its example's Megatron layout. For each case, predicted by the pla
 - ``p2p``: every trainer rank sends its own shard to every receiver that needs it (the product's default);
 - ``p2p-relay``: each distinct piece to one seed replica, which forwards it (``spec.weightSync.relay``), and
   whether the planner would take it (``relay_chosen``: predicted ≥ 10 % faster);
-- ``pipelined``: the whole model gathered on one rank, then down a chain of receivers in 4 MiB chunks —
-  every link carries the model once (:func:`weight_sync.pipelined_broadcast_seconds`; the gather excluded,
-  in its favour);
+- ``pipelined``: the whole model gathered on one rank (a tensor-parallel rank's part on one rank per part),
+  then down a chain of replicas in 4 MiB chunks — every link carries it once
+  (:func:`weight_sync.pipelined_broadcast_seconds`; the gather excluded, in its favour);
 - ``broadcast``: the product's broadcast mode (rank 0 sends the whole model to every receiver).
 
 ``fastest`` names the fastest of them; ``planner`` what the planner runs (p2p or p2p-relay, the latter only
@@ -92,8 +92,8 @@ def case(shape: MoEShape, allocation: str, tensor: int, receivers: int, nic_gbit
     model_bytes = sum(p.nbytes for p in params)
     naive = predicted_seconds(plan([Holding(0, p.name, full_box(p.shape)) for p in params], needs, ranks,
                                    itemsize, bw), bw)
-    seconds = {"p2p": direct, "p2p-relay": relay, "pipelined": pipelined_broadcast_seconds(model_bytes, receivers, nic),
-               "broadcast": naive}
+    pipelined = pipelined_broadcast_seconds(model_bytes // tensor, len(replicas), nic)  # one chain per TP rank
+    seconds = {"p2p": direct, "p2p-relay": relay, "pipelined": pipelined, "broadcast": naive}
     planner = "p2p-relay" if relay_pays(relay, direct) else "p2p"
     return {"receivers": receivers, "replicas": len(replicas), "model_gb": round(model_bytes / 1e9, 2),
             **{f"{mode}_seconds": round(s, 4) for mode, s in seconds.items()},
