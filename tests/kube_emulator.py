@@ -55,6 +55,7 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 
 from .kube_faults import Fault
+from .kube_logs import PodLogs
 from .kube_objects import (
     age,
     json_copy,
@@ -157,6 +158,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.requests: collections.Counter[str] = collections.Counter()  # RBAC verb → requests served
         self.delivered: collections.Counter[tuple[str, str]] = collections.Counter()  # (plural, name) → times sent
         self._uids: set[str] = set()  # of the objects created here (``_uid_exists``)
+        self.pod_logs = PodLogs()  # what GET pods/{name}/log answers (kube_logs)
         for plural, (kind, namespaced) in CORE.items():
             self.register(Kind("", "v1", plural, kind, namespaced, plural in WITH_STATUS))
         for group, version, plural, kind, namespaced in EXTRA:
@@ -399,6 +401,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await fault.respond()
         if watching:
             return await self._watch(request)
+        if (p, sub, method) == ("pods", "log", "GET") and name:
+            return self.pod_logs.respond(ns, name, params)
         if sub == "scale" and name:
             return aiohttp.web.json_response(await self.scale(g, p, ns, name, method, request))
         if method == "GET" and name is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator
+from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
 from .test_operator import experiment, get_rlx
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,8 @@ GRANTED_NOT_CALLED = {
 async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_path):
     """A tour of everything the operator does — two experiments (an agent and a Volcano gang; a
     Kubeflow runtime and a coscheduling gang), both resized, a node's topology, a tampered policy, a failure that
-    becomes an Event, suspend, the agent removed, runtime switches (kubeflow → trainjob → native) —
+    becomes an Event, suspend, the agent removed, runtime switches (kubeflow → trainjob → native), a third
+    that fails and leaves a post-mortem —
     recording every request the emulator gets. The chart's RBAC (every integration on) must cover each
     request and grant nothing else but GRANTED_NOT_CALLED."""
     from kuberl.local import apply_overrides
@@ -80,6 +81,15 @@ async def test_the_charts_rbac_grants_exactly_what_the_operator_asks_for(tmp_pat
                          and "cpu-agent-gateway-agent-token" not in {s["metadata"]["name"]
                                                                      for s in api.list("", "secrets", "team-a")},
                          what="the tour's end (the agent's Deployment, Service and Secret gone)")
+        doomed = experiment()
+        doomed["metadata"]["name"], doomed["spec"]["trainer"]["backoffLimit"] = "doomed", 0
+        await api.create(GROUP, "rlexperiments", "team-a", doomed)
+        trainer = await eventually(lambda: next(iter(pods(api, "team-a", "kuberl.io/experiment=doomed,"
+                                                                       "kuberl.io/role=trainer")), None),
+                                   what="the doomed trainer")
+        await set_pod(api, trainer, "Failed", exit_code=1)
+        await eventually(lambda: "configMap" in (get_rlx(api, "doomed").get("status") or {}).get("postmortem", {}),
+                         what="its post-mortem (Events listed, the trainer's log read)")
         used = {(group, resource, verb) for verb, group, resource in api.used}
     granted = {(group, res, verb) for rule in _rules(render(VARIANTS["namespaced-everything-on"]))
                for group in rule["apiGroups"] for res in rule["resources"] for verb in rule["verbs"]}

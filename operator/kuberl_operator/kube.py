@@ -164,6 +164,15 @@ class Kube:
                     return answer
         raise AssertionError("unreachable")
 
+    async def pod_log(self, namespace: str | None, pod: str, container: str, tail_lines: int, limit_bytes: int,
+                      previous: bool = False) -> str:
+        """A container's last ``tail_lines`` lines, at most ``limit_bytes`` (``previous``: of the container
+        before its last restart), from the API server (``pods/log``)."""
+        query = {"container": container, "tailLines": str(tail_lines), "limitBytes": str(limit_bytes),
+                 **({"previous": "true"} if previous else {})}
+        path = f"{resource_path('v1', 'Pod', namespace, pod)}/log"
+        return (await self._send("GET", path, query=query)).decode(errors="replace")
+
     async def create(self, obj: Manifest) -> Manifest:
         meta = obj["metadata"]
         return await self._call("POST", resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace")), obj)

@@ -28,7 +28,7 @@ from kuberl.api.spec import TrainerRuntime
 from kuberl.api.storage import standalone_issues
 from kuberl.api.validation import schema_issues
 
-from . import trainer_runtimes
+from . import postmortem, trainer_runtimes
 from .builders import build_experiment_children, build_inference_children, build_trainer_children
 from .builders.access import token_version
 from .builders.experiment import InvalidSpec, check_experiment, tenancy_issues
@@ -228,13 +228,17 @@ async def _roll_up(kube: Kube, body: Manifest, exp: RLExperiment, pool: Manifest
         (job["metadata"]["name"], job.get("status")),
         tuple(str(w) for w in cluster_warnings(exp.spec)),
     )
-    if status["phase"] == "Succeeded" and (body.get("status") or {}).get("phase") != "Succeeded":
+    before = (body.get("status") or {}).get("phase")
+    if status["phase"] == "Succeeded" and before != "Succeeded":
         # The trainer has exited, so there is no endpoint left to poll: the final step and reward
         # come from rank 0's termination message, in the same write that says Succeeded.
         final = await final_progress(kube, namespace, name, exp.spec.trainer.runtime)
         if final:
             status["progress"] = final
-    await write_status(kube, body, {**(body.get("status") or {}), **status})
+    status = {**(body.get("status") or {}), **status}
+    if status["phase"] == "Failed" and before != "Failed":  # before the pods that say why are gone
+        status["postmortem"] = await postmortem.record(kube, {**body, "status": status}, "Failed")
+    await write_status(kube, body, status)
 
 
 async def label_pod_topology(kube: Kube, pod: Manifest) -> dict[str, Any] | None:

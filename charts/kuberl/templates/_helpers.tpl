@@ -90,10 +90,14 @@ app.kubernetes.io/component: operator
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
-# kopf's Events (a failure that will not heal by itself).
+# kopf's Events (a failure that will not heal by itself); listed once when an experiment fails, for
+# its post-mortem (kuberl_operator.postmortem), with its pods' last log lines.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 {{- if .Values.integrations.kubeflowTraining }}
 - apiGroups: [kubeflow.org]
   resources: [pytorchjobs]

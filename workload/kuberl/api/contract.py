@@ -93,6 +93,11 @@ def config_map_name(experiment: str) -> str:
     return f"{experiment}-config"
 
 
+def postmortem_config_map_name(experiment: str) -> str:
+    """Where the operator keeps a failed experiment's post-mortem bundle (``kuberl_operator.postmortem``)."""
+    return f"{experiment}-postmortem"
+
+
 API_TOKEN_SUFFIX = "-api-token"
 
 

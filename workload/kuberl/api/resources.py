@@ -78,12 +78,26 @@ class AutoscaleStatus(ApiModel):
                                 "its last scale-up left), not returned to for a while (kuberl.api.autoscale)")
 
 
+class PostMortemStatus(ApiModel):
+    """Where the operator kept the bundle of a failed experiment (``kuberl_operator.postmortem``)."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+    config_map: str | None = Field(None, max_length=253, description="the ConfigMap holding postmortem.tar.gz: "
+                                   "conditions, Events, pods' states and last log lines, progress")
+    time: str | None = Field(None, description="when it was gathered (RFC 3339)")
+    bytes: int | None = Field(None, ge=0, description="the archive's size")
+    reason: str | None = Field(None, max_length=256, description="why it was gathered (the phase)")
+    read: str | None = Field(None, max_length=512, description="a shell line that unpacks it")
+    error: str | None = Field(None, max_length=512, description="why no bundle could be kept")
+
+
 class RLExperimentStatus(BaseStatus):
     """What the operator observed of the experiment: phase, conditions, training progress, autoscaling, its
     children and replicas."""
 
     progress: Progress | None = None
     autoscale: AutoscaleStatus | None = None
+    postmortem: PostMortemStatus | None = None
     inference_pool: str | None = Field(None, description="the InferencePool this experiment owns")
     trainer_job: str | None = Field(None, description="the TrainerJob this experiment owns")
     replicas: int | None = Field(None, description="inference replicas that have pods (its pool's; the scale "
