@@ -26,6 +26,7 @@ from kuberl.local import load_experiment, rollout_cores, run_local, warmup_cut_s
 from kuberl.local.processes import RunError, free_port
 
 from .run_processes import alive, pid_of, processes_mentioning, replica_pid, rollout_pid, stopped
+from .top_screen import TopScreen
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples/cpu-tiny.yaml"
@@ -333,13 +334,17 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
     trains its batch exactly once from the ledger's prompts (none skipped), within the staleness bound."""
     from kuberl.local.workdir import request_replicas
 
-    work, steps, failures = tmp_path / "run", 300, []  # ≈ 25 s of training: joiners start in ≈ 7 s
+    work, steps, failures, screens = tmp_path / "run", 300, [], []  # ≈ 25 s of training: joiners start in ≈ 7 s
 
     def scale_while_running() -> None:
         try:
             _wait_until(lambda: (work / "trainer-0.log").exists() and _last_step(work / "trainer-0.log") >= 8)
-            request_replicas(work, 3)
-            _wait_until(lambda: all(_log_has(work / f"inference-{r}.log", "received weights version") for r in (1, 2)))
+            with TopScreen(work) as top:  # kuberl top in a terminal (tmux) while the pool changes under it
+                screens.append(top.showing(r"replicas \(1\)\n.*ok  version \d+"))
+                request_replicas(work, 3)
+                _wait_until(lambda: all(_log_has(work / f"inference-{r}.log", "received weights version")
+                                        for r in (1, 2)))
+                screens.append(top.showing(r"replicas \(3\)(\n  http\S+  ok  version \d+  in flight \d+){3}"))
             request_replicas(work, 2)
         except Exception as err:  # reported by the test, not lost in the thread
             failures.append(err)
@@ -352,6 +357,8 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
     scaler.join(timeout=5)
     assert not failures, failures
     assert summary["final_version"] == steps and summary["replicas"] == 2
+    first, later = (int(re.search(r"step (\d+)/300", screen).group(1)) for screen in screens)
+    assert 8 <= first < later and all("last push v" in screen and "staleness" in screen for screen in screens)
     prompts = summary["prompts"]
     assert prompts["skipped"] == 0 and prompts["trained"] == steps * 16  # 16 prompts a step, each trained once
     assert summary["max_token_staleness_trained"] <= summary["max_staleness"] or summary["late_groups_trained"] > 0

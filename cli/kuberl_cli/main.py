@@ -231,6 +231,21 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from . import top
+
+    try:
+        if args.api:
+            title = f"{args.namespace}/{args.target}"
+            refresh = top.cluster_source(args.api, args.namespace, args.target)
+        else:
+            refresh, title = top.local_source(Path(args.target)), args.target
+        return top.run(refresh, top.View(title), args.interval, args.once, sys.stdout.write)
+    except (ValueError, OSError) as err:
+        print(f"kuberl top: {err}", file=sys.stderr)
+        return 1
+
+
 def cmd_argocd(args: argparse.Namespace) -> int:
     from kuberl_operator.argocd import argocd_cm_snippet
 
@@ -272,6 +287,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workdir", metavar="WORKDIR", help="the run's work dir (kuberl run prints it)")
     p.add_argument("--replicas", type=int, required=True, help="the pool's new number of inference replicas")
     p.set_defaults(func=cmd_scale)
+    p = sub.add_parser("top", help="one screen for a running experiment: step, reward, staleness, wait, replicas, "
+                       "last weight push (a kuberl run's work dir, or NAME --api through kubectl proxy)")
+    p.add_argument("target", metavar="WORKDIR|NAME", help="a kuberl run's work dir, or with --api the RLExperiment")
+    p.add_argument("--api", metavar="URL", help="kubectl proxy's URL (e.g. http://127.0.0.1:8001): read the "
+                   "experiment from the cluster")
+    p.add_argument("-n", "--namespace", default="default", help="the experiment's namespace (with --api)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between screens (default: %(default)s)")
+    p.add_argument("--once", action="store_true", help="print one screen and exit (scripts)")
+    p.set_defaults(func=cmd_top)
     p = sub.add_parser("export", help="a finished checkpoint as a Hugging Face model directory (offline, CPU)")
     p.add_argument("checkpoint", metavar="CHECKPOINT_URI", help="s3://… or file://…/step-NNNNNNNN/")
     p.add_argument("out", metavar="OUT_URI", help="where the directory goes: s3://bucket/prefix/ or file:///dir/")

@@ -216,10 +216,9 @@ class Replica:
         return web.json_response({"version": self.engine.version, "paused": self.engine.paused})
 
     async def health(self, request: web.Request) -> web.Response:
-        problem = self.engine.health()
-        if problem is not None:
-            return web.json_response({"status": problem, "version": self.engine.version}, status=503)
-        return web.json_response({"status": "ok", "version": self.engine.version})
+        problem, engine = self.engine.health(), self.engine
+        reply = {"status": problem or "ok", "version": engine.version, "inFlight": engine.in_flight}
+        return web.json_response(reply, status=503 if problem is not None else 200)
 
     async def prometheus(self, request: web.Request) -> web.Response:
         metrics, engine = self.metrics, self.engine

@@ -67,6 +67,7 @@ from .processes import (
 )
 from .workdir import (
     POOL_FILE,
+    PROGRESS_FILE,
     PROMPTS_LOG,
     SCALE_FILE,
     SUMMARY,
@@ -431,6 +432,7 @@ def plan_run(path: Path, overrides: list[str], max_steps: int | None, workdir: P
                 "rollout_cores": rollout_cores(cores, inference.replicas, trainer.world_size),
                 "trace_file": work / TRACES if obj.spec.observability else None}
     config = write_run_config(work / "experiment.yaml", obj.metadata.name, obj.spec, local_run_id(work), settings)
+    write_whole(work / PROGRESS_FILE, f"http://127.0.0.1:{progress_port}/progress")
     return LocalRun(obj, inference, trainer, work, config, path.resolve().parent, checkpoints, local_env(obj.spec),
                     ports, progress_port, gateway_port, cores)
 

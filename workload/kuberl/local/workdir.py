@@ -15,6 +15,7 @@ TRACES = "traces.jsonl"  # spec.observability's sampled spans, one per line (Set
 PROMPTS_LOG = "prompts.jsonl"  # the prompts of every trained step (Settings.prompts_log), in the work dir
 POOL_FILE = "replicas.json"  # the replicas' URLs the trainer follows (settings.replicas_file)
 SCALE_FILE = "scale"  # kuberl scale's wish: the number of replicas
+PROGRESS_FILE = "progress-url"  # trainer rank 0's /progress (kuberl top reads it)
 
 
 def write_whole(path: Path, text: str) -> None:
