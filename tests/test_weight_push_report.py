@@ -23,6 +23,7 @@ def test_a_push_account_names_its_slowest_replica_against_the_median():
     assert push.slowest_replica == "http://c" and push.slowest_ratio == 4.0 and push.slow_replica  # 0.5 ÷ 0.125
     even = WeightPush.of(8, "broadcast", 10, PoolReceipt(served={"http://a": 0.2, "http://b": 0.3}), "group broke")
     assert even.fell_back and even.reason == "group broke" and even.slowest_ratio == 1.5 and not even.slow_replica
+    assert (push.transport, even.transport) == ("gloo over TCP", "HTTP")
     alone = WeightPush.of(9, "disk", 10, PoolReceipt(served={"http://a": 9.0}))
     assert alone.slowest_replica is None and alone.slowest_ratio is None  # nobody to compare it with
 

@@ -77,7 +77,7 @@ def _push_line(progress: Progress) -> str | None:
     if push is None:
         return None
     fell_back = f" (fell back: {push.reason or '?'})" if push.fell_back else ""
-    line = (f"last push v{push.version} {push.mode}{fell_back}"
+    line = (f"last push v{push.version} {push.mode}{fell_back} ({push.transport or '?'})"
             f" {push.bytes_per_replica / 1e6:.1f} MB/replica in {push.seconds:.3f} s"
             f" ({_number(push.gigabytes_per_second, '.2f')} GB/s) to {push.replicas} replica(s)")
     if push.replicas_lost:

@@ -28,6 +28,8 @@ Number = Annotated[float, Strict(), Field(ge=-LARGEST, le=LARGEST, allow_inf_nan
                    AfterValidator(lambda value: round(value, 4))]
 TrainerPhase = Literal["starting", "running", "succeeded"]
 PushMode = Literal["p2p", "p2p-relayed", "broadcast", "disk"]
+TRANSPORTS: dict[str, str] = {  # what carries each mode's bytes (the p2p group is gloo over TCP, fed from a host copy)
+    "p2p": "gloo over TCP", "p2p-relayed": "gloo over TCP", "broadcast": "HTTP", "disk": "a shared volume"}
 SLOW_REPLICA_FACTOR = 2.0  # a replica this many times slower than the median of the others that took a push
 MAX_REASON = 300
 MAX_URL = 256
@@ -59,6 +61,8 @@ class WeightPush(ApiModel):
 
     version: Count = Field(description="the policy version pushed")
     mode: PushMode = Field(description="how it reached the replicas: p2p, p2p-relayed, broadcast or disk")
+    transport: str | None = Field(None, max_length=64, description="what carried the bytes: gloo over TCP (p2p), "
+                                  "HTTP (broadcast), a shared volume (disk)")
     fell_back: bool = Field(False, description="p2p could not carry it; it went by broadcast")
     reason: str | None = Field(None, max_length=MAX_REASON, description="why it fell back")
     bytes_per_replica: Count = Field(description="bytes each replica received")
@@ -80,7 +84,7 @@ class WeightPush(ApiModel):
         slowest = max(receipt.served, key=receipt.served.__getitem__, default=None)
         others = [t for url, t in receipt.served.items() if url != slowest]
         median = statistics.median(others) if others else 0.0
-        return cls(version=version, mode=mode, fell_back=fallback_reason is not None,
+        return cls(version=version, mode=mode, transport=TRANSPORTS[mode], fell_back=fallback_reason is not None,
                    reason=None if fallback_reason is None else fallback_reason[:MAX_REASON], bytes_per_replica=nbytes,
                    seconds=seconds, gigabytes_per_second=nbytes / seconds / 1e9 if seconds > 0 else None,
                    replicas=len(receipt.served), replicas_lost=len(receipt.lost),
