@@ -87,9 +87,7 @@ def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: flo
     replicas = inference_ranks(alloc.inference, first=len(trainers))
     needs = inference_needs(params, replicas, fuse=True)
     everyone = trainers + [r for replica in replicas for r in replica]
-    ranks = {r: RankTopology(node=f"node{r // per_node}", fabric="", zone="zone-a") for r in everyone}
-    nic = nic_gbit * 1e9 / 8
-    bw = Bandwidths(node=4 * nic, fabric=nic, zone=nic, cross=nic / 2)
+    ranks, bw = simulated_cluster(everyone, per_node, nic_gbit)
     itemsize = {p.name: p.itemsize for p in params}
     started = time.perf_counter()
     p2p = plan(holdings, needs, ranks, itemsize, bw)
@@ -118,8 +116,17 @@ def simulate_case(shape: MoEShape, allocation: str, per_node: int, nic_gbit: flo
         "speedup_vs_pipelined": round(pipelined / predicted, 2),
         "relay_predicted_seconds": round(relay, 4),
         "relay_chosen": relay_pays(relay, predicted),
-        "single_replica_physical_bound_seconds": round(model_bytes / (per_node * nic), 4),
+        "single_replica_physical_bound_seconds": round(model_bytes / (per_node * bw.zone), 4),
     }
+
+
+def simulated_cluster(everyone: list[int], per_node: int, nic_gbit: float) -> tuple[dict[int, RankTopology],
+                                                                                     Bandwidths]:
+    """Ranks ``per_node`` to a node in one zone, one NIC of ``nic_gbit`` per accelerator, NVLink-class links
+    inside a node (4 × the NIC) and half a NIC across zones: each rank's place and the tiers' rates."""
+    ranks = {r: RankTopology(node=f"node{r // per_node}", fabric="", zone="zone-a") for r in everyone}
+    nic = nic_gbit * 1e9 / 8
+    return ranks, Bandwidths(node=4 * nic, fabric=nic, zone=nic, cross=nic / 2)
 
 
 def pipelined_broadcast_seconds(model_bytes: int, receivers: int, link_bytes_per_s: float,

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT.parent / "workload"), str(ROOT)]
 
-from weight_sync import pipelined_broadcast_seconds  # noqa: E402
+from weight_sync import pipelined_broadcast_seconds, simulated_cluster  # noqa: E402
 
 from kuberl.api.allocation import parse_allocation  # noqa: E402
 from kuberl.weights.layouts import (  # noqa: E402
@@ -46,7 +46,7 @@ from kuberl.weights.layouts import (  # noqa: E402
     inference_needs,
     megatron_holdings,
 )
-from kuberl.weights.plan import Bandwidths, Holding, RankTopology, full_box, plan, predicted_seconds  # noqa: E402
+from kuberl.weights.plan import Holding, full_box, plan, predicted_seconds  # noqa: E402
 from kuberl.weights.relay import relay_pays, relayed_plan  # noqa: E402
 
 PER_NODE = 8
@@ -80,10 +80,8 @@ def case(shape: MoEShape, allocation: str, tensor: int, receivers: int, nic_gbit
     holdings, trainers = trainer_holdings(params, shape, allocation)
     replicas = [[trainers + r * tensor + t for t in range(tensor)] for r in range(receivers // tensor)]
     needs = inference_needs(params, replicas, fuse=True)
-    everyone = list(range(trainers + receivers))
-    ranks = {r: RankTopology(node=f"node{r // PER_NODE}", fabric="", zone="zone-a") for r in everyone}
-    nic = nic_gbit * 1e9 / 8
-    bw = Bandwidths(node=4 * nic, fabric=nic, zone=nic, cross=nic / 2)
+    ranks, bw = simulated_cluster(list(range(trainers + receivers)), PER_NODE, nic_gbit)
+    nic = bw.zone
     itemsize = {p.name: p.itemsize for p in params}
     started = time.perf_counter()
     direct = predicted_seconds(plan(holdings, needs, ranks, itemsize, bw), bw)
