@@ -3,14 +3,17 @@ that outlives the pods, named in status.postmortem, size-bounded, and without a 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
 import tarfile
 
+import boto3
 import pytest
 import yaml
 
+from kuberl_cli.main import main
 from kuberl_operator.builders.postmortem import ARCHIVE_KEY, LOG_LIMIT_BYTES, archive, bounded_archive, redact
 
 from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
@@ -50,7 +53,10 @@ def test_the_bundle_stays_under_its_bound_by_cutting_logs_from_their_start():
 
 
 @pytest.mark.integration
-async def test_a_failed_experiment_leaves_a_post_mortem_the_pods_do_not_take_with_them(tmp_path):
+async def test_a_failed_experiment_leaves_a_post_mortem_the_pods_do_not_take_with_them(tmp_path, aws_env, capsys):
+    """The bundle is kept in a ConfigMap owned by the experiment and named in its status; ``kuberl postmortem NAME
+    --to checkpoint`` (through the API, with the reader's own storage credentials: moto here) copies it beside
+    the checkpoints, byte for byte; an experiment that has not failed has none, and says why."""
     doc = experiment()
     doc["spec"]["trainer"]["backoffLimit"] = 0
     doc["spec"]["checkpoint"]["uri"] = "s3://runs/cpu-tiny/"
@@ -93,3 +99,17 @@ async def test_a_failed_experiment_leaves_a_post_mortem_the_pods_do_not_take_wit
             assert value not in everything
         events = api.list("", "events", "team-a")
         assert any(e["reason"] == "PostMortemKept" and "cpu-tiny-postmortem" in e["message"] for e in events)
+
+        boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket="runs")
+        out = tmp_path / "bundle.tar.gz"
+        cli = ["postmortem", "cpu-tiny", "--api", cluster.url, "-n", "team-a", "-o", str(out), "--to", "checkpoint"]
+        assert await asyncio.to_thread(main, cli) == 0
+        stamp = kept["time"].replace("-", "").replace(":", "")
+        stored = boto3.client("s3", endpoint_url=aws_env).get_object(
+            Bucket="runs", Key=f"cpu-tiny/postmortem/{stamp}/postmortem.tar.gz")["Body"].read()
+        assert out.read_bytes() == stored == data
+        await api.create(GROUP, "rlexperiments", "team-a", {**experiment(), "metadata": {
+            "name": "healthy", "namespace": "team-a"}})  # fmt: skip
+        assert await asyncio.to_thread(main, ["postmortem", "healthy", "--api", cluster.url, "-n", "team-a",
+                                              "-o", str(tmp_path / "none.tar.gz")]) == 1
+        assert "has no post-mortem" in capsys.readouterr().err

@@ -16,8 +16,9 @@ from .test_operator import experiment
 PROGRESS = {"step": 12, "maxSteps": 100, "version": 12, "reward": 0.5, "rewardFirst10": 0.3, "rewardLast10": 0.45,
             "observedStaleness": 2, "rolloutWaitFraction": 0.25, "rolloutReadyGroups": 3, "promptsTrained": 192,
             "evalReward": 0.41, "evalStep": 10, "evalVersion": 10, "evalVersionSpan": 1,
-            "lastPush": {"version": 12, "mode": "p2p", "transport": "gloo over TCP", "bytesPerReplica": 2_400_000, "seconds": 0.02,
-                         "gigabytesPerSecond": 0.12, "replicas": 2, "slowestReplica": "http://r1", "slowestRatio": 2.5}}
+            "lastPush": {"version": 12, "mode": "p2p", "transport": "gloo over TCP", "bytesPerReplica": 2_400_000,
+                         "seconds": 0.02, "gigabytesPerSecond": 0.12, "replicas": 2, "slowestReplica": "http://r1",
+                         "slowestRatio": 2.5}}
 
 
 def test_the_screen_shows_the_steps_reward_curve_staleness_wait_replicas_and_last_push():
@@ -29,7 +30,8 @@ def test_the_screen_shows_the_steps_reward_curve_staleness_wait_replicas_and_las
     assert "step 12/100" in text and "reward 0.500  ▁▃▃▇█  (last 5 steps seen" in text
     assert "eval 0.410 at step 10 (version 10, span 1)" in text
     assert "staleness 2" in text and "waiting for rollouts 25%" in text and "prompts trained 192" in text
-    assert "last push v12 p2p (gloo over TCP) 2.4 MB/replica in 0.020 s (0.12 GB/s) to 2 replica(s), slowest http://r1 ×2.5" in text
+    assert ("last push v12 p2p (gloo over TCP) 2.4 MB/replica in 0.020 s (0.12 GB/s) to 2 replica(s), slowest "
+            "http://r1 ×2.5") in text
     assert "http://r0  ok  version 12  in flight 3" in text and "http://r1  unreachable  version –" in text
     assert frame(View("x"), "t")[-1].startswith("waiting for the trainer")
 

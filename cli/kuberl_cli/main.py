@@ -246,6 +246,24 @@ def cmd_top(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_postmortem(args: argparse.Namespace) -> int:
+    from kuberl.checkpoint import CheckpointError
+    from kuberl.settings import from_environment
+
+    from . import postmortem
+
+    try:
+        data, kept, checkpoint = postmortem.fetch(args.api, args.namespace, args.name)
+        out = Path(args.out or f"{args.name}-postmortem.tar.gz")
+        places = postmortem.keep(data, kept, out, args.to, checkpoint, from_environment())
+    except (ValueError, OSError, CheckpointError) as err:
+        print(f"kuberl postmortem: {err}", file=sys.stderr)
+        return 1
+    print(f"{kept.get('reason', 'post-mortem')} at {kept.get('time')}: {len(data)} bytes", file=sys.stderr)
+    print("\n".join(places))
+    return 0
+
+
 def cmd_argocd(args: argparse.Namespace) -> int:
     from kuberl_operator.argocd import argocd_cm_snippet
 
@@ -296,6 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between screens (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="print one screen and exit (scripts)")
     p.set_defaults(func=cmd_top)
+    p = sub.add_parser("postmortem", help="a failed experiment's post-mortem bundle (kept by the operator) to a "
+                       "file and, with your storage credentials, beside its checkpoints")
+    p.add_argument("name", metavar="NAME", help="the RLExperiment")
+    p.add_argument("--api", required=True, metavar="URL", help="kubectl proxy's URL (e.g. http://127.0.0.1:8001)")
+    p.add_argument("-n", "--namespace", default="default", help="its namespace (default: %(default)s)")
+    p.add_argument("-o", "--out", metavar="FILE", help="where to write it (default: NAME-postmortem.tar.gz)")
+    p.add_argument("--to", metavar="URI", help="also upload it under this store URI (s3://…/, file:///…/), or "
+                   "'checkpoint': the experiment's spec.checkpoint.uri — as postmortem/<time>/postmortem.tar.gz")
+    p.set_defaults(func=cmd_postmortem)
     p = sub.add_parser("export", help="a finished checkpoint as a Hugging Face model directory (offline, CPU)")
     p.add_argument("checkpoint", metavar="CHECKPOINT_URI", help="s3://… or file://…/step-NNNNNNNN/")
     p.add_argument("out", metavar="OUT_URI", help="where the directory goes: s3://bucket/prefix/ or file:///dir/")

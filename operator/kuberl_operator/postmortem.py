@@ -10,7 +10,8 @@ said in the log; a bundle that cannot be written at all is said in ``status.post
 post-mortem never holds up the status that says Failed.
 
 The operator holds no storage credentials (the pods read them by reference), so the bundle stays in
-the cluster; copying it to the checkpoint store is the reader's step (README, *When a run fails*).
+the cluster; copying it to the checkpoint store is the reader's step, with their own credentials
+(``kuberl postmortem NAME --to checkpoint``: ``kuberl_cli.postmortem``).
 """
 
 from __future__ import annotations

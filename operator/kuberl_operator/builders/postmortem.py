@@ -32,13 +32,15 @@ from typing import Any
 
 import yaml
 
+from kuberl.api.contract import POSTMORTEM_ARCHIVE_KEY
+
 from .common import child_metadata
 
 Manifest = dict[str, Any]
 LOG_TAIL_LINES = 200
 LOG_LIMIT_BYTES = 64 * 1024
 MAX_ARCHIVE_BYTES = 512 * 1024
-ARCHIVE_KEY = "postmortem.tar.gz"
+ARCHIVE_KEY = POSTMORTEM_ARCHIVE_KEY
 
 _CREDENTIAL = re.compile(
     r"(?i)(\b(?:authorization|x-api-key)\s*[:=]\s*(?:bearer\s+|basic\s+)?|"

@@ -98,6 +98,9 @@ def postmortem_config_map_name(experiment: str) -> str:
     return f"{experiment}-postmortem"
 
 
+POSTMORTEM_ARCHIVE_KEY = "postmortem.tar.gz"  # its key in that ConfigMap's binaryData (kuberl postmortem reads it)
+
+
 API_TOKEN_SUFFIX = "-api-token"
 
 
