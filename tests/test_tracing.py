@@ -59,11 +59,34 @@ def test_a_trained_samples_trace_runs_from_admission_through_its_replica_to_its_
         assert engine.attributes["kuberl.version"] == generate.attributes["kuberl.version"]
 
 
+@pytest.mark.slow  # the gateway's tasks start a process
+def test_an_agents_call_joins_the_trace_its_traceparent_names_down_to_the_replicas_engine(spans):
+    """An agent instrumented with OpenTelemetry sends ``traceparent`` on its OpenAI calls: the gateway's
+    ``agent_turn`` span is a child of the agent's span, and the generation and the replica's engine follow."""
+    from kuberl.models.tiny import char_tokenizer, tiny_qwen2
+
+    from .test_gateway import gateway_over
+
+    trace_id, agent_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    tok = char_tokenizer()
+    with gateway_over(tiny_qwen2(len(tok), seed=0), tok, batch_size=4, max_staleness=4) as (_, client):
+        client.chat.completions.create(model="tiny-agent", max_tokens=4, messages=[{"role": "user", "content": "2*3="}],
+                                       extra_headers={"X-KubeRL-Session": "s1", "X-KubeRL-Group": "g",
+                                                      "traceparent": f"00-{trace_id}-{agent_span}-01"})
+    finished = spans.get_finished_spans()
+    [turn] = [s for s in finished if s.name == "agent_turn"]
+    assert format(turn.context.trace_id, "032x") == trace_id and format(turn.parent.span_id, "016x") == agent_span
+    assert turn.attributes["kuberl.session"] == "s1" and turn.attributes["kuberl.output_tokens"] > 0
+    [generate] = [s for s in finished if s.name == "generate" and s.parent.span_id == turn.context.span_id]
+    [engine] = [s for s in finished if s.name == "engine" and s.parent.span_id == generate.context.span_id]
+    assert engine.context.trace_id == turn.context.trace_id
+
+
 def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_per_step: int) -> None:
     """``kuberl run``'s ``<workdir>/traces.jsonl`` at ``traceSampleRate: 1`` (tests/test_local_run.py's chat-math
     run writes one): every trained sample's span, its staleness as the trainer counted it, its chain down to a
-    replica's engine span and its score, and the trainer's step spans with their phases, each linked to the sample
-    spans of what it trained."""
+    replica's engine span and its score (which reward worker, how long the call waited for one), and the trainer's
+    step spans with their phases, each linked to the sample spans of what it trained."""
     spans = [json.loads(line) for line in (work / "traces.jsonl").read_text().splitlines()]
     by_id = {s["context"]["span_id"]: s for s in spans}
     trained = [s for s in spans if s["name"] == "sample" and s["attributes"].get("kuberl.outcome") == "trained"]
@@ -76,6 +99,8 @@ def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_pe
             kinds[parent].add(name)
             parent = by_id[parent]["parent_id"]
     assert all({"generate", "engine", "score"} <= kinds[s["context"]["span_id"]] for s in trained)
+    scored = [s["attributes"] for s in spans if s["name"] == "score" and s["attributes"]["kuberl.finished"]]
+    assert scored and all(a["kuberl.reward_worker"] > 0 and a["kuberl.reward_wait_seconds"] >= 0 for a in scored)
     steps_traced = {s["attributes"]["kuberl.step"]: s for s in spans if s["name"] == "step"}  # the trainer's rank 0
     assert sorted(steps_traced) == list(range(steps))
     for step, span in steps_traced.items():

@@ -29,11 +29,13 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 from transformers import PreTrainedTokenizerBase
 
 from ..agent.workflow import cut_turn
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("kuberl.gateway")
+tracer = trace.get_tracer("kuberl.gateway")  # a no-op until kuberl.tracing.set_up installs a provider
 SHUTDOWN_SECONDS = 2.0  # how long stop() lets calls in flight finish before it cancels them
 ADMISSION_WAIT_SECONDS = 20.0  # a new session's first call waits this long for a slot before its 429
 RETRY_AFTER_SECONDS = 1  # Retry-After takes whole seconds ...
@@ -166,7 +169,7 @@ class Gateway:
             session = await self._session(request)
             if isinstance(session, web.Response):
                 return session
-            ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=True)
+            ids, finish, counts = await self._complete(session, prompt, body, request.headers, cut_at_call=True)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
         reply = chat.reply_of(self._text(ids), finish)
@@ -187,7 +190,8 @@ class Gateway:
             if isinstance(session, web.Response):
                 return session
             prompt = await self._tokenize(chat.encode, self.codec, prompt_text)
-            ids, finish, counts = await self._complete(session, prompt, body, cut_at_call=False)
+            ids, finish, counts = await self._complete(session, prompt, body, request.headers,
+                                                       cut_at_call=False)
         except RequestError as err:
             return error(400, str(err), "invalid_request_error", err.param)
         return web.json_response(chat.text_completion(self._text(ids), finish, self.config.model,
@@ -300,16 +304,23 @@ class Gateway:
                 return None
         return self.controller.admit()
 
-    async def _complete(self, session: Session, prompt: list[int], body: dict[str, Any],
+    async def _complete(self, session: Session, prompt: list[int], body: dict[str, Any], headers: Mapping[str, str],
                         cut_at_call: bool) -> tuple[list[int], str, tuple[int, int]]:
         """One policy turn of ``session`` after ``prompt``: (its tokens, finish reason, (prompt, completion)
-        token counts)."""
+        token counts). Traced as an ``agent_turn`` span in the trace the call's ``traceparent`` header names
+        (an agent instrumented with OpenTelemetry sees its calls, their generation and the replica's engine
+        in its own trace; a new trace when it sends none)."""
         if session.busy:
             raise RequestError(f"header {HEADER_SESSION}: this session has a call in flight; an episode's "
                                     "calls come one after the other", HEADER_SESSION)
         session.busy = True
         try:
-            return await self._turn(session, prompt, body, cut_at_call)
+            with tracer.start_as_current_span("agent_turn", context=propagate.extract(headers), kind=SpanKind.SERVER,
+                                              attributes={"kuberl.session": session.id,
+                                                          "kuberl.prompt_tokens": len(prompt)}) as span:
+                turn = await self._turn(session, prompt, body, cut_at_call)
+                span.set_attributes({"kuberl.finish": turn[1], "kuberl.output_tokens": turn[2][1]})
+                return turn
         except RequestError:  # a refused first call leaves no session behind to hold a group's slot
             if (emptied := self.table.forget(session.id)) is not None:
                 await self._deliver(emptied)

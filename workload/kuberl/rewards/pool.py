@@ -16,7 +16,10 @@ import json
 import logging
 import math
 import sys
+import time
 from typing import Any, Protocol
+
+from opentelemetry import trace
 
 from ..api.contract import KUBERL_SECRET_ENV
 from ..settings import environment_without
@@ -84,8 +87,12 @@ class RewardPool(_Counted):
         self._closed = False
 
     async def score(self, prompt: str, completion: str, answer: str, row: dict[str, Any]) -> float:
-        idle = self._started()
+        """The reward from an idle worker; the caller's span (``score``) learns which worker and how long the
+        call waited for one."""
+        idle, asked = self._started(), time.monotonic()
         worker = await idle.get()
+        trace.get_current_span().set_attributes({"kuberl.reward_worker": worker.pid or 0,
+                                                 "kuberl.reward_wait_seconds": round(time.monotonic() - asked, 6)})
         request = json.dumps({"prompt": prompt, "completion": completion, "answer": answer, "row": row},
                              default=str) + "\n"
         try:
