@@ -316,6 +316,7 @@ def test_a_lora_run_sends_only_its_adapter_serves_the_trainers_policy_and_resume
     assert first["world_size"] == 2 and first["final_version"] == 6
     assert 0 < first["weight_update_fraction"] < 0.05, first["weight_update_fraction"]
     assert first["weight_pushes"]["last"]["bytesPerReplica"] == first["weight_update_bytes"]  # the adapter, over p2p
+    assert first["weight_pushes"]["last"]["plannedPortBytes"] == first["weight_update_bytes"]  # two ranks → one port
     assert first["behav_logp_gap_max"] is not None and first["behav_logp_gap_max"] < 1e-4, first
     assert "received weights version 6 over p2p" in (work / "inference-0.log").read_text()
     second = run_local(ROOT / "examples/cpu-tiny-lora.yaml", [*settings, "weightSync.mode=broadcast"], 8, None,
@@ -357,6 +358,8 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
     scaler.join(timeout=5)
     assert not failures, failures
     assert summary["final_version"] == steps and summary["replicas"] == 2
+    last = summary["weight_pushes"]["last"]  # one trainer port sends every replica its copy: the plan's busiest
+    assert last["plannedPortBytes"] == last["replicas"] * last["bytesPerReplica"] and last["portGigabytesPerSecond"]
     first, later = (int(re.search(r"step (\d+)/300", screen).group(1)) for screen in screens)
     assert 8 <= first < later and all("last push v" in screen and "staleness" in screen for screen in screens)
     prompts = summary["prompts"]

@@ -24,6 +24,8 @@ def test_a_push_account_names_its_slowest_replica_against_the_median():
     even = WeightPush.of(8, "broadcast", 10, PoolReceipt(served={"http://a": 0.2, "http://b": 0.3}), "group broke")
     assert even.fell_back and even.reason == "group broke" and even.slowest_ratio == 1.5 and not even.slow_replica
     assert (push.transport, even.transport) == ("gloo over TCP", "HTTP")
+    planned = WeightPush.of(7, "p2p", 2_000_000, receipt, planned_port_bytes=6_000_000)  # 3 copies through one port
+    assert planned.port_gigabytes_per_second == 0.012 and push.port_gigabytes_per_second is None  # 6 MB in 0.5 s
     alone = WeightPush.of(9, "disk", 10, PoolReceipt(served={"http://a": 9.0}))
     assert alone.slowest_replica is None and alone.slowest_ratio is None  # nobody to compare it with
 

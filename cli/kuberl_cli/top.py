@@ -84,6 +84,9 @@ def _push_line(progress: Progress) -> str | None:
         line += f", {push.replicas_lost} lost"
     if push.slowest_replica and push.slowest_ratio:
         line += f", slowest {push.slowest_replica} ×{push.slowest_ratio:.1f}"
+    if push.planned_port_bytes is not None:
+        line += (f"; plan's busiest port {push.planned_port_bytes / 1e6:.1f} MB at "
+                 f"{_number(push.port_gigabytes_per_second, '.2f')} GB/s")
     return line
 
 

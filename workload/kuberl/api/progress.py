@@ -74,12 +74,17 @@ class WeightPush(ApiModel):
     slowest_replica: str | None = Field(None, max_length=MAX_URL, description="the replica that took longest")
     slowest_ratio: Number | None = Field(None, description="its seconds ÷ the median of the others that took it "
                                                            "(≥ 2: a slow link or replica)")
+    planned_port_bytes: Count | None = Field(None, description="p2p: the bytes the plan puts on its busiest network "
+                                             "port (a relay's two stages added) — at a link rate R the exchange "
+                                             "takes at least this ÷ R")
+    port_gigabytes_per_second: Number | None = Field(None, description="plannedPortBytes ÷ seconds, in GB/s: the "
+                                                     "rate the plan's busiest port achieved (compare with the link's)")
 
     @classmethod
     def of(cls, version: int, mode: PushMode, nbytes: int, receipt: PoolReceipt,
-           fallback_reason: str | None = None) -> WeightPush:
+           fallback_reason: str | None = None, planned_port_bytes: int | None = None) -> WeightPush:
         """The account of a push of ``nbytes`` per replica from ``receipt``; ``fallback_reason``: why p2p could
-        not carry it (it went by broadcast)."""
+        not carry it (it went by broadcast); ``planned_port_bytes``: the p2p plan's busiest port's bytes."""
         seconds = receipt.seconds
         slowest = max(receipt.served, key=receipt.served.__getitem__, default=None)
         others = [t for url, t in receipt.served.items() if url != slowest]
@@ -89,7 +94,9 @@ class WeightPush(ApiModel):
                    seconds=seconds, gigabytes_per_second=nbytes / seconds / 1e9 if seconds > 0 else None,
                    replicas=len(receipt.served), replicas_lost=len(receipt.lost),
                    slowest_replica=None if slowest is None or not others else slowest[:MAX_URL],
-                   slowest_ratio=seconds / median if median > 0 else None)
+                   slowest_ratio=seconds / median if median > 0 else None, planned_port_bytes=planned_port_bytes,
+                   port_gigabytes_per_second=planned_port_bytes / seconds / 1e9
+                   if planned_port_bytes is not None and seconds > 0 else None)
 
     @property
     def slow_replica(self) -> bool:

@@ -50,7 +50,7 @@ from ..collectives import all_gather, all_reduce, broadcast_from_rank0
 from ..settings import Settings
 from .discovery import from_json, own_topology, to_json
 from .layouts import ParamMeta, inference_needs
-from .plan import Holding, Need, Plan, RankTopology, Transfer, plan
+from .plan import Bandwidths, Holding, Need, Plan, RankTopology, Transfer, plan
 from .relay import StagedPlan, staged_plan
 from .transport import forwards_to_json, open_group, param_metas, run_staged, transfer_to_json
 
@@ -161,6 +161,7 @@ class P2PSync:
         self._pending: Future[Any] | None = None  # this rank's sends (and receives) of the last push
         self._receiving: Future[PoolReceipt] | None = None  # rank 0: the replicas taking it (InferenceClient)
         self._bytes_per_replica = 0  # what the plan sends each replica (the most any one gets)
+        self._planned_port_bytes = 0  # what the plan puts on its busiest port (WeightPush.planned_port_bytes)
         self._done: WeightPush | None = None  # rank 0's account of the last exchange waited for
         self._broadcast: int | None = None  # the last version sent by broadcast (the pool client keeps it)
         self._last: tuple[WeightSource, int] | None = None
@@ -219,6 +220,7 @@ class P2PSync:
             return False
         self._stages, self._relayed = schedule.for_rank(self.rank), schedule.relayed
         self._bytes_per_replica = max(schedule.bytes_received().values(), default=0)
+        self._planned_port_bytes = round(schedule.predicted_seconds(Bandwidths.uniform()))  # at 1 byte/s: bytes
         return True
 
     def push(self, source: WeightSource, version: int) -> None:
@@ -292,7 +294,7 @@ class P2PSync:
         assert self._last is not None
         if self.rank == 0:
             self._done = WeightPush.of(self._last[1], "p2p-relayed" if self._relayed else "p2p",
-                                       self._bytes_per_replica, receipt)
+                                       self._bytes_per_replica, receipt, planned_port_bytes=self._planned_port_bytes)
         return receipt.seconds
 
     def take_push(self) -> WeightPush | None:
