@@ -103,6 +103,13 @@ def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_pe
     assert scored and all(a["kuberl.reward_worker"] > 0 and a["kuberl.reward_wait_seconds"] >= 0 for a in scored)
     steps_traced = {s["attributes"]["kuberl.step"]: s for s in spans if s["name"] == "step"}  # the trainer's rank 0
     assert sorted(steps_traced) == list(range(steps))
+    exchanges = {s["attributes"]["kuberl.version"]: s for s in spans if s["name"] == "weight_exchange"}
+    assert sorted(exchanges) == [step + 1 for step in range(steps)]  # every push, its account a step later
+    for version, exchange in exchanges.items():  # under the weight_push span of the step that started it
+        assert by_id[exchange["parent_id"]]["name"] == "weight_push"
+        assert by_id[by_id[exchange["parent_id"]]["parent_id"]]["attributes"]["kuberl.step"] == version - 1
+        attributes = exchange["attributes"]
+        assert attributes["kuberl.mode"] in ("p2p", "broadcast") and attributes["kuberl.replicas"] >= 1
     for step, span in steps_traced.items():
         assert {"wait_rollout", "train", "weight_push"} <= kinds[span["context"]["span_id"]]
         linked = {link["context"]["span_id"] for link in span["links"]}  # the step → the samples it trained

@@ -16,13 +16,15 @@ from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, set_span_in_context
 
 from .api.observability import ObservabilitySpec
 from .settings import Settings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+    from .api.progress import WeightPush
 
 log = logging.getLogger("kuberl.tracing")
 _provider: TracerProvider | None = None
@@ -77,3 +79,32 @@ def link(span: Span, others: Iterable[tuple[int, int]]) -> None:
     if span.is_recording():
         for trace_id, span_id in others:
             span.add_link(SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+
+
+class ExchangeSpans:
+    """Each weight exchange as a ``weight_exchange`` span under the ``weight_push`` span that started it, from
+    its start to the moment its slowest replica served it — known only when the trainer waits for it, a step
+    later (the exchange overlaps the next step): :meth:`started` keeps where and when, :meth:`ended` records
+    the span from the exchange's account (mode, transport, bytes, GB/s, replicas, the slowest, the plan's
+    busiest port); nothing for an exchange whose push was not traced."""
+
+    def __init__(self) -> None:
+        self._started: dict[int, tuple[SpanContext, int]] = {}
+        self._tracer = trace.get_tracer("kuberl.trainer")
+
+    def started(self, version: int, start_ns: int) -> None:
+        """Version ``version`` is being pushed from the current span (``weight_push``), since ``start_ns``."""
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid and context.trace_flags.sampled:
+            self._started[version] = (context, start_ns)
+
+    def ended(self, push: WeightPush | None) -> None:
+        """The account of an exchange that has ended."""
+        if push is None or (begun := self._started.pop(push.version, None)) is None:
+            return
+        context, start_ns = begun
+        attributes = {f"kuberl.{key}": value for key, value in push.model_dump(exclude_none=True).items()
+                      if isinstance(value, int | float | str | bool)}
+        span = self._tracer.start_span("weight_exchange", context=set_span_in_context(NonRecordingSpan(context)),
+                                       start_time=start_ns, attributes=attributes)
+        span.end(end_time=start_ns + round(push.seconds * 1e9))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ class Session:
     max_steps: int
     sft_losses: list[float]
     services: NoServices  # RankZeroServices on rank 0
+    exchanges: tracing.ExchangeSpans = field(default_factory=tracing.ExchangeSpans)  # traced weight exchanges
 
     @property
     def groups_per_step(self) -> int:
@@ -203,10 +204,13 @@ def push_weights(s: Session, step: int, tally: Tally) -> float:
     one version), then start pushing version step + 1; returns the previous exchange's seconds."""
     push_start = time.perf_counter()
     previous = s.sync.wait()
-    tally.pushes.add(s.sync.take_push())
+    account = s.sync.take_push()
+    tally.pushes.add(account)
+    s.exchanges.ended(account)
     if step > s.first_step:  # the first push of this process was waited for in set_up
         tally.timeperf["weight_sync"].append(previous)
     s.services.before_push(step + 1)  # an evaluation of an older version finishes first
+    s.exchanges.started(step + 1, time.time_ns())
     s.sync.push(s.actor.weight_source(), step + 1)
     tally.timeperf["weight_push"].append(time.perf_counter() - push_start)
     return previous
@@ -249,7 +253,9 @@ def train(run: RunConfig, settings: Settings, rank: int, world: int, device: tor
     for step in range(s.first_step, s.max_steps):
         one_step(s, step, tally, watchdog)
     tally.timeperf["weight_sync"].append(s.sync.wait())
-    tally.pushes.add(s.sync.take_push())
+    account = s.sync.take_push()
+    tally.pushes.add(account)
+    s.exchanges.ended(account)
     watchdog.stop()
     summary = s.services.finish(tally, s.first_step, s.sft_losses, world)
     tracing.shut_down()
