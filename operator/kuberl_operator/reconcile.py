@@ -220,7 +220,7 @@ async def roll_up_experiment(kube: Kube, namespace: str, name: str, converged: i
 
 async def _roll_up(kube: Kube, body: Manifest, exp: RLExperiment, pool: Manifest, job: Manifest) -> None:
     """Write the experiment's status from its pool's and job's (``experiment_status``); on turning
-    Succeeded, with the final progress."""
+    Succeeded, with the final progress; on turning Failed, with its post-mortem (``postmortem.record``)."""
     namespace, name = body["metadata"].get("namespace"), body["metadata"]["name"]
     status = experiment_status(
         body["metadata"].get("generation"), exp.spec.suspend,
