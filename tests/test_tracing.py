@@ -99,7 +99,8 @@ def check_trace_file(work: Path, summary: dict[str, Any], steps: int, prompts_pe
             kinds[parent].add(name)
             parent = by_id[parent]["parent_id"]
     assert all({"generate", "engine", "score"} <= kinds[s["context"]["span_id"]] for s in trained)
-    scored = [s["attributes"] for s in spans if s["name"] == "score" and s["attributes"]["kuberl.finished"]]
+    scored = [s["attributes"] for s in spans if s["name"] == "score" and s["attributes"]["kuberl.finished"]
+              and "kuberl.reward" in s["attributes"]]  # not those cancelled as the run ended, waiting for a worker
     assert scored and all(a["kuberl.reward_worker"] > 0 and a["kuberl.reward_wait_seconds"] >= 0 for a in scored)
     steps_traced = {s["attributes"]["kuberl.step"]: s for s in spans if s["name"] == "step"}  # the trainer's rank 0
     assert sorted(steps_traced) == list(range(steps))
