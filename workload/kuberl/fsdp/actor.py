@@ -48,7 +48,7 @@ from ..policy.sft import sft_warmup
 from ..weights.layouts import ParamMeta, fsdp2_holdings
 from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
-from ..weights.transport import local_tensor
+from ..weights.transport import local_tensor, whole_tensor
 
 
 def shard(model: torch.nn.Module, frozen: bool = False, compute_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -254,7 +254,7 @@ class AdapterWeights:
         """The whole adapter on rank 0 (an empty dict elsewhere); every rank must call it (each
         tensor is all-gathered: the adapter is small)."""
         rank = dist.get_rank() if dist.is_initialized() else 0
-        full = {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in self._adapter().items()}
+        full = {name: whole_tensor(p) for name, p in self._adapter().items()}
         return {name: t.detach().cpu() for name, t in full.items()} if rank == 0 else {}
 
     def named_parameters(self) -> dict[str, torch.Tensor]:

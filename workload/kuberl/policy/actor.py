@@ -54,7 +54,7 @@ from ..models.text import TextCodec
 from ..weights.layouts import ParamMeta
 from ..weights.p2p import WeightSource
 from ..weights.plan import Holding
-from ..weights.transport import local_tensor
+from ..weights.transport import local_tensor, whole_tensor
 from .algorithms import AlgorithmConfig
 from .batch import TOKEN_BUDGET, Batch, micro_batch_count, split
 from .critic import Critic, ValueTargets
@@ -300,7 +300,7 @@ class Actor(ABC):
         stats = batch_stats(self.accumulate_gradients(chunks, prox, normalizer, first_logp))
         grad_norm = self.clip_gradients(list(self.model.parameters()), self.max_grad_norm)
         self.optimizer.step()
-        stats["ppo_actor/grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        stats["ppo_actor/grad_norm"] = whole_tensor(grad_norm)
         stats["ppo_actor/update_size"] = relative_size(*self.update_norms(self.optimizer))
         if self.critic is not None and targets is not None:
             stats |= self.critic.update(chunks, targets, normalizer)

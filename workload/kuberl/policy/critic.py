@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..collectives import all_reduce_many
+from ..weights.transport import whole_tensor
 from .batch import Batch
 from .packing import pack
 
@@ -266,5 +267,4 @@ class Critic:
         self.optimizer.step()
         tokens = sums.pop("critic/tokens").clamp(min=1.0)
         means = {k: v / tokens if k != "critic/value_loss" else v for k, v in sums.items()}
-        return {**means, "critic/grad_norm": grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
-                else grad_norm}
+        return {**means, "critic/grad_norm": whole_tensor(grad_norm)}

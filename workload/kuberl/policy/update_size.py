@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ..weights.transport import whole_tensor
+
 PROBE_ROWS = 4
 """Rows of each rank's first micro-batch that ``ppo_actor/update_kl`` is measured on (two forward
 passes of this many rows a step: ≈ 2 % of the main example's step)."""
@@ -61,10 +63,6 @@ def adamw_steps(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor
             yield from zip(params, deltas, strict=True)
 
 
-def _whole(norm: torch.Tensor) -> torch.Tensor:
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-
 @torch.no_grad()
 def update_norms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
     """(‖Δθ‖, ‖θ‖) of ``optimizer``'s last step, for parameters that are whole tensors or DTensors
@@ -74,7 +72,7 @@ def update_norms(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.
         return torch.zeros(()), torch.zeros(())
     delta = torch.nn.utils.get_total_norm([d for _, d in pairs])
     weights = torch.nn.utils.get_total_norm([p for p, _ in pairs])
-    return _whole(delta), _whole(weights)
+    return whole_tensor(delta), whole_tensor(weights)
 
 
 def relative_size(delta: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

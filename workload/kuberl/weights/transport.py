@@ -157,6 +157,12 @@ def param_metas(tensors: Mapping[str, torch.Tensor]) -> list[ParamMeta]:
     return [ParamMeta(name, tuple(t.shape), t.element_size()) for name, t in tensors.items()]
 
 
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole: a DTensor's ``full_tensor()`` (a collective: every rank of its mesh must call it), else itself."""
+    full_tensor = getattr(t, "full_tensor", None)
+    return full_tensor() if full_tensor is not None else t
+
+
 def local_tensor(param: torch.Tensor) -> torch.Tensor:
     """The slice of ``param`` this rank holds: an FSDP2 (DTensor) parameter's local shard, else itself."""
     to_local = getattr(param, "to_local", None)
