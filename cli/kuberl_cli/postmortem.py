@@ -8,41 +8,29 @@ Read through ``kubectl proxy`` (``--api``), as ``kuberl top`` reads: the user's 
 from __future__ import annotations
 
 import base64
-import json
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kuberl.api import API_GROUP, API_VERSION
 from kuberl.api.contract import POSTMORTEM_ARCHIVE_KEY as ARCHIVE_KEY
 from kuberl.checkpoint import open_store
 from kuberl.settings import Settings
 
+from .fetch import config_map_url, experiment_url, read_object
+
 TIMEOUT_SECONDS = 30
-
-
-def _get(url: str) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as reply:
-            return json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        detail = json.loads(err.read() or b"{}").get("message", "")
-        raise ValueError(f"{url}: HTTP {err.code}{': ' + detail if detail else ''}") from err
 
 
 def fetch(api: str, namespace: str, name: str) -> tuple[bytes, dict[str, Any], str | None]:
     """(the archive, ``status.postmortem``, ``spec.checkpoint.uri``) of the experiment; a ValueError says
     why there is none (the experiment has not failed, or the operator could not keep one)."""
-    base = api.rstrip("/")
-    experiment = _get(f"{base}/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/rlexperiments/{name}")
+    experiment = read_object(experiment_url(api, namespace, name), TIMEOUT_SECONDS)
     status = experiment.get("status") or {}
     kept = status.get("postmortem") or {}
     if not kept.get("configMap"):
         why = kept.get("error") or f"its phase is {status.get('phase') or 'not set'}; one is kept when it fails"
         raise ValueError(f"RLExperiment {namespace}/{name} has no post-mortem: {why}")
-    config = _get(f"{base}/api/v1/namespaces/{namespace}/configmaps/{kept['configMap']}")
+    config = read_object(config_map_url(api, namespace, kept["configMap"]), TIMEOUT_SECONDS)
     data = base64.b64decode((config.get("binaryData") or {}).get(ARCHIVE_KEY, ""))
     if not data:
         raise ValueError(f"ConfigMap {namespace}/{kept['configMap']} holds no {ARCHIVE_KEY}")

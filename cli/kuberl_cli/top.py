@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from kuberl.api import API_GROUP, API_VERSION, Progress
+from kuberl.api import Progress
 from kuberl.local.workdir import POOL_FILE, PROGRESS_FILE, SUMMARY
+
+from .fetch import experiment_url, get_json, read_object
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HISTORY = 60  # rewards kept for the sparkline (one per step seen)
@@ -124,19 +123,10 @@ def frame(view: View, now: str) -> list[str]:
     return lines
 
 
-def _get_json(url: str) -> tuple[int, Any]:
-    """(HTTP status, JSON body) of a GET; an error status still gives its body."""
-    try:
-        with urllib.request.urlopen(url, timeout=FETCH_SECONDS) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
 def replica_health(url: str) -> Replica:
     """One replica's ``/health``: status, version, requests in flight."""
     try:
-        _, body = _get_json(f"{url}/health")
+        _, body = get_json(f"{url}/health", FETCH_SECONDS)
     except (OSError, ValueError) as err:
         return Replica(url, f"unreachable ({type(err).__name__})")
     return Replica(url, str(body.get("status", "?")), body.get("version"), body.get("inFlight"))
@@ -150,7 +140,7 @@ def local_source(work: Path) -> Callable[[View], bool]:
 
     def refresh(view: View) -> bool:
         try:
-            _, body = _get_json(url)
+            _, body = get_json(url, FETCH_SECONDS)
             view.seen(Progress.from_reply(body))
         except (OSError, ValueError):
             ended = (work / SUMMARY).is_file()
@@ -167,13 +157,10 @@ def local_source(work: Path) -> Callable[[View], bool]:
 def cluster_source(api: str, namespace: str, name: str) -> Callable[[View], bool]:
     """Refresh ``view`` from the RLExperiment through ``kubectl proxy`` at ``api``; False once it has
     Succeeded or Failed."""
-    url = f"{api.rstrip('/')}/apis/{API_GROUP}/{API_VERSION}/namespaces/{namespace}/rlexperiments/{name}"
+    url = experiment_url(api, namespace, name)
 
     def refresh(view: View) -> bool:
-        code, body = _get_json(url)
-        if code != 200:
-            raise ValueError(f"{url}: HTTP {code}: {body.get('message', body)}")
-        status = body.get("status") or {}
+        status = read_object(url, FETCH_SECONDS).get("status") or {}
         view.phase = status.get("phase")
         progress = status.get("progress")
         view.seen(Progress.from_reply(progress) if progress else None)
