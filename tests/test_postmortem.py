@@ -13,8 +13,9 @@ import boto3
 import pytest
 import yaml
 
+from kuberl.api.contract import POSTMORTEM_ARCHIVE_KEY
 from kuberl_cli.main import main
-from kuberl_operator.builders.postmortem import ARCHIVE_KEY, LOG_LIMIT_BYTES, archive, bounded_archive, redact
+from kuberl_operator.builders.postmortem import LOG_LIMIT_BYTES, archive, bounded_archive, redact
 
 from .harness import GROUP, bind, emulated_cluster, eventually, pods, running_operator, set_pod
 from .test_operator import experiment, get_rlx
@@ -81,7 +82,7 @@ async def test_a_failed_experiment_leaves_a_post_mortem_the_pods_do_not_take_wit
         assert exp["status"]["phase"] == "Failed" and kept["configMap"] == "cpu-tiny-postmortem", kept
         config = api.get("", "configmaps", "team-a", "cpu-tiny-postmortem")
         assert config["metadata"]["ownerReferences"][0]["uid"] == exp["metadata"]["uid"]  # goes with the experiment
-        data = base64.b64decode(config["binaryData"][ARCHIVE_KEY])
+        data = base64.b64decode(config["binaryData"][POSTMORTEM_ARCHIVE_KEY])
         assert len(data) == kept["bytes"] and "base64 -d | tar -xz" in kept["read"]
         files = files_of(data)
         log = files[f"logs/{trainer['metadata']['name']}/{container}.log"]

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.contract import POSTMORTEM_ARCHIVE_KEY as ARCHIVE_KEY
+from kuberl.api.contract import POSTMORTEM_ARCHIVE_KEY
 from kuberl.checkpoint import open_store
 from kuberl.settings import Settings
 
@@ -31,9 +31,9 @@ def fetch(api: str, namespace: str, name: str) -> tuple[bytes, dict[str, Any], s
         why = kept.get("error") or f"its phase is {status.get('phase') or 'not set'}; one is kept when it fails"
         raise ValueError(f"RLExperiment {namespace}/{name} has no post-mortem: {why}")
     config = read_object(config_map_url(api, namespace, kept["configMap"]), TIMEOUT_SECONDS)
-    data = base64.b64decode((config.get("binaryData") or {}).get(ARCHIVE_KEY, ""))
+    data = base64.b64decode((config.get("binaryData") or {}).get(POSTMORTEM_ARCHIVE_KEY, ""))
     if not data:
-        raise ValueError(f"ConfigMap {namespace}/{kept['configMap']} holds no {ARCHIVE_KEY}")
+        raise ValueError(f"ConfigMap {namespace}/{kept['configMap']} holds no {POSTMORTEM_ARCHIVE_KEY}")
     checkpoint = ((experiment.get("spec") or {}).get("checkpoint") or {}).get("uri")
     return data, kept, checkpoint
 
@@ -42,7 +42,7 @@ def store_key(kept: dict[str, Any]) -> str:
     """Where under a store's URI the bundle goes: ``postmortem/<time>/postmortem.tar.gz`` (the time as
     ``20261129T120000Z``: no colons in a key)."""
     stamp = str(kept.get("time") or "unknown").replace("-", "").replace(":", "")
-    return f"postmortem/{stamp}/{ARCHIVE_KEY}"
+    return f"postmortem/{stamp}/{POSTMORTEM_ARCHIVE_KEY}"
 
 
 def keep(data: bytes, kept: dict[str, Any], out: Path, to: str | None, checkpoint: str | None,
@@ -60,7 +60,7 @@ def keep(data: bytes, kept: dict[str, Any], out: Path, to: str | None, checkpoin
     store = open_store(to if to.endswith("/") else to + "/", endpoint=settings.s3_endpoint)
     key = store_key(kept)
     with tempfile.TemporaryDirectory() as scratch:
-        staged = Path(scratch) / ARCHIVE_KEY
+        staged = Path(scratch) / POSTMORTEM_ARCHIVE_KEY
         staged.write_bytes(data)
         store.upload(staged, key)
     return [*places, f"{store.uri}{key}"]

@@ -21,13 +21,13 @@ from typing import Any
 
 from kuberl.api.contract import (
     LABEL_EXPERIMENT,
+    POSTMORTEM_ARCHIVE_KEY,
     inference_pool_name,
     postmortem_config_map_name,
     trainer_job_name,
 )
 
 from .builders.postmortem import (
-    ARCHIVE_KEY,
     LOG_LIMIT_BYTES,
     LOG_TAIL_LINES,
     bounded_archive,
@@ -57,8 +57,8 @@ async def container_logs(kube: Kube, pod: Manifest) -> dict[str, str]:
     return logs
 
 
-async def gather(kube: Kube, experiment: Manifest, reason: str) -> bytes:
-    """The bundle of ``experiment`` as it is now (``reason``: why it was taken, e.g. its phase)."""
+async def gather(kube: Kube, experiment: Manifest, reason: str, at: str) -> bytes:
+    """The bundle of ``experiment`` as it is at ``at`` (``reason``: why it was taken, e.g. its phase)."""
     meta = experiment["metadata"]
     namespace, name = meta.get("namespace"), meta["name"]
     pods = await kube.read_list("v1", "Pod", namespace, {LABEL_EXPERIMENT: name})
@@ -68,7 +68,7 @@ async def gather(kube: Kube, experiment: Manifest, reason: str) -> bytes:
     logs: dict[str, str] = {}
     for pod in pods:
         logs |= await container_logs(kube, pod)
-    return bounded_archive(experiment, events, pods, logs, reason, now())
+    return bounded_archive(experiment, events, pods, logs, reason, at)
 
 
 async def keep(kube: Kube, experiment: Manifest, data: bytes) -> str:
@@ -92,13 +92,13 @@ async def record(kube: Kube, experiment: Manifest, reason: str) -> Manifest:
     meta = experiment["metadata"]
     at = now()
     try:
-        data = await gather(kube, experiment, reason)
+        data = await gather(kube, experiment, reason, at)  # one time: the archive's index, the status, the key
         name = await keep(kube, experiment, data)
     except Exception as err:  # the status that says Failed goes out regardless
         log.warning("RLExperiment %s/%s: post-mortem not kept (%s)", meta.get("namespace"), meta["name"], err)
         return {"time": at, "error": f"{type(err).__name__}: {err}"[:512]}
     read = (f"kubectl get configmap {name} -n {meta.get('namespace')} -o "
-            f"jsonpath='{{.binaryData.{ARCHIVE_KEY.replace('.', chr(92) + '.')}}}' | base64 -d | tar -xz")
+            f"jsonpath='{{.binaryData.{POSTMORTEM_ARCHIVE_KEY.replace('.', chr(92) + '.')}}}' | base64 -d | tar -xz")
     log.info("RLExperiment %s/%s: post-mortem kept in ConfigMap %s (%d bytes)", meta.get("namespace"),
              meta["name"], name, len(data))
     await post_event(kube, experiment, "PostMortemKept", f"{reason}: conditions, Events, pod states and last log "

@@ -40,7 +40,6 @@ Manifest = dict[str, Any]
 LOG_TAIL_LINES = 200
 LOG_LIMIT_BYTES = 64 * 1024
 MAX_ARCHIVE_BYTES = 512 * 1024
-ARCHIVE_KEY = POSTMORTEM_ARCHIVE_KEY
 
 _CREDENTIAL = re.compile(
     r"(?i)(\b(?:authorization|x-api-key)\s*[:=]\s*(?:bearer\s+|basic\s+)?|"
@@ -134,4 +133,4 @@ def bounded_archive(experiment: Manifest, events: list[Manifest], pods: list[Man
 def config_map(experiment: Manifest, name: str, data: bytes, labels: dict[str, str]) -> Manifest:
     """The ConfigMap that keeps the bundle (``binaryData``), owned by the experiment."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": child_metadata(experiment, name, labels),
-            "binaryData": {ARCHIVE_KEY: base64.b64encode(data).decode()}}
+            "binaryData": {POSTMORTEM_ARCHIVE_KEY: base64.b64encode(data).decode()}}
