@@ -248,6 +248,14 @@ def _split(piece: Box, amounts: list[int]) -> list[Box]:
     return parts
 
 
+def split_evenly(piece: Box, parts: int) -> list[Box]:
+    """``piece`` cut along its longest dimension into ``parts`` near-equal consecutive pieces (fewer when that
+    dimension is shorter)."""
+    lo, hi = piece[_longest_dim(piece)]
+    amounts = [(hi - lo) * (k + 1) // parts - (hi - lo) * k // parts for k in range(parts)]
+    return [p for p in _split(piece, amounts) if p]
+
+
 def _water_fill(loads: list[float], slices: int, slice_cost: float) -> list[int]:
     """Give ``slices`` units of ``slice_cost`` to the ports with ``loads`` so the max is smallest."""
     order = sorted(range(len(loads)), key=lambda i: loads[i])

@@ -34,7 +34,6 @@ Pure: no torch, no I/O.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from .plan import (
     Transfer,
     plan,
     predicted_seconds,
+    split_evenly,
     translate,
     volume,
 )
@@ -89,14 +89,6 @@ def _restricted(need: Need, piece: Box) -> Need:
     return Need(need.rank, need.dest, translate(piece, need.box, need.dest_box), need.param, piece)
 
 
-def _even_parts(box: Box, parts: int) -> list[Box]:
-    """``box`` cut along its longest dimension into ``parts`` near-equal consecutive pieces."""
-    dim = max(range(len(box)), key=lambda d: box[d][1] - box[d][0])
-    lo, hi = box[dim]
-    cuts = [lo + (hi - lo) * k // parts for k in range(parts + 1)]
-    return [(*box[:dim], (a, b), *box[dim + 1:]) for a, b in itertools.pairwise(cuts) if a < b]
-
-
 def seeded(needs: list[Need], itemsize: dict[str, int]) -> tuple[list[Need], list[Need]]:
     """The needs split into the seeds' (one per piece of each distinct parameter region) and the
     others'. A region larger than an equal share of the pool (the distinct bytes ÷ the ranks that
@@ -115,7 +107,7 @@ def seeded(needs: list[Need], itemsize: dict[str, int]) -> tuple[list[Need], lis
     seeded_bytes: dict[int, int] = defaultdict(int)
     seeds, others = [], []
     for (param, box), group in sorted(groups.items(), key=lambda g: (-volume(g[0][1]) * itemsize[g[0][0]], g[0])):
-        pieces = _even_parts(box, min(len(group), max(1, math.ceil(volume(box) * itemsize[param] / share))))
+        pieces = split_evenly(box, min(len(group), max(1, math.ceil(volume(box) * itemsize[param] / share))))
         chosen = sorted(group, key=lambda n: (seeded_bytes[n.rank], n.rank))[:len(pieces)]
         for piece, seed in zip(pieces, chosen, strict=True):
             seeded_bytes[seed.rank] += volume(piece) * itemsize[param]
