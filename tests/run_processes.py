@@ -6,10 +6,20 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kuberl.api.contract import ENV_REPLICA, ENV_REPLICA_HOST
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Until ``condition()`` holds (asked every 0.2 s); TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the run did not get there in time")
+        time.sleep(0.2)
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ import pytest
 from kuberl.local import load_experiment, rollout_cores, run_local, warmup_cut_short
 from kuberl.local.processes import RunError, free_port
 
-from .run_processes import alive, pid_of, processes_mentioning, replica_pid, rollout_pid, stopped
+from .run_processes import alive, pid_of, processes_mentioning, replica_pid, rollout_pid, stopped, wait_until
 from .top_screen import TopScreen
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -339,11 +339,11 @@ def test_a_local_run_resized_1_3_2_admits_joiners_over_p2p_and_drains_without_lo
 
     def scale_while_running() -> None:
         try:
-            _wait_until(lambda: (work / "trainer-0.log").exists() and _last_step(work / "trainer-0.log") >= 8)
+            wait_until(lambda: (work / "trainer-0.log").exists() and _last_step(work / "trainer-0.log") >= 8)
             with TopScreen(work) as top:  # kuberl top in a terminal (tmux) while the pool changes under it
                 screens.append(top.showing(r"replicas \(1\)\n.*ok  version \d+"))
                 request_replicas(work, 3)
-                _wait_until(lambda: all(_log_has(work / f"inference-{r}.log", "received weights version")
+                wait_until(lambda: all(_log_has(work / f"inference-{r}.log", "received weights version")
                                         for r in (1, 2)))
                 screens.append(top.showing(r"replicas \(3\)(\n  http\S+  ok  version \d+  in flight \d+){3}"))
             request_replicas(work, 2)
@@ -394,14 +394,6 @@ def test_the_autoscaler_grows_a_local_pool_whose_trainer_waits(tmp_path, monkeyp
     assert changes[0]["waitFraction"] > 0.1 and changes[0]["step"] >= 11  # measured over 10 steps after the first
     assert summary["replicas"] == 2 and summary["final_version"] == 90
     assert "POST /generate" in (work / "inference-1.log").read_text()
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the run did not get there in time")
-        time.sleep(0.2)
 
 
 @pytest.mark.slow

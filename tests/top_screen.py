@@ -8,17 +8,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-
-def wait_until(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(0.3)
+from .run_processes import wait_until
 
 
 class TopScreen:
