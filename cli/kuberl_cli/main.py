@@ -1,4 +1,4 @@
-"""`kuberl` command line: run, validate, render, export, eval, crds, operator.
+"""`kuberl` command line: validate, render, run, scale, top, postmortem, export, eval, crds, argocd, operator.
 
 Every user error ends in a one-line message and exit code 1, never a traceback.
 """
@@ -276,9 +276,8 @@ IMPORT_REWARDS_HELP = ("import the reward modules the manifest names (running th
                        "their functions; by default only their files are looked for")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def _manifest_commands(sub: Any) -> None:
+    """The commands for the manifest offline: validate, render."""
     p = sub.add_parser("validate", help="check manifests offline (multi-document YAML)")
     p.add_argument("files", nargs="+", metavar="FILE", help="manifests (YAML, several documents each)")
     p.add_argument("--import-rewards", action="store_true", help=IMPORT_REWARDS_HELP)
@@ -288,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", default=None, help="namespace for objects without one")
     p.add_argument("--import-rewards", action="store_true", help=IMPORT_REWARDS_HELP)
     p.set_defaults(func=cmd_render)
+
+
+def _run_commands(sub: Any) -> None:
+    """The commands for a run: locally (run, scale), and what one is doing or why it failed (top, postmortem)."""
     p = sub.add_parser("run", help="run an experiment locally on CPU or NVIDIA GPUs (inference + trainer processes)")
     p.add_argument("file", metavar="FILE", help="the RLExperiment manifest (YAML)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -323,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="URI", help="also upload it under this store URI (s3://…/, file:///…/), or "
                    "'checkpoint': the experiment's spec.checkpoint.uri — as postmortem/<time>/postmortem.tar.gz")
     p.set_defaults(func=cmd_postmortem)
+
+
+def _model_commands(sub: Any) -> None:
+    """The commands for a trained model: export, eval."""
     p = sub.add_parser("export", help="a finished checkpoint as a Hugging Face model directory (offline, CPU)")
     p.add_argument("checkpoint", metavar="CHECKPOINT_URI", help="s3://… or file://…/step-NNNNNNNN/")
     p.add_argument("out", metavar="OUT_URI", help="where the directory goes: s3://bucket/prefix/ or file:///dir/")
@@ -344,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="default: the experiment's rollout temperature (1.0)")
     p.add_argument("--max-new-tokens", type=int, help="default: the experiment's rollout.maxNewTokens")
     p.set_defaults(func=cmd_eval)
+
+
+def _project_commands(sub: Any) -> None:
+    """The commands for the project's generated files and the operator: crds, argocd, operator."""
     p = sub.add_parser("crds", help="regenerate the CRD YAML and docs/reference.md from the API models")
     p.add_argument("out", nargs="?", default=None,
                    help="only the CRDs, into this directory (default: crds/, charts/kuberl/crds/ and the reference)")
@@ -357,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", default=None, metavar="URL",
                    help="serve a health endpoint for probes, e.g. http://0.0.0.0:8080/healthz")
     p.set_defaults(func=cmd_operator)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_manifest_commands, _run_commands, _model_commands, _project_commands):
+        add(sub)
     return parser
 
 
