@@ -1,4 +1,4 @@
-"""`kuberl` command line: validate, render, run, scale, top, postmortem, export, eval, crds, argocd, operator.
+"""`kuberl` command line: validate, render, run, serve, scale, top, postmortem, export, eval, crds, argocd, operator.
 
 Every user error ends in a one-line message and exit code 1, never a traceback.
 """
@@ -18,6 +18,7 @@ import yaml
 
 from kuberl.api import FieldIssue, Resource, RLExperiment, validate_document
 
+from . import serve
 from .preflight import data_preflight, experiment_spec, preflight
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: linear where PyYAML's scanner is not
@@ -290,7 +291,7 @@ def _manifest_commands(sub: Any) -> None:
 
 
 def _run_commands(sub: Any) -> None:
-    """The commands for a run: locally (run, scale), and what one is doing or why it failed (top, postmortem)."""
+    """The commands for a run: locally (run, serve, scale), and what one is doing or why it failed (top, postmortem)."""
     p = sub.add_parser("run", help="run an experiment locally on CPU or NVIDIA GPUs (inference + trainer processes)")
     p.add_argument("file", metavar="FILE", help="the RLExperiment manifest (YAML)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -303,6 +304,7 @@ def _run_commands(sub: Any) -> None:
     p.add_argument("--spec-checkpoints", action="store_true",
                    help="checkpoint to spec.checkpoint.uri (e.g. s3:// on MinIO) instead of the work dir")
     p.set_defaults(func=cmd_run)
+    serve.add_parser(sub)
     p = sub.add_parser("scale", help="resize the inference pool of a running kuberl run (on a cluster: kubectl "
                        "scale rlx NAME --replicas N)")
     p.add_argument("workdir", metavar="WORKDIR", help="the run's work dir (kuberl run prints it)")

@@ -35,6 +35,7 @@ MASTER_PORT = 29500  # the trainer gang's torch.distributed store; + 1: the p2p 
 PROGRESS_PORT = 8080  # trainer rank 0's GET /progress (polled by the operator)
 INFERENCE_PORT = 8000  # an inference replica's HTTP port when the spec does not say (spec.inference.port)
 GATEWAY_PORT = 8090  # trainer rank 0's OpenAI-compatible gateway (spec.agent)
+TINKER_PORT = 8100  # the Tinker-compatible API (kuberl serve; kuberl.tinker)
 REPLICA_GROUP_PORT = 29400  # where the processes of a replica that spans hosts meet (its leader's pod)
 HEADER_SESSION = "X-KubeRL-Session"  # an agent's episode, on each of its gateway calls
 HEADER_GROUP = "X-KubeRL-Group"  # the GRPO group an episode belongs to (e.g. the task)

@@ -1,0 +1,103 @@
+"""``kuberl serve FILE``: the Tinker-compatible training API (``kuberl.tinker``) for the model of a manifest,
+on this machine, so a researcher runs a Tinker cookbook loop against it with the real ``tinker`` SDK.
+
+Each client gets its own API key: from ``--keys FILE`` (JSON: client name → key, each ``tml-`` and at
+least 32 characters, as the SDK checks), or made here, one per ``--clients`` name, each written to
+``<dir>/<client>.key`` (mode 0600) — never printed. The server listens on 127.0.0.1 unless ``--host``
+says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+
+KEY_PREFIX = "tml-"  # the SDK refuses a key without it
+MIN_KEY_CHARS = 32
+
+
+class ServeError(ValueError):
+    pass
+
+
+def read_keys(path: Path) -> dict[str, str]:
+    """``path``'s JSON object (client → key) as key → client; ServeError naming the client otherwise."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ServeError(f"--keys {path}: {err}") from err
+    if not isinstance(doc, dict) or not doc:
+        raise ServeError(f"--keys {path}: write a JSON object, client name → API key")
+    for client, key in doc.items():
+        if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) < MIN_KEY_CHARS:
+            raise ServeError(f"--keys {path}: {client}'s key must be a string starting {KEY_PREFIX!r} of at least "
+                             f"{MIN_KEY_CHARS} characters")
+    if len(set(doc.values())) != len(doc):
+        raise ServeError(f"--keys {path}: two clients share a key")
+    return {key: client for client, key in doc.items()}
+
+
+def made_keys(clients: list[str], directory: Path) -> dict[str, str]:
+    """A new key per client, each in ``directory/<client>.key`` (0600); key → client."""
+    keys = {}
+    for client in clients:
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        path = directory / f"{client}.key"
+        path.touch(mode=0o600)
+        path.write_text(key)
+        keys[key] = client
+    return keys
+
+
+def client_names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names) or not all(n.replace("-", "").isalnum() for n in names):
+        raise ServeError(f"--clients {text!r}: distinct names of letters, digits and '-', comma-separated")
+    return names
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kuberl.local.processes import RunError
+    from kuberl.local.run import load_experiment
+
+    try:
+        spec = load_experiment(Path(args.file), args.set or []).spec
+        if args.keys:
+            keys = read_keys(Path(args.keys))
+        else:
+            directory = Path(tempfile.mkdtemp(prefix="kuberl-serve-"))
+            keys = made_keys(client_names(args.clients), directory)
+            for client in keys.values():
+                print(f"client {client}: export TINKER_API_KEY=$(cat {directory / (client + '.key')})")
+    except (RunError, ServeError) as err:
+        print(f"kuberl serve: {err}", file=sys.stderr)
+        return 1
+    from kuberl.settings import from_environment
+    from kuberl.tinker.serve import run, served_name
+
+    print(f"serving {served_name(spec.model)} at http://{args.host}:{args.port} "
+          f"(tinker.ServiceClient(base_url=...)); Ctrl-C stops it", flush=True)
+    try:
+        run(spec.model, spec.seed, keys, args.host, args.port, from_environment())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from kuberl.api.contract import TINKER_PORT
+
+    p = sub.add_parser("serve", help="a manifest's model behind the Tinker-compatible training API, on this machine "
+                       "(drive it from your own loop with the tinker SDK)")
+    p.add_argument("file", metavar="FILE", help="the RLExperiment manifest (YAML): its spec.model and seed")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (repeatable)")
+    p.add_argument("--port", type=int, default=TINKER_PORT, help=f"the API's port (default {TINKER_PORT})")
+    p.add_argument("--host", default="127.0.0.1", help="the address it listens on (default: this machine only)")
+    p.add_argument("--clients", default="local", metavar="NAME[,NAME]",
+                   help="one API key per client, made now (default: one client, 'local')")
+    p.add_argument("--keys", metavar="FILE", help="the clients' keys instead: JSON, client name → key")
+    p.set_defaults(func=cmd_serve)

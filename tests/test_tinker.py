@@ -1,0 +1,362 @@
+"""The Tinker-compatible front door (kuberl.tinker), driven by the real ``tinker`` SDK: its bodies read both
+ways, its losses as their formulas, and a server on a tiny model that trains LoRA clients apart from each
+other and serves what they trained."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tinker
+import torch
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
+
+from kuberl.api.spec import ModelSource
+from kuberl.local.processes import free_port
+from kuberl.settings import DEFAULTS
+from kuberl.tinker import losses, wire
+from kuberl.tinker.errors import ClientError
+from kuberl.tinker.serve import serve, served_model
+from kuberl.tinker.server import owner_of
+from kuberl.tinker.service import Limits, ServedModel, TinkerService
+from kuberl_cli.serve import ServeError, client_names, read_keys
+
+from .run_processes import wait_until
+
+BASE = "builtin:tiny-qwen2"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples/cpu-tiny.yaml"  # its model is BASE
+ALICE, BOB = "tml-alice-" + "a" * 30, "tml-bob-" + "b" * 30
+
+
+# -- the wire --------------------------------------------------------------------------------------------
+def test_the_sdks_forward_backward_request_reads_as_its_tokens_inputs_and_config() -> None:
+    datum = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
+                        loss_fn_inputs={"target_tokens": [6, 7, 8], "advantages": [0.5, -1.0, 2.0],
+                                        "weights": torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])})
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="ppo",
+                                                          loss_fn_config={"clip_low_threshold": 0.7, "mode": "x"}),
+        model_id="model-1", seq_id=9)
+    call = wire.decode_forward_backward(forward_backward_request_to_proto(request).SerializeToString())
+    assert (call.model_id, call.seq_id, call.loss_fn, call.forward_only) == ("model-1", 9, "ppo", False)
+    assert call.config == {"clip_low_threshold": pytest.approx(0.7), "mode": "x"}
+    (got,) = call.data
+    assert got.tokens == [5, 6, 7]
+    assert got.inputs["target_tokens"].tolist() == [6, 7, 8]
+    assert got.inputs["advantages"].tolist() == [0.5, -1.0, 2.0]
+    # the SDK sends a mostly-zero 2-D weights tensor as sparse CSR; it arrives dense
+    assert got.inputs["weights"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]]
+
+
+def test_a_body_that_is_not_a_request_is_refused_saying_so() -> None:
+    with pytest.raises(wire.WireError, match="not a ForwardBackwardRequest"):
+        wire.decode_forward_backward(b"\xff\xff\xff")
+
+
+def test_the_sdk_reads_our_forward_backward_output_and_sample_response() -> None:
+    out = deserialize_forward_backward_output(wire.encode_forward_backward_output(
+        [{"logprobs": np.array([-1.0, -2.0, -3.0])}, {"logprobs": np.array([-4.0])}], {"loss:sum": 3.5}))
+    assert [o["logprobs"].tolist() for o in out.loss_fn_outputs] == [[-1.0, -2.0, -3.0], [-4.0]]
+    assert out.metrics == {"loss:sum": 3.5}
+    sample = deserialize_sample_response(wire.encode_sample_response(
+        [wire.SequenceOut([1, 2], [-0.5, -0.25], stopped=True), wire.SequenceOut([3], [-1.5], stopped=False)],
+        [math.nan, -1.0]))
+    assert [(s.tokens, s.logprobs, s.stop_reason) for s in sample.sequences] == [
+        ([1, 2], [-0.5, -0.25], "stop"), ([3], [-1.5], "length")]
+    assert sample.prompt_logprobs == [None, -1.0]
+
+
+# -- the losses ------------------------------------------------------------------------------------------
+def _grad(loss: losses.LossFn, logp: list[float], **inputs: list[float]) -> list[float]:
+    x = torch.tensor(logp, requires_grad=True)
+    loss(x, {k: torch.tensor(v) for k, v in inputs.items()}, {}).backward()
+    assert x.grad is not None
+    return x.grad.tolist()
+
+
+def test_cross_entropy_and_importance_sampling_are_their_formulas() -> None:
+    logp = [math.log(0.5), math.log(0.25)]
+    x = torch.tensor(logp)
+    assert float(losses.cross_entropy(x, {"weights": torch.tensor([1.0, 2.0])}, {})) == pytest.approx(
+        -(math.log(0.5) + 2 * math.log(0.25)))
+    # at the sampler's own policy (ratio 1) the importance-sampled gradient is the policy gradient −A
+    assert _grad(losses.importance_sampling, logp, logprobs=logp, advantages=[2.0, -1.0]) == pytest.approx([-2.0, 1.0])
+
+
+def test_ppo_stops_the_gradient_where_the_ratio_left_the_clip_range_in_the_advantages_direction() -> None:
+    q = [0.0, 0.0, 0.0, 0.0]
+    logp = [math.log(1.5), math.log(1.1), math.log(0.5), math.log(1.5)]  # ratios 1.5, 1.1, 0.5, 1.5
+    grads = _grad(losses.ppo, logp, logprobs=q, advantages=[1.0, 1.0, -1.0, -1.0])
+    # 1.5 > 1.2 with A > 0: clipped, no gradient; 1.1 inside: −r·A; 0.5 < 0.8 with A < 0: clipped;
+    # 1.5 with A < 0: the unclipped term is the smaller one, so it keeps its gradient −r·A
+    assert grads == pytest.approx([0.0, -1.1, 0.0, 1.5])
+
+
+def test_cispo_weights_the_log_likelihood_by_the_clipped_ratio_without_a_gradient_through_it() -> None:
+    grads = _grad(losses.cispo, [math.log(2.0), math.log(1.0)], logprobs=[0.0, 0.0], advantages=[1.0, -3.0])
+    assert grads == pytest.approx([-1.2, 3.0])
+
+
+def test_loss_inputs_that_do_not_fit_are_refused_naming_the_input() -> None:
+    inputs = {"target_tokens": torch.tensor([1, 2, 99]), "weights": torch.ones(3)}
+    with pytest.raises(ClientError, match=r"data\[4\].loss_fn_inputs.target_tokens: ids must lie in \[0, 50\)"):
+        losses.checked_inputs("cross_entropy", inputs, 3, 50, 4)
+    with pytest.raises(ClientError, match=r"target_tokens: shape \[3\]; the datum has 2 tokens"):
+        losses.checked_inputs("cross_entropy", inputs, 2, 100, 0)
+    with pytest.raises(ClientError, match=r"loss 'ppo' needs \['logprobs', 'advantages'\]"):
+        losses.checked_inputs("ppo", inputs, 3, 100, 0)
+    with pytest.raises(ClientError, match="'dro' is not served here; choose one of"):
+        losses.loss_named("dro")
+
+
+# -- keys and fairness -----------------------------------------------------------------------------------
+def test_a_key_names_its_client_and_anything_else_names_none() -> None:
+    keys = {ALICE: "alice", BOB: "bob"}
+    assert [owner_of(k, keys) for k in (ALICE, BOB, ALICE[:-1], None, "tml-\udcff")] == ["alice", "bob", None,
+                                                                                         None, None]
+
+
+def test_training_work_is_taken_round_robin_over_clients_in_each_clients_order() -> None:
+    service = TinkerService(ServedModel(BASE, torch.nn.Linear(2, 2), 0, 0, str))
+
+    async def nothing() -> Any:
+        return None
+
+    ids = [service._submit(owner, nothing) for owner in ("alice", "alice", "alice", "bob", "carol", "bob")]
+    taken = []
+    while (item := service._next_work()) is not None:
+        taken.append(ids.index(item[0]))
+    assert taken == [0, 3, 4, 1, 5, 2]  # alice, bob, carol, alice, bob, alice
+
+
+# -- the server, through the SDK -------------------------------------------------------------------------
+class Server:
+    def __init__(self, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+
+    def post(self, path: str, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(f"{self.url}/api/v1/{path}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json", **({"X-API-Key": key} if key else {})})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+
+    def get(self, path: str, key: str) -> int:
+        request = urllib.request.Request(f"{self.url}/api/v1/{path}", headers={"X-API-Key": key})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    served = served_model(ModelSource(path=BASE), 0, DEFAULTS)
+    port, ready, stop = free_port(), threading.Event(), threading.Event()
+    loop = asyncio.new_event_loop()
+
+    async def main() -> None:
+        started = asyncio.Event()
+        task = asyncio.create_task(serve(served, {ALICE: "alice", BOB: "bob"}, "127.0.0.1", port, 0, started,
+                                         Limits(samplers=3), poll_seconds=2.0))
+        await started.wait()
+        ready.set()
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+        task.cancel()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(60), "the Tinker server did not start"
+    yield Server(port)
+    stop.set()
+    thread.join(30)
+
+
+def _client(server: Server, key: str) -> tinker.ServiceClient:
+    """A client to use as a context manager: its session ends with the block, its models and samplers are released,
+    so each test starts clean."""
+    return tinker.ServiceClient(base_url=server.url, api_key=key)
+
+
+def _datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+
+
+SEQUENCE = [5, 9, 14, 20, 27, 35, 44]
+
+
+@pytest.mark.slow
+def test_a_lora_client_learns_and_its_sampler_serves_exactly_what_it_trained(server: Server) -> None:
+    with _client(server, ALICE) as alice:
+        _learns_and_serves(alice.create_lora_training_client(base_model=BASE, rank=8).result())
+
+
+def _learns_and_serves(training: tinker.TrainingClient) -> None:
+    info = training.get_info()
+    assert (info.is_lora, info.lora_rank, info.model_data.model_name) == (True, 8, BASE)
+    first = last = None
+    for _ in range(16):
+        step = training.forward_backward([_datum(SEQUENCE)], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        last = step.result().metrics["loss:sum"]
+        first = first if first is not None else last
+    assert first is not None and last is not None and last < first / 10, (first, last)
+
+    sampler = training.save_weights_and_get_sampling_client().result()
+    trained = training.forward([_datum(SEQUENCE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    served = sampler.compute_logprobs(types.ModelInput.from_ints(SEQUENCE)).result()
+    assert served[0] is None
+    assert served[1:] == pytest.approx(trained, abs=1e-4)  # the sampler serves the trained policy itself
+    greedy = sampler.sample(types.ModelInput.from_ints(SEQUENCE[:3]), 2,
+                            types.SamplingParams(max_tokens=4, temperature=0.0)).result()
+    assert [s.tokens for s in greedy.sequences] == [SEQUENCE[3:7]] * 2  # it learnt the sequence
+    assert greedy.sequences[0].logprobs == pytest.approx(trained[2:6], abs=1e-4)
+    assert all(s.stop_reason == "length" for s in greedy.sequences)
+
+    for _ in range(2):  # training on changes the model, not the snapshot a sampler serves
+        training.forward_backward([_datum(SEQUENCE[::-1])], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    moved = training.forward([_datum(SEQUENCE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert moved != pytest.approx(trained, abs=1e-3)
+    assert sampler.compute_logprobs(types.ModelInput.from_ints(SEQUENCE)).result() == pytest.approx(served, abs=1e-6,
+                                                                                                    nan_ok=True)
+
+
+@pytest.mark.slow
+def test_a_client_sees_nothing_of_another_clients_models_samplers_or_futures(server: Server) -> None:
+    with _client(server, ALICE) as alice:
+        model_id = _bob_sees_nothing_of(server, alice.create_lora_training_client(base_model=BASE, rank=4).result())
+    status, reply = server.post("get_info", {"model_id": model_id}, ALICE)  # her session ended: released
+    assert status == 404 and "not one of yours" in reply["error"]
+
+
+def _bob_sees_nothing_of(server: Server, training: tinker.TrainingClient) -> str:
+    sampler = training.save_weights_and_get_sampling_client().result()
+    model_id = training.get_info().model_id
+    status, future = server.post("optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 0.0}}, ALICE)
+    assert status == 200, future
+    for path, body in (("get_info", {"model_id": model_id}),
+                       ("optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 1.0}}),
+                       ("retrieve_future", {"request_id": future["request_id"]}),
+                       ("asample", {"sampling_session_id": sampler._sampling_session_id, "num_samples": 1,
+                                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5]}]},
+                                    "sampling_params": {"max_tokens": 2}})):
+        status, reply = server.post(path, body, BOB)
+        assert status == 404 and "not one of yours" in reply["error"], (path, status, reply)
+    assert server.post("get_info", {"model_id": model_id}, None)[0] == 401
+    assert server.post("get_info", {"model_id": model_id}, BOB[:-1] + "x")[0] == 401
+    assert server.post("get_info", {"model_id": model_id}, ALICE)[0] == 200
+    return model_id
+
+
+@pytest.mark.slow
+def test_bad_requests_reach_the_sdk_naming_what_is_wrong(server: Server) -> None:
+    with _client(server, ALICE) as alice:
+        _bad_requests_reach_the_sdk_naming_what_is_wrong(server, alice)
+
+
+def _bad_requests_reach_the_sdk_naming_what_is_wrong(server: Server, alice: tinker.ServiceClient) -> None:
+    with pytest.raises(Exception, match="base_model 'Qwen/Qwen3-8B' is not served here"):
+        alice.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+    training = alice.create_lora_training_client(base_model=BASE, rank=4).result()
+    with pytest.raises(Exception, match=r"data\[0\].loss_fn_inputs.target_tokens: ids must lie in \[0, "):
+        training.forward_backward([_datum([5, 6, 100_000])], "cross_entropy").result()
+    with pytest.raises(Exception, match=r"data\[0\].model_input: 300 tokens, the model takes 256"):
+        training.forward_backward([_datum([5] * 301)], "cross_entropy").result()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    with pytest.raises(Exception, match=r"sampling_params\.top_k=5 is not served here"):
+        sampler.sample(types.ModelInput.from_ints([5]), 1, types.SamplingParams(max_tokens=2, top_k=5)).result()
+    status, reply = server.post("create_model", {"session_id": "session-x", "base_model": BASE}, ALICE)
+    assert status == 404 and "session 'session-x'" in reply["error"]
+
+
+@pytest.mark.slow
+def test_a_full_parameter_model_needs_the_server_to_itself(server: Server) -> None:
+    with _client(server, ALICE) as alice:
+        _a_full_parameter_model_needs_the_server_to_itself(server, alice)
+
+
+def _a_full_parameter_model_needs_the_server_to_itself(server: Server, alice: tinker.ServiceClient) -> None:
+    alice.create_lora_training_client(base_model=BASE, rank=4).result()
+    session = alice.holder.get_session_id()
+    status, reply = server.post("create_model", {"session_id": session, "model_seq_id": 99, "base_model": BASE},
+                                ALICE)
+    assert status == 400 and "full-parameter model (no lora_config)" in reply["error"], reply
+
+
+@pytest.mark.slow
+def test_the_least_recently_used_sampler_is_evicted_and_its_client_told_how_to_get_it_back(server: Server) -> None:
+    prompt, params = types.ModelInput.from_ints([5, 6]), types.SamplingParams(max_tokens=3, temperature=0.0)
+    with _client(server, BOB) as bob:
+        samplers = [bob.create_sampling_client(base_model=BASE).result() for _ in range(4)]  # 3 live at most
+        assert len(samplers[-1].sample(prompt, 1, params).result().sequences[0].tokens) == 3
+        with pytest.raises(Exception, match=r"was evicted .*save the weights again"):
+            samplers[0].sample(prompt, 1, params).result()
+
+
+# -- kuberl serve ----------------------------------------------------------------------------------------
+def test_a_keys_file_names_each_client_and_refuses_a_key_the_sdk_would_refuse(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"alice": ALICE, "bob": BOB}))
+    assert read_keys(keys) == {ALICE: "alice", BOB: "bob"}
+    keys.write_text(json.dumps({"alice": ALICE, "bob": "sk-" + "b" * 40}))
+    with pytest.raises(ServeError, match="bob's key must be a string starting 'tml-'"):
+        read_keys(keys)
+    keys.write_text(json.dumps({"alice": ALICE, "bob": ALICE}))
+    with pytest.raises(ServeError, match="two clients share a key"):
+        read_keys(keys)
+    with pytest.raises(ServeError, match="--clients 'a,a'"):
+        client_names("a,a")
+
+
+@pytest.mark.slow
+def test_kuberl_serve_gives_each_client_a_private_key_and_serves_the_manifests_model(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "serve", str(EXAMPLE), "--port", str(port),
+                             "--clients", "alice,bob"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        files = {line.split()[1].rstrip(":"): Path(line.split("$(cat ")[1].rstrip(")\n")) for line in lines[:2]}
+        assert set(files) == {"alice", "bob"} and lines[2].startswith(f"serving {BASE} at http://127.0.0.1:{port}")
+        assert all(f.stat().st_mode & 0o777 == 0o600 for f in files.values())
+        key = files["alice"].read_text()
+        assert key not in "".join(lines)  # the key itself is never printed
+        server = Server(port)
+        wait_until(lambda: _healthy(server), 120)
+        with _client(server, key) as alice:
+            sampler = alice.create_sampling_client(base_model=BASE).result()
+            reply = sampler.sample(types.ModelInput.from_ints([5, 6]), 2, types.SamplingParams(max_tokens=3)).result()
+        assert [len(s.tokens) for s in reply.sequences] == [3, 3]
+        assert server.get("get_server_capabilities", files["bob"].read_text()) == 200
+        assert server.get("get_server_capabilities", key[:-1]) == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+
+def _healthy(server: Server) -> bool:
+    try:
+        with urllib.request.urlopen(f"{server.url}/api/v1/healthz", timeout=5) as reply:
+            return reply.status == 200
+    except OSError:
+        return False

@@ -1,0 +1,65 @@
+"""``kuberl serve FILE``: the Tinker-compatible API for the model of an RLExperiment manifest, on this machine.
+
+It loads ``spec.model`` (a builtin tiny model, a local or ``s3://`` directory, an ``hf://`` model) once,
+serves it to every client whose key is in ``keys`` (key → client name), and runs until interrupted. The
+model's name for clients is the hub name of an ``hf://`` model (``Qwen/Qwen3-8B``), else ``spec.model.path``
+as written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+import torch
+from aiohttp import web
+
+from ..api.spec import ModelSource
+from ..models.hub import parse_hub_path
+from ..models.loading import load_model
+from ..settings import Settings
+from .futures import FutureTable
+from .server import TinkerApi
+from .service import Limits, ServedModel, TinkerService
+
+log = logging.getLogger(__name__)
+
+
+def served_name(source: ModelSource) -> str:
+    hub = parse_hub_path(source.path)
+    return hub.repo if hub is not None else source.path
+
+
+def served_model(source: ModelSource, seed: int, settings: Settings) -> ServedModel:
+    model, tokenizer = load_model(source, seed, settings)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    hub = parse_hub_path(source.tokenizer or source.path)
+    return ServedModel(served_name(source), model, int(tokenizer.eos_token_id), int(tokenizer.pad_token_id),
+                       lambda ids: tokenizer.decode(ids), hub.repo if hub is not None else None)
+
+
+async def serve(served: ServedModel, keys: Mapping[str, str], host: str, port: int, seed: int,
+                ready: asyncio.Event | None = None, limits: Limits | None = None,
+                poll_seconds: float = 20.0) -> None:
+    """Serve until cancelled; ``ready`` is set once the port is open."""
+    service = TinkerService(served, FutureTable(poll_seconds), limits or Limits(), seed)
+    service.start()
+    runner = web.AppRunner(TinkerApi(service, keys).app(), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host or "0.0.0.0", port).start()
+        log.info("Tinker API for %s on port %d (%d clients)", served.name, port, len(keys))
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()
+    finally:
+        await service.stop()
+        await runner.cleanup()
+
+
+def run(source: ModelSource, seed: int, keys: Mapping[str, str], host: str, port: int, settings: Settings) -> None:
+    torch.manual_seed(seed)
+    served = served_model(source, seed, settings)
+    asyncio.run(serve(served, keys, host, port, seed))

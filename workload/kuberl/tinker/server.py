@@ -1,0 +1,200 @@
+"""The Tinker-compatible HTTP API: ``tinker.ServiceClient(base_url=…, api_key=…)`` works against it unmodified.
+
+Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in ``X-API-Key``)::
+
+    GET  healthz, get_server_capabilities, samplers/{id}
+    POST client/config, client/dynamic_config   the SDK's feature flags: the ones this server serves
+    POST create_session, session_heartbeat, sessions/{id}/finish, telemetry (accepted, not kept)
+    POST create_model, get_info, forward_backward (protocol buffers), optim_step,
+         save_weights_for_sampler, create_sampling_session, asample
+    POST retrieve_future                       long work's result: JSON, protocol buffers, or "try again"
+
+Work that takes long (everything a model or sampler does) answers with a future at once; the client
+polls ``retrieve_future``. A bad request is a 400 whose ``error`` names the field, another client's
+model, sampler or future a 404, as if it did not exist; an unknown key a 401. Keys are compared in
+constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from ..auth import Handler
+from ..jsonbody import read_json
+from . import schema
+from .errors import ClientError
+from .futures import FutureTable
+from .service import NotFound, TinkerService
+from .wire import WireError, decode_forward_backward
+
+KEY_HEADER = "X-API-Key"
+PREFIX = "/api/v1"
+OPEN_PATHS = {f"{PREFIX}/healthz"}
+MAX_PROTO_BYTES = 16 * 2**20
+CHUNK_BYTES = 4 * 2**20  # the most a forward/backward request of the SDK carries (it splits larger batches)
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False, "credential_default_source": "api_key",
+    "parallel_fwdbwd_chunks": False,  # a model's chunks arrive in order; the server runs them as they come
+    "proto_compress_fwdbwd": False, "fwdbwd_max_chunk_bytes_count": CHUNK_BYTES,
+    "sample_use_retrieve_futures": False, "custom_loss_server_side": False, "sample_join_sampling_session": False,
+}
+OWNER = web.RequestKey("owner", str)
+
+
+def owner_of(key: str | None, keys: Mapping[str, str]) -> str | None:
+    """The client whose key ``key`` is (``keys``: key → client name), each compared in constant time."""
+    presented = (key or "").encode("utf-8", "replace")
+    found = None
+    for candidate, name in keys.items():
+        if hmac.compare_digest(presented, candidate.encode()):
+            found = name
+    return found
+
+
+def _error(status: type[web.HTTPException], message: str) -> web.HTTPException:
+    return status(text=web.json_response({"error": message, "detail": message}).text,
+                  content_type="application/json")
+
+
+class TinkerApi:
+    def __init__(self, service: TinkerService, keys: Mapping[str, str]):
+        self.service, self.keys = service, dict(keys)
+
+    @property
+    def futures(self) -> FutureTable:
+        return self.service.futures
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_PROTO_BYTES, middlewares=[self._authenticate, self._errors])
+        get, post = {"healthz": self.healthz, "get_server_capabilities": self.capabilities,
+                     "samplers/{sampler_id}": self.sampler_info}, {
+            "client/config": self.client_config, "client/dynamic_config": self.dynamic_config,
+            "create_session": self.create_session, "session_heartbeat": self.heartbeat,
+            "sessions/{session_id}/finish": self.finish_session, "telemetry": self.telemetry,
+            "create_model": self.create_model, "get_info": self.get_info, "forward_backward": self.forward_backward,
+            "optim_step": self.optim_step, "save_weights_for_sampler": self.save_for_sampler,
+            "create_sampling_session": self.create_sampling_session, "asample": self.sample,
+            "retrieve_future": self.retrieve_future}
+        app.add_routes([web.get(f"{PREFIX}/{path}", handler) for path, handler in get.items()]
+                       + [web.post(f"{PREFIX}/{path}", handler) for path, handler in post.items()])
+        return app
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            owner = owner_of(request.headers.get(KEY_HEADER), self.keys)
+            if owner is None:
+                raise _error(web.HTTPUnauthorized, f"a valid API key is required in {KEY_HEADER}")
+            request[OWNER] = owner
+        return await handler(request)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (ClientError, WireError) as err:
+            raise _error(web.HTTPBadRequest, str(err)) from err
+        except NotFound as err:
+            raise _error(web.HTTPNotFound, str(err)) from err
+
+    # -- service -------------------------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def capabilities(self, request: web.Request) -> web.Response:
+        served = self.service.served
+        return web.json_response({"supported_models": [{"model_name": served.name, "max_context_length":
+                                                        served.max_context, "trainable": True, "sampleable": True}]})
+
+    async def client_config(self, request: web.Request) -> web.Response:
+        return web.json_response(CLIENT_CONFIG)
+
+    async def dynamic_config(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        await read_json(request)
+        return web.json_response({"type": "create_session", "session_id": self.service.create_session(request[OWNER])})
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        self.service.check_session(request[OWNER], str(body.get("session_id", "")))
+        return web.json_response({"type": "session_heartbeat"})
+
+    async def finish_session(self, request: web.Request) -> web.Response:
+        await self.service.finish_session(request[OWNER], request.match_info["session_id"])
+        return web.json_response({})
+
+    async def telemetry(self, request: web.Request) -> web.Response:
+        await read_json(request)
+        return web.json_response({"status": "accepted"})
+
+    # -- training ------------------------------------------------------------------------------------
+    def _future(self, request_id: str, model_id: str | None = None, **extra: Any) -> web.Response:
+        return web.json_response({"request_id": request_id, "model_id": model_id, **extra})
+
+    async def create_model(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.CreateModel, await read_json(request))
+        adapter = body.lora_config.shape() if body.lora_config else None
+        return self._future(self.service.create_model(request[OWNER], body.session_id, body.base_model, adapter))
+
+    async def get_info(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        return web.json_response(self.service.info(request[OWNER], str(body.get("model_id", ""))))
+
+    async def forward_backward(self, request: web.Request) -> web.Response:
+        call = decode_forward_backward(await request.read())
+        return self._future(self.service.forward_backward(request[OWNER], call), call.model_id)
+
+    async def optim_step(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.OptimStep, await read_json(request))
+        assert body.adam_params is not None  # the schema refuses a step without them
+        request_id = self.service.optim_step(request[OWNER], body.model_id, body.adam_params.step_args())
+        return self._future(request_id, body.model_id)
+
+    async def save_for_sampler(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.SaveForSampler, await read_json(request))
+        request_id = self.service.save_for_sampler(request[OWNER], body.model_id, body.path,
+                                                   body.sampling_session_seq_id)
+        return self._future(request_id, body.model_id)
+
+    # -- sampling ------------------------------------------------------------------------------------
+    async def create_sampling_session(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.CreateSamplingSession, await read_json(request))
+        sampler_id = await self.service.create_sampling_session(request[OWNER], body.session_id, body.base_model,
+                                                                body.model_path)
+        return web.json_response({"type": "create_sampling_session", "sampling_session_id": sampler_id})
+
+    async def sampler_info(self, request: web.Request) -> web.Response:
+        sampler_id = request.match_info["sampler_id"]
+        sampler = self.service.sampler(request[OWNER], sampler_id)
+        return web.json_response({"sampler_id": sampler_id, "base_model": sampler.base_model,
+                                  "model_path": sampler.model_path})
+
+    async def sample(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.Sample, await read_json(request))
+        prompt = body.prompt.tokens()
+        owner = request[OWNER]
+        room = self.service.sampler(owner, body.sampling_session_id).max_len - len(prompt)
+        request_id = self.service.sample(owner, body.sampling_session_id, prompt, body.num_samples,
+                                         body.sampling_params.checked(max(room, 1)), bool(body.prompt_logprobs))
+        return self._future(request_id, sample_sequence_ids=[f"{request_id}-{i}" for i in range(body.num_samples)])
+
+    # -- futures -------------------------------------------------------------------------------------
+    async def retrieve_future(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.FutureRetrieve, await read_json(request))
+        try:
+            outcome = await self.futures.retrieve(body.request_id, request[OWNER])
+        except KeyError:
+            raise NotFound(f"request {body.request_id!r} is not one of yours") from None
+        if outcome is None:
+            return web.json_response({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+        if outcome.error is not None:
+            return web.json_response({"error": outcome.error, "category": outcome.category})
+        if outcome.proto is not None:
+            return web.Response(body=outcome.proto, content_type="application/x-protobuf")
+        return web.json_response(outcome.json)

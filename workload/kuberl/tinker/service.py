@@ -1,0 +1,309 @@
+"""What the Tinker front door serves, for several clients at once: their sessions, training models,
+saved weights and samplers, each visible only to the client (API key) that made it.
+
+Training work (create a model, forward/backward, optimizer step, save weights) runs one piece at a
+time on a worker thread, taken round-robin over the clients that have work waiting — so one client's
+long queue delays another's by at most one piece of work — and, within a client, in the order it was
+sent (the SDK sends a model's requests in its own order: an optimizer step after the forward/backward
+passes before it). Sampling runs beside it on each sampler's engine.
+
+Each client may train several LoRA adapters on the shared base model; a full-parameter model (no
+``lora_config``) changes the base itself, so it has the server to itself: it is refused while any other
+model exists, and every other model is refused while it does. At most ``Limits.samplers`` samplers
+live at once: creating one more stops the least recently used, and its client's next sample says it
+was evicted and how to get it back (save the weights again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..models.lora import AdapterError
+from .errors import ClientError
+from .futures import SERVER, USER, FutureTable, Outcome
+from .sampler import SampleParams, Sampler
+from .trainee import AdapterShape, Trainee
+from .wire import ForwardBackwardCall, encode_forward_backward_output, encode_sample_response
+
+log = logging.getLogger(__name__)
+Work = Callable[[], Awaitable[Outcome]]  # a piece of training work: its heavy part in a thread
+SCHEME = "tinker://"
+
+
+class NotFound(KeyError):
+    """No such model, sampler or session for this client (another client's reads the same)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The base model this server trains and samples: its name as clients give it, and the module."""
+
+    name: str
+    module: torch.nn.Module
+    eos_id: int
+    pad_id: int
+    decode: Callable[[list[int]], str]
+    tokenizer_id: str | None = None
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.module.config, "max_position_embeddings", 2**31 - 1))
+
+
+@dataclass(frozen=True)
+class Limits:
+    models_per_client: int = 4
+    samplers: int = 8  # live samplers over all clients
+    snapshots_per_model: int = 16  # named saves kept per training model (oldest dropped)
+
+
+@dataclass
+class _Model:
+    owner: str
+    session: str
+    trainee: Trainee
+    snapshots: collections.OrderedDict[str, dict[str, torch.Tensor]] = field(default_factory=collections.OrderedDict)
+
+
+@dataclass
+class _SamplerEntry:
+    owner: str
+    session: str
+    sampler: Sampler
+
+
+class TinkerService:
+    def __init__(self, served: ServedModel, futures: FutureTable | None = None, limits: Limits | None = None,
+                 seed: int = 0):
+        self.served, self.futures, self.limits, self.seed = served, futures or FutureTable(), limits or Limits(), seed
+        self.sessions: dict[str, str] = {}  # session id → owner
+        self.models: dict[str, _Model] = {}
+        self.samplers: collections.OrderedDict[str, _SamplerEntry] = collections.OrderedDict()  # LRU first
+        self.evicted: dict[str, str] = {}  # sampler id → owner
+        self._work: dict[str, collections.deque[tuple[str, Work]]] = {}
+        self._ready = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._sampler_seeds = itertools.count(seed + 1)
+        self._sampling: set[asyncio.Task[None]] = set()  # running samples (the loop keeps only weak references)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._worker = asyncio.get_running_loop().create_task(self._run_work(), name="tinker-training")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        for entry in self.samplers.values():
+            await entry.sampler.stop()
+
+    # -- sessions ----------------------------------------------------------------------------------
+    def create_session(self, owner: str) -> str:
+        session_id = f"session-{uuid.uuid4().hex}"
+        self.sessions[session_id] = owner
+        return session_id
+
+    def check_session(self, owner: str, session_id: str) -> None:
+        if self.sessions.get(session_id) != owner:
+            raise NotFound(f"session {session_id!r} is not one of yours")
+
+    async def finish_session(self, owner: str, session_id: str) -> None:
+        """The session ends: its training models, their saved weights and its samplers are released."""
+        self.check_session(owner, session_id)
+        del self.sessions[session_id]
+        for model_id in [m for m, model in self.models.items() if model.session == session_id]:
+            del self.models[model_id]
+        for sampler_id in [s for s, entry in self.samplers.items() if entry.session == session_id]:
+            await self.samplers.pop(sampler_id).sampler.stop()
+
+    # -- training ----------------------------------------------------------------------------------
+    def _model(self, owner: str, model_id: str) -> _Model:
+        model = self.models.get(model_id)
+        if model is None or model.owner != owner:
+            raise NotFound(f"model {model_id!r} is not one of yours (create it first)")
+        return model
+
+    def check_base(self, base_model: str) -> None:
+        if base_model != self.served.name:
+            raise ClientError(f"base_model {base_model!r} is not served here; this server serves "
+                                 f"{self.served.name!r} (get_server_capabilities lists it)")
+
+    def create_model(self, owner: str, session_id: str, base_model: str, adapter: AdapterShape | None) -> str:
+        self.check_session(owner, session_id)
+        self.check_base(base_model)
+        if sum(m.owner == owner for m in self.models.values()) >= self.limits.models_per_client:
+            raise ClientError(f"you have {self.limits.models_per_client} training models, the most a client "
+                                 "may hold here")
+        full = [m for m in self.models.values() if m.trainee.adapter is None]
+        if full or (adapter is None and self.models):
+            raise ClientError("a full-parameter model (no lora_config) changes the base model every client "
+                                 "shares, so it needs the server to itself: "
+                                 + ("one is training now" if full else f"{len(self.models)} other models exist"))
+        model_id = f"model-{uuid.uuid4().hex[:16]}"
+
+        async def build() -> Outcome:
+            try:
+                trainee = await asyncio.to_thread(Trainee, self.served.module, adapter, self.served.pad_id)
+            except AdapterError as err:
+                return Outcome(error=f"lora_config: {err}")
+            self.models[model_id] = _Model(owner, session_id, trainee)
+            return Outcome(json={"model_id": model_id, "type": "create_model"})
+
+        return self._submit(owner, build)
+
+    def info(self, owner: str, model_id: str) -> dict[str, Any]:
+        model = self._model(owner, model_id)
+        adapter = model.trainee.adapter
+        return {"type": "get_info", "model_id": model_id, "model_name": self.served.name,
+                "is_lora": adapter is not None, "lora_rank": adapter.rank if adapter else None,
+                "model_data": {"arch": type(self.served.module).__name__, "model_name": self.served.name,
+                               "tokenizer_id": self.served.tokenizer_id}}
+
+    def forward_backward(self, owner: str, call: ForwardBackwardCall) -> str:
+        model = self._model(owner, call.model_id)
+
+        async def run() -> Outcome:
+            outputs, metrics = await asyncio.to_thread(model.trainee.forward_backward, call)
+            return Outcome(proto=encode_forward_backward_output(outputs, metrics))
+
+        return self._submit(owner, run)
+
+    def optim_step(self, owner: str, model_id: str, adam: dict[str, float]) -> str:
+        model = self._model(owner, model_id)
+
+        async def step() -> Outcome:
+            metrics = await asyncio.to_thread(lambda: model.trainee.optim_step(**adam))
+            return Outcome(json={"type": "optim_step", "metrics": metrics})
+
+        return self._submit(owner, step)
+
+    def save_for_sampler(self, owner: str, model_id: str, name: str | None, session_seq: int | None) -> str:
+        """A snapshot of the model's weights: under ``tinker://MODEL/sampler_weights/NAME`` when named, else
+        served at once by a new sampler (the SDK's ``save_weights_and_get_sampling_client``)."""
+        model = self._model(owner, model_id)
+
+        async def save() -> Outcome:
+            weights = await asyncio.to_thread(model.trainee.weights)
+            if name is None:
+                sampler_id = await self._new_sampler(owner, model.session, model.trainee.adapter, weights, None)
+                return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
+            path = f"{SCHEME}{model_id}/sampler_weights/{name}"
+            model.snapshots[path] = weights
+            model.snapshots.move_to_end(path)
+            while len(model.snapshots) > self.limits.snapshots_per_model:
+                model.snapshots.popitem(last=False)
+            return Outcome(json={"type": "save_weights_for_sampler", "path": path})
+
+        del session_seq  # the SDK numbers its sampling sessions; ids here are unique on their own
+        return self._submit(owner, save)
+
+    # -- sampling ----------------------------------------------------------------------------------
+    async def _new_sampler(self, owner: str, session: str, adapter: AdapterShape | None,
+                           weights: dict[str, torch.Tensor] | None, path: str | None) -> str:
+        kwargs: dict[str, Any] = {"eos_id": self.served.eos_id, "pad_id": self.served.pad_id,
+                                  "decode": self.served.decode, "seed": next(self._sampler_seeds),
+                                  "base_model": self.served.name, "model_path": path}
+        sampler = (Sampler(self.served.module, **kwargs) if weights is None
+                   else await asyncio.to_thread(Sampler.of_weights, self.served.module, adapter, weights, **kwargs))
+        sampler.start()
+        sampler_id = f"sampler-{uuid.uuid4().hex[:16]}"
+        self.samplers[sampler_id] = _SamplerEntry(owner, session, sampler)
+        while len(self.samplers) > self.limits.samplers:
+            old_id, old = self.samplers.popitem(last=False)
+            self.evicted[old_id] = old.owner
+            await old.sampler.stop()
+            log.info("sampler %s evicted (at most %d live)", old_id, self.limits.samplers)
+        return sampler_id
+
+    async def create_sampling_session(self, owner: str, session_id: str, base_model: str | None,
+                                      model_path: str | None) -> str:
+        self.check_session(owner, session_id)
+        if model_path is None:
+            self.check_base(base_model or "")
+            return await self._new_sampler(owner, session_id, None, None, None)
+        model_id = model_path.removeprefix(SCHEME).split("/", 1)[0]
+        model = self._model(owner, model_id)
+        if model_path not in model.snapshots:
+            raise NotFound(f"model_path {model_path!r}: no such saved weights (save_weights_for_sampler names them)")
+        return await self._new_sampler(owner, session_id, model.trainee.adapter, model.snapshots[model_path],
+                                       model_path)
+
+    def sampler(self, owner: str, sampler_id: str) -> Sampler:
+        if self.evicted.get(sampler_id) == owner:
+            raise ClientError(f"sampler {sampler_id!r} was evicted ({self.limits.samplers} samplers live at "
+                                 "most on this server); save the weights again for a new one")
+        entry = self.samplers.get(sampler_id)
+        if entry is None or entry.owner != owner:
+            raise NotFound(f"sampler {sampler_id!r} is not one of yours")
+        self.samplers.move_to_end(sampler_id)
+        return entry.sampler
+
+    def sample(self, owner: str, sampler_id: str, prompt: list[int], n: int, params: SampleParams,
+               with_prompt_logprobs: bool) -> str:
+        sampler = self.sampler(owner, sampler_id)
+        sampler.check_prompt(prompt)
+        room = sampler.max_len - len(prompt)
+        params = SampleParams(min(params.max_tokens, room), params.temperature, params.top_p,
+                              params.stop_tokens, params.stop_strings)
+        request_id = self.futures.open(owner)
+
+        async def run() -> None:
+            try:
+                sequences = await sampler.sample(prompt, n, params)
+                prompt_logprobs = await sampler.prompt_logprobs(prompt) if with_prompt_logprobs else None
+                outcome = Outcome(proto=encode_sample_response(sequences, prompt_logprobs))
+            except Exception as err:  # the client gets it as the future's failure; the log keeps the trace
+                log.exception("sample %s failed", request_id)
+                outcome = Outcome(error=f"sampling failed: {err}", category=SERVER)
+            self.futures.finish(request_id, outcome)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._sampling.add(task)
+        task.add_done_callback(self._sampling.discard)
+        return request_id
+
+    # -- the training worker -----------------------------------------------------------------------
+    def _submit(self, owner: str, work: Work) -> str:
+        request_id = self.futures.open(owner)
+        self._work.setdefault(owner, collections.deque()).append((request_id, work))
+        self._ready.set()
+        return request_id
+
+    def _next_work(self) -> tuple[str, Work] | None:
+        """The next piece of work, round-robin over clients: the first client with work goes to the back."""
+        for owner in list(self._work):
+            queue = self._work.pop(owner)
+            if queue:
+                item = queue.popleft()
+                if queue:
+                    self._work[owner] = queue
+                return item
+        return None
+
+    async def _run_work(self) -> None:
+        while True:
+            item = self._next_work()
+            if item is None:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            request_id, work = item
+            try:
+                outcome = await work()
+            except ClientError as err:
+                outcome = Outcome(error=str(err), category=USER)
+            except Exception as err:  # the client gets it as the future's failure; the log keeps the trace
+                log.exception("request %s failed", request_id)
+                outcome = Outcome(error=f"{type(err).__name__}: {err}", category=SERVER)
+            self.futures.finish(request_id, outcome)

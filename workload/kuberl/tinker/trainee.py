@@ -1,0 +1,122 @@
+"""One client's training model: the base policy with its own LoRA adapter (or all of it, full-parameter),
+its optimizer and the gradients it has accumulated since its last step.
+
+``forward_backward`` adds the gradient of Σ over datums of the loss (:mod:`.losses`) to what earlier
+calls left, so several calls before one ``optim_step`` are one larger batch, as in the Tinker API;
+``optim_step`` applies AdamW with the hyper-parameters of that call (learning rate, betas, eps,
+decoupled weight decay, and a global gradient-norm clip when ``grad_clip_norm`` > 0), then clears the
+gradients. ``weights`` is what a sampler of this model serves: the adapter's tensors, or every
+parameter.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..api.lora import LoraSpec
+from ..models import lora
+from .errors import ClientError
+from .losses import checked_inputs, loss_named, target_logprobs
+from .wire import ForwardBackwardCall
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+UNEMBED = ["lm_head"]
+
+
+@dataclass(frozen=True)
+class AdapterShape:
+    """A Tinker ``LoraConfig``: the rank, where the adapter goes, and the seed of its initial A."""
+
+    rank: int
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    seed: int | None = None
+
+    def spec(self) -> LoraSpec:
+        modules = ATTENTION * self.train_attn + MLP * self.train_mlp + UNEMBED * self.train_unembed
+        if not modules:
+            raise ClientError("lora_config: train_attn, train_mlp and train_unembed are all false")
+        return LoraSpec(rank=self.rank, target_modules=modules)
+
+
+class Trainee:
+    def __init__(self, base: torch.nn.Module, adapter: AdapterShape | None, pad_id: int):
+        self.model = copy.deepcopy(base).train()
+        self.adapter = adapter
+        if adapter is not None:
+            lora.add_adapter(self.model, adapter.spec())
+            if adapter.seed is not None:
+                lora.init_adapter(self.model, adapter.seed)
+        else:
+            for param in self.model.parameters():
+                param.requires_grad_(True)
+        self.pad_id = pad_id
+        self.vocab = int(self.model.get_input_embeddings().num_embeddings)
+        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2**31 - 1))
+        self.trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trained, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        self.steps = 0
+
+    def _logits(self, sequences: list[list[int]]) -> torch.Tensor:
+        """[datums, longest, vocab]: each datum right-padded, pads masked out."""
+        longest = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(sequences):
+            ids[row, :len(seq)] = torch.tensor(seq)
+            mask[row, :len(seq)] = 1
+        return self.model(input_ids=ids, attention_mask=mask).logits
+
+    def _check(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
+        loss_named(call.loss_fn)
+        if not call.data:
+            raise ClientError("data: no datums")
+        checked = []
+        for i, datum in enumerate(call.data):
+            if not datum.tokens:
+                raise ClientError(f"data[{i}].model_input: no tokens")
+            if len(datum.tokens) > self.max_len:
+                raise ClientError(f"data[{i}].model_input: {len(datum.tokens)} tokens, the model takes {self.max_len}")
+            if min(datum.tokens) < 0 or max(datum.tokens) >= self.vocab:
+                raise ClientError(f"data[{i}].model_input: token ids must lie in [0, {self.vocab}), the model's "
+                                     "vocabulary")
+            inputs = {k: torch.from_numpy(np.array(v)) for k, v in datum.inputs.items()}
+            checked.append(checked_inputs(call.loss_fn, inputs, len(datum.tokens), self.vocab, i))
+        return checked
+
+    def forward_backward(self, call: ForwardBackwardCall) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+        """Each datum's ``logprobs`` and the metrics (``loss:sum``); gradients added unless forward-only."""
+        loss_fn, _ = loss_named(call.loss_fn)
+        inputs = self._check(call)
+        with torch.set_grad_enabled(not call.forward_only):
+            logits = self._logits([d.tokens for d in call.data])
+            total = torch.zeros(())
+            outputs = []
+            for row, (datum, checked) in enumerate(zip(call.data, inputs, strict=True)):
+                logp = target_logprobs(logits[row, :len(datum.tokens)], checked["target_tokens"])
+                total = total + loss_fn(logp, checked, call.config)
+                outputs.append({"logprobs": logp.detach().numpy()})
+            if not call.forward_only:
+                total.backward()
+        return outputs, {"loss:sum": float(total.detach())}
+
+    def optim_step(self, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   grad_clip_norm: float) -> dict[str, float]:
+        for group in self.optimizer.param_groups:
+            group.update(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
+        norm = torch.nn.utils.clip_grad_norm_(self.trained, grad_clip_norm if grad_clip_norm > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm:mean": float(norm)}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """What a sampler of this model needs beyond the base: the adapter's tensors, or every one."""
+        state = {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+        return lora.adapter_only(state) if self.adapter is not None else state
