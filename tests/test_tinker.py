@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
 from kuberl.api.spec import ModelSource
+from kuberl.checkpoint.store import LocalStore
 from kuberl.local.processes import free_port
 from kuberl.settings import DEFAULTS
 from kuberl.tinker import losses, wire
@@ -33,6 +33,7 @@ from kuberl.tinker.errors import ClientError
 from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
 from kuberl.tinker.service import Limits, ServedModel, TinkerService
+from kuberl.tinker.states import StateStore
 from kuberl_cli.serve import ServeError, client_names, read_keys
 
 from .run_processes import wait_until
@@ -168,14 +169,15 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     served = served_model(ModelSource(path=BASE), 0, DEFAULTS)
+    states = StateStore(LocalStore(tmp_path_factory.mktemp("states")))
     port, ready, stop = free_port(), threading.Event(), threading.Event()
     loop = asyncio.new_event_loop()
 
     async def main() -> None:
         started = asyncio.Event()
-        task = asyncio.create_task(serve(served, {ALICE: "alice", BOB: "bob"}, "127.0.0.1", port, 0, started,
+        task = asyncio.create_task(serve(served, {ALICE: "alice", BOB: "bob"}, "127.0.0.1", port, 0, states, started,
                                          Limits(samplers=3), poll_seconds=2.0))
         await started.wait()
         ready.set()
@@ -207,14 +209,14 @@ SEQUENCE = [5, 9, 14, 20, 27, 35, 44]
 @pytest.mark.slow
 def test_a_lora_client_learns_and_its_sampler_serves_exactly_what_it_trained(server: Server) -> None:
     with _client(server, ALICE) as alice:
-        _learns_and_serves(alice.create_lora_training_client(base_model=BASE, rank=8).result())
+        _learns_and_serves(alice.create_lora_training_client(base_model=BASE, rank=8, seed=0).result())
 
 
 def _learns_and_serves(training: tinker.TrainingClient) -> None:
     info = training.get_info()
     assert (info.is_lora, info.lora_rank, info.model_data.model_name) == (True, 8, BASE)
     first = last = None
-    for _ in range(16):
+    for _ in range(20):
         step = training.forward_backward([_datum(SEQUENCE)], "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
         last = step.result().metrics["loss:sum"]
@@ -285,7 +287,8 @@ def _bad_requests_reach_the_sdk_naming_what_is_wrong(server: Server, alice: tink
     sampler = training.save_weights_and_get_sampling_client().result()
     with pytest.raises(Exception, match=r"sampling_params\.top_k=5 is not served here"):
         sampler.sample(types.ModelInput.from_ints([5]), 1, types.SamplingParams(max_tokens=2, top_k=5)).result()
-    status, reply = server.post("create_model", {"session_id": "session-x", "base_model": BASE}, ALICE)
+    status, reply = server.post("create_model", {"session_id": "session-x", "model_seq_id": 0, "base_model": BASE},
+                                ALICE)
     assert status == 404 and "session 'session-x'" in reply["error"]
 
 
@@ -311,6 +314,39 @@ def test_the_least_recently_used_sampler_is_evicted_and_its_client_told_how_to_g
         assert len(samplers[-1].sample(prompt, 1, params).result().sequences[0].tokens) == 3
         with pytest.raises(Exception, match=r"was evicted .*save the weights again"):
             samplers[0].sample(prompt, 1, params).result()
+
+
+@pytest.mark.slow
+def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_and_only_for_its_client(
+        server: Server) -> None:
+    datum, adam = _datum(SEQUENCE), types.AdamParams(learning_rate=5e-3)
+    with _client(server, ALICE) as alice:
+        training = alice.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
+        for _ in range(3):
+            training.forward_backward([datum], "cross_entropy")
+            training.optim_step(adam).result()
+        path = training.save_state("after-3").result().path
+        assert path.startswith("tinker://") and path.endswith("/weights/after-3")
+        saved = _logprobs(training, datum)
+        training.forward_backward([datum], "cross_entropy")
+        training.optim_step(adam).result()
+        after_4 = _logprobs(training, datum)
+        assert after_4 != pytest.approx(saved, abs=1e-4)
+        with pytest.raises(Exception, match="exists; save under another name or with overwrite=True"):
+            training.save_state("after-3").result()
+    with _client(server, ALICE) as alice:  # a new session: the state outlived the old one
+        resumed = alice.create_training_client_from_state_with_optimizer(path).result()
+        assert _logprobs(resumed, datum) == pytest.approx(saved, abs=1e-6)
+        resumed.forward_backward([datum], "cross_entropy")
+        resumed.optim_step(adam).result()
+        # the same step from the same moments: Adam's state came back too (weights alone would step differently)
+        assert _logprobs(resumed, datum) == pytest.approx(after_4, abs=1e-5)
+    with _client(server, BOB) as bob, pytest.raises(Exception, match="no such state of yours"):
+        bob.create_training_client_from_state(path).result()
+
+
+def _logprobs(training: tinker.TrainingClient, datum: types.Datum) -> list[float]:
+    return training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
 
 
 # -- kuberl serve ----------------------------------------------------------------------------------------
@@ -350,8 +386,8 @@ def test_kuberl_serve_gives_each_client_a_private_key_and_serves_the_manifests_m
         assert server.get("get_server_capabilities", files["bob"].read_text()) == 200
         assert server.get("get_server_capabilities", key[:-1]) == 401
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+        proc.terminate()
+        assert proc.wait(60) == 0  # SIGTERM, as a pod is stopped: a clean exit
 
 
 def _healthy(server: Server) -> bool:

@@ -38,6 +38,8 @@ def read_keys(path: Path) -> dict[str, str]:
                              f"{MIN_KEY_CHARS} characters")
     if len(set(doc.values())) != len(doc):
         raise ServeError(f"--keys {path}: two clients share a key")
+    if not all(isinstance(c, str) and c.replace("-", "").isalnum() for c in doc):
+        raise ServeError(f"--keys {path}: client names are letters, digits and '-' (they name storage keys)")
     return {key: client for client, key in doc.items()}
 
 
@@ -66,13 +68,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         spec = load_experiment(Path(args.file), args.set or []).spec
+        directory = Path(tempfile.mkdtemp(prefix="kuberl-serve-"))
         if args.keys:
             keys = read_keys(Path(args.keys))
         else:
-            directory = Path(tempfile.mkdtemp(prefix="kuberl-serve-"))
             keys = made_keys(client_names(args.clients), directory)
             for client in keys.values():
                 print(f"client {client}: export TINKER_API_KEY=$(cat {directory / (client + '.key')})")
+        states = spec.checkpoint.uri or (directory / "states").as_uri() + "/"
     except (RunError, ServeError) as err:
         print(f"kuberl serve: {err}", file=sys.stderr)
         return 1
@@ -80,9 +83,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kuberl.tinker.serve import run, served_name
 
     print(f"serving {served_name(spec.model)} at http://{args.host}:{args.port} "
-          f"(tinker.ServiceClient(base_url=...)); Ctrl-C stops it", flush=True)
+          f"(tinker.ServiceClient(base_url=...)); training states in {states}; Ctrl-C stops it", flush=True)
     try:
-        run(spec.model, spec.seed, keys, args.host, args.port, from_environment())
+        run(spec.model, spec.seed, keys, args.host, args.port, states, from_environment())
     except KeyboardInterrupt:
         pass
     return 0

@@ -7,7 +7,7 @@ loop with the ``tinker`` SDK (``forward_backward``, ``optim_step``, ``save_weigh
 - :mod:`.losses` — the built-in losses (cross-entropy, importance sampling, PPO, CISPO), as formulas.
 - :mod:`.trainee` — one client's training model (its LoRA adapter or the whole model, AdamW);
   :mod:`.sampler` — a fixed set of weights on the torch engine.
-- :mod:`.futures` — long work as futures the client polls; :mod:`.service` — sessions, models and
+- :mod:`.states` — saved training states in a checkpoint store; :mod:`.futures` — long work as futures the client polls; :mod:`.service` — sessions, models and
   samplers per client, the round-robin training worker; :mod:`.server` — the HTTP routes and keys.
 - :mod:`.serve` — ``kuberl serve FILE``: all of it for a manifest's model on one machine.
 """

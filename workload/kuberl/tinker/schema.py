@@ -39,6 +39,7 @@ class LoraConfig(_Request):
 
 class CreateModel(_Request):
     session_id: str
+    model_seq_id: int = Field(ge=0)
     base_model: str
     lora_config: LoraConfig | None = None
     optimizer_config: dict[str, Any] = Field(default_factory=lambda: {"type": "adamw"})
@@ -85,6 +86,30 @@ class SaveForSampler(_Request):
     @model_validator(mode="after")
     def _snapshots_only(self) -> SaveForSampler:
         _refuse("kind", self.kind, "snapshot")
+        return self
+
+
+class SaveState(_Request):
+    model_id: str
+    path: str
+    overwrite: bool = False
+
+
+class LoadState(_Request):
+    """Into a model (``model_id``), or a new one (``session_id`` + ``model_seq_id``: the SDK's create-from-state)."""
+
+    path: str
+    optimizer: bool
+    model_id: str | None = None
+    session_id: str | None = None
+    model_seq_id: int | None = Field(None, ge=0)
+    weights_access_token: str | None = None
+
+    @model_validator(mode="after")
+    def _addressed(self) -> LoadState:
+        _refuse("weights_access_token", self.weights_access_token, None)
+        if (self.model_id is None) == (self.session_id is None or self.model_seq_id is None):
+            raise ValueError("give model_id, or session_id with model_seq_id")
         return self
 
 
@@ -162,5 +187,6 @@ def parse(model: type[Parsed], body: Any) -> Parsed:
     try:
         return model.model_validate(body)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in err.errors())
         raise ClientError(problems) from err

@@ -6,6 +6,7 @@ Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in
     POST client/config, client/dynamic_config   the SDK's feature flags: the ones this server serves
     POST create_session, session_heartbeat, sessions/{id}/finish, telemetry (accepted, not kept)
     POST create_model, get_info, forward_backward (protocol buffers), optim_step,
+         save_weights (save_state), load_weights (load_state, create from a state),
          save_weights_for_sampler, create_sampling_session, asample
     POST retrieve_future                       long work's result: JSON, protocol buffers, or "try again"
 
@@ -77,6 +78,7 @@ class TinkerApi:
             "sessions/{session_id}/finish": self.finish_session, "telemetry": self.telemetry,
             "create_model": self.create_model, "get_info": self.get_info, "forward_backward": self.forward_backward,
             "optim_step": self.optim_step, "save_weights_for_sampler": self.save_for_sampler,
+            "save_weights": self.save_state, "load_weights": self.load_state,
             "create_sampling_session": self.create_sampling_session, "asample": self.sample,
             "retrieve_future": self.retrieve_future}
         app.add_routes([web.get(f"{PREFIX}/{path}", handler) for path, handler in get.items()]
@@ -140,7 +142,8 @@ class TinkerApi:
     async def create_model(self, request: web.Request) -> web.Response:
         body = schema.parse(schema.CreateModel, await read_json(request))
         adapter = body.lora_config.shape() if body.lora_config else None
-        return self._future(self.service.create_model(request[OWNER], body.session_id, body.base_model, adapter))
+        return self._future(self.service.create_model(request[OWNER], body.session_id, body.model_seq_id,
+                                                      body.base_model, adapter))
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -161,6 +164,21 @@ class TinkerApi:
         request_id = self.service.save_for_sampler(request[OWNER], body.model_id, body.path,
                                                    body.sampling_session_seq_id)
         return self._future(request_id, body.model_id)
+
+    async def save_state(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.SaveState, await read_json(request))
+        request_id = self.service.save_state(request[OWNER], body.model_id, body.path, body.overwrite)
+        return self._future(request_id, body.model_id)
+
+    async def load_state(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.LoadState, await read_json(request))
+        owner = request[OWNER]
+        if body.model_id is not None:
+            return self._future(self.service.load_state(owner, body.model_id, body.path, body.optimizer),
+                                body.model_id)
+        assert body.session_id is not None and body.model_seq_id is not None  # the schema checked
+        return self._future(self.service.create_from_state(owner, body.session_id, body.model_seq_id, body.path,
+                                                           body.optimizer))
 
     # -- sampling ------------------------------------------------------------------------------------
     async def create_sampling_session(self, request: web.Request) -> web.Response:

@@ -11,7 +11,9 @@ Each client may train several LoRA adapters on the shared base model; a full-par
 ``lora_config``) changes the base itself, so it has the server to itself: it is refused while any other
 model exists, and every other model is refused while it does. At most ``Limits.samplers`` samplers
 live at once: creating one more stops the least recently used, and its client's next sample says it
-was evicted and how to get it back (save the weights again).
+was evicted and how to get it back (save the weights again). Training states (``save_state``) outlive
+sessions in a checkpoint store (:mod:`.states`); a model's id is ``SESSION:train:SEQ``, as the SDK derives
+it when it creates a model from a state.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ from ..models.lora import AdapterError
 from .errors import ClientError
 from .futures import SERVER, USER, FutureTable, Outcome
 from .sampler import SampleParams, Sampler
+from .states import SCHEME, StateStore, TrainingState, state_path
 from .trainee import AdapterShape, Trainee
 from .wire import ForwardBackwardCall, encode_forward_backward_output, encode_sample_response
 
 log = logging.getLogger(__name__)
 Work = Callable[[], Awaitable[Outcome]]  # a piece of training work: its heavy part in a thread
-SCHEME = "tinker://"
 
 
 class NotFound(KeyError):
@@ -86,8 +88,9 @@ class _SamplerEntry:
 
 class TinkerService:
     def __init__(self, served: ServedModel, futures: FutureTable | None = None, limits: Limits | None = None,
-                 seed: int = 0):
+                 seed: int = 0, states: StateStore | None = None):
         self.served, self.futures, self.limits, self.seed = served, futures or FutureTable(), limits or Limits(), seed
+        self.states = states
         self.sessions: dict[str, str] = {}  # session id → owner
         self.models: dict[str, _Model] = {}
         self.samplers: collections.OrderedDict[str, _SamplerEntry] = collections.OrderedDict()  # LRU first
@@ -96,6 +99,7 @@ class TinkerService:
         self._ready = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._sampler_seeds = itertools.count(seed + 1)
+        self._adapter_seeds = itertools.count(seed)  # an adapter whose lora_config names no seed: the next
         self._sampling: set[asyncio.Task[None]] = set()  # running samples (the loop keeps only weak references)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -139,9 +143,14 @@ class TinkerService:
             raise ClientError(f"base_model {base_model!r} is not served here; this server serves "
                                  f"{self.served.name!r} (get_server_capabilities lists it)")
 
-    def create_model(self, owner: str, session_id: str, base_model: str, adapter: AdapterShape | None) -> str:
+    def _check_new_model(self, owner: str, session_id: str, model_seq_id: int, base_model: str,
+                         adapter: AdapterShape | None) -> str:
+        """The new model's id (``SESSION:train:SEQ``, as the SDK derives it), or ClientError saying why not."""
         self.check_session(owner, session_id)
         self.check_base(base_model)
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if model_id in self.models:
+            raise ClientError(f"model_seq_id {model_seq_id}: this session already has that model")
         if sum(m.owner == owner for m in self.models.values()) >= self.limits.models_per_client:
             raise ClientError(f"you have {self.limits.models_per_client} training models, the most a client "
                                  "may hold here")
@@ -150,11 +159,16 @@ class TinkerService:
             raise ClientError("a full-parameter model (no lora_config) changes the base model every client "
                                  "shares, so it needs the server to itself: "
                                  + ("one is training now" if full else f"{len(self.models)} other models exist"))
-        model_id = f"model-{uuid.uuid4().hex[:16]}"
+        return model_id
+
+    def create_model(self, owner: str, session_id: str, model_seq_id: int, base_model: str,
+                     adapter: AdapterShape | None) -> str:
+        model_id = self._check_new_model(owner, session_id, model_seq_id, base_model, adapter)
 
         async def build() -> Outcome:
             try:
-                trainee = await asyncio.to_thread(Trainee, self.served.module, adapter, self.served.pad_id)
+                trainee = await asyncio.to_thread(Trainee, self.served.module, adapter, self.served.pad_id,
+                                                  next(self._adapter_seeds))
             except AdapterError as err:
                 return Outcome(error=f"lora_config: {err}")
             self.models[model_id] = _Model(owner, session_id, trainee)
@@ -207,6 +221,56 @@ class TinkerService:
 
         del session_seq  # the SDK numbers its sampling sessions; ids here are unique on their own
         return self._submit(owner, save)
+
+    def _states(self) -> StateStore:
+        if self.states is None:
+            raise ClientError("this server keeps no training states (it was started without a checkpoint store)")
+        return self.states
+
+    def save_state(self, owner: str, model_id: str, name: str, overwrite: bool) -> str:
+        model, states = self._model(owner, model_id), self._states()
+        path = state_path(model_id, name)
+
+        async def save() -> Outcome:
+            trainee = model.trainee
+            state = TrainingState(self.served.name, trainee.adapter, trainee.weights(), trainee.optimizer_state(),
+                                  trainee.steps)
+            await asyncio.to_thread(states.save, owner, path, state, overwrite)
+            return Outcome(json={"type": "save_weights", "path": path})
+
+        return self._submit(owner, save)
+
+    def load_state(self, owner: str, model_id: str, path: str, with_optimizer: bool) -> str:
+        """Into an existing model (same adapter shape): its weights and, with ``with_optimizer``, its optimizer."""
+        model, states = self._model(owner, model_id), self._states()
+
+        async def load() -> Outcome:
+            state = await asyncio.to_thread(states.load, owner, path)
+            if state.adapter != model.trainee.adapter:
+                raise ClientError(f"path {path!r} holds a model with adapter {state.adapter}, this one has "
+                                  f"{model.trainee.adapter}")
+            await asyncio.to_thread(model.trainee.restore, state.weights, state.optimizer if with_optimizer else None,
+                                    state.steps)
+            return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
+
+        return self._submit(owner, load)
+
+    def create_from_state(self, owner: str, session_id: str, model_seq_id: int, path: str,
+                          with_optimizer: bool) -> str:
+        """A new model made from a saved state: its adapter shape, weights and (``with_optimizer``) optimizer."""
+        states = self._states()
+        self.check_session(owner, session_id)
+
+        async def create() -> Outcome:
+            state = await asyncio.to_thread(states.load, owner, path)
+            model_id = self._check_new_model(owner, session_id, model_seq_id, state.base_model, state.adapter)
+            trainee = await asyncio.to_thread(Trainee, self.served.module, state.adapter, self.served.pad_id)
+            await asyncio.to_thread(trainee.restore, state.weights, state.optimizer if with_optimizer else None,
+                                    state.steps)
+            self.models[model_id] = _Model(owner, session_id, trainee)
+            return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
+
+        return self._submit(owner, create)
 
     # -- sampling ----------------------------------------------------------------------------------
     async def _new_sampler(self, owner: str, session: str, adapter: AdapterShape | None,

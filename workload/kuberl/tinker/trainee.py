@@ -46,13 +46,13 @@ class AdapterShape:
 
 
 class Trainee:
-    def __init__(self, base: torch.nn.Module, adapter: AdapterShape | None, pad_id: int):
+    def __init__(self, base: torch.nn.Module, adapter: AdapterShape | None, pad_id: int, seed: int = 0):
+        """``seed``: the adapter's initial A when its shape names none (B starts at zero either way)."""
         self.model = copy.deepcopy(base).train()
         self.adapter = adapter
         if adapter is not None:
             lora.add_adapter(self.model, adapter.spec())
-            if adapter.seed is not None:
-                lora.init_adapter(self.model, adapter.seed)
+            lora.init_adapter(self.model, adapter.seed if adapter.seed is not None else seed)
         else:
             for param in self.model.parameters():
                 param.requires_grad_(True)
@@ -115,6 +115,22 @@ class Trainee:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return {"grad_norm:mean": float(norm)}
+
+    def optimizer_state(self) -> dict[str, object]:
+        return self.optimizer.state_dict()
+
+    def restore(self, weights: dict[str, torch.Tensor], optimizer: dict[str, object] | None, steps: int) -> None:
+        """Back to a saved state: its trained weights and, when given, its optimizer's moments and step count."""
+        missing = set(self.weights()) ^ set(weights)
+        if missing:
+            raise ClientError(f"the state's weights do not fit this model (differing: {sorted(missing)[:3]} …): "
+                              "load it into a model with the same LoRA shape, or create one from it")
+        with torch.no_grad():
+            self.model.load_state_dict(weights, strict=False)
+        if optimizer is not None:
+            self.optimizer.load_state_dict(optimizer)
+            self.steps = steps
+        self.optimizer.zero_grad(set_to_none=True)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """What a sampler of this model needs beyond the base: the adapter's tensors, or every one."""

@@ -1,0 +1,84 @@
+"""Training states (the SDK's ``save_state`` / ``load_state``): a model's trained weights, its optimizer's state
+and what it is (base model, adapter shape), kept in a checkpoint store (``file://`` or ``s3://``, as
+``spec.checkpoint.uri``) so that a client resumes after its session, or the server, ends.
+
+``tinker://MODEL/weights/NAME`` is kept under ``<uri>tinker/<client>/<MODEL>/<NAME>/``: ``state.pt`` (the
+tensors, read back with ``torch.load(weights_only=True)``: no code in a state runs) and ``meta.json``. The
+client is part of the key, so a client reads only states it saved: another's path is "no such state".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.store import CheckpointError, Store
+from .errors import ClientError
+from .trainee import AdapterShape
+
+SCHEME = "tinker://"
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+PATH = re.compile(rf"^{SCHEME}(?P<model>[A-Za-z0-9:._-]{{1,200}})/weights/(?P<name>[A-Za-z0-9._-]{{1,128}})$")
+STATE, META = "state.pt", "meta.json"
+
+
+@dataclass
+class TrainingState:
+    base_model: str
+    adapter: AdapterShape | None
+    weights: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    steps: int
+
+
+def state_path(model_id: str, name: str) -> str:
+    if not NAME.match(name):
+        raise ClientError(f"path {name!r}: a state's name is 1–128 letters, digits, '.', '_' or '-'")
+    return f"{SCHEME}{model_id}/weights/{name}"
+
+
+def _key(owner: str, path: str) -> str:
+    match = PATH.match(path)
+    if match is None or match["model"] in (".", ".."):
+        raise ClientError(f"path {path!r}: a state is {SCHEME}MODEL/weights/NAME (save_state returns it)")
+    return f"tinker/{owner}/{match['model']}/{match['name']}/"
+
+
+class StateStore:
+    def __init__(self, store: Store):
+        self.store = store
+
+    def save(self, owner: str, path: str, state: TrainingState, overwrite: bool) -> None:
+        key = _key(owner, path)
+        if not overwrite and self.store.read_text(key + META) is not None:
+            raise ClientError(f"path {path!r} exists; save under another name or with overwrite=True")
+        meta = {"base_model": state.base_model, "steps": state.steps,
+                "adapter": dataclasses.asdict(state.adapter) if state.adapter else None}
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / STATE
+            torch.save({"weights": state.weights, "optimizer": state.optimizer}, local)
+            self.store.upload(local, key + STATE)
+        self.store.write_text(key + META, json.dumps(meta))  # last: a state with its meta is complete
+
+    def load(self, owner: str, path: str) -> TrainingState:
+        key = _key(owner, path)
+        text = self.store.read_text(key + META)
+        if text is None:
+            raise ClientError(f"path {path!r}: no such state of yours")
+        meta = json.loads(text)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / STATE
+            try:
+                self.store.download(key + STATE, local)
+            except CheckpointError as err:
+                raise ClientError(f"path {path!r}: its tensors cannot be read ({err})") from err
+            tensors = torch.load(local, weights_only=True)
+        adapter = AdapterShape(**meta["adapter"]) if meta["adapter"] else None
+        return TrainingState(meta["base_model"], adapter, tensors["weights"], tensors["optimizer"], meta["steps"])
