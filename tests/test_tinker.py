@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from prometheus_client import generate_latest
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
@@ -30,10 +31,12 @@ from kuberl.local.processes import free_port
 from kuberl.settings import DEFAULTS
 from kuberl.tinker import losses, wire
 from kuberl.tinker.errors import ClientError
+from kuberl.tinker.futures import FutureTable
 from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
-from kuberl.tinker.service import Limits, ServedModel, TinkerService
+from kuberl.tinker.service import Gone, Limits, NotFound, ServedModel, TinkerService
 from kuberl.tinker.states import StateStore
+from kuberl.tinker.trainee import AdapterShape
 from kuberl_cli.serve import ServeError, client_names, read_keys
 
 from .run_processes import wait_until
@@ -140,7 +143,7 @@ def test_training_work_is_taken_round_robin_over_clients_in_each_clients_order()
     ids = [service._submit(owner, nothing) for owner in ("alice", "alice", "alice", "bob", "carol", "bob")]
     taken = []
     while (item := service._next_work()) is not None:
-        taken.append(ids.index(item[0]))
+        taken.append(ids.index(item[1]))
     assert taken == [0, 3, 4, 1, 5, 2]  # alice, bob, carol, alice, bob, alice
 
 
@@ -396,3 +399,30 @@ def _healthy(server: Server) -> bool:
             return reply.status == 200
     except OSError:
         return False
+
+
+@pytest.mark.asyncio
+async def test_a_session_without_heartbeats_is_finished_and_its_models_released() -> None:
+    now = [0.0]
+    service = TinkerService(served_model(ModelSource(path=BASE), 0, DEFAULTS), FutureTable(poll_seconds=30),
+                            Limits(session_expiry_seconds=300), clock=lambda: now[0])
+    service.start()
+    try:
+        quiet, alive = service.create_session("alice"), service.create_session("alice")
+        made = [service.create_model("alice", s, 0, BASE, AdapterShape(2)) for s in (quiet, alive)]
+        outcomes = [await service.futures.retrieve(r, "alice") for r in made]
+        assert [o.error if o else "not done" for o in outcomes] == [None, None]
+        now[0] = 200.0
+        service.heartbeat("alice", alive)
+        now[0] = 301.0
+        assert await service.reap() == [quiet]
+        assert [m.session for m in service.models.values()] == [alive]
+        with pytest.raises(Gone, match=r"has finished .*no heartbeat for 300 s"):
+            service.heartbeat("alice", quiet)
+        with pytest.raises(NotFound):  # another client's finished session is still not its business
+            service.heartbeat("bob", quiet)
+        sample = generate_latest(service.metrics.registry).decode()
+        assert 'kuberl_tinker_models{client="alice"} 1.0' in sample
+        assert 'kuberl_tinker_sessions{client="alice"} 1.0' in sample
+    finally:
+        await service.stop()

@@ -2,7 +2,7 @@
 
 Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in ``X-API-Key``)::
 
-    GET  healthz, get_server_capabilities, samplers/{id}
+    GET  healthz, get_server_capabilities, samplers/{id}; and /metrics (Prometheus, per client: :mod:`.metrics`)
     POST client/config, client/dynamic_config   the SDK's feature flags: the ones this server serves
     POST create_session, session_heartbeat, sessions/{id}/finish, telemetry (accepted, not kept)
     POST create_model, get_info, forward_backward (protocol buffers), optim_step,
@@ -12,8 +12,8 @@ Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in
 
 Work that takes long (everything a model or sampler does) answers with a future at once; the client
 polls ``retrieve_future``. A bad request is a 400 whose ``error`` names the field, another client's
-model, sampler or future a 404, as if it did not exist; an unknown key a 401. Keys are compared in
-constant time and never logged.
+model, sampler or future a 404, as if it did not exist; a finished session a 410; an unknown key a 401.
+Keys are compared in constant time and never logged.
 """
 
 from __future__ import annotations
@@ -23,18 +23,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from ..auth import Handler
 from ..jsonbody import read_json
 from . import schema
 from .errors import ClientError
 from .futures import FutureTable
-from .service import NotFound, TinkerService
+from .service import Gone, NotFound, TinkerService
 from .wire import WireError, decode_forward_backward
 
 KEY_HEADER = "X-API-Key"
 PREFIX = "/api/v1"
-OPEN_PATHS = {f"{PREFIX}/healthz"}
+OPEN_PATHS = {f"{PREFIX}/healthz", "/metrics"}
 MAX_PROTO_BYTES = 16 * 2**20
 CHUNK_BYTES = 4 * 2**20  # the most a forward/backward request of the SDK carries (it splits larger batches)
 CLIENT_CONFIG = {
@@ -82,7 +83,8 @@ class TinkerApi:
             "create_sampling_session": self.create_sampling_session, "asample": self.sample,
             "retrieve_future": self.retrieve_future}
         app.add_routes([web.get(f"{PREFIX}/{path}", handler) for path, handler in get.items()]
-                       + [web.post(f"{PREFIX}/{path}", handler) for path, handler in post.items()])
+                       + [web.post(f"{PREFIX}/{path}", handler) for path, handler in post.items()]
+                       + [web.get("/metrics", self.prometheus)])
         return app
 
     @web.middleware
@@ -92,6 +94,9 @@ class TinkerApi:
             if owner is None:
                 raise _error(web.HTTPUnauthorized, f"a valid API key is required in {KEY_HEADER}")
             request[OWNER] = owner
+            route = request.match_info.route.resource
+            kind = route.canonical.removeprefix(PREFIX + "/") if route is not None else "unknown"
+            self.service.metrics.requests.labels(owner, kind).inc()
         return await handler(request)
 
     @web.middleware
@@ -102,10 +107,15 @@ class TinkerApi:
             raise _error(web.HTTPBadRequest, str(err)) from err
         except NotFound as err:
             raise _error(web.HTTPNotFound, str(err)) from err
+        except Gone as err:
+            raise _error(web.HTTPGone, str(err)) from err
 
     # -- service -------------------------------------------------------------------------------------
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.service.metrics.registry), content_type="text/plain")
 
     async def capabilities(self, request: web.Request) -> web.Response:
         served = self.service.served
@@ -124,7 +134,7 @@ class TinkerApi:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        self.service.check_session(request[OWNER], str(body.get("session_id", "")))
+        self.service.heartbeat(request[OWNER], str(body.get("session_id", "")))
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish_session(self, request: web.Request) -> web.Response:

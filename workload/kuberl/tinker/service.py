@@ -7,7 +7,9 @@ long queue delays another's by at most one piece of work — and, within a clien
 sent (the SDK sends a model's requests in its own order: an optimizer step after the forward/backward
 passes before it). Sampling runs beside it on each sampler's engine.
 
-Each client may train several LoRA adapters on the shared base model; a full-parameter model (no
+A session ends when its client closes it or sends no heartbeat for ``Limits.session_expiry_seconds``
+(the SDK sends one every 10 s): its models and samplers are released, and a later heartbeat is told the
+session is gone (410). Each client may train several LoRA adapters on the shared base model; a full-parameter model (no
 ``lora_config``) changes the base itself, so it has the server to itself: it is refused while any other
 model exists, and every other model is refused while it does. At most ``Limits.samplers`` samplers
 live at once: creating one more stops the least recently used, and its client's next sample says it
@@ -22,6 +24,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ import torch
 from ..models.lora import AdapterError
 from .errors import ClientError
 from .futures import SERVER, USER, FutureTable, Outcome
+from .metrics import TinkerMetrics
 from .sampler import SampleParams, Sampler
 from .states import SCHEME, StateStore, TrainingState, state_path
 from .trainee import AdapterShape, Trainee
@@ -39,6 +43,13 @@ from .wire import ForwardBackwardCall, encode_forward_backward_output, encode_sa
 
 log = logging.getLogger(__name__)
 Work = Callable[[], Awaitable[Outcome]]  # a piece of training work: its heavy part in a thread
+
+
+class Gone(KeyError):
+    """The session has finished (closed, or expired without heartbeats): the SDK stops its heartbeats on 410."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class NotFound(KeyError):
@@ -69,6 +80,7 @@ class Limits:
     models_per_client: int = 4
     samplers: int = 8  # live samplers over all clients
     snapshots_per_model: int = 16  # named saves kept per training model (oldest dropped)
+    session_expiry_seconds: float = 300.0  # a session with no heartbeat for this long is finished (the SDK: every 10 s)
 
 
 @dataclass
@@ -88,27 +100,33 @@ class _SamplerEntry:
 
 class TinkerService:
     def __init__(self, served: ServedModel, futures: FutureTable | None = None, limits: Limits | None = None,
-                 seed: int = 0, states: StateStore | None = None):
+                 seed: int = 0, states: StateStore | None = None, clock: Callable[[], float] = time.monotonic):
         self.served, self.futures, self.limits, self.seed = served, futures or FutureTable(), limits or Limits(), seed
-        self.states = states
+        self.states, self.clock, self.metrics = states, clock, TinkerMetrics()
         self.sessions: dict[str, str] = {}  # session id → owner
+        self.last_heard: dict[str, float] = {}  # session id → its last heartbeat (or its start)
+        self.finished: collections.OrderedDict[str, str] = collections.OrderedDict()  # the last 4096: id → owner
         self.models: dict[str, _Model] = {}
         self.samplers: collections.OrderedDict[str, _SamplerEntry] = collections.OrderedDict()  # LRU first
         self.evicted: dict[str, str] = {}  # sampler id → owner
         self._work: dict[str, collections.deque[tuple[str, Work]]] = {}
         self._ready = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
         self._sampler_seeds = itertools.count(seed + 1)
         self._adapter_seeds = itertools.count(seed)  # an adapter whose lora_config names no seed: the next
         self._sampling: set[asyncio.Task[None]] = set()  # running samples (the loop keeps only weak references)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        self._worker = asyncio.get_running_loop().create_task(self._run_work(), name="tinker-training")
+        loop = asyncio.get_running_loop()
+        self._worker = loop.create_task(self._run_work(), name="tinker-training")
+        self._reaper = loop.create_task(self._reap_forever(), name="tinker-sessions")
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
+        for task in (self._worker, self._reaper):
+            if task is not None:
+                task.cancel()
         for entry in self.samplers.values():
             await entry.sampler.stop()
 
@@ -116,20 +134,49 @@ class TinkerService:
     def create_session(self, owner: str) -> str:
         session_id = f"session-{uuid.uuid4().hex}"
         self.sessions[session_id] = owner
+        self.last_heard[session_id] = self.clock()
+        self.metrics.sessions.labels(owner).inc()
         return session_id
 
     def check_session(self, owner: str, session_id: str) -> None:
         if self.sessions.get(session_id) != owner:
+            if self.finished.get(session_id) == owner:
+                raise Gone(f"session {session_id!r} has finished (closed, or no heartbeat for "
+                           f"{self.limits.session_expiry_seconds:.0f} s): its models and samplers are released")
             raise NotFound(f"session {session_id!r} is not one of yours")
+
+    def heartbeat(self, owner: str, session_id: str) -> None:
+        self.check_session(owner, session_id)
+        self.last_heard[session_id] = self.clock()
 
     async def finish_session(self, owner: str, session_id: str) -> None:
         """The session ends: its training models, their saved weights and its samplers are released."""
         self.check_session(owner, session_id)
-        del self.sessions[session_id]
+        del self.sessions[session_id], self.last_heard[session_id]
+        self.finished[session_id] = owner
+        while len(self.finished) > 4096:
+            self.finished.popitem(last=False)
+        self.metrics.sessions.labels(owner).dec()
         for model_id in [m for m, model in self.models.items() if model.session == session_id]:
             del self.models[model_id]
+            self.metrics.models.labels(owner).dec()
         for sampler_id in [s for s, entry in self.samplers.items() if entry.session == session_id]:
             await self.samplers.pop(sampler_id).sampler.stop()
+            self.metrics.samplers.labels(owner).dec()
+
+    async def reap(self) -> list[str]:
+        """Finish every session not heard from for ``session_expiry_seconds``; their ids."""
+        now, limit = self.clock(), self.limits.session_expiry_seconds
+        expired = [s for s, heard in self.last_heard.items() if now - heard > limit]
+        for session_id in expired:
+            log.info("session %s expired: no heartbeat for %.0f s", session_id, now - self.last_heard[session_id])
+            await self.finish_session(self.sessions[session_id], session_id)
+        return expired
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.session_expiry_seconds / 10)
+            await self.reap()
 
     # -- training ----------------------------------------------------------------------------------
     def _model(self, owner: str, model_id: str) -> _Model:
@@ -171,10 +218,16 @@ class TinkerService:
                                                   next(self._adapter_seeds))
             except AdapterError as err:
                 return Outcome(error=f"lora_config: {err}")
-            self.models[model_id] = _Model(owner, session_id, trainee)
+            self._add_model(model_id, _Model(owner, session_id, trainee))
             return Outcome(json={"model_id": model_id, "type": "create_model"})
 
         return self._submit(owner, build)
+
+    def _add_model(self, model_id: str, model: _Model) -> None:
+        if model.session not in self.sessions:  # the session ended while the model was being made
+            raise ClientError(f"session {model.session!r} finished before its model was made")
+        self.models[model_id] = model
+        self.metrics.models.labels(model.owner).inc()
 
     def info(self, owner: str, model_id: str) -> dict[str, Any]:
         model = self._model(owner, model_id)
@@ -189,6 +242,7 @@ class TinkerService:
 
         async def run() -> Outcome:
             outputs, metrics = await asyncio.to_thread(model.trainee.forward_backward, call)
+            self.metrics.tokens.labels(owner, "trained").inc(sum(len(d.tokens) for d in call.data))
             return Outcome(proto=encode_forward_backward_output(outputs, metrics))
 
         return self._submit(owner, run)
@@ -267,7 +321,7 @@ class TinkerService:
             trainee = await asyncio.to_thread(Trainee, self.served.module, state.adapter, self.served.pad_id)
             await asyncio.to_thread(trainee.restore, state.weights, state.optimizer if with_optimizer else None,
                                     state.steps)
-            self.models[model_id] = _Model(owner, session_id, trainee)
+            self._add_model(model_id, _Model(owner, session_id, trainee))
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self._submit(owner, create)
@@ -283,9 +337,11 @@ class TinkerService:
         sampler.start()
         sampler_id = f"sampler-{uuid.uuid4().hex[:16]}"
         self.samplers[sampler_id] = _SamplerEntry(owner, session, sampler)
+        self.metrics.samplers.labels(owner).inc()
         while len(self.samplers) > self.limits.samplers:
             old_id, old = self.samplers.popitem(last=False)
             self.evicted[old_id] = old.owner
+            self.metrics.samplers.labels(old.owner).dec()
             await old.sampler.stop()
             log.info("sampler %s evicted (at most %d live)", old_id, self.limits.samplers)
         return sampler_id
@@ -325,12 +381,13 @@ class TinkerService:
         async def run() -> None:
             try:
                 sequences = await sampler.sample(prompt, n, params)
+                self.metrics.tokens.labels(owner, "sampled").inc(sum(len(s.tokens) for s in sequences))
                 prompt_logprobs = await sampler.prompt_logprobs(prompt) if with_prompt_logprobs else None
                 outcome = Outcome(proto=encode_sample_response(sequences, prompt_logprobs))
             except Exception as err:  # the client gets it as the future's failure; the log keeps the trace
                 log.exception("sample %s failed", request_id)
                 outcome = Outcome(error=f"sampling failed: {err}", category=SERVER)
-            self.futures.finish(request_id, outcome)
+            self._finish(owner, request_id, outcome)
 
         task = asyncio.get_running_loop().create_task(run())
         self._sampling.add(task)
@@ -341,18 +398,26 @@ class TinkerService:
     def _submit(self, owner: str, work: Work) -> str:
         request_id = self.futures.open(owner)
         self._work.setdefault(owner, collections.deque()).append((request_id, work))
+        self.metrics.queued.labels(owner).inc()
         self._ready.set()
         return request_id
 
-    def _next_work(self) -> tuple[str, Work] | None:
-        """The next piece of work, round-robin over clients: the first client with work goes to the back."""
+    def _finish(self, owner: str, request_id: str, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            self.metrics.failures.labels(owner, outcome.category).inc()
+        self.futures.finish(request_id, outcome)
+
+    def _next_work(self) -> tuple[str, str, Work] | None:
+        """The next piece of work (client, request, work), round-robin over clients: the first client with work
+        goes to the back."""
         for owner in list(self._work):
             queue = self._work.pop(owner)
             if queue:
-                item = queue.popleft()
+                request_id, work = queue.popleft()
                 if queue:
                     self._work[owner] = queue
-                return item
+                self.metrics.queued.labels(owner).dec()
+                return owner, request_id, work
         return None
 
     async def _run_work(self) -> None:
@@ -362,7 +427,7 @@ class TinkerService:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            request_id, work = item
+            owner, request_id, work = item
             try:
                 outcome = await work()
             except ClientError as err:
@@ -370,4 +435,4 @@ class TinkerService:
             except Exception as err:  # the client gets it as the future's failure; the log keeps the trace
                 log.exception("request %s failed", request_id)
                 outcome = Outcome(error=f"{type(err).__name__}: {err}", category=SERVER)
-            self.futures.finish(request_id, outcome)
+            self._finish(owner, request_id, outcome)
