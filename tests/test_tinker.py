@@ -5,6 +5,7 @@ other and serves what they trained."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import subprocess
@@ -36,13 +37,14 @@ from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
 from kuberl.tinker.service import Gone, Limits, NotFound, ServedModel, TinkerService
 from kuberl.tinker.states import StateStore
-from kuberl.tinker.trainee import AdapterShape
+from kuberl.tinker.trainee import AdapterShape, Trainee
 from kuberl_cli.serve import ServeError, client_names, read_keys
 
 from .run_processes import wait_until
 
 BASE = "builtin:tiny-qwen2"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples/cpu-tiny.yaml"  # its model is BASE
+SEQUENCE = [5, 9, 14, 20, 27, 35, 44]
 ALICE, BOB = "tml-alice-" + "a" * 30, "tml-bob-" + "b" * 30
 
 
@@ -127,6 +129,24 @@ def test_loss_inputs_that_do_not_fit_are_refused_naming_the_input() -> None:
         losses.loss_named("dro")
 
 
+def test_lora_models_share_the_base_tensors_and_training_one_changes_neither_the_base_nor_another() -> None:
+    served = served_model(ModelSource(path=BASE), 0, DEFAULTS)
+    alice, bob = (Trainee(served.module, AdapterShape(4), served.pad_id, seed) for seed in (1, 2))
+    base_pointers = {t.data_ptr() for t in served.module.parameters()}
+    for trainee in (alice, bob):
+        assert base_pointers <= {t.data_ptr() for t in trainee.model.parameters()}  # no second copy of the base
+    call = wire.ForwardBackwardCall("m", 1, "cross_entropy", [wire.DatumIn(
+        SEQUENCE[:-1], {"target_tokens": np.array(SEQUENCE[1:]), "weights": np.ones(6, dtype=np.float32)})],
+                                    forward_only=True)
+    before = {name: t.forward_backward(call)[0][0]["logprobs"] for name, t in (("alice", alice), ("bob", bob))}
+    base_before = [t.clone() for t in served.module.parameters()]
+    alice.forward_backward(dataclasses.replace(call, forward_only=False))
+    alice.optim_step(1e-2, 0.9, 0.95, 1e-12, 0.0, 0.0)
+    assert all(torch.equal(a, b) for a, b in zip(base_before, served.module.parameters(), strict=True))
+    assert np.array_equal(bob.forward_backward(call)[0][0]["logprobs"], before["bob"])
+    assert not np.allclose(alice.forward_backward(call)[0][0]["logprobs"], before["alice"])
+
+
 # -- keys and fairness -----------------------------------------------------------------------------------
 def test_a_key_names_its_client_and_anything_else_names_none() -> None:
     keys = {ALICE: "alice", BOB: "bob"}
@@ -205,8 +225,6 @@ def _datum(tokens: list[int]) -> types.Datum:
     return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
 
-
-SEQUENCE = [5, 9, 14, 20, 27, 35, 44]
 
 
 @pytest.mark.slow

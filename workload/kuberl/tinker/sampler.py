@@ -1,8 +1,8 @@
 """A sampler: one fixed set of weights served by the torch engine (:class:`kuberl.inference.engine.TorchEngine`).
 
-A sampler of the base model serves it as loaded; one saved from a training model serves a copy of the
-base with that model's weights at the moment of the save (its adapter's, or all of them), so later
-training never changes what it samples. Samples of one request run as one batch; a sequence ends at
+A sampler of the base model serves it as loaded; one saved from a training model serves the base with that
+model's weights at the moment of the save — its adapter on the shared base, or a copy with all of them —
+so later training never changes what it samples. Samples of one request run as one batch; a sequence ends at
 the model's end-of-sequence token, at a stop token or string of the request (kept in the output, stop
 reason "stop"), or after ``max_tokens`` (reason "length"). Log-probs are under the request's
 temperature (greedy at 0). Prompt log-probs are log π(token_i | tokens_<i), NaN for the first token.
@@ -11,7 +11,6 @@ temperature (greedy at 0). Prompt log-probs are log π(token_i | tokens_<i), NaN
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,9 +18,8 @@ import torch
 
 from ..inference.contract import FINISH_STOP, SamplingParams
 from ..inference.engine import TorchEngine
-from ..models import lora
 from .errors import ClientError
-from .trainee import AdapterShape
+from .trainee import AdapterShape, adapted
 from .wire import SequenceOut
 
 
@@ -58,9 +56,7 @@ class Sampler:
     @classmethod
     def of_weights(cls, base: torch.nn.Module, adapter: AdapterShape | None, weights: dict[str, torch.Tensor],
                    **kwargs: object) -> Sampler:
-        model = copy.deepcopy(base)
-        if adapter is not None:
-            lora.add_adapter(model, adapter.spec())
+        model = adapted(base, adapter)
         model.load_state_dict(weights, strict=adapter is None)
         return cls(model, **kwargs)  # type: ignore[arg-type]
 

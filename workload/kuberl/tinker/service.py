@@ -9,9 +9,12 @@ passes before it). Sampling runs beside it on each sampler's engine.
 
 A session ends when its client closes it or sends no heartbeat for ``Limits.session_expiry_seconds``
 (the SDK sends one every 10 s): its models and samplers are released, and a later heartbeat is told the
-session is gone (410). Each client may train several LoRA adapters on the shared base model; a full-parameter model (no
-``lora_config``) changes the base itself, so it has the server to itself: it is refused while any other
-model exists, and every other model is refused while it does. At most ``Limits.samplers`` samplers
+session is gone (410).
+
+Each client may train several LoRA adapters on the shared base model (one copy of its tensors for every
+adapter and sampler); a full-parameter model (no ``lora_config``) holds a copy of the whole model with
+twice as much optimizer state, so it has the server to itself: it is refused while any other model
+exists, and every other model is refused while it does. At most ``Limits.samplers`` samplers
 live at once: creating one more stops the least recently used, and its client's next sample says it
 was evicted and how to get it back (save the weights again). Training states (``save_state``) outlive
 sessions in a checkpoint store (:mod:`.states`); a model's id is ``SESSION:train:SEQ``, as the SDK derives
@@ -203,8 +206,8 @@ class TinkerService:
                                  "may hold here")
         full = [m for m in self.models.values() if m.trainee.adapter is None]
         if full or (adapter is None and self.models):
-            raise ClientError("a full-parameter model (no lora_config) changes the base model every client "
-                                 "shares, so it needs the server to itself: "
+            raise ClientError("a full-parameter model (no lora_config) holds a whole copy of the model and its "
+                                 "optimizer state, so it needs the server to itself: "
                                  + ("one is training now" if full else f"{len(self.models)} other models exist"))
         return model_id
 

@@ -1,5 +1,6 @@
-"""One client's training model: the base policy with its own LoRA adapter (or all of it, full-parameter),
-its optimizer and the gradients it has accumulated since its last step.
+"""One client's training model: the base policy with its own LoRA adapter (sharing the base's tensors with every
+other adapter) or a copy of all of it (full-parameter), its optimizer and the gradients it has accumulated
+since its last step.
 
 ``forward_backward`` adds the gradient of Σ over datums of the loss (:mod:`.losses`) to what earlier
 calls left, so several calls before one ``optim_step`` are one larger batch, as in the Tinker API;
@@ -45,13 +46,28 @@ class AdapterShape:
         return LoraSpec(rank=self.rank, target_modules=modules)
 
 
+def sharing_base(base: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``base`` whose parameters and buffers are ``base``'s own tensors: an adapter put on it costs the
+    adapter's memory, not another copy of the model. The base is frozen and nothing writes it (an adapter trains
+    only its own tensors), so every LoRA model and sampler of a server shares one base."""
+    return copy.deepcopy(base, {id(t): t for t in [*base.parameters(), *base.buffers()]})
+
+
+def adapted(base: torch.nn.Module, adapter: AdapterShape | None) -> torch.nn.Module:
+    """``base`` with ``adapter`` on a shared copy, or (no adapter: full-parameter) a copy of its own."""
+    if adapter is None:
+        return copy.deepcopy(base)
+    model = sharing_base(base)
+    lora.add_adapter(model, adapter.spec())
+    return model
+
+
 class Trainee:
     def __init__(self, base: torch.nn.Module, adapter: AdapterShape | None, pad_id: int, seed: int = 0):
         """``seed``: the adapter's initial A when its shape names none (B starts at zero either way)."""
-        self.model = copy.deepcopy(base).train()
+        self.model = adapted(base, adapter).train()
         self.adapter = adapter
         if adapter is not None:
-            lora.add_adapter(self.model, adapter.spec())
             lora.init_adapter(self.model, adapter.seed if adapter.seed is not None else seed)
         else:
             for param in self.model.parameters():
