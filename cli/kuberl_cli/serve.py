@@ -85,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"serving {served_name(spec.model)} at http://{args.host}:{args.port} "
           f"(tinker.ServiceClient(base_url=...)); training states in {states}; Ctrl-C stops it", flush=True)
     try:
-        run(spec.model, spec.seed, keys, args.host, args.port, states, from_environment())
+        run(spec.model, spec.seed, spec.trainer.accelerator, keys, args.host, args.port, states, from_environment())
     except KeyboardInterrupt:
         pass
     return 0
@@ -96,7 +96,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
     p = sub.add_parser("serve", help="a manifest's model behind the Tinker-compatible training API, on this machine "
                        "(drive it from your own loop with the tinker SDK)")
-    p.add_argument("file", metavar="FILE", help="the RLExperiment manifest (YAML): its spec.model and seed")
+    p.add_argument("file", metavar="FILE", help="the RLExperiment manifest (YAML): its spec.model, seed and "
+                   "trainer.accelerator (cpu, or this machine's first NVIDIA GPU)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field (repeatable)")
     p.add_argument("--port", type=int, default=TINKER_PORT, help=f"the API's port (default {TINKER_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="the address it listens on (default: this machine only)")

@@ -90,9 +90,10 @@ class Sampler:
 
     async def prompt_logprobs(self, prompt: list[int]) -> list[float]:
         def score() -> list[float]:
+            ids = torch.tensor([prompt], device=self.engine.model.device)
             with torch.no_grad():
-                logits = self.model(input_ids=torch.tensor([prompt])).logits[0, :-1].float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(prompt[1:]).unsqueeze(-1)).squeeze(-1)
-            return [float("nan"), *logp.tolist()]
+                logits = self.model(input_ids=ids).logits[0, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+            return [float("nan"), *logp.cpu().tolist()]
 
         return await asyncio.to_thread(score)

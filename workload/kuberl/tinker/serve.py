@@ -19,8 +19,9 @@ from collections.abc import Mapping
 import torch
 from aiohttp import web
 
-from ..api.spec import ModelSource
+from ..api.spec import Accelerator, ModelSource
 from ..checkpoint.store import open_store
+from ..devices import accelerator_device, compute_dtype, placed
 from ..models.hub import parse_hub_path
 from ..models.loading import load_model
 from ..settings import Settings
@@ -37,8 +38,12 @@ def served_name(source: ModelSource) -> str:
     return hub.repo if hub is not None else source.path
 
 
-def served_model(source: ModelSource, seed: int, settings: Settings) -> ServedModel:
+def served_model(source: ModelSource, seed: int, settings: Settings,
+                 accelerator: Accelerator = Accelerator.CPU) -> ServedModel:
+    """``source`` loaded once, frozen, on this machine's first ``accelerator`` (or the CPU) in ``spec.model.dtype``
+    (auto: bfloat16 on an accelerator, float32 on the CPU) — the base every adapter and sampler shares."""
     model, tokenizer = load_model(source, seed, settings)
+    model = placed(model, accelerator_device(accelerator, 0), compute_dtype(source.dtype, accelerator))
     for param in model.parameters():
         param.requires_grad_(False)
     hub = parse_hub_path(source.tokenizer or source.path)
@@ -65,11 +70,11 @@ async def serve(served: ServedModel, keys: Mapping[str, str], host: str, port: i
         await runner.cleanup()
 
 
-def run(source: ModelSource, seed: int, keys: Mapping[str, str], host: str, port: int, states_uri: str,
-        settings: Settings) -> None:
+def run(source: ModelSource, seed: int, accelerator: Accelerator, keys: Mapping[str, str], host: str, port: int,
+        states_uri: str, settings: Settings) -> None:
     """Serve ``source`` until interrupted, keeping training states under ``states_uri`` (file:// or s3://)."""
     torch.manual_seed(seed)
-    served = served_model(source, seed, settings)
+    served = served_model(source, seed, settings, accelerator)
     states = StateStore(open_store(states_uri, endpoint=settings.s3_endpoint))
 
     async def until_stopped() -> None:

@@ -54,9 +54,11 @@ def sharing_base(base: torch.nn.Module) -> torch.nn.Module:
 
 
 def adapted(base: torch.nn.Module, adapter: AdapterShape | None) -> torch.nn.Module:
-    """``base`` with ``adapter`` on a shared copy, or (no adapter: full-parameter) a copy of its own."""
+    """``base`` with ``adapter`` on a shared copy (the adapter in float32 whatever the base's dtype: peft's
+    default), or (no adapter: full-parameter) a copy of its own with float32 parameters, the weights an
+    optimizer steps (a bfloat16 base loses small updates to rounding)."""
     if adapter is None:
-        return copy.deepcopy(base)
+        return copy.deepcopy(base).float()
     model = sharing_base(base)
     lora.add_adapter(model, adapter.spec())
     return model
@@ -73,6 +75,7 @@ class Trainee:
             for param in self.model.parameters():
                 param.requires_grad_(True)
         self.pad_id = pad_id
+        self.device = next(self.model.parameters()).device
         self.vocab = int(self.model.get_input_embeddings().num_embeddings)
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2**31 - 1))
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
@@ -87,7 +90,7 @@ class Trainee:
         for row, seq in enumerate(sequences):
             ids[row, :len(seq)] = torch.tensor(seq)
             mask[row, :len(seq)] = 1
-        return self.model(input_ids=ids, attention_mask=mask).logits
+        return self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
 
     def _check(self, call: ForwardBackwardCall) -> list[dict[str, torch.Tensor]]:
         loss_named(call.loss_fn)
@@ -103,7 +106,8 @@ class Trainee:
                 raise ClientError(f"data[{i}].model_input: token ids must lie in [0, {self.vocab}), the model's "
                                      "vocabulary")
             inputs = {k: torch.from_numpy(np.array(v)) for k, v in datum.inputs.items()}
-            checked.append(checked_inputs(call.loss_fn, inputs, len(datum.tokens), self.vocab, i))
+            checked.append({k: v.to(self.device) for k, v in
+                            checked_inputs(call.loss_fn, inputs, len(datum.tokens), self.vocab, i).items()})
         return checked
 
     def forward_backward(self, call: ForwardBackwardCall) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
@@ -112,12 +116,12 @@ class Trainee:
         inputs = self._check(call)
         with torch.set_grad_enabled(not call.forward_only):
             logits = self._logits([d.tokens for d in call.data])
-            total = torch.zeros(())
+            total = torch.zeros((), device=self.device)
             outputs = []
             for row, (datum, checked) in enumerate(zip(call.data, inputs, strict=True)):
                 logp = target_logprobs(logits[row, :len(datum.tokens)], checked["target_tokens"])
                 total = total + loss_fn(logp, checked, call.config)
-                outputs.append({"logprobs": logp.detach().numpy()})
+                outputs.append({"logprobs": logp.detach().float().cpu().numpy()})
             if not call.forward_only:
                 total.backward()
         return outputs, {"loss:sum": float(total.detach())}
