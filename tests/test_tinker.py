@@ -35,7 +35,7 @@ from kuberl.tinker.errors import ClientError
 from kuberl.tinker.futures import FutureTable
 from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
-from kuberl.tinker.service import Gone, Limits, NotFound, ServedModel, TinkerService
+from kuberl.tinker.service import Busy, Gone, Limits, NotFound, ServedModel, TinkerService
 from kuberl.tinker.states import StateStore
 from kuberl.tinker.trainee import AdapterShape, Trainee
 from kuberl_cli.serve import ServeError, client_names, read_keys
@@ -145,6 +145,16 @@ def test_lora_models_share_the_base_tensors_and_training_one_changes_neither_the
     assert all(torch.equal(a, b) for a, b in zip(base_before, served.module.parameters(), strict=True))
     assert np.array_equal(bob.forward_backward(call)[0][0]["logprobs"], before["bob"])
     assert not np.allclose(alice.forward_backward(call)[0][0]["logprobs"], before["alice"])
+
+
+def test_a_client_over_its_share_of_queued_work_is_told_to_retry_and_another_is_not() -> None:
+    service = TinkerService(ServedModel(BASE, torch.nn.Linear(2, 2), 0, 0, str), limits=Limits(queued_per_client=2))
+    alice, bob = service.create_session("alice"), service.create_session("bob")
+    for seq in (0, 1):  # the worker is not started: the work stays queued
+        service.create_model("alice", alice, seq, BASE, AdapterShape(2))
+    with pytest.raises(Busy, match="2 training requests of yours are waiting"):
+        service.create_model("alice", alice, 2, BASE, AdapterShape(2))
+    service.create_model("bob", bob, 0, BASE, AdapterShape(2))
 
 
 # -- keys and fairness -----------------------------------------------------------------------------------

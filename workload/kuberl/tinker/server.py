@@ -12,7 +12,8 @@ Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in
 
 Work that takes long (everything a model or sampler does) answers with a future at once; the client
 polls ``retrieve_future``. A bad request is a 400 whose ``error`` names the field, another client's
-model, sampler or future a 404, as if it did not exist; a finished session a 410; an unknown key a 401.
+model, sampler or future a 404, as if it did not exist; a finished session a 410; a client over its share
+of queued work a 429 (the SDK retries); an unknown key a 401.
 Keys are compared in constant time and never logged.
 """
 
@@ -30,7 +31,7 @@ from ..jsonbody import read_json
 from . import schema
 from .errors import ClientError
 from .futures import FutureTable
-from .service import Gone, NotFound, TinkerService
+from .service import Busy, Gone, NotFound, TinkerService
 from .wire import WireError, decode_forward_backward
 
 KEY_HEADER = "X-API-Key"
@@ -109,6 +110,9 @@ class TinkerApi:
             raise _error(web.HTTPNotFound, str(err)) from err
         except Gone as err:
             raise _error(web.HTTPGone, str(err)) from err
+        except Busy as err:
+            raise web.HTTPTooManyRequests(text=web.json_response({"error": str(err), "detail": str(err)}).text,
+                                          content_type="application/json", headers={"Retry-After": "1"}) from err
 
     # -- service -------------------------------------------------------------------------------------
     async def healthz(self, request: web.Request) -> web.Response:

@@ -14,11 +14,14 @@ session is gone (410).
 Each client may train several LoRA adapters on the shared base model (one copy of its tensors for every
 adapter and sampler); a full-parameter model (no ``lora_config``) holds a copy of the whole model with
 twice as much optimizer state, so it has the server to itself: it is refused while any other model
-exists, and every other model is refused while it does. At most ``Limits.samplers`` samplers
-live at once: creating one more stops the least recently used, and its client's next sample says it
-was evicted and how to get it back (save the weights again). Training states (``save_state``) outlive
-sessions in a checkpoint store (:mod:`.states`); a model's id is ``SESSION:train:SEQ``, as the SDK derives
-it when it creates a model from a state.
+exists, and every other model is refused while it does.
+
+A client may have ``Limits.queued_per_client`` training requests waiting and ``Limits.sampling_per_client``
+samples in flight; beyond that it is told to retry (429, which the SDK does by itself). At most
+``Limits.samplers`` samplers live at once: creating one more stops the least recently used, and its
+client's next sample says it was evicted and how to get it back (save the weights again). Training
+states (``save_state``) outlive sessions in a checkpoint store (:mod:`.states`); a model's id is
+``SESSION:train:SEQ``, as the SDK derives it when it creates a model from a state.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class Gone(KeyError):
         return str(self.args[0])
 
 
+class Busy(RuntimeError):
+    """The client has as much work waiting as it may: retry soon (429; the SDK retries on its own)."""
+
+
 class NotFound(KeyError):
     """No such model, sampler or session for this client (another client's reads the same)."""
 
@@ -83,6 +90,8 @@ class Limits:
     models_per_client: int = 4
     samplers: int = 8  # live samplers over all clients
     snapshots_per_model: int = 16  # named saves kept per training model (oldest dropped)
+    queued_per_client: int = 256  # training requests waiting; one more is told to retry (429, which the SDK does)
+    sampling_per_client: int = 1024  # samples in flight
     session_expiry_seconds: float = 300.0  # a session with no heartbeat for this long is finished (the SDK: every 10 s)
 
 
@@ -118,6 +127,7 @@ class TinkerService:
         self._reaper: asyncio.Task[None] | None = None
         self._sampler_seeds = itertools.count(seed + 1)
         self._adapter_seeds = itertools.count(seed)  # an adapter whose lora_config names no seed: the next
+        self._sampling_by: dict[str, int] = {}  # client → samples in flight
         self._sampling: set[asyncio.Task[None]] = set()  # running samples (the loop keeps only weak references)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -376,6 +386,10 @@ class TinkerService:
                with_prompt_logprobs: bool) -> str:
         sampler = self.sampler(owner, sampler_id)
         sampler.check_prompt(prompt)
+        if self._sampling_by.get(owner, 0) >= self.limits.sampling_per_client:
+            raise Busy(f"{self.limits.sampling_per_client} samples of yours are in flight, the most a client may have "
+                       "here; retry when some are done")
+        self._sampling_by[owner] = self._sampling_by.get(owner, 0) + 1
         room = sampler.max_len - len(prompt)
         params = SampleParams(min(params.max_tokens, room), params.temperature, params.top_p,
                               params.stop_tokens, params.stop_strings)
@@ -390,6 +404,7 @@ class TinkerService:
             except Exception as err:  # the client gets it as the future's failure; the log keeps the trace
                 log.exception("sample %s failed", request_id)
                 outcome = Outcome(error=f"sampling failed: {err}", category=SERVER)
+            self._sampling_by[owner] -= 1
             self._finish(owner, request_id, outcome)
 
         task = asyncio.get_running_loop().create_task(run())
@@ -399,6 +414,9 @@ class TinkerService:
 
     # -- the training worker -----------------------------------------------------------------------
     def _submit(self, owner: str, work: Work) -> str:
+        if len(self._work.get(owner, ())) >= self.limits.queued_per_client:
+            raise Busy(f"{self.limits.queued_per_client} training requests of yours are waiting, the most a client may "
+                       "queue here; retry when some are done")
         request_id = self.futures.open(owner)
         self._work.setdefault(owner, collections.deque()).append((request_id, work))
         self.metrics.queued.labels(owner).inc()
