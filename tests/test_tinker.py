@@ -31,11 +31,11 @@ from kuberl.checkpoint.store import LocalStore
 from kuberl.local.processes import free_port
 from kuberl.settings import DEFAULTS
 from kuberl.tinker import losses, wire
-from kuberl.tinker.errors import ClientError
+from kuberl.tinker.errors import Busy, ClientError, Gone, NotFound
 from kuberl.tinker.futures import FutureTable
 from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
-from kuberl.tinker.service import Busy, Gone, Limits, NotFound, ServedModel, TinkerService
+from kuberl.tinker.service import Limits, ServedModel, TinkerService
 from kuberl.tinker.states import StateStore
 from kuberl.tinker.trainee import AdapterShape, Trainee
 from kuberl_cli.serve import ServeError, client_names, read_keys

@@ -1,4 +1,4 @@
-"""The one error a client causes: a request this server cannot act on, with a message naming the field."""
+"""What a client is told when a request cannot be served, each with the HTTP status the server answers."""
 
 from __future__ import annotations
 
@@ -6,3 +6,22 @@ from __future__ import annotations
 class ClientError(ValueError):
     """The request names something that is not there or not served; the message says which field and why.
     Sent back as HTTP 400 (or a future's failure with category "user")."""
+
+
+class NotFound(KeyError):
+    """No such model, sampler, session or future for this client — another client's reads the same (404)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Gone(KeyError):
+    """The session has finished (closed, or expired without heartbeats): 410, on which the SDK stops its
+    heartbeats."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Busy(RuntimeError):
+    """The client has as much work waiting as it may: retry soon (429 with Retry-After; the SDK retries)."""

@@ -29,9 +29,9 @@ from prometheus_client import generate_latest
 from ..auth import Handler
 from ..jsonbody import read_json
 from . import schema
-from .errors import ClientError
+from .errors import Busy, ClientError, Gone, NotFound
 from .futures import FutureTable
-from .service import Busy, Gone, NotFound, TinkerService
+from .service import TinkerService
 from .wire import WireError, decode_forward_backward
 
 KEY_HEADER = "X-API-Key"

@@ -39,34 +39,17 @@ from typing import Any
 import torch
 
 from ..models.lora import AdapterError
-from .errors import ClientError
+from .errors import Busy, ClientError, NotFound
 from .futures import SERVER, USER, FutureTable, Outcome
 from .metrics import TinkerMetrics
 from .sampler import SampleParams, Sampler
+from .sessions import SessionTable
 from .states import SCHEME, StateStore, TrainingState, state_path
 from .trainee import AdapterShape, Trainee
 from .wire import ForwardBackwardCall, encode_forward_backward_output, encode_sample_response
 
 log = logging.getLogger(__name__)
 Work = Callable[[], Awaitable[Outcome]]  # a piece of training work: its heavy part in a thread
-
-
-class Gone(KeyError):
-    """The session has finished (closed, or expired without heartbeats): the SDK stops its heartbeats on 410."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class Busy(RuntimeError):
-    """The client has as much work waiting as it may: retry soon (429; the SDK retries on its own)."""
-
-
-class NotFound(KeyError):
-    """No such model, sampler or session for this client (another client's reads the same)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -115,9 +98,7 @@ class TinkerService:
                  seed: int = 0, states: StateStore | None = None, clock: Callable[[], float] = time.monotonic):
         self.served, self.futures, self.limits, self.seed = served, futures or FutureTable(), limits or Limits(), seed
         self.states, self.clock, self.metrics = states, clock, TinkerMetrics()
-        self.sessions: dict[str, str] = {}  # session id → owner
-        self.last_heard: dict[str, float] = {}  # session id → its last heartbeat (or its start)
-        self.finished: collections.OrderedDict[str, str] = collections.OrderedDict()  # the last 4096: id → owner
+        self.sessions = SessionTable(self.limits.session_expiry_seconds, clock)
         self.models: dict[str, _Model] = {}
         self.samplers: collections.OrderedDict[str, _SamplerEntry] = collections.OrderedDict()  # LRU first
         self.evicted: dict[str, str] = {}  # sampler id → owner
@@ -145,30 +126,18 @@ class TinkerService:
 
     # -- sessions ----------------------------------------------------------------------------------
     def create_session(self, owner: str) -> str:
-        session_id = f"session-{uuid.uuid4().hex}"
-        self.sessions[session_id] = owner
-        self.last_heard[session_id] = self.clock()
         self.metrics.sessions.labels(owner).inc()
-        return session_id
+        return self.sessions.open(owner)
 
     def check_session(self, owner: str, session_id: str) -> None:
-        if self.sessions.get(session_id) != owner:
-            if self.finished.get(session_id) == owner:
-                raise Gone(f"session {session_id!r} has finished (closed, or no heartbeat for "
-                           f"{self.limits.session_expiry_seconds:.0f} s): its models and samplers are released")
-            raise NotFound(f"session {session_id!r} is not one of yours")
+        self.sessions.check(owner, session_id)
 
     def heartbeat(self, owner: str, session_id: str) -> None:
-        self.check_session(owner, session_id)
-        self.last_heard[session_id] = self.clock()
+        self.sessions.heard(owner, session_id)
 
     async def finish_session(self, owner: str, session_id: str) -> None:
         """The session ends: its training models, their saved weights and its samplers are released."""
-        self.check_session(owner, session_id)
-        del self.sessions[session_id], self.last_heard[session_id]
-        self.finished[session_id] = owner
-        while len(self.finished) > 4096:
-            self.finished.popitem(last=False)
+        self.sessions.end(owner, session_id)
         self.metrics.sessions.labels(owner).dec()
         for model_id in [m for m, model in self.models.items() if model.session == session_id]:
             del self.models[model_id]
@@ -179,12 +148,11 @@ class TinkerService:
 
     async def reap(self) -> list[str]:
         """Finish every session not heard from for ``session_expiry_seconds``; their ids."""
-        now, limit = self.clock(), self.limits.session_expiry_seconds
-        expired = [s for s, heard in self.last_heard.items() if now - heard > limit]
-        for session_id in expired:
-            log.info("session %s expired: no heartbeat for %.0f s", session_id, now - self.last_heard[session_id])
-            await self.finish_session(self.sessions[session_id], session_id)
-        return expired
+        expired = self.sessions.expired()
+        for owner, session_id in expired:
+            log.info("session %s expired: no heartbeat for %.0f s", session_id, self.limits.session_expiry_seconds)
+            await self.finish_session(owner, session_id)
+        return [session_id for _, session_id in expired]
 
     async def _reap_forever(self) -> None:
         while True:
@@ -237,7 +205,7 @@ class TinkerService:
         return self._submit(owner, build)
 
     def _add_model(self, model_id: str, model: _Model) -> None:
-        if model.session not in self.sessions:  # the session ended while the model was being made
+        if model.session not in self.sessions.owners:  # the session ended while the model was being made
             raise ClientError(f"session {model.session!r} finished before its model was made")
         self.models[model_id] = model
         self.metrics.models.labels(model.owner).inc()
