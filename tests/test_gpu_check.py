@@ -31,7 +31,8 @@ def test_the_gpu_check_dry_run_accepts_the_pinned_wheels_and_refuses_others(tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert summary["wheel_problems"] == [] and 0 < summary["travelling_mib"] < 64
-    assert len(summary["tests"]) == 6 and all(v == "ok" for v in summary["imports"].values())
+    written = sum(f.read_text().count("\ndef test_") for f in (ROOT / "tests_gpu").glob("test_*.py"))
+    assert len(summary["tests"]) == written and all(v == "ok" for v in summary["imports"].values())
     assert "MiB would travel" in done.stdout
 
     [pydantic] = wheels.glob("pydantic-2*.whl")

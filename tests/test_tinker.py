@@ -365,6 +365,8 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
         assert after_4 != pytest.approx(saved, abs=1e-4)
         with pytest.raises(Exception, match="exists; save under another name or with overwrite=True"):
             training.save_state("after-3").result()
+        training.load_state(path).result()  # into the model itself: back to step 3's weights
+        assert _logprobs(training, datum) == pytest.approx(saved, abs=1e-6)
     with _client(server, ALICE) as alice:  # a new session: the state outlived the old one
         resumed = alice.create_training_client_from_state_with_optimizer(path).result()
         assert _logprobs(resumed, datum) == pytest.approx(saved, abs=1e-6)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ REQUIRED = os.environ.get("KUBERL_REQUIRE_VLLM") == "1"  # scripts/test built .v
 @pytest.mark.slow
 def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     steps = 6
-    scratch_before = set(Path("/dev/shm").glob("kuberl-*"))
     summary = run_local(EXAMPLE, ["inference.engine=vllm", "model.sftWarmup.steps=10", "evaluation=null"], steps, None,
                         workdir=tmp_path / "run", quiet=True)  # fmt: skip
     assert summary["steps"] == steps and summary["final_version"] == steps
@@ -35,4 +35,6 @@ def test_kuberl_run_trains_against_a_vllm_replica(tmp_path: Path):
     trainer_log = (tmp_path / "run" / "trainer-0.log").read_text()
     assert "broadcast mode" not in trainer_log, trainer_log[-2000:]
     assert processes_mentioning(str(tmp_path / "run")) == []
-    assert set(Path("/dev/shm").glob("kuberl-*")) <= scratch_before  # the replica removed its model copy
+    # the replica removed its model copy (named in its log: the vLLM suite, alongside, makes copies of its own)
+    copy = re.search(r"from its copy in (\S+) \(removed when the engine stops\)", replica_log)
+    assert copy is not None and not Path(copy[1]).exists(), replica_log[-2000:]

@@ -114,7 +114,8 @@ def dry_run(out: Path) -> int:
     problems = wheel_problems(WHEELS)
     size = travelling_bytes()
     importable = {}
-    for module in ("kuberl.api", "kuberl.fsdp.actor", "kuberl.inference.engine", "kuberl.megatron.actor"):
+    for module in ("kuberl.api", "kuberl.fsdp.actor", "kuberl.inference.engine", "kuberl.megatron.actor",
+                   "kuberl.tinker.service"):
         try:
             __import__(module)
             importable[module] = "ok"

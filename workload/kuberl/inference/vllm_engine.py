@@ -384,6 +384,7 @@ def vllm_engine_for(run: Any, settings: Settings) -> tuple[VLLMEngine, Any]:
         model_dir = _scratch_dir("kuberl-model-")
         model, _ = load_model(spec.model, spec.seed, settings)
         model.save_pretrained(model_dir)
+        log.info("vLLM loads %s from its copy in %s (removed when the engine stops)", weights, model_dir)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -20,6 +20,7 @@ Keys are compared in constant time and never logged.
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,9 +59,10 @@ def owner_of(key: str | None, keys: Mapping[str, str]) -> str | None:
     return found
 
 
-def _error(status: type[web.HTTPException], message: str) -> web.HTTPException:
-    return status(text=web.json_response({"error": message, "detail": message}).text,
-                  content_type="application/json")
+def _error(status: type[web.HTTPException], message: str, **headers: str) -> web.HTTPException:
+    """The SDK reads a failed request's reason from ``error`` (and ``detail``)."""
+    return status(text=json.dumps({"error": message, "detail": message}), content_type="application/json",
+                  headers=headers or None)
 
 
 class TinkerApi:
@@ -111,8 +113,7 @@ class TinkerApi:
         except Gone as err:
             raise _error(web.HTTPGone, str(err)) from err
         except Busy as err:
-            raise web.HTTPTooManyRequests(text=web.json_response({"error": str(err), "detail": str(err)}).text,
-                                          content_type="application/json", headers={"Retry-After": "1"}) from err
+            raise _error(web.HTTPTooManyRequests, str(err), **{"Retry-After": "1"}) from err
 
     # -- service -------------------------------------------------------------------------------------
     async def healthz(self, request: web.Request) -> web.Response:

@@ -266,11 +266,13 @@ class TinkerService:
         model, states = self._model(owner, model_id), self._states()
         path = state_path(model_id, name)
 
-        async def save() -> Outcome:
+        def write() -> None:
             trainee = model.trainee
-            state = TrainingState(self.served.name, trainee.adapter, trainee.weights(), trainee.optimizer_state(),
-                                  trainee.steps)
-            await asyncio.to_thread(states.save, owner, path, state, overwrite)
+            states.save(owner, path, TrainingState(self.served.name, trainee.adapter, trainee.weights(),
+                                                   trainee.optimizer_state(), trainee.steps), overwrite)
+
+        async def save() -> Outcome:
+            await asyncio.to_thread(write)
             return Outcome(json={"type": "save_weights", "path": path})
 
         return self._submit(owner, save)
@@ -281,7 +283,7 @@ class TinkerService:
 
         async def load() -> Outcome:
             state = await asyncio.to_thread(states.load, owner, path)
-            if state.adapter != model.trainee.adapter:
+            if not AdapterShape.same(state.adapter, model.trainee.adapter):
                 raise ClientError(f"path {path!r} holds a model with adapter {state.adapter}, this one has "
                                   f"{model.trainee.adapter}")
             await asyncio.to_thread(model.trainee.restore, state.weights, state.optimizer if with_optimizer else None,

@@ -13,6 +13,7 @@ parameter.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,13 @@ class AdapterShape:
     train_mlp: bool = True
     train_unembed: bool = True
     seed: int | None = None
+
+    @staticmethod
+    def same(a: AdapterShape | None, b: AdapterShape | None) -> bool:
+        """The same adapter layout (rank and places; the seed only chose its first A), or both full-parameter."""
+        if a is None or b is None:
+            return a is b
+        return dataclasses.replace(a, seed=None) == dataclasses.replace(b, seed=None)
 
     def spec(self) -> LoraSpec:
         modules = ATTENTION * self.train_attn + MLP * self.train_mlp + UNEMBED * self.train_unembed
