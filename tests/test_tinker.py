@@ -36,7 +36,7 @@ from kuberl.tinker.futures import FutureTable
 from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
 from kuberl.tinker.service import Limits, ServedModel, TinkerService
-from kuberl.tinker.states import StateStore
+from kuberl.tinker.states import StateStore, state_path
 from kuberl.tinker.trainee import AdapterShape, Trainee
 from kuberl_cli.serve import ServeError, client_names, read_keys
 
@@ -155,6 +155,16 @@ def test_a_client_over_its_share_of_queued_work_is_told_to_retry_and_another_is_
     with pytest.raises(Busy, match="2 training requests of yours are waiting"):
         service.create_model("alice", alice, 2, BASE, AdapterShape(2))
     service.create_model("bob", bob, 0, BASE, AdapterShape(2))
+
+
+def test_a_state_path_stays_inside_its_clients_prefix() -> None:
+    for bad in ("..", ".", "a/b", ""):
+        with pytest.raises(ClientError, match="a state's name is"):
+            state_path("session-1:train:0", bad)
+    store = StateStore(LocalStore(Path("/nonexistent")))
+    for bad in ("tinker://../weights/x", "tinker://m/weights/..", "tinker://m/other/x", "s3://b/k"):
+        with pytest.raises(ClientError, match="a state is tinker://MODEL/weights/NAME"):
+            store.load("alice", bad)
 
 
 # -- keys and fairness -----------------------------------------------------------------------------------

@@ -39,14 +39,14 @@ class TrainingState:
 
 
 def state_path(model_id: str, name: str) -> str:
-    if not NAME.match(name):
-        raise ClientError(f"path {name!r}: a state's name is 1–128 letters, digits, '.', '_' or '-'")
+    if not NAME.match(name) or name in (".", ".."):
+        raise ClientError(f"path {name!r}: a state's name is 1–128 letters, digits, '.', '_' or '-' (not . or ..)")
     return f"{SCHEME}{model_id}/weights/{name}"
 
 
 def _key(owner: str, path: str) -> str:
     match = PATH.match(path)
-    if match is None or match["model"] in (".", ".."):
+    if match is None or {match["model"], match["name"]} & {".", ".."}:
         raise ClientError(f"path {path!r}: a state is {SCHEME}MODEL/weights/NAME (save_state returns it)")
     return f"tinker/{owner}/{match['model']}/{match['name']}/"
 
