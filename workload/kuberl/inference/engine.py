@@ -93,6 +93,12 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def max_model_len(model: torch.nn.Module) -> int:
+    """The most tokens (prompt and generated) one sequence of ``model`` may hold: its config's
+    ``max_position_embeddings``, unbounded when it names none."""
+    return int(getattr(getattr(model, "config", None), "max_position_embeddings", 2**31 - 1))
+
+
 class TorchEngine:
     def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, max_batch: int = 256, seed: int = 0,
                  stall_seconds: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic,
@@ -102,7 +108,7 @@ class TorchEngine:
         self.model = model.eval()
         self.runner = runner or StepRunner(self.model, pad_id)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self.max_model_len = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2**31 - 1))
+        self.max_model_len = max_model_len(model)
         self.adapter = lora.has_adapter(model)  # updates carry the adapter only (the base never changes)
         self.eos_id, self.pad_id, self.max_batch = eos_id, pad_id, max_batch
         self.stall_seconds, self._clock = stall_seconds, clock

@@ -19,6 +19,7 @@ import torch
 from ..inference.contract import FINISH_STOP, SamplingParams
 from ..inference.engine import TorchEngine
 from .errors import ClientError
+from .losses import target_logprobs
 from .trainee import AdapterShape, adapted
 from .wire import SequenceOut
 
@@ -27,7 +28,7 @@ from .wire import SequenceOut
 class SampleParams:
     """A request's ``sampling_params``, checked (top-k and per-request seeds are refused before here)."""
 
-    max_tokens: int
+    max_tokens: int | None  # None: as many as the context leaves
     temperature: float = 1.0
     top_p: float = 1.0
     stop_tokens: tuple[int, ...] = ()
@@ -76,6 +77,7 @@ class Sampler:
             raise ClientError(f"prompt: {len(prompt)} tokens leave no room in the model's {self.max_len}")
 
     async def sample(self, prompt: list[int], n: int, params: SampleParams) -> list[SequenceOut]:
+        assert params.max_tokens is not None  # the service fills it in from the room the prompt leaves
         engine_params = SamplingParams(max_new_tokens=params.max_tokens, temperature=params.temperature,
                                        top_p=params.top_p)
         generations = await asyncio.gather(*(self.engine.generate(prompt, engine_params) for _ in range(n)))
@@ -92,8 +94,7 @@ class Sampler:
         def score() -> list[float]:
             ids = torch.tensor([prompt], device=self.engine.model.device)
             with torch.no_grad():
-                logits = self.model(input_ids=ids).logits[0, :-1].float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+                logp = target_logprobs(self.model(input_ids=ids).logits[0, :-1], ids[0, 1:])
             return [float("nan"), *logp.cpu().tolist()]
 
         return await asyncio.to_thread(score)

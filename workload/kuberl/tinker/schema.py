@@ -145,9 +145,9 @@ class SamplingParams(_Request):
         _refuse("sampling_params.seed", self.seed, None)
         return self
 
-    def checked(self, room: int) -> SampleParams:
+    def checked(self) -> SampleParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SampleParams(max_tokens=self.max_tokens or room, temperature=self.temperature, top_p=self.top_p,
+        return SampleParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                             stop_tokens=tuple(s for s in stop if isinstance(s, int)),
                             stop_strings=tuple(s for s in stop if isinstance(s, str)))
 

@@ -210,11 +210,8 @@ class TinkerApi:
 
     async def sample(self, request: web.Request) -> web.Response:
         body = schema.parse(schema.Sample, await read_json(request))
-        prompt = body.prompt.tokens()
-        owner = request[OWNER]
-        room = self.service.sampler(owner, body.sampling_session_id).max_len - len(prompt)
-        request_id = self.service.sample(owner, body.sampling_session_id, prompt, body.num_samples,
-                                         body.sampling_params.checked(max(room, 1)), bool(body.prompt_logprobs))
+        request_id = self.service.sample(request[OWNER], body.sampling_session_id, body.prompt.tokens(),
+                                         body.num_samples, body.sampling_params.checked(), bool(body.prompt_logprobs))
         return self._future(request_id, sample_sequence_ids=[f"{request_id}-{i}" for i in range(body.num_samples)])
 
     # -- futures -------------------------------------------------------------------------------------

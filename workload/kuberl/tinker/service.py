@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import time
@@ -38,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ..inference.engine import max_model_len
 from ..models.lora import AdapterError
 from .errors import Busy, ClientError, NotFound
 from .futures import SERVER, USER, FutureTable, Outcome
@@ -65,7 +67,7 @@ class ServedModel:
 
     @property
     def max_context(self) -> int:
-        return int(getattr(self.module.config, "max_position_embeddings", 2**31 - 1))
+        return max_model_len(self.module)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class _SamplerEntry:
 class TinkerService:
     def __init__(self, served: ServedModel, futures: FutureTable | None = None, limits: Limits | None = None,
                  seed: int = 0, states: StateStore | None = None, clock: Callable[[], float] = time.monotonic):
-        self.served, self.futures, self.limits, self.seed = served, futures or FutureTable(), limits or Limits(), seed
+        self.served, self.futures, self.limits = served, futures or FutureTable(), limits or Limits()
         self.states, self.clock, self.metrics = states, clock, TinkerMetrics()
         self.sessions = SessionTable(self.limits.session_expiry_seconds, clock)
         self.models: dict[str, _Model] = {}
@@ -169,7 +171,7 @@ class TinkerService:
     def check_base(self, base_model: str) -> None:
         if base_model != self.served.name:
             raise ClientError(f"base_model {base_model!r} is not served here; this server serves "
-                                 f"{self.served.name!r} (get_server_capabilities lists it)")
+                              f"{self.served.name!r} (get_server_capabilities lists it)")
 
     def _check_new_model(self, owner: str, session_id: str, model_seq_id: int, base_model: str,
                          adapter: AdapterShape | None) -> str:
@@ -181,12 +183,12 @@ class TinkerService:
             raise ClientError(f"model_seq_id {model_seq_id}: this session already has that model")
         if sum(m.owner == owner for m in self.models.values()) >= self.limits.models_per_client:
             raise ClientError(f"you have {self.limits.models_per_client} training models, the most a client "
-                                 "may hold here")
+                              "may hold here")
         full = [m for m in self.models.values() if m.trainee.adapter is None]
         if full or (adapter is None and self.models):
             raise ClientError("a full-parameter model (no lora_config) holds a whole copy of the model and its "
-                                 "optimizer state, so it needs the server to itself: "
-                                 + ("one is training now" if full else f"{len(self.models)} other models exist"))
+                              "optimizer state, so it needs the server to itself: "
+                              + ("one is training now" if full else f"{len(self.models)} other models exist"))
         return model_id
 
     def create_model(self, owner: str, session_id: str, model_seq_id: int, base_model: str,
@@ -345,7 +347,7 @@ class TinkerService:
     def sampler(self, owner: str, sampler_id: str) -> Sampler:
         if self.evicted.get(sampler_id) == owner:
             raise ClientError(f"sampler {sampler_id!r} was evicted ({self.limits.samplers} samplers live at "
-                                 "most on this server); save the weights again for a new one")
+                              "most on this server); save the weights again for a new one")
         entry = self.samplers.get(sampler_id)
         if entry is None or entry.owner != owner:
             raise NotFound(f"sampler {sampler_id!r} is not one of yours")
@@ -360,9 +362,8 @@ class TinkerService:
             raise Busy(f"{self.limits.sampling_per_client} samples of yours are in flight, the most a client may have "
                        "here; retry when some are done")
         self._sampling_by[owner] = self._sampling_by.get(owner, 0) + 1
-        room = sampler.max_len - len(prompt)
-        params = SampleParams(min(params.max_tokens, room), params.temperature, params.top_p,
-                              params.stop_tokens, params.stop_strings)
+        room = sampler.max_len - len(prompt)  # ≥ 1: check_prompt refused a prompt that fills the context
+        params = dataclasses.replace(params, max_tokens=min(params.max_tokens or room, room))
         request_id = self.futures.open(owner)
 
         async def run() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..api.lora import LoraSpec
+from ..inference.engine import max_model_len
 from ..models import lora
 from .errors import ClientError
 from .losses import checked_inputs, loss_named, target_logprobs
@@ -85,7 +86,7 @@ class Trainee:
         self.pad_id = pad_id
         self.device = next(self.model.parameters()).device
         self.vocab = int(self.model.get_input_embeddings().num_embeddings)
-        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2**31 - 1))
+        self.max_len = max_model_len(self.model)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trained, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
         self.steps = 0
@@ -112,7 +113,7 @@ class Trainee:
                 raise ClientError(f"data[{i}].model_input: {len(datum.tokens)} tokens, the model takes {self.max_len}")
             if min(datum.tokens) < 0 or max(datum.tokens) >= self.vocab:
                 raise ClientError(f"data[{i}].model_input: token ids must lie in [0, {self.vocab}), the model's "
-                                     "vocabulary")
+                                  "vocabulary")
             inputs = {k: torch.from_numpy(np.array(v)) for k, v in datum.inputs.items()}
             checked.append({k: v.to(self.device) for k, v in
                             checked_inputs(call.loss_fn, inputs, len(datum.tokens), self.vocab, i).items()})
@@ -149,7 +150,7 @@ class Trainee:
 
     def restore(self, weights: dict[str, torch.Tensor], optimizer: dict[str, object] | None, steps: int) -> None:
         """Back to a saved state: its trained weights and, when given, its optimizer's moments and step count."""
-        missing = set(self.weights()) ^ set(weights)
+        missing = set(self._weight_names()) ^ set(weights)
         if missing:
             raise ClientError(f"the state's weights do not fit this model (differing: {sorted(missing)[:3]} …): "
                               "load it into a model with the same LoRA shape, or create one from it")
@@ -160,7 +161,11 @@ class Trainee:
             self.steps = steps
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _weight_names(self) -> list[str]:
+        names = list(self.model.state_dict())
+        return [n for n in names if lora.is_adapter_weight(n)] if self.adapter is not None else names
+
     def weights(self) -> dict[str, torch.Tensor]:
-        """What a sampler of this model needs beyond the base: the adapter's tensors, or every one."""
-        state = {name: t.detach().clone() for name, t in self.model.state_dict().items()}
-        return lora.adapter_only(state) if self.adapter is not None else state
+        """What a sampler of this model needs beyond the base: the adapter's tensors, or every one (copies)."""
+        state = self.model.state_dict()
+        return {name: state[name].detach().clone() for name in self._weight_names()}
