@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -106,9 +107,9 @@ def test_a_history_longer_than_the_models_context_gets_400_naming_messages():
 def test_megabytes_of_chat_are_refused_naming_messages_and_health_answers_meanwhile():
     """2 MB and 8 MB of chat are refused (400 naming messages) from their length alone, never
     tokenized; 640 kB — under that bound (at most 5 characters a token here) — is tokenized in a worker
-    thread while /health keeps answering, then refused for its token count; nothing reaches a replica
-    and a short call is served after. Measured on this tokenizer: 2 MB took 6 s to tokenize, /health
-    stalled up to 0.5 s; 8 MB went on to the replica and came back as a 413 about a request body."""
+    thread: held inside the tokenizer, /health still answers; released, it is refused for its token
+    count. Nothing reaches a replica and a short call is served after. (Measured on this tokenizer,
+    before the bound and the thread: 2 MB took 6 s to tokenize, and the gateway's loop waited on it.)"""
     import urllib.request
 
     from kuberl.inference.contract import MAX_PROMPT_TOKENS
@@ -116,38 +117,45 @@ def test_megabytes_of_chat_are_refused_naming_messages_and_health_answers_meanwh
 
     tok = char_tokenizer()
     model = tiny_qwen2(len(tok), seed=0)
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldTokenizer(type(tok)):  # type: ignore[misc]
+        """The tokenizer, except that a text over 100k characters waits for ``release`` first."""
+
+        def __call__(self, text: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(text, str) and len(text) > 100_000:
+                entered.set()
+                assert release.wait(120), "the test never released the tokenizer"
+            return super().__call__(text, *args, **kwargs)
+
+    tok.__class__ = HeldTokenizer
     with gateway_over(model, tok) as (gateway, client):
         health = str(client.base_url).rstrip("/").removesuffix("/v1") + "/health"
         ask = {"model": "tiny-agent", "max_tokens": 4,
                "extra_headers": {"X-KubeRL-Group": "g", "X-KubeRL-Session": "long-history"}}
 
-        def refusal(chars: int) -> tuple[str, float, float]:
-            """(the 400's message, the call's seconds, the longest /health answer meanwhile)."""
-            answered, stop = [0.0], threading.Event()
-
-            def ping() -> None:
-                while not stop.is_set():
-                    began = time.monotonic()
-                    urllib.request.urlopen(health, timeout=60).read()
-                    answered[0] = max(answered[0], time.monotonic() - began)
-                    time.sleep(0.01)
-
-            pinger = threading.Thread(target=ping)
-            pinger.start()
-            began = time.monotonic()
+        def chat(chars: int) -> str:
+            """The 400's message for ``chars`` characters of chat."""
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(messages=[{"role": "user", "content": "1" * chars}], **ask)
-            took = time.monotonic() - began
-            stop.set()
-            pinger.join()
-            return str(refused.value), took, answered[0]
+            return str(refused.value)
 
         for chars in (2_000_000, 8_000_000):
-            message, _, _ = refusal(chars)
+            message = chat(chars)
             assert f"messages: {chars} characters are at least" in message and str(MAX_PROMPT_TOKENS) in message
-        message, took, stalled = refusal(640_000)
-        assert f"messages: {640_000 + 1} tokens, more than the {MAX_PROMPT_TOKENS}" in message  # BOS + text
-        assert stalled < took / 2, (stalled, took)  # tokenized off the event loop
+        assert not entered.is_set()  # refused from their length, never tokenized
+        answer: list[str] = []
+        caller = threading.Thread(target=lambda: answer.append(chat(640_000)))
+        caller.start()
+        try:
+            assert entered.wait(60), "640 kB never reached the tokenizer"
+            with urllib.request.urlopen(health, timeout=30) as reply:  # the loop is free while it tokenizes
+                assert json.loads(reply.read())["status"] == "ok"
+            assert caller.is_alive() and not answer
+        finally:
+            release.set()
+            caller.join(120)
+        assert f"messages: {640_000 + 1} tokens, more than the {MAX_PROMPT_TOKENS}" in answer[0]  # BOS + text
         assert gateway.stats.sessions == 0  # refused before a session (or a replica) saw them
         short = client.chat.completions.create(messages=[{"role": "user", "content": "12*34="}], **ask)
         assert short.choices[0].message.role == "assistant"

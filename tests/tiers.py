@@ -8,6 +8,7 @@ test itself runs as it would, so nothing it waits for is taken from it)."""
 
 from __future__ import annotations
 
+import platform
 import sys
 import threading
 from collections.abc import Generator
@@ -35,7 +36,8 @@ class ProcessWatch:
 
 
 WATCH = ProcessWatch()
-sys.addaudithook(WATCH.audit)
+platform.processor()  # the standard library runs `uname -p` once a process, the first time a client (openai's)
+sys.addaudithook(WATCH.audit)  # asks for the platform: not the process of whichever test asks first
 
 
 @pytest.hookimpl(wrapper=True)
