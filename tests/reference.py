@@ -8,9 +8,16 @@ those runs — what an asynchronous run's timing alone moves. A point passes ins
 σ never below the point's own sampling noise;
 a change that moves the curve reads as a table of the points outside, with numbers — not a threshold
 that a slow host trips. The file also keeps each point's spread over seeds (``seed_sigma``): how far
-another seed's curve lies, for scale. Regenerate (and commit) after a change meant to move the curve:
+another seed's curve lies, for scale.
+
+A variant (:data:`VARIANTS`: the same command with a few settings more, e.g. every replica split over two
+processes) runs on other timing by construction — a two-process replica on the same cores generates
+several times slower, so other policy versions generate each step's samples — and has its own file
+(``cpu_tiny-VARIANT.json``), measured the same way. Regenerate (and commit) after a change meant to move
+the curve, the variants too:
 
     .venv/bin/python -m tests.reference [--repeats 8] [--seeds 1 2 3 4]     # ≈ 15 s a run on 2 cores
+    .venv/bin/python -m tests.reference --variant tensor-parallel-2 --seeds  # ≈ 70 s a run
 
 (the last stdout line is the JSON written).
 """
@@ -30,6 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"
 REFERENCE = Path(__file__).resolve().parent / "reference" / "cpu_tiny.json"
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "tensor-parallel-2": ("inference.tensorParallel=2", "inference.acceleratorsPerNode=1"),
+}
 STEPS = 120
 EVERY = 60
 SETTINGS = ("algorithm.learningRate=3e-4", f"evaluation.everySteps={EVERY}", "evaluation.samplesPerPrompt=16")
@@ -41,6 +51,15 @@ FLOOR = 0.04  # and never narrower than this (a few runs estimate σ roughly)
 # √(p(1 − p)/n): eight repeats can put their σ under it by chance (eval@120's 0.0093 against 0.0155).
 TRAIN_SAMPLES = WINDOW * 128
 EVAL_SAMPLES = 64 * 16
+
+
+def reference_file(variant: str | None = None) -> Path:
+    """Where the reference of the example (``variant`` None) or of one of :data:`VARIANTS` is kept."""
+    return REFERENCE if variant is None else REFERENCE.with_name(f"{REFERENCE.stem}-{variant}.json")
+
+
+def load(variant: str | None = None) -> dict[str, Any]:
+    return json.loads(reference_file(variant).read_text())
 
 
 def command(workdir: Path, summary: Path, extra: tuple[str, ...] = ()) -> list[str]:
@@ -132,19 +151,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8, help="runs of the test's own command")
     parser.add_argument("--at-once", type=int, default=2, help="runs side by side (a loaded host)")
     parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3, 4], help="other seeds, for scale")
-    parser.add_argument("--out", type=Path, default=REFERENCE)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), help="measure this variant of the command")
+    parser.add_argument("--out", type=Path, help="default: the reference's (or the variant's) file")
     args = parser.parse_args()
+    extra = VARIANTS[args.variant] if args.variant else ()
     with tempfile.TemporaryDirectory() as tmp:
-        repeats = curves_of([()] * args.repeats, args.at_once, Path(tmp))
-        seeds = curves_of([(f"seed={seed}",) for seed in args.seeds], args.at_once, Path(tmp) / "seeds") \
+        repeats = curves_of([extra] * args.repeats, args.at_once, Path(tmp))
+        seeds = curves_of([(*extra, f"seed={seed}") for seed in args.seeds], args.at_once, Path(tmp) / "seeds") \
             if args.seeds else []
     points = spread(repeats)
     seed_sigma = {n: p["sigma"] for n, p in spread([repeats[0], *seeds]).items()} if seeds else {}
-    reference = {"example": str(EXAMPLE.relative_to(ROOT)), "steps": STEPS, "settings": list(SETTINGS),
+    reference = {"example": str(EXAMPLE.relative_to(ROOT)), "steps": STEPS, "settings": [*SETTINGS, *extra],
                  "window": WINDOW, "repeats": args.repeats, "at_once": args.at_once, "seeds": args.seeds,
                  "k": K, "floor": FLOOR, "points": points, "seed_sigma": seed_sigma}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(reference, indent=1) + "\n")
+    out = args.out or reference_file(args.variant)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(reference, indent=1) + "\n")
     print(json.dumps(reference))
 
 

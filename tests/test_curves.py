@@ -111,7 +111,7 @@ def test_the_cpu_example_learns_within_the_staleness_bound_evaluates_and_logs_cu
     per_step = json.loads((tmp_path / "summary.json").read_text())  # stdout leaves per-step lists out
     rewards = per_step["rewards"]
     assert per_step["steps"] == len(rewards) == per_step["final_version"] == reference.STEPS
-    compared = reference.compare(reference.curve(per_step), json.loads(reference.REFERENCE.read_text()))
+    compared = reference.compare(reference.curve(per_step), reference.load())
     assert all(p.inside for p in compared), "the curve left its reference band:\n" + reference.table(compared)
     assert 0 < summary["max_token_staleness_trained"]  # asynchronous; beyond η = 2 only in groups counted late:
     assert summary["max_token_staleness_trained"] <= 2 or summary["late_groups_trained"] > 0
