@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -44,6 +45,7 @@ from .run_processes import wait_until
 
 BASE = "builtin:tiny-qwen2"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples/cpu-tiny.yaml"  # its model is BASE
+RL_EXAMPLE = EXAMPLE.with_name("tinker_rl.py")
 SEQUENCE = [5, 9, 14, 20, 27, 35, 44]
 ALICE, BOB = "tml-alice-" + "a" * 30, "tml-bob-" + "b" * 30
 
@@ -409,6 +411,9 @@ def test_a_keys_file_names_each_client_and_refuses_a_key_the_sdk_would_refuse(tm
 
 @pytest.mark.slow
 def test_kuberl_serve_gives_each_client_a_private_key_and_serves_the_manifests_model(tmp_path: Path) -> None:
+    """``kuberl serve`` as a user starts it: a key file per client, the manifest's model served; alice samples
+    the base while bob runs examples/tinker_rl.py against it — a cookbook-style RL loop (supervised format
+    first, then GRPO with the importance-sampling loss) that learns single-digit addition."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kuberl_cli", "serve", str(EXAMPLE), "--port", str(port),
                              "--clients", "alice,bob"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -428,6 +433,13 @@ def test_kuberl_serve_gives_each_client_a_private_key_and_serves_the_manifests_m
         assert [len(s.tokens) for s in reply.sequences] == [3, 3]
         assert server.get("get_server_capabilities", files["bob"].read_text()) == 200
         assert server.get("get_server_capabilities", key[:-1]) == 401
+        recipe = subprocess.run([sys.executable, str(RL_EXAMPLE), "--base-url", server.url],
+                                env={**os.environ, "TINKER_API_KEY": files["bob"].read_text()}, capture_output=True,
+                                text=True, timeout=900, stdin=subprocess.DEVNULL)
+        assert recipe.returncode == 0, recipe.stderr[-3000:]
+        learnt = json.loads(recipe.stdout.splitlines()[-1])
+        # measured +0.28 to +0.40 over three runs; +0.19 (100 steps) with the advantages made positive
+        assert learnt["reward_after"] >= learnt["reward_before"] + 0.2, learnt
     finally:
         proc.terminate()
         assert proc.wait(60) == 0  # SIGTERM, as a pod is stopped: a clean exit
