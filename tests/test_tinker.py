@@ -15,6 +15,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ BASE = "builtin:tiny-qwen2"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples/cpu-tiny.yaml"  # its model is BASE
 RL_EXAMPLE = EXAMPLE.with_name("tinker_rl.py")
 SEQUENCE = [5, 9, 14, 20, 27, 35, 44]
+OTHER_SEQUENCE = [*SEQUENCE[:3], 40, 33, 27, 22]  # the same start, another continuation
 ALICE, BOB = "tml-alice-" + "a" * 30, "tml-bob-" + "b" * 30
 
 
@@ -250,39 +252,44 @@ def _datum(tokens: list[int]) -> types.Datum:
 
 
 @pytest.mark.slow
-def test_a_lora_client_learns_and_its_sampler_serves_exactly_what_it_trained(server: Server) -> None:
-    with _client(server, ALICE) as alice:
-        _learns_and_serves(alice.create_lora_training_client(base_model=BASE, rank=8, seed=0).result())
+def test_two_lora_clients_at_once_learn_different_answers_and_each_sampler_serves_exactly_its_own(
+        server: Server) -> None:
+    """Alice and Bob train at the same time, one adapter each on the shared base, to continue the same three
+    tokens differently; each one's sampler serves that one's training model (log-probs and greedy answer)."""
+    with _client(server, ALICE) as alice, _client(server, BOB) as bob, ThreadPoolExecutor(2) as pool:
+        trainings = [client.create_lora_training_client(base_model=BASE, rank=8, seed=0).result()
+                     for client in (alice, bob)]
+        list(pool.map(_learns_and_serves, trainings, [SEQUENCE, OTHER_SEQUENCE]))
 
 
-def _learns_and_serves(training: tinker.TrainingClient) -> None:
+def _learns_and_serves(training: tinker.TrainingClient, sequence: list[int]) -> None:
     info = training.get_info()
     assert (info.is_lora, info.lora_rank, info.model_data.model_name) == (True, 8, BASE)
     first = last = None
     for _ in range(20):
-        step = training.forward_backward([_datum(SEQUENCE)], "cross_entropy")
+        step = training.forward_backward([_datum(sequence)], "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
         last = step.result().metrics["loss:sum"]
         first = first if first is not None else last
     assert first is not None and last is not None and last < first / 10, (first, last)
 
     sampler = training.save_weights_and_get_sampling_client().result()
-    trained = training.forward([_datum(SEQUENCE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
-    served = sampler.compute_logprobs(types.ModelInput.from_ints(SEQUENCE)).result()
+    trained = training.forward([_datum(sequence)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    served = sampler.compute_logprobs(types.ModelInput.from_ints(sequence)).result()
     assert served[0] is None
     assert served[1:] == pytest.approx(trained, abs=1e-4)  # the sampler serves the trained policy itself
-    greedy = sampler.sample(types.ModelInput.from_ints(SEQUENCE[:3]), 2,
+    greedy = sampler.sample(types.ModelInput.from_ints(sequence[:3]), 2,
                             types.SamplingParams(max_tokens=4, temperature=0.0)).result()
-    assert [s.tokens for s in greedy.sequences] == [SEQUENCE[3:7]] * 2  # it learnt the sequence
+    assert [s.tokens for s in greedy.sequences] == [sequence[3:7]] * 2  # it learnt the sequence
     assert greedy.sequences[0].logprobs == pytest.approx(trained[2:6], abs=1e-4)
     assert all(s.stop_reason == "length" for s in greedy.sequences)
 
     for _ in range(2):  # training on changes the model, not the snapshot a sampler serves
-        training.forward_backward([_datum(SEQUENCE[::-1])], "cross_entropy")
+        training.forward_backward([_datum(sequence[::-1])], "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
-    moved = training.forward([_datum(SEQUENCE)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    moved = training.forward([_datum(sequence)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
     assert moved != pytest.approx(trained, abs=1e-3)
-    assert sampler.compute_logprobs(types.ModelInput.from_ints(SEQUENCE)).result() == pytest.approx(served, abs=1e-6,
+    assert sampler.compute_logprobs(types.ModelInput.from_ints(sequence)).result() == pytest.approx(served, abs=1e-6,
                                                                                                     nan_ok=True)
 
 
