@@ -171,6 +171,25 @@ def test_a_state_path_stays_inside_its_clients_prefix() -> None:
             store.load("alice", bad)
 
 
+def test_a_clients_states_of_one_model_are_listed_and_deleted_and_no_one_elses(tmp_path: Path) -> None:
+    from kuberl.tinker.states import TrainingState
+
+    states, tensors = StateStore(LocalStore(tmp_path)), {"w": torch.ones(3)}
+    for owner, model, name in (("alice", "s:train:1", "a"), ("alice", "s:train:1", "b"), ("alice", "s:train:10", "c"),
+                               ("bob", "s:train:1", "d")):
+        states.save(owner, state_path(model, name), TrainingState(BASE, None, tensors, {}, 1), False)
+    listed = states.saved("alice", "s:train:1")
+    assert sorted(s.path for s in listed) == [state_path("s:train:1", "a"), state_path("s:train:1", "b")]
+    assert all(s.size_bytes > 0 and s.saved_at > 0 for s in listed)
+    states.delete("alice", state_path("s:train:1", "a"))
+    assert [s.path for s in states.saved("alice", "s:train:1")] == [state_path("s:train:1", "b")]
+    assert [s.path for s in states.saved("bob", "s:train:1")] == [state_path("s:train:1", "d")]
+    with pytest.raises(NotFound, match="no such state of yours"):
+        states.delete("bob", state_path("s:train:1", "b"))
+    with pytest.raises(ClientError, match="not a model id"):
+        states.saved("alice", "..")
+
+
 # -- keys and fairness -----------------------------------------------------------------------------------
 def test_a_key_names_its_client_and_anything_else_names_none() -> None:
     keys = {ALICE: "alice", BOB: "bob"}
@@ -386,6 +405,7 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
             training.save_state("after-3").result()
         training.load_state(path).result()  # into the model itself: back to step 3's weights
         assert _logprobs(training, datum) == pytest.approx(saved, abs=1e-6)
+        _lists_and_deletes_sampler_weights(server, alice, training, path)
     with _client(server, ALICE) as alice:  # a new session: the state outlived the old one
         resumed = alice.create_training_client_from_state_with_optimizer(path).result()
         assert _logprobs(resumed, datum) == pytest.approx(saved, abs=1e-6)
@@ -393,8 +413,40 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
         resumed.optim_step(adam).result()
         # the same step from the same moments: Adam's state came back too (weights alone would step differently)
         assert _logprobs(resumed, datum) == pytest.approx(after_4, abs=1e-5)
-    with _client(server, BOB) as bob, pytest.raises(Exception, match="no such state of yours"):
-        bob.create_training_client_from_state(path).result()
+    model_id = path.removeprefix("tinker://").split("/")[0]
+    with _client(server, BOB) as bob:
+        with pytest.raises(Exception, match="no such state of yours"):
+            bob.create_training_client_from_state(path).result()
+        with pytest.raises(Exception, match="none of yours"):
+            tinker.RestClient(base_url=server.url, api_key=BOB).list_checkpoints(model_id).result()
+    with _client(server, ALICE) as alice:  # the model is gone; its state is listed until deleted
+        rest = tinker.RestClient(base_url=server.url, api_key=ALICE)
+        listed = rest.list_checkpoints(model_id).result().checkpoints
+        assert [(c.checkpoint_type, c.checkpoint_id, c.tinker_path) for c in listed] == [
+            ("training", "weights/after-3", path)]
+        assert listed[0].size_bytes > 0
+        rest.delete_checkpoint_from_tinker_path(path).result()
+        with pytest.raises(Exception, match="none of yours"):
+            rest.list_checkpoints(model_id).result()
+        with pytest.raises(Exception, match="no such state of yours"):
+            alice.create_training_client_from_state(path).result()
+
+
+def _lists_and_deletes_sampler_weights(server: Server, alice: tinker.ServiceClient, training: tinker.TrainingClient,
+                                       state: str) -> None:
+    """While the model lives, ``list_checkpoints`` shows its named sampler weights beside its state; deleting
+    them leaves samplers already made from them serving, and no new one can be made."""
+    weights = training.save_weights_for_sampler("snap").result().path
+    sampler = alice.create_sampling_client(model_path=weights).result()
+    rest, model_id = tinker.RestClient(base_url=server.url, api_key=ALICE), training.get_info().model_id
+    listed = rest.list_checkpoints(model_id).result().checkpoints
+    assert [(c.checkpoint_type, c.tinker_path) for c in listed] == [("training", state), ("sampler", weights)]
+    rest.delete_checkpoint(model_id, "sampler_weights/snap").result()
+    assert [c.checkpoint_type for c in rest.list_checkpoints(model_id).result().checkpoints] == ["training"]
+    assert len(sampler.sample(types.ModelInput.from_ints([5]), 1, types.SamplingParams(max_tokens=2)).result()
+               .sequences[0].tokens) == 2
+    with pytest.raises(Exception, match="no such saved weights"):
+        alice.create_sampling_client(model_path=weights).result()
 
 
 def _logprobs(training: tinker.TrainingClient, datum: types.Datum) -> list[float]:

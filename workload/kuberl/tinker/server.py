@@ -9,6 +9,8 @@ Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in
          save_weights (save_state), load_weights (load_state, create from a state),
          save_weights_for_sampler, create_sampling_session, asample
     POST retrieve_future                       long work's result: JSON, protocol buffers, or "try again"
+    GET  training_runs/{model}/checkpoints      a model's saved states and named sampler weights (RestClient)
+    DELETE training_runs/{model}/checkpoints/{weights/NAME | sampler_weights/NAME}
 
 Work that takes long (everything a model or sampler does) answers with a future at once; the client
 polls ``retrieve_future``. A bad request is a 400 whose ``error`` names the field, another client's
@@ -22,6 +24,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -37,6 +40,7 @@ from .wire import WireError, decode_forward_backward
 
 KEY_HEADER = "X-API-Key"
 PREFIX = "/api/v1"
+CHECKPOINTS = "training_runs/{model_id}/checkpoints"  # the SDK's RestClient: list (GET) and delete (DELETE …/ID)
 OPEN_PATHS = {f"{PREFIX}/healthz", "/metrics"}
 MAX_PROTO_BYTES = 16 * 2**20
 CHUNK_BYTES = 4 * 2**20  # the most a forward/backward request of the SDK carries (it splits larger batches)
@@ -85,9 +89,11 @@ class TinkerApi:
             "save_weights": self.save_state, "load_weights": self.load_state,
             "create_sampling_session": self.create_sampling_session, "asample": self.sample,
             "retrieve_future": self.retrieve_future}
+        get[CHECKPOINTS] = self.list_checkpoints
         app.add_routes([web.get(f"{PREFIX}/{path}", handler) for path, handler in get.items()]
                        + [web.post(f"{PREFIX}/{path}", handler) for path, handler in post.items()]
-                       + [web.get("/metrics", self.prometheus)])
+                       + [web.delete(f"{PREFIX}/{CHECKPOINTS}/{{checkpoint_id:.+}}", self.delete_checkpoint),
+                          web.get("/metrics", self.prometheus)])
         return app
 
     @web.middleware
@@ -194,6 +200,18 @@ class TinkerApi:
         assert body.session_id is not None and body.model_seq_id is not None  # the schema checked
         return self._future(self.service.create_from_state(owner, body.session_id, body.model_seq_id, body.path,
                                                            body.optimizer))
+
+    async def list_checkpoints(self, request: web.Request) -> web.Response:
+        found = await self.service.checkpoints(request[OWNER], request.match_info["model_id"])
+        return web.json_response({"checkpoints": [
+            {"checkpoint_id": c.checkpoint_id, "checkpoint_type": c.kind, "tinker_path": c.path,
+             "time": datetime.fromtimestamp(c.saved_at, UTC).isoformat(), "size_bytes": c.size_bytes}
+            for c in found], "cursor": None})
+
+    async def delete_checkpoint(self, request: web.Request) -> web.Response:
+        await self.service.delete_checkpoint(request[OWNER], request.match_info["model_id"],
+                                             request.match_info["checkpoint_id"])
+        return web.Response(status=204)
 
     # -- sampling ------------------------------------------------------------------------------------
     async def create_sampling_session(self, request: web.Request) -> web.Response:

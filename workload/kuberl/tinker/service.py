@@ -80,12 +80,38 @@ class Limits:
     session_expiry_seconds: float = 300.0  # a session with no heartbeat for this long is finished (the SDK: every 10 s)
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """One entry of the SDK's ``list_checkpoints``: ``kind`` training (a state) or sampler (named weights)."""
+
+    kind: str
+    path: str
+    saved_at: float
+    size_bytes: int
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path.removeprefix(SCHEME).split("/", 1)[1]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Weights saved for sampling under a name (``tinker://MODEL/sampler_weights/NAME``); ``saved_at``: epoch s."""
+
+    weights: dict[str, torch.Tensor]
+    saved_at: float
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
+
+
 @dataclass
 class _Model:
     owner: str
     session: str
     trainee: Trainee
-    snapshots: collections.OrderedDict[str, dict[str, torch.Tensor]] = field(default_factory=collections.OrderedDict)
+    snapshots: collections.OrderedDict[str, Snapshot] = field(default_factory=collections.OrderedDict)
 
 
 @dataclass
@@ -250,7 +276,7 @@ class TinkerService:
                 sampler_id = await self._new_sampler(owner, model.session, model.trainee.adapter, weights, None)
                 return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
             path = f"{SCHEME}{model_id}/sampler_weights/{name}"
-            model.snapshots[path] = weights
+            model.snapshots[path] = Snapshot(weights, time.time())
             model.snapshots.move_to_end(path)
             while len(model.snapshots) > self.limits.snapshots_per_model:
                 model.snapshots.popitem(last=False)
@@ -293,6 +319,30 @@ class TinkerService:
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self._submit(owner, load)
+
+    async def checkpoints(self, owner: str, model_id: str) -> list[Checkpoint]:
+        """``owner``'s checkpoints of ``model_id``: its training states (they outlive the model) and, while the
+        model lives, its named sampler weights; NotFound when there are neither."""
+        model = self.models.get(model_id)
+        live = model is not None and model.owner == owner
+        states = await asyncio.to_thread(self.states.saved, owner, model_id) if self.states else []
+        if not live and not states:
+            raise NotFound(f"training run {model_id!r}: none of yours (no live model and no saved state)")
+        return ([Checkpoint("training", s.path, s.saved_at, s.size_bytes) for s in states]
+                + [Checkpoint("sampler", path, snap.saved_at, snap.size_bytes)
+                   for path, snap in (model.snapshots.items() if live and model else ())])
+
+    async def delete_checkpoint(self, owner: str, model_id: str, checkpoint_id: str) -> None:
+        """A training state (``weights/NAME``) from the store, or a live model's sampler weights
+        (``sampler_weights/NAME``); samplers already serving them keep serving."""
+        path = f"{SCHEME}{model_id}/{checkpoint_id}"
+        if checkpoint_id.startswith("weights/"):
+            await asyncio.to_thread(self._states().delete, owner, path)
+        elif checkpoint_id.startswith("sampler_weights/"):
+            if self._model(owner, model_id).snapshots.pop(path, None) is None:
+                raise NotFound(f"checkpoint {path!r}: no such sampler weights of yours")
+        else:
+            raise ClientError(f"checkpoint_id {checkpoint_id!r}: weights/NAME or sampler_weights/NAME")
 
     def create_from_state(self, owner: str, session_id: str, model_seq_id: int, path: str,
                           with_optimizer: bool) -> str:
@@ -341,8 +391,8 @@ class TinkerService:
         model = self._model(owner, model_id)
         if model_path not in model.snapshots:
             raise NotFound(f"model_path {model_path!r}: no such saved weights (save_weights_for_sampler names them)")
-        return await self._new_sampler(owner, session_id, model.trainee.adapter, model.snapshots[model_path],
-                                       model_path)
+        return await self._new_sampler(owner, session_id, model.trainee.adapter,
+                                       model.snapshots[model_path].weights, model_path)
 
     def sampler(self, owner: str, sampler_id: str) -> Sampler:
         if self.evicted.get(sampler_id) == owner:

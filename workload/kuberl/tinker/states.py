@@ -5,6 +5,7 @@ and what it is (base model, adapter shape), kept in a checkpoint store (``file:/
 ``tinker://MODEL/weights/NAME`` is kept under ``<uri>tinker/<client>/<MODEL>/<NAME>/``: ``state.pt`` (the
 tensors, read back with ``torch.load(weights_only=True)``: no code in a state runs) and ``meta.json``. The
 client is part of the key, so a client reads only states it saved: another's path is "no such state".
+The SDK's ``RestClient.list_checkpoints`` / ``delete_checkpoint`` list and delete a client's states of one model.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +22,12 @@ from typing import Any
 import torch
 
 from ..checkpoint.store import CheckpointError, Store
-from .errors import ClientError
+from .errors import ClientError, NotFound
 from .trainee import AdapterShape
 
 SCHEME = "tinker://"
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+MODEL = re.compile(r"^[A-Za-z0-9:._-]{1,200}$")
 PATH = re.compile(rf"^{SCHEME}(?P<model>[A-Za-z0-9:._-]{{1,200}})/weights/(?P<name>[A-Za-z0-9._-]{{1,128}})$")
 STATE, META = "state.pt", "meta.json"
 
@@ -38,6 +41,15 @@ class TrainingState:
     steps: int
 
 
+@dataclass(frozen=True)
+class SavedState:
+    """A state as listed: its ``tinker://`` path, when it was saved (seconds since the epoch) and its tensors' bytes."""
+
+    path: str
+    saved_at: float
+    size_bytes: int
+
+
 def state_path(model_id: str, name: str) -> str:
     if not NAME.match(name) or name in (".", ".."):
         raise ClientError(f"path {name!r}: a state's name is 1–128 letters, digits, '.', '_' or '-' (not . or ..)")
@@ -48,7 +60,13 @@ def _key(owner: str, path: str) -> str:
     match = PATH.match(path)
     if match is None or {match["model"], match["name"]} & {".", ".."}:
         raise ClientError(f"path {path!r}: a state is {SCHEME}MODEL/weights/NAME (save_state returns it)")
-    return f"tinker/{owner}/{match['model']}/{match['name']}/"
+    return f"{_model_key(owner, match['model'])}{match['name']}/"
+
+
+def _model_key(owner: str, model_id: str) -> str:
+    if not MODEL.match(model_id) or model_id in (".", ".."):
+        raise ClientError(f"model {model_id!r}: not a model id (create_model returns one)")
+    return f"tinker/{owner}/{model_id}/"
 
 
 class StateStore:
@@ -59,7 +77,7 @@ class StateStore:
         key = _key(owner, path)
         if not overwrite and self.store.read_text(key + META) is not None:
             raise ClientError(f"path {path!r} exists; save under another name or with overwrite=True")
-        meta = {"base_model": state.base_model, "steps": state.steps,
+        meta = {"base_model": state.base_model, "steps": state.steps, "saved_at": time.time(),
                 "adapter": dataclasses.asdict(state.adapter) if state.adapter else None}
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / STATE
@@ -82,3 +100,22 @@ class StateStore:
             tensors = torch.load(local, weights_only=True)
         adapter = AdapterShape(**meta["adapter"]) if meta["adapter"] else None
         return TrainingState(meta["base_model"], adapter, tensors["weights"], tensors["optimizer"], meta["steps"])
+
+    def saved(self, owner: str, model_id: str) -> list[SavedState]:
+        """``owner``'s states of ``model_id``, oldest first (each complete: its meta is written last)."""
+        prefix = _model_key(owner, model_id)
+        sizes = self.store.list(prefix)
+        found = []
+        for key in sizes:
+            name = key.removeprefix(prefix).removesuffix("/" + META)
+            if key.startswith(prefix) and key.endswith("/" + META) and NAME.match(name):
+                meta = json.loads(self.store.read_text(key) or "{}")
+                found.append(SavedState(f"{SCHEME}{model_id}/weights/{name}", float(meta.get("saved_at", 0.0)),
+                                        sizes.get(f"{prefix}{name}/{STATE}", 0)))
+        return sorted(found, key=lambda state: (state.saved_at, state.path))
+
+    def delete(self, owner: str, path: str) -> None:
+        key = _key(owner, path)
+        if self.store.read_text(key + META) is None:
+            raise NotFound(f"path {path!r}: no such state of yours")
+        self.store.delete_prefix(key)
