@@ -33,8 +33,10 @@ from kuberl.checkpoint.store import LocalStore
 from kuberl.local.processes import free_port
 from kuberl.settings import DEFAULTS
 from kuberl.tinker import losses, wire
+from kuberl.tinker.budget import TokenBudget
 from kuberl.tinker.errors import Busy, ClientError, Gone, NotFound
 from kuberl.tinker.futures import FutureTable
+from kuberl.tinker.sampler import SampleParams
 from kuberl.tinker.serve import serve, served_model
 from kuberl.tinker.server import owner_of
 from kuberl.tinker.service import Limits, ServedModel, TinkerService
@@ -159,6 +161,26 @@ def test_a_client_over_its_share_of_queued_work_is_told_to_retry_and_another_is_
     with pytest.raises(Busy, match="2 training requests of yours are waiting"):
         service.create_model("alice", alice, 2, BASE, AdapterShape(2))
     service.create_model("bob", bob, 0, BASE, AdapterShape(2))
+
+
+def test_a_clients_token_budget_refills_at_its_rate_and_says_when_to_retry() -> None:
+    now = [0.0]
+    budget = TokenBudget(600, lambda: now[0])  # 10 tokens a second, at most 600
+    budget.take("alice", 500)
+    with pytest.raises(Busy, match="600 tokens a minute is your share here; this request needs 200") as busy:
+        budget.take("alice", 200)
+    assert busy.value.retry_after == pytest.approx(10.0)  # 100 held, 200 needed, 10 a second
+    budget.take("bob", 600)  # another client's bucket is its own
+    now[0] = 10.0
+    budget.take("alice", 200)
+    budget.give_back("alice", 50)  # a sample that stopped early
+    assert budget.level("alice") == pytest.approx(50.0)
+    now[0] = 1000.0
+    assert budget.level("alice") == 600.0  # full, never more
+    budget.take("alice", 5000)  # larger than a minute's worth: admitted from a full bucket, into debt
+    with pytest.raises(Busy) as busy:
+        budget.take("alice", 1)
+    assert busy.value.retry_after == pytest.approx(440.1)
 
 
 def test_a_state_path_stays_inside_its_clients_prefix() -> None:
@@ -535,5 +557,28 @@ async def test_a_session_without_heartbeats_is_finished_and_its_models_released(
         sample = generate_latest(service.metrics.registry).decode()
         assert 'kuberl_tinker_models{client="alice"} 1.0' in sample
         assert 'kuberl_tinker_sessions{client="alice"} 1.0' in sample
+    finally:
+        await service.stop()
+
+
+@pytest.mark.asyncio
+async def test_sampling_spends_the_clients_token_budget_and_gives_back_what_was_not_generated() -> None:
+    """A sample reserves prompt + n × max_tokens of its client's budget, over it the client is told when to
+    retry (the server's 429 Retry-After), and what the sample did not generate (its stop token) comes back."""
+    now = [0.0]
+    service = TinkerService(served_model(ModelSource(path=BASE), 0, DEFAULTS), FutureTable(poll_seconds=30),
+                            Limits(tokens_per_minute=60), clock=lambda: now[0])  # a token a second
+    service.start()
+    try:
+        session = service.create_session("alice")
+        sampler = await service.create_sampling_session("alice", session, BASE, None)
+        stop_at_once = SampleParams(max_tokens=20, stop_tokens=tuple(range(100)))  # every token is a stop token
+        done = service.sample("alice", sampler, [5, 6], 2, stop_at_once, False)  # reserves 2 + 40
+        with pytest.raises(Busy, match="this request needs 42 and your budget holds 18") as busy:
+            service.sample("alice", sampler, [5, 6], 2, stop_at_once, False)
+        assert busy.value.retry_after == pytest.approx(24.0)
+        outcome = await service.futures.retrieve(done, "alice")
+        assert outcome is not None and outcome.error is None
+        assert service.budget is not None and service.budget.level("alice") == pytest.approx(60 - 2 - 2)
     finally:
         await service.stop()

@@ -62,6 +62,12 @@ def client_names(text: str) -> list[str]:
     return names
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of tokens, at least 1")
+    return int(text)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from kuberl.local.processes import RunError
     from kuberl.local.run import load_experiment
@@ -81,11 +87,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     from kuberl.settings import from_environment
     from kuberl.tinker.serve import run, served_name
+    from kuberl.tinker.service import Limits
 
     print(f"serving {served_name(spec.model)} at http://{args.host}:{args.port} "
           f"(tinker.ServiceClient(base_url=...)); training states in {states}; Ctrl-C stops it", flush=True)
     try:
-        run(spec.model, spec.seed, spec.trainer.accelerator, keys, args.host, args.port, states, from_environment())
+        run(spec.model, spec.seed, spec.trainer.accelerator, keys, args.host, args.port, states, from_environment(),
+            Limits(tokens_per_minute=args.tokens_per_minute))
     except KeyboardInterrupt:
         pass
     return 0
@@ -104,4 +112,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--clients", default="local", metavar="NAME[,NAME]",
                    help="one API key per client, made now (default: one client, 'local')")
     p.add_argument("--keys", metavar="FILE", help="the clients' keys instead: JSON, client name → key")
+    p.add_argument("--tokens-per-minute", type=_positive, metavar="N", help="each client's share: tokens trained "
+                   "(forward/backward) and sampled (prompt + generated) a minute; beyond it, told when to retry "
+                   "(default: no limit)")
     p.set_defaults(func=cmd_serve)

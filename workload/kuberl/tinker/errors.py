@@ -24,4 +24,9 @@ class Gone(KeyError):
 
 
 class Busy(RuntimeError):
-    """The client has as much work waiting as it may: retry soon (429 with Retry-After; the SDK retries)."""
+    """The client has as much work waiting, or has used as many tokens, as it may: retry after ``retry_after``
+    seconds (429 with Retry-After; the SDK retries)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after

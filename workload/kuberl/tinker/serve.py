@@ -71,7 +71,7 @@ async def serve(served: ServedModel, keys: Mapping[str, str], host: str, port: i
 
 
 def run(source: ModelSource, seed: int, accelerator: Accelerator, keys: Mapping[str, str], host: str, port: int,
-        states_uri: str, settings: Settings) -> None:
+        states_uri: str, settings: Settings, limits: Limits | None = None) -> None:
     """Serve ``source`` until interrupted, keeping training states under ``states_uri`` (file:// or s3://)."""
     torch.manual_seed(seed)
     served = served_model(source, seed, settings, accelerator)
@@ -82,6 +82,6 @@ def run(source: ModelSource, seed: int, accelerator: Accelerator, keys: Mapping[
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # as a pod is stopped
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(served, keys, host, port, seed, states)
+            await serve(served, keys, host, port, seed, states, limits=limits)
 
     asyncio.run(until_stopped())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -119,7 +120,7 @@ class TinkerApi:
         except Gone as err:
             raise _error(web.HTTPGone, str(err)) from err
         except Busy as err:
-            raise _error(web.HTTPTooManyRequests, str(err), **{"Retry-After": "1"}) from err
+            raise _error(web.HTTPTooManyRequests, str(err), **{"Retry-After": str(math.ceil(err.retry_after))}) from err
 
     # -- service -------------------------------------------------------------------------------------
     async def healthz(self, request: web.Request) -> web.Response:

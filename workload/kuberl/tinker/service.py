@@ -17,7 +17,8 @@ twice as much optimizer state, so it has the server to itself: it is refused whi
 exists, and every other model is refused while it does.
 
 A client may have ``Limits.queued_per_client`` training requests waiting and ``Limits.sampling_per_client``
-samples in flight; beyond that it is told to retry (429, which the SDK does by itself). At most
+samples in flight, and use ``Limits.tokens_per_minute`` tokens a minute (:mod:`.budget`); beyond that it
+is told when to retry (429 with Retry-After, which the SDK does by itself). At most
 ``Limits.samplers`` samplers live at once: creating one more stops the least recently used, and its
 client's next sample says it was evicted and how to get it back (save the weights again). Training
 states (``save_state``) outlive sessions in a checkpoint store (:mod:`.states`); a model's id is
@@ -41,6 +42,7 @@ import torch
 
 from ..inference.engine import max_model_len
 from ..models.lora import AdapterError
+from .budget import TokenBudget
 from .errors import Busy, ClientError, NotFound
 from .futures import SERVER, USER, FutureTable, Outcome
 from .metrics import TinkerMetrics
@@ -78,6 +80,7 @@ class Limits:
     queued_per_client: int = 256  # training requests waiting; one more is told to retry (429, which the SDK does)
     sampling_per_client: int = 1024  # samples in flight
     session_expiry_seconds: float = 300.0  # a session with no heartbeat for this long is finished (the SDK: every 10 s)
+    tokens_per_minute: int | None = None  # each client's token rate (:mod:`.budget`); None: no limit
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class TinkerService:
         self.served, self.futures, self.limits = served, futures or FutureTable(), limits or Limits()
         self.states, self.clock, self.metrics = states, clock, TinkerMetrics()
         self.sessions = SessionTable(self.limits.session_expiry_seconds, clock)
+        self.budget = TokenBudget(self.limits.tokens_per_minute, clock) if self.limits.tokens_per_minute else None
         self.models: dict[str, _Model] = {}
         self.samplers: collections.OrderedDict[str, _SamplerEntry] = collections.OrderedDict()  # LRU first
         self.evicted: dict[str, str] = {}  # sampler id → owner
@@ -248,6 +252,7 @@ class TinkerService:
 
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> str:
         model = self._model(owner, call.model_id)
+        self._spend(owner, sum(len(d.tokens) for d in call.data))
 
         async def run() -> Outcome:
             outputs, metrics = await asyncio.to_thread(model.trainee.forward_backward, call)
@@ -411,27 +416,37 @@ class TinkerService:
         if self._sampling_by.get(owner, 0) >= self.limits.sampling_per_client:
             raise Busy(f"{self.limits.sampling_per_client} samples of yours are in flight, the most a client may have "
                        "here; retry when some are done")
-        self._sampling_by[owner] = self._sampling_by.get(owner, 0) + 1
         room = sampler.max_len - len(prompt)  # ≥ 1: check_prompt refused a prompt that fills the context
         params = dataclasses.replace(params, max_tokens=min(params.max_tokens or room, room))
+        reserved = n * params.max_tokens
+        self._spend(owner, len(prompt) + reserved)
+        self._sampling_by[owner] = self._sampling_by.get(owner, 0) + 1
         request_id = self.futures.open(owner)
 
         async def run() -> None:
+            sampled = 0
             try:
                 sequences = await sampler.sample(prompt, n, params)
-                self.metrics.tokens.labels(owner, "sampled").inc(sum(len(s.tokens) for s in sequences))
+                sampled = sum(len(s.tokens) for s in sequences)
+                self.metrics.tokens.labels(owner, "sampled").inc(sampled)
                 prompt_logprobs = await sampler.prompt_logprobs(prompt) if with_prompt_logprobs else None
                 outcome = Outcome(proto=encode_sample_response(sequences, prompt_logprobs))
             except Exception as err:  # the client gets it as the future's failure; the log keeps the trace
                 log.exception("sample %s failed", request_id)
                 outcome = Outcome(error=f"sampling failed: {err}", category=SERVER)
             self._sampling_by[owner] -= 1
+            if self.budget is not None:
+                self.budget.give_back(owner, reserved - sampled)  # the tokens not generated
             self._finish(owner, request_id, outcome)
 
         task = asyncio.get_running_loop().create_task(run())
         self._sampling.add(task)
         task.add_done_callback(self._sampling.discard)
         return request_id
+
+    def _spend(self, owner: str, tokens: int) -> None:
+        if self.budget is not None:
+            self.budget.take(owner, tokens)
 
     # -- the training worker -----------------------------------------------------------------------
     def _submit(self, owner: str, work: Work) -> str:
