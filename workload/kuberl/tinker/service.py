@@ -252,14 +252,13 @@ class TinkerService:
 
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> str:
         model = self._model(owner, call.model_id)
-        self._spend(owner, sum(len(d.tokens) for d in call.data))
 
         async def run() -> Outcome:
             outputs, metrics = await asyncio.to_thread(model.trainee.forward_backward, call)
             self.metrics.tokens.labels(owner, "trained").inc(sum(len(d.tokens) for d in call.data))
             return Outcome(proto=encode_forward_backward_output(outputs, metrics))
 
-        return self._submit(owner, run)
+        return self._submit(owner, run, tokens=sum(len(d.tokens) for d in call.data))
 
     def optim_step(self, owner: str, model_id: str, adam: dict[str, float]) -> str:
         model = self._model(owner, model_id)
@@ -449,10 +448,12 @@ class TinkerService:
             self.budget.take(owner, tokens)
 
     # -- the training worker -----------------------------------------------------------------------
-    def _submit(self, owner: str, work: Work) -> str:
+    def _submit(self, owner: str, work: Work, tokens: int = 0) -> str:
+        """Queue ``work`` (costing ``tokens`` of the client's budget) for the worker; its future's id."""
         if len(self._work.get(owner, ())) >= self.limits.queued_per_client:
             raise Busy(f"{self.limits.queued_per_client} training requests of yours are waiting, the most a client may "
                        "queue here; retry when some are done")
+        self._spend(owner, tokens)
         request_id = self.futures.open(owner)
         self._work.setdefault(owner, collections.deque()).append((request_id, work))
         self.metrics.queued.labels(owner).inc()
