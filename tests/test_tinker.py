@@ -562,9 +562,10 @@ async def test_a_session_without_heartbeats_is_finished_and_its_models_released(
 
 
 @pytest.mark.asyncio
-async def test_sampling_spends_the_clients_token_budget_and_gives_back_what_was_not_generated() -> None:
+async def test_samples_and_passes_spend_the_clients_token_budget_and_a_sample_returns_what_it_did_not_use() -> None:
     """A sample reserves prompt + n × max_tokens of its client's budget, over it the client is told when to
-    retry (the server's 429 Retry-After), and what the sample did not generate (its stop token) comes back."""
+    retry (the server's 429 Retry-After), and what the sample did not generate (its stop token) comes back; a
+    forward/backward pass costs its tokens."""
     now = [0.0]
     service = TinkerService(served_model(ModelSource(path=BASE), 0, DEFAULTS), FutureTable(poll_seconds=30),
                             Limits(tokens_per_minute=60), clock=lambda: now[0])  # a token a second
@@ -580,5 +581,14 @@ async def test_sampling_spends_the_clients_token_budget_and_gives_back_what_was_
         outcome = await service.futures.retrieve(done, "alice")
         assert outcome is not None and outcome.error is None
         assert service.budget is not None and service.budget.level("alice") == pytest.approx(60 - 2 - 2)
+        made = await service.futures.retrieve(service.create_model("alice", session, 0, BASE, AdapterShape(2)), "alice")
+        assert made is not None and made.json is not None
+        tokens = [5, 6, 7] * 10
+        datum = wire.DatumIn(tokens, {"target_tokens": np.array([*tokens[1:], 5]), "weights": np.ones(30, np.float32)})
+        service.forward_backward("alice", wire.ForwardBackwardCall(made.json["model_id"], 0, "cross_entropy", [datum]))
+        assert service.budget.level("alice") == pytest.approx(56 - 30)  # a pass costs its tokens
+        with pytest.raises(Busy, match="needs 30 and your budget holds 26"):
+            service.forward_backward("alice", wire.ForwardBackwardCall(made.json["model_id"], 1, "cross_entropy",
+                                                                       [datum]))
     finally:
         await service.stop()
