@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -212,6 +213,24 @@ def test_a_clients_states_of_one_model_are_listed_and_deleted_and_no_one_elses(t
         states.saved("alice", "..")
 
 
+def test_a_state_past_its_ttl_is_neither_listed_nor_loaded_and_its_files_go(tmp_path: Path) -> None:
+    from kuberl.tinker.states import Keeping, TrainingState
+
+    states, state = StateStore(LocalStore(tmp_path)), TrainingState(BASE, None, {"w": torch.ones(3)}, {}, 1)
+    old, kept = state_path("m", "old"), state_path("m", "kept")
+    states.save("alice", old, state, False, Keeping(expires_at=time.time() - 1))  # expired a second ago
+    states.save("alice", kept, state, False, Keeping.from_ttl(3600, {"run": "a"}))
+    assert [(s.path, s.keeping.user_metadata) for s in states.saved("alice", "m")] == [(kept, {"run": "a"})]
+    assert not any("/old/" in key for key in LocalStore(tmp_path).list())  # looked at once, deleted
+    with pytest.raises(ClientError, match="no such state of yours"):
+        states.load("alice", old)
+    [listed] = states.saved("alice", "m")
+    assert listed.keeping.expires_at is not None and listed.keeping.expires_at > time.time() + 3000
+    states.set_ttl("alice", kept, None)
+    assert states.saved("alice", "m")[0].keeping.expires_at is None  # kept until deleted
+    states.load("alice", kept)
+
+
 # -- keys and fairness -----------------------------------------------------------------------------------
 def test_a_key_names_its_client_and_anything_else_names_none() -> None:
     keys = {ALICE: "alice", BOB: "bob"}
@@ -370,6 +389,8 @@ def test_bad_requests_reach_the_sdk_naming_what_is_wrong(server: Server) -> None
 def _bad_requests_reach_the_sdk_naming_what_is_wrong(server: Server, alice: tinker.ServiceClient) -> None:
     with pytest.raises(Exception, match="base_model 'Qwen/Qwen3-8B' is not served here"):
         alice.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+    with pytest.raises(Exception, match=r"user_metadata=\{'team': 'a'\} is not served here"):
+        alice.create_lora_training_client(base_model=BASE, rank=4, user_metadata={"team": "a"}).result()
     training = alice.create_lora_training_client(base_model=BASE, rank=4).result()
     with pytest.raises(Exception, match=r"data\[0\].loss_fn_inputs.target_tokens: ids must lie in \[0, "):
         training.forward_backward([_datum([5, 6, 100_000])], "cross_entropy").result()
@@ -416,8 +437,10 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
         for _ in range(3):
             training.forward_backward([datum], "cross_entropy")
             training.optim_step(adam).result()
-        path = training.save_state("after-3").result().path
+        path = training.save_state("after-3", ttl_seconds=7200, user_metadata={"recipe": "sft"}).result().path
         assert path.startswith("tinker://") and path.endswith("/weights/after-3")
+        with pytest.raises(Exception, match="ttl_seconds"):  # the SDK's range: an hour to ten years
+            training.save_state("brief", ttl_seconds=60).result()
         saved = _logprobs(training, datum)
         training.forward_backward([datum], "cross_entropy")
         training.optim_step(adam).result()
@@ -444,9 +467,13 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
     with _client(server, ALICE) as alice:  # the model is gone; its state is listed until deleted
         rest = tinker.RestClient(base_url=server.url, api_key=ALICE)
         listed = rest.list_checkpoints(model_id).result().checkpoints
-        assert [(c.checkpoint_type, c.checkpoint_id, c.tinker_path) for c in listed] == [
-            ("training", "weights/after-3", path)]
-        assert listed[0].size_bytes > 0
+        assert [(c.checkpoint_type, c.checkpoint_id, c.tinker_path, c.user_metadata) for c in listed] == [
+            ("training", "weights/after-3", path, {"recipe": "sft"})]
+        assert listed[0].size_bytes is not None and listed[0].size_bytes > 0
+        kept_for = listed[0].expires_at and (listed[0].expires_at - listed[0].time).total_seconds()
+        assert kept_for is not None and 7000 < kept_for <= 7200
+        rest.set_checkpoint_ttl_from_tinker_path(path, None).result()  # kept until deleted
+        assert rest.list_checkpoints(model_id).result().checkpoints[0].expires_at is None
         rest.delete_checkpoint_from_tinker_path(path).result()
         with pytest.raises(Exception, match="none of yours"):
             rest.list_checkpoints(model_id).result()

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import ClientError
 from .sampler import SampleParams
+from .states import Keeping
 from .trainee import AdapterShape
 
 
@@ -37,16 +38,22 @@ class LoraConfig(_Request):
         return AdapterShape(self.rank, self.train_attn, self.train_mlp, self.train_unembed, self.seed)
 
 
+TTL_SECONDS = Field(None, ge=3600, le=10 * 365 * 86400)  # the SDK's documented range: an hour to ten years
+Metadata = dict[str, str] | None
+
+
 class CreateModel(_Request):
     session_id: str
     model_seq_id: int = Field(ge=0)
     base_model: str
     lora_config: LoraConfig | None = None
     optimizer_config: dict[str, Any] = Field(default_factory=lambda: {"type": "adamw"})
+    user_metadata: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _adam_only(self) -> CreateModel:
         _refuse("optimizer_config.type", self.optimizer_config.get("type", "adamw"), "adamw")
+        _refuse("user_metadata", self.user_metadata, None)  # a training run's metadata: not kept here yet
         return self
 
 
@@ -82,17 +89,37 @@ class SaveForSampler(_Request):
     path: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,128}$")
     sampling_session_seq_id: int | None = None
     kind: Literal["snapshot", "inflight"] = "snapshot"
+    ttl_seconds: int | None = TTL_SECONDS
+    user_metadata: Metadata = None
 
     @model_validator(mode="after")
     def _snapshots_only(self) -> SaveForSampler:
         _refuse("kind", self.kind, "snapshot")
+        if self.path is None:  # served at once by its own sampler, kept while that lives
+            _refuse("ttl_seconds", self.ttl_seconds, None)
+            _refuse("user_metadata", self.user_metadata, None)
         return self
+
+    @property
+    def keeping(self) -> Keeping:
+        return Keeping.from_ttl(self.ttl_seconds, self.user_metadata)
 
 
 class SaveState(_Request):
     model_id: str
     path: str
     overwrite: bool = False
+    ttl_seconds: int | None = TTL_SECONDS
+    user_metadata: Metadata = None
+
+
+    @property
+    def keeping(self) -> Keeping:
+        return Keeping.from_ttl(self.ttl_seconds, self.user_metadata)
+
+
+class SetTtl(_Request):
+    ttl_seconds: int | None = TTL_SECONDS
 
 
 class LoadState(_Request):
@@ -103,11 +130,16 @@ class LoadState(_Request):
     model_id: str | None = None
     session_id: str | None = None
     model_seq_id: int | None = Field(None, ge=0)
+    base_model: str | None = None  # creating from a state: the base the client expects it to be on
+    optimizer_config: dict[str, Any] | None = None
+    user_metadata: dict[str, Any] | None = None
     weights_access_token: str | None = None
 
     @model_validator(mode="after")
     def _addressed(self) -> LoadState:
         _refuse("weights_access_token", self.weights_access_token, None)
+        _refuse("user_metadata", self.user_metadata, None)
+        _refuse("optimizer_config.type", (self.optimizer_config or {}).get("type", "adamw"), "adamw")
         if (self.model_id is None) == (self.session_id is None or self.model_seq_id is None):
             raise ValueError("give model_id, or session_id with model_seq_id")
         return self

@@ -10,7 +10,7 @@ Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in
          save_weights_for_sampler, create_sampling_session, asample
     POST retrieve_future                       long work's result: JSON, protocol buffers, or "try again"
     GET  training_runs/{model}/checkpoints      a model's saved states and named sampler weights (RestClient)
-    DELETE training_runs/{model}/checkpoints/{weights/NAME | sampler_weights/NAME}
+    DELETE training_runs/{model}/checkpoints/{weights/NAME | sampler_weights/NAME}; PUT …/{ID}/ttl (TTL from now)
 
 Work that takes long (everything a model or sampler does) answers with a future at once; the client
 polls ``retrieve_future``. A bad request is a 400 whose ``error`` names the field, another client's
@@ -64,6 +64,10 @@ def owner_of(key: str | None, keys: Mapping[str, str]) -> str | None:
     return found
 
 
+def _iso(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat()
+
+
 def _error(status: type[web.HTTPException], message: str, **headers: str) -> web.HTTPException:
     """The SDK reads a failed request's reason from ``error`` (and ``detail``)."""
     return status(text=json.dumps({"error": message, "detail": message}), content_type="application/json",
@@ -94,6 +98,7 @@ class TinkerApi:
         app.add_routes([web.get(f"{PREFIX}/{path}", handler) for path, handler in get.items()]
                        + [web.post(f"{PREFIX}/{path}", handler) for path, handler in post.items()]
                        + [web.delete(f"{PREFIX}/{CHECKPOINTS}/{{checkpoint_id:.+}}", self.delete_checkpoint),
+                          web.put(f"{PREFIX}/{CHECKPOINTS}/{{checkpoint_id:.+}}/ttl", self.set_checkpoint_ttl),
                           web.get("/metrics", self.prometheus)])
         return app
 
@@ -184,12 +189,12 @@ class TinkerApi:
     async def save_for_sampler(self, request: web.Request) -> web.Response:
         body = schema.parse(schema.SaveForSampler, await read_json(request))
         request_id = self.service.save_for_sampler(request[OWNER], body.model_id, body.path,
-                                                   body.sampling_session_seq_id)
+                                                   body.sampling_session_seq_id, body.keeping)
         return self._future(request_id, body.model_id)
 
     async def save_state(self, request: web.Request) -> web.Response:
         body = schema.parse(schema.SaveState, await read_json(request))
-        request_id = self.service.save_state(request[OWNER], body.model_id, body.path, body.overwrite)
+        request_id = self.service.save_state(request[OWNER], body.model_id, body.path, body.overwrite, body.keeping)
         return self._future(request_id, body.model_id)
 
     async def load_state(self, request: web.Request) -> web.Response:
@@ -200,14 +205,21 @@ class TinkerApi:
                                 body.model_id)
         assert body.session_id is not None and body.model_seq_id is not None  # the schema checked
         return self._future(self.service.create_from_state(owner, body.session_id, body.model_seq_id, body.path,
-                                                           body.optimizer))
+                                                           body.optimizer, body.base_model))
 
     async def list_checkpoints(self, request: web.Request) -> web.Response:
         found = await self.service.checkpoints(request[OWNER], request.match_info["model_id"])
         return web.json_response({"checkpoints": [
             {"checkpoint_id": c.checkpoint_id, "checkpoint_type": c.kind, "tinker_path": c.path,
-             "time": datetime.fromtimestamp(c.saved_at, UTC).isoformat(), "size_bytes": c.size_bytes}
+             "time": _iso(c.saved_at), "size_bytes": c.size_bytes, "user_metadata": c.keeping.user_metadata,
+             "expires_at": None if c.keeping.expires_at is None else _iso(c.keeping.expires_at)}
             for c in found], "cursor": None})
+
+    async def set_checkpoint_ttl(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.SetTtl, await read_json(request))
+        await self.service.set_checkpoint_ttl(request[OWNER], request.match_info["model_id"],
+                                              request.match_info["checkpoint_id"], body.ttl_seconds)
+        return web.Response(status=204)
 
     async def delete_checkpoint(self, request: web.Request) -> web.Response:
         await self.service.delete_checkpoint(request[OWNER], request.match_info["model_id"],

@@ -48,7 +48,7 @@ from .futures import SERVER, USER, FutureTable, Outcome
 from .metrics import TinkerMetrics
 from .sampler import SampleParams, Sampler
 from .sessions import SessionTable
-from .states import SCHEME, StateStore, TrainingState, state_path
+from .states import SCHEME, UNTIL_DELETED, Keeping, StateStore, TrainingState, state_path
 from .trainee import AdapterShape, Trainee
 from .wire import ForwardBackwardCall, encode_forward_backward_output, encode_sample_response
 
@@ -91,6 +91,7 @@ class Checkpoint:
     path: str
     saved_at: float
     size_bytes: int
+    keeping: Keeping
 
     @property
     def checkpoint_id(self) -> str:
@@ -103,6 +104,7 @@ class Snapshot:
 
     weights: dict[str, torch.Tensor]
     saved_at: float
+    keeping: Keeping
 
     @property
     def size_bytes(self) -> int:
@@ -269,9 +271,11 @@ class TinkerService:
 
         return self._submit(owner, step)
 
-    def save_for_sampler(self, owner: str, model_id: str, name: str | None, session_seq: int | None) -> str:
-        """A snapshot of the model's weights: under ``tinker://MODEL/sampler_weights/NAME`` when named, else
-        served at once by a new sampler (the SDK's ``save_weights_and_get_sampling_client``)."""
+    def save_for_sampler(self, owner: str, model_id: str, name: str | None, session_seq: int | None,
+                         keeping: Keeping = UNTIL_DELETED) -> str:
+        """A snapshot of the model's weights: under ``tinker://MODEL/sampler_weights/NAME`` when named (kept as
+        ``keeping`` says, at most while the model lives), else served at once by a new sampler (the SDK's
+        ``save_weights_and_get_sampling_client``)."""
         model = self._model(owner, model_id)
 
         async def save() -> Outcome:
@@ -280,7 +284,7 @@ class TinkerService:
                 sampler_id = await self._new_sampler(owner, model.session, model.trainee.adapter, weights, None)
                 return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
             path = f"{SCHEME}{model_id}/sampler_weights/{name}"
-            model.snapshots[path] = Snapshot(weights, time.time())
+            model.snapshots[path] = Snapshot(weights, time.time(), keeping)
             model.snapshots.move_to_end(path)
             while len(model.snapshots) > self.limits.snapshots_per_model:
                 model.snapshots.popitem(last=False)
@@ -294,14 +298,15 @@ class TinkerService:
             raise ClientError("this server keeps no training states (it was started without a checkpoint store)")
         return self.states
 
-    def save_state(self, owner: str, model_id: str, name: str, overwrite: bool) -> str:
+    def save_state(self, owner: str, model_id: str, name: str, overwrite: bool,
+                   keeping: Keeping = UNTIL_DELETED) -> str:
         model, states = self._model(owner, model_id), self._states()
         path = state_path(model_id, name)
 
         def write() -> None:
             trainee = model.trainee
             states.save(owner, path, TrainingState(self.served.name, trainee.adapter, trainee.weights(),
-                                                   trainee.optimizer_state(), trainee.steps), overwrite)
+                                                   trainee.optimizer_state(), trainee.steps), overwrite, keeping)
 
         async def save() -> Outcome:
             await asyncio.to_thread(write)
@@ -332,9 +337,29 @@ class TinkerService:
         states = await asyncio.to_thread(self.states.saved, owner, model_id) if self.states else []
         if not live and not states:
             raise NotFound(f"training run {model_id!r}: none of yours (no live model and no saved state)")
-        return ([Checkpoint("training", s.path, s.saved_at, s.size_bytes) for s in states]
-                + [Checkpoint("sampler", path, snap.saved_at, snap.size_bytes)
-                   for path, snap in (model.snapshots.items() if live and model else ())])
+        return ([Checkpoint("training", s.path, s.saved_at, s.size_bytes, s.keeping) for s in states]
+                + [Checkpoint("sampler", path, snap.saved_at, snap.size_bytes, snap.keeping)
+                   for path, snap in (self._snapshots(model) if live and model else {}).items()])
+
+    @staticmethod
+    def _snapshots(model: _Model) -> collections.OrderedDict[str, Snapshot]:
+        """The model's named sampler weights, those past their TTL dropped."""
+        for path in [p for p, snap in model.snapshots.items() if snap.keeping.expired]:
+            del model.snapshots[path]
+        return model.snapshots
+
+    async def set_checkpoint_ttl(self, owner: str, model_id: str, checkpoint_id: str, ttl_seconds: int | None) -> None:
+        """Keep a state or named sampler weights ``ttl_seconds`` from now (None: as long as they would be)."""
+        path = f"{SCHEME}{model_id}/{checkpoint_id}"
+        if checkpoint_id.startswith("weights/"):
+            await asyncio.to_thread(self._states().set_ttl, owner, path, ttl_seconds)
+            return
+        snapshot = self._snapshots(self._model(owner, model_id)).get(path) if checkpoint_id.startswith(
+            "sampler_weights/") else None
+        if snapshot is None:
+            raise NotFound(f"checkpoint {path!r}: no such checkpoint of yours")
+        keeping = dataclasses.replace(snapshot.keeping, expires_at=Keeping.from_ttl(ttl_seconds).expires_at)
+        self.models[model_id].snapshots[path] = dataclasses.replace(snapshot, keeping=keeping)
 
     async def delete_checkpoint(self, owner: str, model_id: str, checkpoint_id: str) -> None:
         """A training state (``weights/NAME``) from the store, or a live model's sampler weights
@@ -343,19 +368,22 @@ class TinkerService:
         if checkpoint_id.startswith("weights/"):
             await asyncio.to_thread(self._states().delete, owner, path)
         elif checkpoint_id.startswith("sampler_weights/"):
-            if self._model(owner, model_id).snapshots.pop(path, None) is None:
+            if self._snapshots(self._model(owner, model_id)).pop(path, None) is None:
                 raise NotFound(f"checkpoint {path!r}: no such sampler weights of yours")
         else:
             raise ClientError(f"checkpoint_id {checkpoint_id!r}: weights/NAME or sampler_weights/NAME")
 
     def create_from_state(self, owner: str, session_id: str, model_seq_id: int, path: str,
-                          with_optimizer: bool) -> str:
-        """A new model made from a saved state: its adapter shape, weights and (``with_optimizer``) optimizer."""
+                          with_optimizer: bool, base_model: str | None = None) -> str:
+        """A new model made from a saved state: its adapter shape, weights and (``with_optimizer``) optimizer;
+        ``base_model``: the base the client expects the state to be on."""
         states = self._states()
         self.check_session(owner, session_id)
 
         async def create() -> Outcome:
             state = await asyncio.to_thread(states.load, owner, path)
+            if base_model is not None and base_model != state.base_model:
+                raise ClientError(f"base_model {base_model!r}: the state at {path!r} is on {state.base_model!r}")
             model_id = self._check_new_model(owner, session_id, model_seq_id, state.base_model, state.adapter)
             trainee = await asyncio.to_thread(Trainee, self.served.module, state.adapter, self.served.pad_id)
             await asyncio.to_thread(trainee.restore, state.weights, state.optimizer if with_optimizer else None,
@@ -393,8 +421,9 @@ class TinkerService:
             return await self._new_sampler(owner, session_id, None, None, None)
         model_id = model_path.removeprefix(SCHEME).split("/", 1)[0]
         model = self._model(owner, model_id)
-        if model_path not in model.snapshots:
-            raise NotFound(f"model_path {model_path!r}: no such saved weights (save_weights_for_sampler names them)")
+        if model_path not in self._snapshots(model):
+            raise NotFound(f"model_path {model_path!r}: no such saved weights (save_weights_for_sampler names them; "
+                           "they last while their model does, or their TTL)")
         return await self._new_sampler(owner, session_id, model.trainee.adapter,
                                        model.snapshots[model_path].weights, model_path)
 

@@ -5,7 +5,9 @@ and what it is (base model, adapter shape), kept in a checkpoint store (``file:/
 ``tinker://MODEL/weights/NAME`` is kept under ``<uri>tinker/<client>/<MODEL>/<NAME>/``: ``state.pt`` (the
 tensors, read back with ``torch.load(weights_only=True)``: no code in a state runs) and ``meta.json``. The
 client is part of the key, so a client reads only states it saved: another's path is "no such state".
-The SDK's ``RestClient.list_checkpoints`` / ``delete_checkpoint`` list and delete a client's states of one model.
+The SDK's ``RestClient.list_checkpoints`` / ``delete_checkpoint`` / ``set_checkpoint_ttl`` list, delete and
+re-time a client's states of one model. A state saved with ``ttl_seconds`` expires then: it is no longer
+listed or loaded, and its files are deleted the next time it is looked at.
 """
 
 from __future__ import annotations
@@ -42,12 +44,33 @@ class TrainingState:
 
 
 @dataclass(frozen=True)
+class Keeping:
+    """How a saved state is kept: until ``expires_at`` (seconds since the epoch; None: until deleted), with the
+    client's own ``user_metadata``."""
+
+    expires_at: float | None = None
+    user_metadata: dict[str, str] | None = None
+
+    @classmethod
+    def from_ttl(cls, ttl_seconds: int | None, user_metadata: dict[str, str] | None = None) -> Keeping:
+        return cls(None if ttl_seconds is None else time.time() + ttl_seconds, user_metadata)
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and time.time() >= self.expires_at
+
+
+UNTIL_DELETED = Keeping()
+
+
+@dataclass(frozen=True)
 class SavedState:
     """A state as listed: its ``tinker://`` path, when it was saved (seconds since the epoch) and its tensors' bytes."""
 
     path: str
     saved_at: float
     size_bytes: int
+    keeping: Keeping = UNTIL_DELETED
 
 
 def state_path(model_id: str, name: str) -> str:
@@ -73,24 +96,35 @@ class StateStore:
     def __init__(self, store: Store):
         self.store = store
 
-    def save(self, owner: str, path: str, state: TrainingState, overwrite: bool) -> None:
+    def save(self, owner: str, path: str, state: TrainingState, overwrite: bool,
+             keeping: Keeping = UNTIL_DELETED) -> None:
         key = _key(owner, path)
-        if not overwrite and self.store.read_text(key + META) is not None:
+        if not overwrite and self._meta(owner, path) is not None:
             raise ClientError(f"path {path!r} exists; save under another name or with overwrite=True")
         meta = {"base_model": state.base_model, "steps": state.steps, "saved_at": time.time(),
-                "adapter": dataclasses.asdict(state.adapter) if state.adapter else None}
+                "adapter": dataclasses.asdict(state.adapter) if state.adapter else None,
+                "expires_at": keeping.expires_at, "user_metadata": keeping.user_metadata}
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / STATE
             torch.save({"weights": state.weights, "optimizer": state.optimizer}, local)
             self.store.upload(local, key + STATE)
         self.store.write_text(key + META, json.dumps(meta))  # last: a state with its meta is complete
 
-    def load(self, owner: str, path: str) -> TrainingState:
+    def _meta(self, owner: str, path: str) -> dict[str, Any] | None:
+        """A state's meta, None when there is none — or it has expired (then the state is deleted)."""
         key = _key(owner, path)
         text = self.store.read_text(key + META)
-        if text is None:
-            raise ClientError(f"path {path!r}: no such state of yours")
-        meta = json.loads(text)
+        meta = json.loads(text) if text is not None else None
+        if meta is not None and _keeping(meta).expired:
+            self.store.delete_prefix(key)
+            return None
+        return meta
+
+    def load(self, owner: str, path: str) -> TrainingState:
+        key = _key(owner, path)
+        meta = self._meta(owner, path)
+        if meta is None:
+            raise ClientError(f"path {path!r}: no such state of yours (or it expired)")
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / STATE
             try:
@@ -108,14 +142,26 @@ class StateStore:
         found = []
         for key in sizes:
             name = key.removeprefix(prefix).removesuffix("/" + META)
-            if key.startswith(prefix) and key.endswith("/" + META) and NAME.match(name):
-                meta = json.loads(self.store.read_text(key) or "{}")
-                found.append(SavedState(f"{SCHEME}{model_id}/weights/{name}", float(meta.get("saved_at", 0.0)),
-                                        sizes.get(f"{prefix}{name}/{STATE}", 0)))
+            path = f"{SCHEME}{model_id}/weights/{name}"
+            meta = self._meta(owner, path) if key.endswith("/" + META) and NAME.match(name) else None
+            if meta is not None:
+                found.append(SavedState(path, float(meta.get("saved_at", 0.0)), sizes.get(f"{prefix}{name}/{STATE}", 0),
+                                        _keeping(meta)))
         return sorted(found, key=lambda state: (state.saved_at, state.path))
 
     def delete(self, owner: str, path: str) -> None:
-        key = _key(owner, path)
-        if self.store.read_text(key + META) is None:
+        if self._meta(owner, path) is None:
             raise NotFound(f"path {path!r}: no such state of yours")
-        self.store.delete_prefix(key)
+        self.store.delete_prefix(_key(owner, path))
+
+    def set_ttl(self, owner: str, path: str, ttl_seconds: int | None) -> None:
+        """Keep the state ``ttl_seconds`` from now (None: until deleted)."""
+        meta = self._meta(owner, path)
+        if meta is None:
+            raise NotFound(f"path {path!r}: no such state of yours")
+        meta["expires_at"] = Keeping.from_ttl(ttl_seconds).expires_at
+        self.store.write_text(_key(owner, path) + META, json.dumps(meta))
+
+
+def _keeping(meta: dict[str, Any]) -> Keeping:
+    return Keeping(meta.get("expires_at"), meta.get("user_metadata"))
