@@ -485,11 +485,14 @@ def _lists_and_deletes_sampler_weights(server: Server, alice: tinker.ServiceClie
                                        state: str) -> None:
     """While the model lives, ``list_checkpoints`` shows its named sampler weights beside its state; deleting
     them leaves samplers already made from them serving, and no new one can be made."""
-    weights = training.save_weights_for_sampler("snap").result().path
+    weights = training.save_weights_for_sampler("snap", ttl_seconds=3600).result().path
     sampler = alice.create_sampling_client(model_path=weights).result()
     rest, model_id = tinker.RestClient(base_url=server.url, api_key=ALICE), training.get_info().model_id
     listed = rest.list_checkpoints(model_id).result().checkpoints
     assert [(c.checkpoint_type, c.tinker_path) for c in listed] == [("training", state), ("sampler", weights)]
+    assert listed[1].expires_at is not None
+    rest.set_checkpoint_ttl_from_tinker_path(weights, None).result()
+    assert rest.list_checkpoints(model_id).result().checkpoints[1].expires_at is None
     rest.delete_checkpoint(model_id, "sampler_weights/snap").result()
     assert [c.checkpoint_type for c in rest.list_checkpoints(model_id).result().checkpoints] == ["training"]
     assert len(sampler.sample(types.ModelInput.from_ints([5]), 1, types.SamplingParams(max_tokens=2)).result()

@@ -5,9 +5,9 @@ and what it is (base model, adapter shape), kept in a checkpoint store (``file:/
 ``tinker://MODEL/weights/NAME`` is kept under ``<uri>tinker/<client>/<MODEL>/<NAME>/``: ``state.pt`` (the
 tensors, read back with ``torch.load(weights_only=True)``: no code in a state runs) and ``meta.json``. The
 client is part of the key, so a client reads only states it saved: another's path is "no such state".
-The SDK's ``RestClient.list_checkpoints`` / ``delete_checkpoint`` / ``set_checkpoint_ttl`` list, delete and
-re-time a client's states of one model. A state saved with ``ttl_seconds`` expires then: it is no longer
-listed or loaded, and its files are deleted the next time it is looked at.
+The SDK's ``RestClient.list_checkpoints`` / ``delete_checkpoint`` / ``set_checkpoint_ttl_from_tinker_path``
+list, delete and re-time a client's states of one model. A state saved with ``ttl_seconds`` expires then: it
+is no longer listed or loaded, and its files are deleted the next time it is looked at.
 """
 
 from __future__ import annotations
