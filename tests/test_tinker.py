@@ -30,7 +30,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
 from kuberl.api.spec import ModelSource
-from kuberl.checkpoint.store import LocalStore
+from kuberl.checkpoint.store import LocalStore, open_store
 from kuberl.local.processes import free_port
 from kuberl.settings import DEFAULTS
 from kuberl.tinker import losses, wire
@@ -194,10 +194,10 @@ def test_a_state_path_stays_inside_its_clients_prefix() -> None:
             store.load("alice", bad)
 
 
-def test_a_clients_states_of_one_model_are_listed_and_deleted_and_no_one_elses(tmp_path: Path) -> None:
+def test_a_clients_states_of_one_model_are_listed_and_deleted_and_no_one_elses(uri: str) -> None:
     from kuberl.tinker.states import TrainingState
 
-    states, tensors = StateStore(LocalStore(tmp_path)), {"w": torch.ones(3)}
+    states, tensors = StateStore(open_store(uri)), {"w": torch.ones(3)}  # a directory, and a real HTTP S3
     for owner, model, name in (("alice", "s:train:1", "a"), ("alice", "s:train:1", "b"), ("alice", "s:train:10", "c"),
                                ("bob", "s:train:1", "d")):
         states.save(owner, state_path(model, name), TrainingState(BASE, None, tensors, {}, 1), False)
@@ -213,15 +213,16 @@ def test_a_clients_states_of_one_model_are_listed_and_deleted_and_no_one_elses(t
         states.saved("alice", "..")
 
 
-def test_a_state_past_its_ttl_is_neither_listed_nor_loaded_and_its_files_go(tmp_path: Path) -> None:
+def test_a_state_past_its_ttl_is_neither_listed_nor_loaded_and_its_files_go(uri: str) -> None:
     from kuberl.tinker.states import Keeping, TrainingState
 
-    states, state = StateStore(LocalStore(tmp_path)), TrainingState(BASE, None, {"w": torch.ones(3)}, {}, 1)
+    store = open_store(uri)
+    states, state = StateStore(store), TrainingState(BASE, None, {"w": torch.ones(3)}, {}, 1)
     old, kept = state_path("m", "old"), state_path("m", "kept")
     states.save("alice", old, state, False, Keeping(expires_at=time.time() - 1))  # expired a second ago
     states.save("alice", kept, state, False, Keeping.from_ttl(3600, {"run": "a"}))
     assert [(s.path, s.keeping.user_metadata) for s in states.saved("alice", "m")] == [(kept, {"run": "a"})]
-    assert not any("/old/" in key for key in LocalStore(tmp_path).list())  # looked at once, deleted
+    assert not any("/old/" in key for key in store.list())  # looked at once, deleted
     with pytest.raises(ClientError, match="no such state of yours"):
         states.load("alice", old)
     [listed] = states.saved("alice", "m")
