@@ -521,6 +521,22 @@ def test_a_keys_file_names_each_client_and_refuses_a_key_the_sdk_would_refuse(tm
         client_names("a,a")
 
 
+def test_keys_read_from_a_secret_mounted_as_a_volume(tmp_path: Path) -> None:
+    """The kubelet's layout: each key a symlink into the newest ``..data`` directory (a timestamped one)."""
+    mounted = tmp_path / "keys"
+    (mounted / "..2026_11_30_02_00_00.1").mkdir(parents=True)
+    for client, key in (("alice", ALICE), ("bob", BOB + "\n")):
+        (mounted / "..2026_11_30_02_00_00.1" / client).write_text(key)
+    (mounted / "..data").symlink_to("..2026_11_30_02_00_00.1")
+    for client in ("alice", "bob"):
+        (mounted / client).symlink_to(f"..data/{client}")
+    assert read_keys(mounted) == {ALICE: "alice", BOB: "bob"}  # a trailing newline is not part of a key
+    (mounted / "..2026_11_30_02_00_00.1" / "carol").write_text("short")
+    (mounted / "carol").symlink_to("..data/carol")
+    with pytest.raises(ServeError, match="carol's key must be a string starting 'tml-'"):
+        read_keys(mounted)
+
+
 @pytest.mark.slow
 def test_kuberl_serve_gives_each_client_a_private_key_and_serves_the_manifests_model(tmp_path: Path) -> None:
     """``kuberl serve`` as a user starts it: a key file per client, the manifest's model served; alice samples

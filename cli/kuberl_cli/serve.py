@@ -1,8 +1,9 @@
 """``kuberl serve FILE``: the Tinker-compatible training API (``kuberl.tinker``) for the model of a manifest,
 on this machine, so a researcher runs a Tinker cookbook loop against it with the real ``tinker`` SDK.
 
-Each client gets its own API key: from ``--keys FILE`` (JSON: client name → key, each ``tml-`` and at
-least 32 characters, as the SDK checks), or made here, one per ``--clients`` name, each written to
+Each client gets its own API key: from ``--keys PATH`` (a JSON file, client name → key, or a directory of
+one file per client, as a Kubernetes Secret is mounted; each key ``tml-`` and at least 32 characters, as the
+SDK checks), or made here, one per ``--clients`` name, each written to
 ``<dir>/<client>.key`` (mode 0600) — never printed. The server listens on 127.0.0.1 unless ``--host``
 says otherwise.
 """
@@ -25,21 +26,29 @@ class ServeError(ValueError):
 
 
 def read_keys(path: Path) -> dict[str, str]:
-    """``path``'s JSON object (client → key) as key → client; ServeError naming the client otherwise."""
+    """The clients' keys as key → client, from ``path``: a JSON object (client → key), or a directory with a
+    file per client holding its key — a Kubernetes Secret mounted as a volume (its ``..data`` links and other
+    dot-files are not clients). ServeError naming the client otherwise."""
+    where = f"--keys {path}"
     try:
-        doc = json.loads(path.read_text())
+        if path.is_dir():
+            doc = {f.name: f.read_text().strip() for f in sorted(path.iterdir())
+                   if not f.name.startswith(".") and f.is_file()}
+        else:
+            doc = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ServeError(f"--keys {path}: {err}") from err
+        raise ServeError(f"{where}: {err}") from err
     if not isinstance(doc, dict) or not doc:
-        raise ServeError(f"--keys {path}: write a JSON object, client name → API key")
+        raise ServeError(f"{where}: write a JSON object, client name → API key (or a directory of one file per "
+                         "client)")
     for client, key in doc.items():
         if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) < MIN_KEY_CHARS:
-            raise ServeError(f"--keys {path}: {client}'s key must be a string starting {KEY_PREFIX!r} of at least "
+            raise ServeError(f"{where}: {client}'s key must be a string starting {KEY_PREFIX!r} of at least "
                              f"{MIN_KEY_CHARS} characters")
     if len(set(doc.values())) != len(doc):
-        raise ServeError(f"--keys {path}: two clients share a key")
+        raise ServeError(f"{where}: two clients share a key")
     if not all(isinstance(c, str) and c.replace("-", "").isalnum() for c in doc):
-        raise ServeError(f"--keys {path}: client names are letters, digits and '-' (they name storage keys)")
+        raise ServeError(f"{where}: client names are letters, digits and '-' (they name storage keys)")
     return {key: client for client, key in doc.items()}
 
 
@@ -111,7 +120,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--host", default="127.0.0.1", help="the address it listens on (default: this machine only)")
     p.add_argument("--clients", default="local", metavar="NAME[,NAME]",
                    help="one API key per client, made now (default: one client, 'local')")
-    p.add_argument("--keys", metavar="FILE", help="the clients' keys instead: JSON, client name → key")
+    p.add_argument("--keys", metavar="PATH", help="the clients' keys instead: a JSON file (client name → key), or a "
+                   "directory of one file per client holding its key (a Kubernetes Secret mounted as a volume)")
     p.add_argument("--tokens-per-minute", type=_positive, metavar="N", help="each client's share: tokens trained "
                    "(forward/backward) and sampled (prompt + generated) a minute; beyond it, told when to retry "
                    "(default: no limit)")
