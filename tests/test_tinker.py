@@ -465,6 +465,8 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
             bob.create_training_client_from_state(path).result()
         with pytest.raises(Exception, match="none of yours"):
             tinker.RestClient(base_url=server.url, api_key=BOB).list_checkpoints(model_id).result()
+        with pytest.raises(Exception, match="no such state of yours"):
+            tinker.RestClient(base_url=server.url, api_key=BOB).get_weights_info_by_tinker_path(path).result()
     with _client(server, ALICE) as alice:  # the model is gone; its state is listed until deleted
         rest = tinker.RestClient(base_url=server.url, api_key=ALICE)
         listed = rest.list_checkpoints(model_id).result().checkpoints
@@ -473,6 +475,8 @@ def test_a_saved_state_resumes_the_model_and_its_optimizer_in_a_later_session_an
         assert listed[0].size_bytes is not None and listed[0].size_bytes > 0
         kept_for = listed[0].expires_at and (listed[0].expires_at - listed[0].time).total_seconds()
         assert kept_for is not None and 7000 < kept_for <= 7200
+        info = rest.get_weights_info_by_tinker_path(path).result()
+        assert (info.base_model, info.is_lora, info.lora_rank) == (BASE, True, 4)
         rest.set_checkpoint_ttl_from_tinker_path(path, None).result()  # kept until deleted
         assert rest.list_checkpoints(model_id).result().checkpoints[0].expires_at is None
         rest.delete_checkpoint_from_tinker_path(path).result()
@@ -492,6 +496,7 @@ def _lists_and_deletes_sampler_weights(server: Server, alice: tinker.ServiceClie
     listed = rest.list_checkpoints(model_id).result().checkpoints
     assert [(c.checkpoint_type, c.tinker_path) for c in listed] == [("training", state), ("sampler", weights)]
     assert listed[1].expires_at is not None
+    assert rest.get_weights_info_by_tinker_path(weights).result().lora_rank == 4
     rest.set_checkpoint_ttl_from_tinker_path(weights, None).result()
     assert rest.list_checkpoints(model_id).result().checkpoints[1].expires_at is None
     rest.delete_checkpoint(model_id, "sampler_weights/snap").result()

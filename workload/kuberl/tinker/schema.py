@@ -118,6 +118,10 @@ class SaveState(_Request):
         return Keeping.from_ttl(self.ttl_seconds, self.user_metadata)
 
 
+class WeightsInfo(_Request):
+    tinker_path: str
+
+
 class SetTtl(_Request):
     ttl_seconds: int | None = TTL_SECONDS
 

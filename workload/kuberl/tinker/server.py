@@ -10,6 +10,7 @@ Routes (all under ``/api/v1``; every one but ``healthz`` needs a client's key in
          save_weights_for_sampler, create_sampling_session, asample
     POST retrieve_future                       long work's result: JSON, protocol buffers, or "try again"
     GET  training_runs/{model}/checkpoints      a model's saved states and named sampler weights (RestClient)
+    POST weights_info                           a checkpoint's base model and adapter shape (RestClient)
     DELETE training_runs/{model}/checkpoints/{weights/NAME | sampler_weights/NAME}; PUT …/{ID}/ttl (TTL from now)
 
 Work that takes long (everything a model or sampler does) answers with a future at once; the client
@@ -37,6 +38,7 @@ from . import schema
 from .errors import Busy, ClientError, Gone, NotFound
 from .futures import FutureTable
 from .service import TinkerService
+from .states import SCHEME
 from .wire import WireError, decode_forward_backward
 
 KEY_HEADER = "X-API-Key"
@@ -62,6 +64,11 @@ def owner_of(key: str | None, keys: Mapping[str, str]) -> str | None:
         if hmac.compare_digest(presented, candidate.encode()):
             found = name
     return found
+
+
+def _checkpoint_path(request: web.Request) -> str:
+    """``tinker://MODEL/CHECKPOINT_ID`` of a ``training_runs/{model_id}/checkpoints/{checkpoint_id}`` route."""
+    return f"{SCHEME}{request.match_info['model_id']}/{request.match_info['checkpoint_id']}"
 
 
 def _iso(epoch_seconds: float) -> str:
@@ -93,7 +100,7 @@ class TinkerApi:
             "optim_step": self.optim_step, "save_weights_for_sampler": self.save_for_sampler,
             "save_weights": self.save_state, "load_weights": self.load_state,
             "create_sampling_session": self.create_sampling_session, "asample": self.sample,
-            "retrieve_future": self.retrieve_future}
+            "retrieve_future": self.retrieve_future, "weights_info": self.weights_info}
         get[CHECKPOINTS] = self.list_checkpoints
         app.add_routes([web.get(f"{PREFIX}/{path}", handler) for path, handler in get.items()]
                        + [web.post(f"{PREFIX}/{path}", handler) for path, handler in post.items()]
@@ -215,15 +222,20 @@ class TinkerApi:
              "expires_at": None if c.keeping.expires_at is None else _iso(c.keeping.expires_at)}
             for c in found], "cursor": None})
 
+    async def weights_info(self, request: web.Request) -> web.Response:
+        body = schema.parse(schema.WeightsInfo, await read_json(request))
+        base_model, adapter = await self.service.weights_info(request[OWNER], body.tinker_path)
+        shape = {} if adapter is None else {"lora_rank": adapter.rank, "train_unembed": adapter.train_unembed,
+                                            "train_mlp": adapter.train_mlp, "train_attn": adapter.train_attn}
+        return web.json_response({"base_model": base_model, "is_lora": adapter is not None, **shape})
+
     async def set_checkpoint_ttl(self, request: web.Request) -> web.Response:
         body = schema.parse(schema.SetTtl, await read_json(request))
-        await self.service.set_checkpoint_ttl(request[OWNER], request.match_info["model_id"],
-                                              request.match_info["checkpoint_id"], body.ttl_seconds)
+        await self.service.set_checkpoint_ttl(request[OWNER], _checkpoint_path(request), body.ttl_seconds)
         return web.Response(status=204)
 
     async def delete_checkpoint(self, request: web.Request) -> web.Response:
-        await self.service.delete_checkpoint(request[OWNER], request.match_info["model_id"],
-                                             request.match_info["checkpoint_id"])
+        await self.service.delete_checkpoint(request[OWNER], _checkpoint_path(request))
         return web.Response(status=204)
 
     # -- sampling ------------------------------------------------------------------------------------

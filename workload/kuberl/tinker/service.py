@@ -35,7 +35,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ import torch
 from ..inference.engine import max_model_len
 from ..models.lora import AdapterError
 from .budget import TokenBudget
+from .checkpoints import SAMPLER_WEIGHTS, WEIGHTS, Checkpoint, NamedWeights, Snapshot, listing, parse
 from .errors import Busy, ClientError, NotFound
 from .futures import SERVER, USER, FutureTable, Outcome
 from .metrics import TinkerMetrics
@@ -83,40 +84,12 @@ class Limits:
     tokens_per_minute: int | None = None  # each client's token rate (:mod:`.budget`); None: no limit
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """One entry of the SDK's ``list_checkpoints``: ``kind`` training (a state) or sampler (named weights)."""
-
-    kind: str
-    path: str
-    saved_at: float
-    size_bytes: int
-    keeping: Keeping
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.path.removeprefix(SCHEME).split("/", 1)[1]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Weights saved for sampling under a name (``tinker://MODEL/sampler_weights/NAME``); ``saved_at``: epoch s."""
-
-    weights: dict[str, torch.Tensor]
-    saved_at: float
-    keeping: Keeping
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.weights.values())
-
-
 @dataclass
 class _Model:
     owner: str
     session: str
     trainee: Trainee
-    snapshots: collections.OrderedDict[str, Snapshot] = field(default_factory=collections.OrderedDict)
+    snapshots: NamedWeights
 
 
 @dataclass
@@ -233,7 +206,7 @@ class TinkerService:
                                                   next(self._adapter_seeds))
             except AdapterError as err:
                 return Outcome(error=f"lora_config: {err}")
-            self._add_model(model_id, _Model(owner, session_id, trainee))
+            self._add_model(model_id, _Model(owner, session_id, trainee, NamedWeights(self.limits.snapshots_per_model)))
             return Outcome(json={"model_id": model_id, "type": "create_model"})
 
         return self._submit(owner, build)
@@ -283,11 +256,8 @@ class TinkerService:
             if name is None:
                 sampler_id = await self._new_sampler(owner, model.session, model.trainee.adapter, weights, None)
                 return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
-            path = f"{SCHEME}{model_id}/sampler_weights/{name}"
-            model.snapshots[path] = Snapshot(weights, time.time(), keeping)
-            model.snapshots.move_to_end(path)
-            while len(model.snapshots) > self.limits.snapshots_per_model:
-                model.snapshots.popitem(last=False)
+            path = f"{SCHEME}{model_id}/{SAMPLER_WEIGHTS}/{name}"
+            model.snapshots.keep(path, Snapshot(weights, time.time(), keeping))
             return Outcome(json={"type": "save_weights_for_sampler", "path": path})
 
         del session_seq  # the SDK numbers its sampling sessions; ids here are unique on their own
@@ -329,49 +299,42 @@ class TinkerService:
 
         return self._submit(owner, load)
 
+    # -- checkpoints, as the SDK's RestClient sees them (:mod:`.checkpoints`) ---------------------------------
     async def checkpoints(self, owner: str, model_id: str) -> list[Checkpoint]:
         """``owner``'s checkpoints of ``model_id``: its training states (they outlive the model) and, while the
         model lives, its named sampler weights; NotFound when there are neither."""
         model = self.models.get(model_id)
-        live = model is not None and model.owner == owner
+        live = model if model is not None and model.owner == owner else None
         states = await asyncio.to_thread(self.states.saved, owner, model_id) if self.states else []
-        if not live and not states:
+        if live is None and not states:
             raise NotFound(f"training run {model_id!r}: none of yours (no live model and no saved state)")
-        return ([Checkpoint("training", s.path, s.saved_at, s.size_bytes, s.keeping) for s in states]
-                + [Checkpoint("sampler", path, snap.saved_at, snap.size_bytes, snap.keeping)
-                   for path, snap in (self._snapshots(model) if live and model else {}).items()])
+        return listing(states, live.snapshots if live else None)
 
-    @staticmethod
-    def _snapshots(model: _Model) -> collections.OrderedDict[str, Snapshot]:
-        """The model's named sampler weights, those past their TTL dropped."""
-        for path in [p for p, snap in model.snapshots.items() if snap.keeping.expired]:
-            del model.snapshots[path]
-        return model.snapshots
-
-    async def set_checkpoint_ttl(self, owner: str, model_id: str, checkpoint_id: str, ttl_seconds: int | None) -> None:
+    async def set_checkpoint_ttl(self, owner: str, path: str, ttl_seconds: int | None) -> None:
         """Keep a state or named sampler weights ``ttl_seconds`` from now (None: as long as they would be)."""
-        path = f"{SCHEME}{model_id}/{checkpoint_id}"
-        if checkpoint_id.startswith("weights/"):
+        model_id, kind = parse(path)
+        if kind == WEIGHTS:
             await asyncio.to_thread(self._states().set_ttl, owner, path, ttl_seconds)
-            return
-        snapshot = self._snapshots(self._model(owner, model_id)).get(path) if checkpoint_id.startswith(
-            "sampler_weights/") else None
-        if snapshot is None:
-            raise NotFound(f"checkpoint {path!r}: no such checkpoint of yours")
-        keeping = dataclasses.replace(snapshot.keeping, expires_at=Keeping.from_ttl(ttl_seconds).expires_at)
-        self.models[model_id].snapshots[path] = dataclasses.replace(snapshot, keeping=keeping)
-
-    async def delete_checkpoint(self, owner: str, model_id: str, checkpoint_id: str) -> None:
-        """A training state (``weights/NAME``) from the store, or a live model's sampler weights
-        (``sampler_weights/NAME``); samplers already serving them keep serving."""
-        path = f"{SCHEME}{model_id}/{checkpoint_id}"
-        if checkpoint_id.startswith("weights/"):
-            await asyncio.to_thread(self._states().delete, owner, path)
-        elif checkpoint_id.startswith("sampler_weights/"):
-            if self._snapshots(self._model(owner, model_id)).pop(path, None) is None:
-                raise NotFound(f"checkpoint {path!r}: no such sampler weights of yours")
         else:
-            raise ClientError(f"checkpoint_id {checkpoint_id!r}: weights/NAME or sampler_weights/NAME")
+            self._model(owner, model_id).snapshots.retime(path, ttl_seconds)
+
+    async def weights_info(self, owner: str, path: str) -> tuple[str, AdapterShape | None]:
+        """The base model and adapter shape of a saved state or a live model's named sampler weights."""
+        model_id, kind = parse(path)
+        if kind == WEIGHTS:
+            return await asyncio.to_thread(self._states().describe, owner, path)
+        model = self._model(owner, model_id)
+        model.snapshots.get(path)
+        return self.served.name, model.trainee.adapter
+
+    async def delete_checkpoint(self, owner: str, path: str) -> None:
+        """A training state from the store, or a live model's named sampler weights (samplers already serving
+        them keep serving)."""
+        model_id, kind = parse(path)
+        if kind == WEIGHTS:
+            await asyncio.to_thread(self._states().delete, owner, path)
+        else:
+            self._model(owner, model_id).snapshots.delete(path)
 
     def create_from_state(self, owner: str, session_id: str, model_seq_id: int, path: str,
                           with_optimizer: bool, base_model: str | None = None) -> str:
@@ -388,7 +351,7 @@ class TinkerService:
             trainee = await asyncio.to_thread(Trainee, self.served.module, state.adapter, self.served.pad_id)
             await asyncio.to_thread(trainee.restore, state.weights, state.optimizer if with_optimizer else None,
                                     state.steps)
-            self._add_model(model_id, _Model(owner, session_id, trainee))
+            self._add_model(model_id, _Model(owner, session_id, trainee, NamedWeights(self.limits.snapshots_per_model)))
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self._submit(owner, create)
@@ -419,13 +382,10 @@ class TinkerService:
         if model_path is None:
             self.check_base(base_model or "")
             return await self._new_sampler(owner, session_id, None, None, None)
-        model_id = model_path.removeprefix(SCHEME).split("/", 1)[0]
+        model_id, _ = parse(model_path, "model_path")
         model = self._model(owner, model_id)
-        if model_path not in self._snapshots(model):
-            raise NotFound(f"model_path {model_path!r}: no such saved weights (save_weights_for_sampler names them; "
-                           "they last while their model does, or their TTL)")
-        return await self._new_sampler(owner, session_id, model.trainee.adapter,
-                                       model.snapshots[model_path].weights, model_path)
+        snapshot = model.snapshots.get(model_path)
+        return await self._new_sampler(owner, session_id, model.trainee.adapter, snapshot.weights, model_path)
 
     def sampler(self, owner: str, sampler_id: str) -> Sampler:
         if self.evicted.get(sampler_id) == owner:

@@ -120,6 +120,13 @@ class StateStore:
             return None
         return meta
 
+    def describe(self, owner: str, path: str) -> tuple[str, AdapterShape | None]:
+        """A state's base model and adapter shape (None: full-parameter), from its meta alone."""
+        meta = self._meta(owner, path)
+        if meta is None:
+            raise NotFound(f"path {path!r}: no such state of yours (or it expired)")
+        return meta["base_model"], AdapterShape(**meta["adapter"]) if meta["adapter"] else None
+
     def load(self, owner: str, path: str) -> TrainingState:
         key = _key(owner, path)
         meta = self._meta(owner, path)
