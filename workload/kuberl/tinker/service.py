@@ -206,16 +206,16 @@ class TinkerService:
                                                   next(self._adapter_seeds))
             except AdapterError as err:
                 return Outcome(error=f"lora_config: {err}")
-            self._add_model(model_id, _Model(owner, session_id, trainee, NamedWeights(self.limits.snapshots_per_model)))
+            self._add_model(model_id, owner, session_id, trainee)
             return Outcome(json={"model_id": model_id, "type": "create_model"})
 
         return self._submit(owner, build)
 
-    def _add_model(self, model_id: str, model: _Model) -> None:
-        if model.session not in self.sessions.owners:  # the session ended while the model was being made
-            raise ClientError(f"session {model.session!r} finished before its model was made")
-        self.models[model_id] = model
-        self.metrics.models.labels(model.owner).inc()
+    def _add_model(self, model_id: str, owner: str, session_id: str, trainee: Trainee) -> None:
+        if session_id not in self.sessions.owners:  # the session ended while the model was being made
+            raise ClientError(f"session {session_id!r} finished before its model was made")
+        self.models[model_id] = _Model(owner, session_id, trainee, NamedWeights(self.limits.snapshots_per_model))
+        self.metrics.models.labels(owner).inc()
 
     def info(self, owner: str, model_id: str) -> dict[str, Any]:
         model = self._model(owner, model_id)
@@ -226,14 +226,14 @@ class TinkerService:
                                "tokenizer_id": self.served.tokenizer_id}}
 
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> str:
-        model = self._model(owner, call.model_id)
+        model, tokens = self._model(owner, call.model_id), sum(len(d.tokens) for d in call.data)
 
         async def run() -> Outcome:
             outputs, metrics = await asyncio.to_thread(model.trainee.forward_backward, call)
-            self.metrics.tokens.labels(owner, "trained").inc(sum(len(d.tokens) for d in call.data))
+            self.metrics.tokens.labels(owner, "trained").inc(tokens)
             return Outcome(proto=encode_forward_backward_output(outputs, metrics))
 
-        return self._submit(owner, run, tokens=sum(len(d.tokens) for d in call.data))
+        return self._submit(owner, run, tokens)
 
     def optim_step(self, owner: str, model_id: str, adam: dict[str, float]) -> str:
         model = self._model(owner, model_id)
@@ -351,7 +351,7 @@ class TinkerService:
             trainee = await asyncio.to_thread(Trainee, self.served.module, state.adapter, self.served.pad_id)
             await asyncio.to_thread(trainee.restore, state.weights, state.optimizer if with_optimizer else None,
                                     state.steps)
-            self._add_model(model_id, _Model(owner, session_id, trainee, NamedWeights(self.limits.snapshots_per_model)))
+            self._add_model(model_id, owner, session_id, trainee)
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self._submit(owner, create)
