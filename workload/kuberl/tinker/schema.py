@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import ClientError
 from .sampler import SampleParams
-from .states import Keeping
+from .states import NAME_PATTERN, Keeping
 from .trainee import AdapterShape
 
 
@@ -39,7 +39,17 @@ class LoraConfig(_Request):
 
 
 TTL_SECONDS = Field(None, ge=3600, le=10 * 365 * 86400)  # the SDK's documented range: an hour to ten years
-Metadata = dict[str, str] | None
+
+
+class _Kept(_Request):
+    """A save's ``ttl_seconds`` and ``user_metadata``: how what it saves is kept."""
+
+    ttl_seconds: int | None = TTL_SECONDS
+    user_metadata: dict[str, str] | None = None
+
+    @property
+    def keeping(self) -> Keeping:
+        return Keeping.from_ttl(self.ttl_seconds, self.user_metadata)
 
 
 class CreateModel(_Request):
@@ -84,13 +94,11 @@ class OptimStep(_Request):
         return self
 
 
-class SaveForSampler(_Request):
+class SaveForSampler(_Kept):
     model_id: str
-    path: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,128}$")
+    path: str | None = Field(None, pattern=rf"^{NAME_PATTERN}$")
     sampling_session_seq_id: int | None = None
     kind: Literal["snapshot", "inflight"] = "snapshot"
-    ttl_seconds: int | None = TTL_SECONDS
-    user_metadata: Metadata = None
 
     @model_validator(mode="after")
     def _snapshots_only(self) -> SaveForSampler:
@@ -100,22 +108,11 @@ class SaveForSampler(_Request):
             _refuse("user_metadata", self.user_metadata, None)
         return self
 
-    @property
-    def keeping(self) -> Keeping:
-        return Keeping.from_ttl(self.ttl_seconds, self.user_metadata)
 
-
-class SaveState(_Request):
+class SaveState(_Kept):
     model_id: str
     path: str
     overwrite: bool = False
-    ttl_seconds: int | None = TTL_SECONDS
-    user_metadata: Metadata = None
-
-
-    @property
-    def keeping(self) -> Keeping:
-        return Keeping.from_ttl(self.ttl_seconds, self.user_metadata)
 
 
 class WeightsInfo(_Request):

@@ -28,9 +28,9 @@ from .errors import ClientError, NotFound
 from .trainee import AdapterShape
 
 SCHEME = "tinker://"
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-MODEL = re.compile(r"^[A-Za-z0-9:._-]{1,200}$")
-PATH = re.compile(rf"^{SCHEME}(?P<model>[A-Za-z0-9:._-]{{1,200}})/weights/(?P<name>[A-Za-z0-9._-]{{1,128}})$")
+NAME_PATTERN, MODEL_PATTERN = r"[A-Za-z0-9._-]{1,128}", r"[A-Za-z0-9:._-]{1,200}"  # a state's name; a model id
+NAME, MODEL = re.compile(rf"^{NAME_PATTERN}$"), re.compile(rf"^{MODEL_PATTERN}$")
+PATH = re.compile(rf"^{SCHEME}(?P<model>{MODEL_PATTERN})/weights/(?P<name>{NAME_PATTERN})$")
 STATE, META = "state.pt", "meta.json"
 
 
@@ -120,12 +120,16 @@ class StateStore:
             return None
         return meta
 
-    def describe(self, owner: str, path: str) -> tuple[str, AdapterShape | None]:
-        """A state's base model and adapter shape (None: full-parameter), from its meta alone."""
+    def _existing_meta(self, owner: str, path: str) -> dict[str, Any]:
         meta = self._meta(owner, path)
         if meta is None:
             raise NotFound(f"path {path!r}: no such state of yours (or it expired)")
-        return meta["base_model"], AdapterShape(**meta["adapter"]) if meta["adapter"] else None
+        return meta
+
+    def describe(self, owner: str, path: str) -> tuple[str, AdapterShape | None]:
+        """A state's base model and adapter shape (None: full-parameter), from its meta alone."""
+        meta = self._existing_meta(owner, path)
+        return meta["base_model"], _adapter(meta)
 
     def load(self, owner: str, path: str) -> TrainingState:
         key = _key(owner, path)
@@ -139,8 +143,8 @@ class StateStore:
             except CheckpointError as err:
                 raise ClientError(f"path {path!r}: its tensors cannot be read ({err})") from err
             tensors = torch.load(local, weights_only=True)
-        adapter = AdapterShape(**meta["adapter"]) if meta["adapter"] else None
-        return TrainingState(meta["base_model"], adapter, tensors["weights"], tensors["optimizer"], meta["steps"])
+        return TrainingState(meta["base_model"], _adapter(meta), tensors["weights"], tensors["optimizer"],
+                             meta["steps"])
 
     def saved(self, owner: str, model_id: str) -> list[SavedState]:
         """``owner``'s states of ``model_id``, oldest first (each complete: its meta is written last)."""
@@ -157,18 +161,19 @@ class StateStore:
         return sorted(found, key=lambda state: (state.saved_at, state.path))
 
     def delete(self, owner: str, path: str) -> None:
-        if self._meta(owner, path) is None:
-            raise NotFound(f"path {path!r}: no such state of yours")
+        self._existing_meta(owner, path)
         self.store.delete_prefix(_key(owner, path))
 
     def set_ttl(self, owner: str, path: str, ttl_seconds: int | None) -> None:
         """Keep the state ``ttl_seconds`` from now (None: until deleted)."""
-        meta = self._meta(owner, path)
-        if meta is None:
-            raise NotFound(f"path {path!r}: no such state of yours")
+        meta = self._existing_meta(owner, path)
         meta["expires_at"] = Keeping.from_ttl(ttl_seconds).expires_at
         self.store.write_text(_key(owner, path) + META, json.dumps(meta))
 
 
 def _keeping(meta: dict[str, Any]) -> Keeping:
     return Keeping(meta.get("expires_at"), meta.get("user_metadata"))
+
+
+def _adapter(meta: dict[str, Any]) -> AdapterShape | None:
+    return AdapterShape(**meta["adapter"]) if meta["adapter"] else None
